@@ -1,0 +1,51 @@
+"""The `vllm-vcr` command. Each subcommand lives with the adapter it starts."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module exposing add_parser(subparsers) and run(args) -> int
+SUBCOMMANDS = {
+    "serve": "vllm_vcr.http.cli",
+    "play": "vllm_vcr.wire.cli",
+    "record": "vllm_vcr.trace.record_cli",
+    "inspect": "vllm_vcr.trace.inspect_cli",
+    "replay-arrivals": "vllm_vcr.trace.arrivals_cli",
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(prog="vllm-vcr", description="A GPU-free stand-in for a vLLM engine.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"vllm-vcr {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    modules: dict[str, object] = {}
+    for name, mod_name in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("vllm_vcr"):
+                continue  # subcommand not built yet
+            raise
+        mod.add_parser(sub)
+        modules[name] = mod
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    from .logging_setup import install_reloadable_logging
+
+    install_reloadable_logging()
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

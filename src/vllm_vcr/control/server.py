@@ -1,0 +1,356 @@
+"""The runtime control API: a small HTTP/JSON server in the engines' own event loop.
+
+It never touches engine state: every call is a function handed to `EngineCore.call()`, which the
+engine runs between two steps and answers on a future. With several engines each call goes to
+all of them in order (GET /config reads only the first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import socket
+from typing import Any, Callable, Sequence
+
+import msgspec
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, Router
+
+from ..engine.config import ConfigError
+from .log_filter import LogFilterError
+from .schema import (
+    STATS_FIELDS,
+    ControlError,
+    empty_stats,
+    latency_knobs_in,
+    parse_config_patch,
+    parse_log_request,
+)
+
+logger = logging.getLogger("vllm_vcr.control")
+
+ENGINE_CALL_TIMEOUT = 10.0  # seconds; an engine that does not answer by then is treated as gone
+
+LogControl = Callable[[str], str]  # applies an EnvFilter string, returns its canonical form
+
+
+class ControlAddressError(ValueError):
+    pass
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) -> (host, port); errors name --control-address."""
+    hint = f"--control-address (env MOCK_CONTROL_ADDRESS): expected HOST:PORT such as 127.0.0.1:8001, got {address!r}"
+    if not isinstance(address, str) or ":" not in address:
+        raise ControlAddressError(hint)
+    host, _, port_text = address.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port_text.isdigit():
+        raise ControlAddressError(hint)
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ControlAddressError(f"{hint} (port out of range)")
+    return host, port
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    # Trailing newline so `curl -s` output ends the line in a terminal; jq does not care.
+    return Response(msgspec.json.encode(obj) + b"\n", status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    resp = _json({"error": message}, status)
+    if headers:
+        resp.headers.update(headers)
+    return resp
+
+
+class _Conflict(Exception):
+    """Raised inside an engine call: a latency knob was patched while a trace paces requests."""
+
+
+def _knob_source(core: Any) -> bool:
+    value = getattr(core, "latency_source_is_knob", True)
+    return bool(value() if callable(value) else value)
+
+
+class _Engines:
+    """The engines the API drives: a list of EngineCore, or an AsyncEngine (read lazily)."""
+
+    def __init__(self, engines: Any, timeout: float) -> None:
+        self._src = engines
+        self.timeout = timeout
+        # Fan-out calls take one engine at a time; the lock keeps two PATCHes from interleaving
+        # engine by engine, which would leave the engines with different configs.
+        self.lock = asyncio.Lock()
+
+    def cores(self) -> list[Any]:
+        cores = getattr(self._src, "engines", self._src)
+        return list(cores)
+
+    async def call(self, index: int, core: Any, fn: Callable[[Any], Any]) -> Any:
+        gone = f"engine {index} is not answering: its loop is gone"
+        try:
+            fut = core.call(fn)
+        except Exception as e:  # the engine refused the message: its loop has stopped
+            raise ControlError(500, f"{gone} ({e})") from None
+        if isinstance(fut, concurrent.futures.Future):
+            fut = asyncio.wrap_future(fut)
+        # asyncio.wait, not wait_for: a timeout must not cancel a future the engine may still set.
+        done, _ = await asyncio.wait({fut}, timeout=self.timeout)
+        if not done:
+            raise ControlError(500, f"{gone} (no answer within {self.timeout:g}s)")
+        try:
+            return fut.result()
+        except (ControlError, _Conflict, ConfigError):
+            raise
+        except asyncio.CancelledError:
+            raise ControlError(500, f"{gone} (call cancelled)") from None
+        except Exception as e:
+            raise ControlError(500, f"{gone} ({type(e).__name__}: {e})") from None
+
+    async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
+        cores = self.cores()
+        if not cores:
+            raise ControlError(500, "no engine is running")
+        return [await self.call(i, core, fn) for i, core in enumerate(cores)]
+
+    async def call_first(self, fn: Callable[[Any], Any]) -> Any:
+        cores = self.cores()
+        if not cores:
+            raise ControlError(500, "no engine is running")
+        return await self.call(0, cores[0], fn)
+
+
+def _read_config(core: Any) -> dict[str, Any]:
+    return core.config.to_dict()
+
+
+def _read_stats(core: Any) -> dict[str, int]:
+    stats = core.stats
+    return {name: int(getattr(stats, name)) for name in STATS_FIELDS}
+
+
+def _sum_stats(per_engine: Sequence[dict[str, int]]) -> dict[str, int]:
+    total = empty_stats()
+    for s in per_engine:
+        for name in STATS_FIELDS:
+            total[name] += s[name]
+    return total
+
+
+def build_control_app(
+    engines: Any,
+    log_control: LogControl | None = None,
+    *,
+    call_timeout: float = ENGINE_CALL_TIMEOUT,
+) -> Starlette:
+    """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501."""
+    eng = _Engines(engines, call_timeout)
+
+    async def get_config(request: Request) -> Response:
+        return _json(await eng.call_first(_read_config))
+
+    async def patch_config(request: Request) -> Response:
+        patch = parse_config_patch(await request.body())
+        knobs = latency_knobs_in(patch)
+
+        def dry_run(core: Any) -> None:
+            # Nothing is applied until every engine accepted the patch, so a rejected PATCH
+            # leaves all engines as they were.
+            if knobs and not _knob_source(core):
+                raise _Conflict(
+                    f"{', '.join(knobs)}: a recorded latency trace (--latency-trace) paces requests, "
+                    "not the latency knobs; patching them would silently do nothing"
+                )
+            core.config.patched(patch)
+
+        def apply(core: Any) -> dict[str, Any]:
+            core.patch_config(patch)
+            return core.config.to_dict()
+
+        async with eng.lock:
+            try:
+                await eng.call_all(dry_run)
+            except _Conflict as e:
+                raise ControlError(409, str(e)) from None
+            except ConfigError as e:
+                raise ControlError(400, str(e)) from None
+            try:
+                configs = await eng.call_all(apply)
+            except ConfigError as e:  # pragma: no cover - the dry run passed under the lock
+                raise ControlError(400, str(e)) from None
+        logger.info("control: config patched on %d engine(s): %s", len(configs),
+                    msgspec.json.encode(patch).decode())
+        return _json(configs[0])
+
+    async def get_stats(request: Request) -> Response:
+        return _json(_sum_stats(await eng.call_all(_read_stats)))
+
+    async def reset_stats(request: Request) -> Response:
+        def reset(core: Any) -> dict[str, int]:
+            core.reset_stats()
+            return _read_stats(core)
+
+        async with eng.lock:
+            per_engine = await eng.call_all(reset)
+        logger.info("control: stats reset on %d engine(s)", len(per_engine))
+        return _json(_sum_stats(per_engine))
+
+    async def put_log(request: Request) -> Response:
+        if log_control is None:
+            raise ControlError(
+                501,
+                "no reloadable log subscriber in this process (only the vllm-vcr command installs one)",
+            )
+        spec = parse_log_request(await request.body())
+        try:
+            applied = log_control(spec)
+        except LogFilterError as e:
+            raise ControlError(400, f"invalid log filter: {e}") from None
+        # Logging is process state, not engine state, so it is applied here, in the loop thread.
+        logger.info("control: log filter set to %s", applied)
+        return _json({"filter": applied})
+
+    async def on_control_error(request: Request, exc: ControlError) -> Response:
+        log = logger.warning if exc.status >= 500 else logger.debug
+        log("control: %s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        return _error(exc.status, exc.message)
+
+    async def on_http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, POST /stats/reset, PUT /log"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return _error(exc.status_code, message, dict(exc.headers or {}))
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("control: %s %s failed", request.method, request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    routes = [
+        Route("/config", get_config, methods=["GET"]),
+        Route("/config", patch_config, methods=["PATCH"]),
+        Route("/stats", get_stats, methods=["GET"]),
+        Route("/stats/reset", reset_stats, methods=["POST"]),
+        Route("/log", put_log, methods=["PUT"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            ControlError: on_control_error,
+            HTTPException: on_http_error,
+            Exception: on_unexpected,
+        },
+    )
+    app.router.redirect_slashes = False  # `/config/` is a 404, not a redirect curl would not follow
+    return app
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # The owning command (serve/play) handles SIGINT/SIGTERM and stops us; uvicorn must not
+        # replace its handlers.
+        yield
+
+
+class ControlServer:
+    """Handle of a running control server; `await stop()` closes it."""
+
+    def __init__(self, server: _EmbeddedServer, task: asyncio.Task, host: str, port: int, app: Starlette):
+        self._server = server
+        self._task = task
+        self.host = host
+        self.port = port
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+    async def __aenter__(self) -> "ControlServer":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _bind(host: str, port: int, address: str) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, sockaddr = infos[0]
+        sock = socket.socket(family, type_, proto)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
+    return sock
+
+
+def _auto_log_control(spec: str) -> str:
+    from ..logging_setup import apply_log_filter
+
+    return apply_log_filter(spec)
+
+
+async def start_control_server(
+    engines: Any,
+    address: str,
+    *,
+    log_control: LogControl | None | str = "auto",
+    call_timeout: float = ENGINE_CALL_TIMEOUT,
+) -> ControlServer:
+    """Serve the control API on `address` (HOST:PORT) in the running event loop.
+
+    `engines` is a list of EngineCore or an AsyncEngine. `log_control="auto"` uses the reloadable
+    logging the vllm-vcr CLI installs, or answers PUT /log with 501 when it is not installed.
+    Raises ControlAddressError for a malformed address and OSError when it cannot bind.
+    """
+    host, port = parse_address(address)
+    if log_control == "auto":
+        from ..logging_setup import reloadable_logging_installed
+
+        log_control = _auto_log_control if reloadable_logging_installed() else None
+    app = build_control_app(engines, log_control, call_timeout=call_timeout)  # type: ignore[arg-type]
+    sock = _bind(host, port, address)
+    actual_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # leave the process's logging alone (it belongs to the CLI)
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        server_header=False,
+    )
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="vllm-vcr-control-server")
+    while not server.started:
+        if task.done():
+            sock.close()
+            exc = task.exception() if not task.cancelled() else None
+            raise RuntimeError(f"control server on {address} failed to start: {exc!r}")
+        await asyncio.sleep(0.01)
+    handle = ControlServer(server, task, host, actual_port, app)
+    logger.info("control API listening on %s", handle.url)
+    return handle

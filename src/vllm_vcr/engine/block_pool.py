@@ -1,0 +1,144 @@
+"""KV cache blocks and the prefix cache (vLLM v1's BlockPool, simplified).
+
+Blocks hold `block_size` tokens. A full block gets a chained hash (parent hash + its tokens +
+extra keys) and stays findable in the prefix cache while it sits in the free queue; the free
+queue is LRU ordered, so allocation evicts the least recently freed cached block first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Callable, Protocol, Sequence
+
+BlockHash = bytes
+BlockHasher = Callable[[BlockHash | None, Sequence[int], tuple | None], BlockHash]
+
+
+def default_block_hasher(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None) -> BlockHash:
+    """A stable chained hash. vLLM's exact schemes live in block_hash.py (KV events need them)."""
+    h = hashlib.blake2b(parent or b"\0" * 8, digest_size=16)
+    h.update(b",".join(str(t).encode() for t in token_ids))
+    if extra_keys:
+        h.update(repr(extra_keys).encode())
+    return h.digest()
+
+
+class KVEventSink(Protocol):
+    def stored(self, block_hashes: list[BlockHash], parent: BlockHash | None, token_ids: list[int],
+               block_size: int, lora_name: str | None) -> None: ...
+
+    def removed(self, block_hashes: list[BlockHash]) -> None: ...
+
+    def cleared(self) -> None: ...
+
+
+class KVCacheBlock:
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: BlockHash | None = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 events: KVEventSink | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.events = events
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # free blocks, least recently freed first (eviction order)
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached: dict[BlockHash, KVCacheBlock] = {}
+
+    # --- queries -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
+        """The longest run of leading blocks already in the prefix cache."""
+        hits: list[KVCacheBlock] = []
+        if not self.enable_caching:
+            return hits
+        cached = self.cached
+        for h in block_hashes:
+            b = cached.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    # --- reference counting ----------------------------------------------------------------
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take a reference on cache hits (removing them from the eviction queue)."""
+        fq = self.free_queue
+        for b in blocks:
+            if b.ref_cnt == 0:
+                del fq[b.block_id]
+            b.ref_cnt += 1
+
+    def allocate(self, n: int) -> list[KVCacheBlock]:
+        if n > len(self.free_queue):
+            raise ValueError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
+        out: list[KVCacheBlock] = []
+        evicted: list[BlockHash] = []
+        fq = self.free_queue
+        for _ in range(n):
+            _, b = fq.popitem(last=False)
+            if b.block_hash is not None:
+                if self.cached.get(b.block_hash) is b:
+                    del self.cached[b.block_hash]
+                    evicted.append(b.block_hash)
+                b.block_hash = None
+            b.ref_cnt = 1
+            out.append(b)
+        if evicted and self.events is not None:
+            self.events.removed(evicted)
+        return out
+
+    def free(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
+        fq = self.free_queue
+        for b in blocks:
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                fq[b.block_id] = b
+
+    # --- prefix cache ----------------------------------------------------------------------
+    def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
+                     token_ids: Sequence[int], parent: BlockHash | None, lora_name: str | None) -> None:
+        """Register newly full blocks under their hashes (one BlockStored event per call)."""
+        if not self.enable_caching or not blocks:
+            return
+        stored: list[BlockHash] = []
+        for b, h in zip(blocks, hashes):
+            if b.block_hash is not None:
+                continue
+            b.block_hash = h
+            if h not in self.cached:
+                self.cached[h] = b
+                stored.append(h)
+        if stored and self.events is not None:
+            self.events.stored(stored, parent, list(token_ids), self.block_size, lora_name)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is in use, as vLLM does."""
+        if len(self.free_queue) != self.num_blocks:
+            return False
+        had = bool(self.cached)
+        self.cached.clear()
+        for b in self.blocks:
+            b.block_hash = None
+        if had and self.events is not None:
+            self.events.cleared()
+        return True

@@ -1,0 +1,102 @@
+"""The simulator's own command-line flags, shared by `serve` and `play`.
+
+Names are the Config fields of the control API, dash-separated (`--time-to-first-token`), so a
+flag, its control-API field and its `MOCK_*` environment variable always say the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
+
+
+def _env(name: str, default):
+    return os.environ.get(name, default)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("simulated engine")
+    ms = "milliseconds"
+    g.add_argument("--time-to-first-token", type=float, default=_env("MOCK_TTFT_MS", 0.0),
+                   help=f"TTFT mean ({ms}); 0 with its std dev 0 selects the prefill model")
+    g.add_argument("--time-to-first-token-std-dev", type=float, default=_env("MOCK_TTFT_STDDEV_MS", 0.0))
+    g.add_argument("--inter-token-latency", type=float, default=_env("MOCK_ITL_MS", 0.0),
+                   help=f"inter-token latency mean ({ms})")
+    g.add_argument("--inter-token-latency-std-dev", type=float, default=_env("MOCK_ITL_STDDEV_MS", 0.0))
+    g.add_argument("--prefill-overhead", type=float, default=_env("MOCK_PREFILL_OVERHEAD_MS", 0.0),
+                   help=f"fixed prefill cost ({ms}) when TTFT is 0")
+    g.add_argument("--prefill-time-per-token", type=float, default=_env("MOCK_PREFILL_TIME_PER_TOKEN_MS", 0.0),
+                   help=f"prefill cost per uncached prompt token ({ms})")
+    g.add_argument("--prefill-time-std-dev", type=float, default=_env("MOCK_PREFILL_TIME_STDDEV_MS", 0.0))
+    g.add_argument("--time-factor-under-load", type=float, default=_env("MOCK_TIME_FACTOR_UNDER_LOAD", 1.0),
+                   help="latency multiplier reached at max-num-seqs running requests (>= 1.0)")
+    g.add_argument("--kv-cache-size", type=int, default=_env("MOCK_KV_CACHE_SIZE", 1024),
+                   help="KV cache capacity in blocks")
+    g.add_argument("--tokens-per-block", type=int, default=None,
+                   help="tokens per KV block (alias of --block-size)")
+    g.add_argument("--long-prefill-token-threshold", type=int,
+                   default=_env("MOCK_LONG_PREFILL_TOKEN_THRESHOLD", 0),
+                   help="cap on one prefill's chunk per step; 0 = off")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                   default=_env("MOCK_SCHEDULING_POLICY", "fcfs"))
+    g.add_argument("--failure-injection-rate", type=float, default=_env("MOCK_FAILURE_INJECTION_RATE", 0.0),
+                   help="probability in [0, 1] that a request fails on arrival")
+    g.add_argument("--failure-types", default=_env("MOCK_FAILURE_TYPES", "error"),
+                   help="comma list of error,length,repetition")
+    g.add_argument("--time-scale", type=float, default=1.0, help="divide every delay by this")
+    g.add_argument("--mode", choices=["random", "echo"], default="random",
+                   help="output tokens: random ids, or echo the prompt")
+    g.add_argument("--seed", type=int, default=0, help="base seed for token and failure draws")
+    g.add_argument("--vocab-size", type=int, default=None, help="random tokens are drawn from [0, vocab)")
+    g.add_argument("--shutdown-timeout", type=float, default=0.0,
+                   help="seconds to drain on SIGTERM/SIGINT; 0 aborts everything at once")
+    g.add_argument("--engine-count", type=int, default=1, help="engines (DP ranks) in this process")
+    g.add_argument("--log-requests", dest="log_requests", action=argparse.BooleanOptionalAction, default=True,
+                   help="log each request's arrival and finish")
+    g.add_argument("--control-address", default=os.environ.get("MOCK_CONTROL_ADDRESS"),
+                   help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS); off unless set")
+
+
+def parse_failure_types(value: str | list[str]) -> list[FailureType]:
+    items = value if isinstance(value, list) else [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return [FailureType(v) for v in items]
+    except ValueError:
+        raise ConfigError(f"--failure-types: unknown value in {value!r}; choose from error, length, repetition") from None
+
+
+def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
+    """Build validated EngineArgs; raises ConfigError whose message names the flag."""
+    cfg_fields = {f: float(getattr(ns, f)) for f in LATENCY_FIELDS}
+    try:
+        config = EngineConfig(
+            **cfg_fields,
+            max_num_seqs=int(getattr(ns, "max_num_seqs", 128) or 128),
+            max_num_batched_tokens=int(getattr(ns, "max_num_batched_tokens", None) or 2048),
+            max_model_len=int(getattr(ns, "max_model_len", 0) or 0),
+            failure_injection_rate=float(ns.failure_injection_rate),
+            failure_types=parse_failure_types(ns.failure_types),
+            log_requests=bool(ns.log_requests),
+        )
+        config.validate()
+    except ConfigError as e:
+        field = str(e).split(" ", 1)[0]
+        raise ConfigError(f"--{field.replace('_', '-')}: {e}") from None
+    tokens_per_block = ns.tokens_per_block or getattr(ns, "block_size", None) or int(_env("MOCK_TOKENS_PER_BLOCK", 16))
+    args = EngineArgs(
+        config=config,
+        kv_cache_size=int(ns.kv_cache_size),
+        tokens_per_block=int(tokens_per_block),
+        long_prefill_token_threshold=int(ns.long_prefill_token_threshold),
+        scheduling_policy=ns.scheduling_policy,
+        time_scale=float(ns.time_scale),
+        seed=int(ns.seed),
+        mode=ns.mode,
+        shutdown_timeout=float(ns.shutdown_timeout),
+        **overrides,
+    )
+    if ns.vocab_size is not None:
+        args.vocab_size = int(ns.vocab_size)
+    return args.validate()

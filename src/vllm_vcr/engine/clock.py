@@ -1,0 +1,42 @@
+"""Engine clocks.
+
+The engine never calls time functions directly: it asks its clock. `RealClock` is the
+monotonic clock (vLLM stamps events with time.monotonic()). `VirtualClock` jumps straight to the
+next deadline instead of sleeping, so engine tests run instantly and deterministically and a whole
+workload can be simulated offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class RealClock:
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep_until(self, deadline: float) -> None:
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+class VirtualClock:
+    virtual = True
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance_to(self, t: float) -> None:
+        if t > self._now:
+            self._now = t
+
+    async def sleep_until(self, deadline: float) -> None:
+        self.advance_to(deadline)
+        await asyncio.sleep(0)

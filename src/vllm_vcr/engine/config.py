@@ -1,0 +1,113 @@
+"""Engine configuration.
+
+`EngineConfig` holds the 14 fields of the runtime control API (the seed's Config section):
+same names, types and units (latency in milliseconds), each mirroring the CLI flag of the same
+name, patchable at a step boundary. `EngineArgs` holds everything fixed at start-up.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+LATENCY_FIELDS = (
+    "time_to_first_token",
+    "time_to_first_token_std_dev",
+    "inter_token_latency",
+    "inter_token_latency_std_dev",
+    "prefill_overhead",
+    "prefill_time_per_token",
+    "prefill_time_std_dev",
+    "time_factor_under_load",
+)
+
+
+class FailureType(str, enum.Enum):
+    ERROR = "error"
+    LENGTH = "length"
+    REPETITION = "repetition"
+
+
+class ConfigError(ValueError):
+    """A value fails validation (the control API answers 400, the CLI names the flag)."""
+
+
+class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    time_to_first_token: float = 0.0
+    time_to_first_token_std_dev: float = 0.0
+    inter_token_latency: float = 0.0
+    inter_token_latency_std_dev: float = 0.0
+    prefill_overhead: float = 0.0
+    prefill_time_per_token: float = 0.0
+    prefill_time_std_dev: float = 0.0
+    time_factor_under_load: float = 1.0
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 0  # 0 = no arrival check
+    failure_injection_rate: float = 0.0
+    failure_types: list[FailureType] = msgspec.field(default_factory=lambda: [FailureType.ERROR])
+    log_requests: bool = True
+
+    def validate(self) -> "EngineConfig":
+        for name in LATENCY_FIELDS[:-1]:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.time_factor_under_load < 1.0:
+            raise ConfigError(f"time_factor_under_load must be >= 1.0, got {self.time_factor_under_load}")
+        if not 0.0 <= self.failure_injection_rate <= 1.0:
+            raise ConfigError(f"failure_injection_rate must be in [0, 1], got {self.failure_injection_rate}")
+        if not self.failure_types:
+            raise ConfigError("failure_types must not be empty")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.max_model_len < 0:
+            raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    def patched(self, patch: dict[str, Any]) -> "EngineConfig":
+        """A validated copy with `patch` applied (patch already schema-checked)."""
+        merged = {**self.to_dict(), **patch}
+        return msgspec.convert(merged, EngineConfig).validate()
+
+
+class EngineArgs(msgspec.Struct, kw_only=True):
+    """Everything about an engine that is fixed when it starts."""
+
+    config: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    kv_cache_size: int = 1024  # blocks
+    tokens_per_block: int = 16
+    long_prefill_token_threshold: int = 0
+    scheduling_policy: str = "fcfs"  # or "priority"
+    enable_prefix_caching: bool = True
+    time_scale: float = 1.0
+    seed: int = 0
+    mode: str = "random"  # random | echo
+    vocab_size: int = 32000
+    eos_token_id: int | None = None  # what the token source may emit to end a request
+    shutdown_timeout: float = 0.0
+    advertised_max_model_len: int = 4096  # what the frontend is told; the arrival check uses config
+    model_name: str = "vllm-vcr/sim"
+    engine_id: str = "vllm-vcr-engine"
+
+    def validate(self) -> "EngineArgs":
+        self.config.validate()
+        if self.kv_cache_size < 1:
+            raise ConfigError(f"--kv-cache-size must be >= 1, got {self.kv_cache_size}")
+        if self.tokens_per_block < 1:
+            raise ConfigError(f"--tokens-per-block must be >= 1, got {self.tokens_per_block}")
+        if self.time_scale <= 0:
+            raise ConfigError(f"--time-scale must be > 0, got {self.time_scale}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
+        if self.mode not in ("random", "echo"):
+            raise ConfigError(f"--mode must be random or echo, got {self.mode!r}")
+        if self.shutdown_timeout < 0:
+            raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
+        return self

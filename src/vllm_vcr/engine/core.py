@@ -1,0 +1,501 @@
+"""EngineCore: one simulated engine, owned by one asyncio loop.
+
+Everything that changes the engine arrives on its single inbox (add, abort, control call,
+shutdown) and is applied between two steps; outputs leave as one `EngineCoreOutputs` batch per
+client per step through `output_sink`. Nothing else touches engine state, so the engine needs no
+locks, and the same object runs on the real clock (serve, play) or a virtual one (tests, offline
+simulation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from typing import Any, Callable, Iterable, TypeVar
+
+from .block_pool import BlockHasher, BlockPool, KVEventSink
+from .clock import RealClock, VirtualClock
+from .config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, FailureType
+from .kv_cache_manager import KVCacheManager
+from .latency import KnobLatency, LatencyModel
+from .request import Request, RequestStatus
+from .scheduler import DECODE, DUE_SLACK, Scheduler
+from .stats import EngineStats
+from .tokens import EchoTokens, RandomTokens, TokenSource
+from .types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    PrefillStats,
+    SchedulerStats,
+)
+
+logger = logging.getLogger("vllm_vcr.engine")
+T = TypeVar("T")
+OutputSink = Callable[[int, EngineCoreOutputs], None]
+
+_FAILURE_REASONS = {
+    FailureType.ERROR: FinishReason.ERROR,
+    FailureType.LENGTH: FinishReason.LENGTH,
+    FailureType.REPETITION: FinishReason.REPETITION,
+}
+
+
+class LatencyTraceActive(Exception):
+    """A latency knob was patched while a recorded trace paces requests (control API: 409)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is gone (control API: 500)."""
+
+
+class EngineCore:
+    def __init__(self, args: EngineArgs, *, engine_index: int = 0, clock: RealClock | VirtualClock | None = None,
+                 output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
+                 block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
+                 token_source_factory: Callable[[Request, random.Random], TokenSource | None] | None = None) -> None:
+        self.args = args
+        self.engine_index = engine_index
+        self.clock = clock or RealClock()
+        self.output_sink = output_sink or (lambda client, outs: None)
+        self._config = args.config
+        self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
+        self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
+        self.kv = KVCacheManager(self.block_pool, block_hasher)
+        self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
+                                   args.long_prefill_token_threshold)
+        self.scheduler.on_admit = self._on_admit
+        self.token_source_factory = token_source_factory
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats()
+        self._failure_rng = random.Random(args.seed ^ (engine_index * 0x9E3779B9))
+        self._latency_rng = random.Random(args.seed * 7919 + engine_index)
+        self._seq = 0
+        self._step_counter = 0
+        self._inbox: deque[tuple] = deque()
+        self._waiter: asyncio.Future | None = None
+        self._draining_deadline: float | None = None
+        self._stopped = False
+        self.dead: BaseException | None = None
+        self._avoid_tokens: frozenset[int] = frozenset(() if args.eos_token_id is None else (args.eos_token_id,))
+        self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
+
+    # --- inbox (the only way in) ------------------------------------------------------------------
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._post(("add", request))
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        self._post(("abort", list(request_ids)))
+
+    def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
+        """Run fn(core) between two steps; the result (or exception) arrives on the future."""
+        fut = asyncio.get_running_loop().create_future()
+        if self.dead is not None or self._stopped:
+            fut.set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
+        else:
+            self._post(("call", fn, fut))
+        return fut
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
+
+    def _post(self, msg: tuple) -> None:
+        self._inbox.append(msg)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # --- control helpers (run inside call()) ---------------------------------------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def latency_source_is_knob(self) -> bool:
+        return bool(getattr(self.latency, "is_knob", False))
+
+    def patch_config(self, patch: dict[str, Any]) -> EngineConfig:
+        """Apply a validated patch at this step boundary; new requests see it, in-flight keep theirs."""
+        if not self.latency_source_is_knob and any(k in LATENCY_FIELDS for k in patch):
+            raise LatencyTraceActive("latency knobs cannot be patched while a latency trace paces requests")
+        new = self._config.patched(patch)
+        self._config = new
+        if self.latency_source_is_knob:
+            self.latency = KnobLatency(new, self.args.time_scale)
+        elif hasattr(self.latency, "config"):
+            self.latency.config = new
+        return new
+
+    def current_stats(self) -> EngineStats:
+        s = self.stats
+        s.running = len(self.scheduler.running)
+        s.waiting = len(self.scheduler.waiting)
+        return EngineStats(**{f: getattr(s, f) for f in s.__struct_fields__})
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    # --- loop ------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = self.clock
+        try:
+            while True:
+                if self._inbox:
+                    self._process_inbox()
+                if self._stopped:
+                    break
+                now = clock.now()
+                self.step(now)
+                if self._stopped:
+                    break
+                if self._inbox:
+                    continue
+                wake = self._next_wake()
+                if wake is None:
+                    self._waiter = loop.create_future()
+                    await self._waiter
+                    self._waiter = None
+                    continue
+                if wake <= clock.now():
+                    await asyncio.sleep(0)  # let I/O run between back-to-back steps
+                    continue
+                if clock.virtual:
+                    await asyncio.sleep(0)
+                    if not self._inbox:
+                        clock.advance_to(wake)
+                    continue
+                self._waiter = loop.create_future()
+                handle = loop.call_later(wake - clock.now(), _wake_up, self._waiter)
+                await self._waiter
+                handle.cancel()
+                self._waiter = None
+        except BaseException as e:
+            self.dead = e
+            if not isinstance(e, asyncio.CancelledError):
+                logger.exception("engine %d loop died", self.engine_index)
+            raise
+        finally:
+            self._stopped = True
+            self._fail_pending_calls()
+
+    def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> None:
+        """Synchronous driver for the virtual clock: process inputs and steps, jumping time."""
+        assert isinstance(self.clock, VirtualClock), "run_until_idle needs a VirtualClock"
+        for _ in range(max_steps):
+            if self._inbox:
+                self._process_inbox()
+            if self._stopped:
+                return
+            self.step(self.clock.now())
+            if self._inbox:
+                continue
+            wake = self._next_wake()
+            if wake is None or (until is not None and wake > until):
+                if until is not None:
+                    self.clock.advance_to(until)
+                return
+            self.clock.advance_to(wake)
+        raise RuntimeError("engine did not become idle")
+
+    def _next_wake(self) -> float | None:
+        sched = self.scheduler
+        if sched.has_immediate_work():
+            return self.clock.now()
+        wake = sched.next_deadline()
+        if self._draining_deadline is not None and (wake is None or self._draining_deadline < wake):
+            wake = self._draining_deadline
+        return wake
+
+    def _fail_pending_calls(self) -> None:
+        while self._inbox:
+            msg = self._inbox.popleft()
+            if msg[0] == "call" and not msg[2].done():
+                msg[2].set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
+
+    def _process_inbox(self) -> None:
+        outputs: list[EngineCoreOutput] = []
+        finished: list[str] = []
+        while self._inbox:
+            msg = self._inbox.popleft()
+            kind = msg[0]
+            if kind == "add":
+                self._handle_add(msg[1], outputs, finished)
+            elif kind == "abort":
+                self._handle_abort(msg[1], finished)
+            elif kind == "call":
+                fut = msg[2]
+                try:
+                    result = msg[1](self)
+                except Exception as e:  # the caller gets the error; the engine goes on
+                    if not fut.done():
+                        fut.set_exception(e)
+                else:
+                    if not fut.done():
+                        fut.set_result(result)
+            elif kind == "shutdown":
+                self._begin_shutdown(msg[1], outputs, finished)
+        if outputs or finished:
+            self._emit(outputs, finished, with_stats=True)
+
+    # --- arrival ---------------------------------------------------------------------------------
+    def _handle_add(self, ecr: EngineCoreRequest, outputs: list, finished: list) -> None:
+        stats = self.stats
+        stats.requests_received += 1
+        now = self.clock.now()
+        rid = ecr.request_id
+        if rid in self.requests:
+            # a duplicate must not disturb the live request with the same id
+            logger.warning("request %s: duplicate request id, rejected", rid)
+            stats.requests_failed += 1
+            self._emit_now(EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ERROR,
+                                            events=None), ecr.client_index)
+            return
+        sp = ecr.sampling_params
+        err = None
+        if sp is None:
+            err = "request has no sampling_params (pooling is not simulated)"
+        elif not ecr.prompt_token_ids:
+            err = "request has no prompt_token_ids (prompt_embeds and multimodal inputs are not simulated)"
+        cfg = self._config
+        prompt_len = len(ecr.prompt_token_ids or ())
+        if err is None and not self.kv.can_fit(prompt_len + 1):
+            err = (f"prompt of {prompt_len} tokens needs {self.kv.blocks_needed(prompt_len + 1)} KV blocks "
+                   f"but the cache has {self.block_pool.num_blocks}")
+        if err is None and sp.max_tokens is not None and sp.max_tokens < 0:
+            err = f"max_tokens must be >= 0, got {sp.max_tokens}"
+        self._seq += 1
+        if err is not None:
+            logger.warning("request %s rejected: %s", rid, err)
+            stats.requests_failed += 1
+            outputs.append((ecr.client_index, self._finish_output(rid, FinishReason.ERROR, now, error_message=err)))
+            finished.append((ecr.client_index, rid))
+            return
+        max_len = cfg.max_model_len or self.args.advertised_max_model_len
+        room = min(max_len, self.kv_capacity_tokens) - prompt_len
+        max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+        req = Request(ecr, sp, max(max_tokens, 0), now, self._seq)
+        if self._draining_deadline is not None:
+            stats.requests_aborted += 1
+            outputs.append((req.client_index, self._finish_output(rid, FinishReason.ABORT, now, events=req.pending_events)))
+            finished.append((req.client_index, rid))
+            return
+        if cfg.failure_injection_rate > 0 and self._failure_rng.random() < cfg.failure_injection_rate:
+            ftype = self._failure_rng.choice(cfg.failure_types)
+            stats.requests_failed += 1
+            if cfg.log_requests:
+                logger.info("request %s: injected failure %s", rid, ftype.value)
+            outputs.append((req.client_index, self._finish_output(
+                rid, _FAILURE_REASONS[ftype], now, events=req.pending_events,
+                stop_reason="repetition_detected" if ftype is FailureType.REPETITION else None)))
+            finished.append((req.client_index, rid))
+            return
+        if room <= 0 or req.max_tokens == 0:
+            # nothing may be generated: finish LENGTH without running (vLLM's check_stop)
+            stats.requests_completed += 1
+            outputs.append((req.client_index, self._finish_output(rid, FinishReason.LENGTH, now, events=req.pending_events)))
+            finished.append((req.client_index, rid))
+            return
+        self.requests[rid] = req
+        self.scheduler.add_waiting(req)
+        if cfg.log_requests:
+            logger.info("request %s queued: prompt=%d max_tokens=%d", rid, prompt_len, req.max_tokens)
+        if ecr.abort_immediately:
+            self._handle_abort([rid], finished)
+
+    def _on_admit(self, req: Request, now: float) -> None:
+        if req.pacing is not None:
+            return  # pacing is fixed at the first admission; a preempted request keeps it
+        seed = req.sampling_params.seed
+        rng = random.Random(seed if seed is not None else f"{self.args.seed}/{self.engine_index}/{req.request_id}")
+        req.pacing = self.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
+                                         len(self.scheduler.running), self._latency_rng)
+        req.first_due = now + req.pacing.ttft
+        src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        if src is None:
+            if self.args.mode == "echo":
+                src = EchoTokens(req.prompt_token_ids)
+            else:
+                avoid = self._avoid_tokens | req.stop_ids
+                if req.eos_token_id is not None:
+                    avoid = avoid | {req.eos_token_id}
+                src = RandomTokens(rng, self.args.vocab_size, avoid)
+        req.token_source = src
+
+    # --- abort / shutdown ------------------------------------------------------------------------
+    def _handle_abort(self, request_ids: list[str], finished: list[str]) -> None:
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue  # unknown or already finished: aborts are idempotent
+            self.scheduler.remove(req)
+            req.status = RequestStatus.FINISHED
+            self.stats.requests_aborted += 1
+            finished.append((req.client_index, rid))
+            if self._config.log_requests:
+                logger.info("request %s aborted", rid)
+
+    def _begin_shutdown(self, timeout: float, outputs: list, finished: list) -> None:
+        now = self.clock.now()
+        if timeout > 0 and self._draining_deadline is None:
+            self._draining_deadline = now + timeout
+            logger.info("engine %d draining %d requests for up to %.1fs", self.engine_index, len(self.requests), timeout)
+            if not self.requests:
+                self._stopped = True
+            return
+        self._abort_all(outputs, finished, now)
+        self._stopped = True
+
+    def _abort_all(self, outputs: list, finished: list, now: float) -> None:
+        for rid, req in list(self.requests.items()):
+            self.scheduler.remove(req)
+            req.status = RequestStatus.FINISHED
+            self.stats.requests_aborted += 1
+            outputs.append((req.client_index, self._finish_output(rid, FinishReason.ABORT, now,
+                                                                  events=req.pending_events or None)))
+            finished.append((req.client_index, rid))
+        self.requests.clear()
+
+    # --- the step ----------------------------------------------------------------------------------
+    def step(self, now: float) -> None:
+        """Schedule and execute one step at `now`; emits at most one batch per client."""
+        if self._draining_deadline is not None and now >= self._draining_deadline:
+            outputs: list[EngineCoreOutput] = []
+            finished: list[str] = []
+            self._abort_all(outputs, finished, now)
+            self._emit(outputs, finished, with_stats=True)
+            self._stopped = True
+            return
+        sched = self.scheduler
+        scheduled = sched.schedule(now)
+        if not scheduled:
+            return
+        self._step_counter += 1
+        kv = self.kv
+        outputs = []
+        finished = []
+        push = sched.push_decode
+        for req, n, kind in scheduled:
+            if kind == DECODE:
+                if n:
+                    req.num_computed_tokens += n
+                    kv.cache_computed_blocks(req)
+                self._sample(req, now, outputs, finished)
+                continue
+            # prefill chunk
+            req.num_computed_tokens += n
+            kv.cache_computed_blocks(req)
+            if req.is_prefilling:
+                continue
+            if not req.output_token_ids:
+                if req.first_due <= now + DUE_SLACK:
+                    self._sample(req, now, outputs, finished)
+                else:
+                    push(req, req.first_due)
+            else:  # resumed after preemption: continue on its own schedule
+                push(req, max(req.next_due, now))
+        if outputs or finished:
+            self._emit(outputs, finished, with_stats=True)
+        if self._draining_deadline is not None and not self.requests:
+            self._stopped = True
+
+    def _sample(self, req: Request, now: float, outputs: list, finished: list) -> None:
+        """Append one generated token, check stop conditions, emit it."""
+        idx = len(req.output_token_ids)
+        tok = req.token_source.next_token(idx)
+        req.output_token_ids.append(tok)
+        req.all_token_ids.append(tok)
+        num_out = idx + 1
+        reason = None
+        stop_reason = None
+        max_len = self._config.max_model_len
+        if num_out >= req.max_tokens or (max_len and req.num_tokens >= max_len):
+            reason = FinishReason.LENGTH
+        elif num_out >= req.min_tokens:
+            if tok == req.eos_token_id:
+                reason = FinishReason.STOP
+            elif tok in req.stop_ids:
+                reason = FinishReason.STOP
+                stop_reason = tok
+        out = EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])
+        if req.pending_events:
+            out.events = req.pending_events
+            req.pending_events = []
+        if not req.prefill_stats_sent:
+            req.prefill_stats_sent = True
+            cached = max(req.num_cached_tokens, 0)
+            out.prefill_stats = PrefillStats(
+                num_prompt_tokens=req.num_prompt_tokens, num_computed_tokens=req.num_prompt_tokens - cached,
+                num_cached_tokens=cached, num_local_cached_tokens=cached,
+                num_cache_creation_tokens=req.num_prompt_tokens - cached)
+            if req.trace_headers:
+                out.trace_headers = req.trace_headers
+        if reason is not None:
+            out.finish_reason = reason
+            out.stop_reason = stop_reason
+            self._finish(req)
+            finished.append((req.client_index, req.request_id))
+        else:
+            pacing = req.pacing
+            gap = pacing.itl_mean if pacing.itl_std == 0.0 else pacing.next_gap()
+            base = req.first_due if idx == 0 else req.next_due
+            self.scheduler.push_decode(req, base + gap)
+        outputs.append((req.client_index, out))
+
+    def _finish(self, req: Request) -> None:
+        self.requests.pop(req.request_id, None)
+        self.scheduler.remove(req)
+        req.status = RequestStatus.FINISHED
+        self.stats.requests_completed += 1
+        if self._config.log_requests:
+            logger.info("request %s finished: %d tokens", req.request_id, req.num_output_tokens)
+
+    # --- outputs -----------------------------------------------------------------------------------
+    def _finish_output(self, rid: str, reason: FinishReason, now: float, *, events=None, stop_reason=None,
+                       error_message: str | None = None) -> EngineCoreOutput:
+        from .types import RequestError
+
+        err = RequestError("validation_error", error_message) if error_message else None
+        return EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=reason, stop_reason=stop_reason,
+                                events=events or None, error=err)
+
+    def _emit_now(self, out: EngineCoreOutput, client_index: int) -> None:
+        self.output_sink(client_index, EngineCoreOutputs(
+            engine_index=self.engine_index, outputs=[out], timestamp=self.clock.now(),
+            finished_requests=[out.request_id]))
+
+    def scheduler_stats(self) -> SchedulerStats:
+        sched = self.scheduler
+        n_pre, sched.num_preemptions = sched.num_preemptions, 0
+        return SchedulerStats(
+            num_running_reqs=len(sched.running), num_waiting_reqs=len(sched.waiting),
+            step_counter=self._step_counter, kv_cache_usage=self.block_pool.usage(),
+            prefix_cache_stats=sched.take_prefix_stats(), num_preemptions=n_pre)
+
+    def _emit(self, outputs: list[tuple[int, EngineCoreOutput]], finished: list[tuple[int, str]],
+              with_stats: bool) -> None:
+        """Send this step's outputs, one batch per client; scheduler stats ride on the first."""
+        ts = self.clock.now()
+        stats = self.scheduler_stats() if with_stats else None
+        by_client: dict[int, tuple[list[EngineCoreOutput], list[str]]] = {}
+        for client, o in outputs:
+            by_client.setdefault(client, ([], []))[0].append(o)
+        for client, rid in finished:
+            by_client.setdefault(client, ([], []))[1].append(rid)
+        if not by_client:
+            by_client[0] = ([], [])
+        sink = self.output_sink
+        for client, (outs, fin) in by_client.items():
+            sink(client, EngineCoreOutputs(engine_index=self.engine_index, outputs=outs, scheduler_stats=stats,
+                                           timestamp=ts, finished_requests=fin or None))
+            stats = None

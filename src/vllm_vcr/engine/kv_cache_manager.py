@@ -1,0 +1,87 @@
+"""Per-request KV block bookkeeping on top of the BlockPool (vLLM's KVCacheManager)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .block_pool import BlockHasher, BlockPool, KVCacheBlock, default_block_hasher
+from .request import Request
+
+
+class KVCacheManager:
+    def __init__(self, pool: BlockPool, hasher: BlockHasher | None = None) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.hasher = hasher or default_block_hasher
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _extra_keys(self, req: Request, block_index: int) -> tuple | None:
+        # vLLM order: LoRA name on every block, cache salt on the first block only
+        keys: tuple = ()
+        if req.lora_name:
+            keys += (req.lora_name,)
+        if block_index == 0 and req.cache_salt:
+            keys += (req.cache_salt,)
+        return keys or None
+
+    def update_block_hashes(self, req: Request) -> None:
+        """Hash every newly full block of the request's tokens (prompt and output)."""
+        bs = self.block_size
+        hashes = req.block_hashes
+        tokens = req.all_token_ids
+        full = len(tokens) // bs
+        hasher = self.hasher
+        for i in range(len(hashes), full):
+            parent = hashes[i - 1] if i else None
+            hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i)))
+
+    def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
+        """Prefix-cache hits for a request about to be scheduled from waiting."""
+        if not self.pool.enable_caching:
+            return []
+        self.update_block_hashes(req)
+        # always recompute at least the last token, as vLLM does on a full hit
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        return self.pool.lookup(req.block_hashes[:max_blocks])
+
+    def can_fit(self, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) <= self.pool.num_blocks
+
+    def allocate_slots(self, req: Request, num_new_tokens: int,
+                       new_computed: Sequence[KVCacheBlock] = ()) -> bool:
+        total = req.num_computed_tokens + len(new_computed) * self.block_size + num_new_tokens
+        needed = self.blocks_needed(total) - len(req.blocks) - len(new_computed)
+        # hits sitting in the free queue stop being evictable once touched
+        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0)
+        if max(needed, 0) + evictable_hits > self.pool.num_free_blocks:
+            return False
+        if new_computed:
+            self.pool.touch(new_computed)
+            req.blocks.extend(new_computed)
+            req.num_hashed_blocks = len(req.blocks)
+        if needed > 0:
+            req.blocks.extend(self.pool.allocate(needed))
+        return True
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Register blocks that became full of computed tokens in the prefix cache."""
+        full = req.num_computed_tokens // self.block_size
+        start = req.num_hashed_blocks
+        if full <= start:
+            return
+        self.update_block_hashes(req)
+        bs = self.block_size
+        hashes = req.block_hashes
+        self.pool.cache_blocks(
+            req.blocks[start:full], hashes[start:full], req.all_token_ids[start * bs:full * bs],
+            hashes[start - 1] if start else None, req.lora_name,
+        )
+        req.num_hashed_blocks = full
+
+    def free(self, req: Request) -> None:
+        if req.blocks:
+            self.pool.free(req.blocks[::-1])  # tail first: evicted before the shared prefix
+            req.blocks = []
+        req.num_hashed_blocks = 0

@@ -1,0 +1,89 @@
+"""The engine's per-request state (vLLM's `Request`, trimmed to what a simulator needs)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from .block_pool import BlockHash, KVCacheBlock
+from .latency import RequestPacing
+from .tokens import TokenSource
+from .types import EngineCoreEvent, EngineCoreRequest, FinishReason, SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class Request:
+    __slots__ = (
+        "request_id", "prompt_token_ids", "all_token_ids", "num_prompt_tokens", "output_token_ids",
+        "sampling_params", "max_tokens", "min_tokens", "stop_ids", "eos_token_id", "priority", "arrival_time",
+        "lora_name", "cache_salt", "client_index", "trace_headers", "kv_transfer_params", "status",
+        "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
+        "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
+        "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
+        "first_due",
+    )
+
+    def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
+        self.request_id = req.request_id
+        self.prompt_token_ids: list[int] = req.prompt_token_ids or []
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.sampling_params = sp
+        self.max_tokens = max_tokens
+        self.min_tokens = sp.min_tokens
+        self.stop_ids = frozenset(sp.stop_token_ids or ())
+        self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
+        self.priority = req.priority
+        self.arrival_time = req.arrival_time
+        self.lora_name = req.lora_name
+        self.cache_salt = req.cache_salt
+        self.client_index = req.client_index
+        self.trace_headers = req.trace_headers
+        self.kv_transfer_params = req.kv_transfer_params
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # known at first scheduling
+        self.block_hashes: list[BlockHash] = []
+        self.blocks: list[KVCacheBlock] = []
+        self.pacing: RequestPacing | None = None
+        self.next_due = 0.0  # when the next output token may be emitted
+        self.token_source: TokenSource | None = None
+        self.pending_events: list[EngineCoreEvent] = [EngineCoreEvent(1, queued_ts)]
+        self.prefill_stats_sent = False
+        self.num_preemptions = 0
+        self.queued_ts = queued_ts
+        self.first_token_emitted = False
+        self.seq = seq  # arrival order, the FCFS tie-breaker
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.extra: dict[str, Any] | None = None
+        self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
+        self.heap_gen = 0  # invalidates stale entries in the decode heap
+        self.first_due = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens to compute before the next token can be sampled.
+
+        A fresh request computes its prompt; a request resumed after preemption recomputes all
+        but its last token, which the next decode step computes (vLLM's recompute semantics)."""
+        return self.num_prompt_tokens if not self.output_token_ids else self.num_tokens - 1
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.prefill_target

@@ -1,0 +1,192 @@
+"""The scheduler: which requests run in a step and how many tokens each computes.
+
+vLLM v1's shape: a waiting queue and a running list; a per-step token budget
+(`max_num_batched_tokens`) spent on running requests first (due decodes, then unfinished
+prefills, chunked and capped by `long_prefill_token_threshold`) and then on admitting waiting
+requests while `max_num_seqs` allows; KV blocks are allocated per scheduled chunk, and a running
+request that cannot get a block preempts the lowest-priority running request (recompute).
+
+Time enters only through decode deadlines: a decoding request is schedulable once its
+`next_due` has arrived (its pacing was fixed at admission by the latency model).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Callable
+
+from .config import EngineConfig
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats
+
+PREFILL, DECODE = 0, 1
+# Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
+DUE_SLACK = 0.0002
+
+
+class Scheduler:
+    def __init__(self, config_ref: Callable[[], EngineConfig], kv: KVCacheManager, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0) -> None:
+        self._config = config_ref
+        self.kv = kv
+        self.policy = policy
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.decode_heap: list[tuple[float, int, int, Request]] = []
+        self.prefix_stats = PrefixCacheStats()
+        self.num_preemptions = 0  # since the last stats report
+        self.total_preemptions = 0
+        self.on_admit: Callable[[Request, float], None] | None = None  # draws pacing
+
+    # --- queues ------------------------------------------------------------------------------
+    def add_waiting(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def push_decode(self, req: Request, due: float) -> None:
+        req.next_due = due
+        req.heap_gen += 1
+        heapq.heappush(self.decode_heap, (due, req.seq, req.heap_gen, req))
+
+    def next_deadline(self) -> float | None:
+        heap = self.decode_heap
+        while heap:
+            due, _, gen, req = heap[0]
+            if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
+                return due
+            heapq.heappop(heap)
+        return None
+
+    def has_immediate_work(self) -> bool:
+        """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
+        if any(r.is_prefilling for r in self.running):
+            return True
+        return bool(self.waiting) and len(self.running) < self._config().max_num_seqs
+
+    def remove(self, req: Request) -> None:
+        """Take a request out of whichever queue holds it (finish or abort)."""
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(req)
+        req.heap_gen += 1
+        self.kv.free(req)
+
+    # --- one step ------------------------------------------------------------------------------
+    def schedule(self, now: float) -> list[tuple[Request, int, int]]:
+        cfg = self._config()
+        budget = cfg.max_num_batched_tokens
+        threshold = self.long_prefill_token_threshold
+        kv = self.kv
+        scheduled: list[tuple[Request, int, int]] = []
+        preemptions_before = self.total_preemptions
+
+        # 1. running requests whose next token is due (earliest first)
+        heap = self.decode_heap
+        horizon = now + DUE_SLACK
+        while heap and budget > 0 and heap[0][0] <= horizon:
+            _, _, gen, req = heapq.heappop(heap)
+            if req.status is not RequestStatus.RUNNING or gen != req.heap_gen:
+                continue
+            need = 1 if req.num_computed_tokens < req.num_tokens else 0
+            if need and not self._allocate_or_preempt(req, need, now):
+                continue
+            scheduled.append((req, need, DECODE))
+            budget -= 1
+
+        # 2. running requests still in prefill (admission order)
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING or not req.is_prefilling:
+                continue
+            n = min(req.prefill_target - req.num_computed_tokens, budget)
+            if threshold > 0:
+                n = min(n, threshold)
+            if not self._allocate_or_preempt(req, n, now):
+                continue
+            scheduled.append((req, n, PREFILL))
+            budget -= n
+
+        if self.total_preemptions != preemptions_before:
+            # victims may have been scheduled earlier in this step; their blocks are gone
+            scheduled = [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
+            return scheduled  # no admissions in a step that had to preempt, as vLLM
+
+        # 3. admit waiting requests
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self._peek_waiting()
+            resumed = req.status is RequestStatus.PREEMPTED
+            hits = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
+            num_hit_tokens = len(hits) * kv.block_size
+            n = min(req.prefill_target - req.num_computed_tokens - num_hit_tokens, budget)
+            if threshold > 0:
+                n = min(n, threshold)
+            if not kv.allocate_slots(req, n, hits):
+                break  # head of line waits for blocks, as vLLM's FCFS does
+            self.waiting.remove(req)
+            req.num_computed_tokens += num_hit_tokens
+            self._count_prefix_query(req, num_hit_tokens, resumed)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            req.pending_events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit_tokens
+            if self.on_admit is not None:
+                self.on_admit(req, now)
+            if n > 0:
+                scheduled.append((req, n, PREFILL))
+                budget -= n
+            else:  # nothing left to prefill (resumed with a full prefix hit)
+                scheduled.append((req, 0, PREFILL))
+        return scheduled
+
+    def _peek_waiting(self) -> Request:
+        if self.policy == "priority":
+            return min(self.waiting, key=lambda r: (r.priority, r.arrival_time, r.seq))
+        return self.waiting[0]
+
+    def _count_prefix_query(self, req: Request, hit_tokens: int, resumed: bool) -> None:
+        s = self.prefix_stats
+        if resumed:
+            s.preempted_requests += 1
+            s.preempted_queries += req.num_tokens
+            s.preempted_hits += hit_tokens
+        else:
+            s.requests += 1
+            s.queries += req.num_tokens
+            s.hits += hit_tokens
+
+    def _allocate_or_preempt(self, req: Request, num_tokens: int, now: float) -> bool:
+        """Allocate KV for `req`, preempting others (lowest priority last) until it fits.
+
+        Returns False when `req` itself had to be preempted."""
+        while not self.kv.allocate_slots(req, num_tokens):
+            victim = self._pick_victim()
+            self._preempt(victim, now)
+            if victim is req:
+                return False
+        return True
+
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq))
+        return self.running[-1]
+
+    def _preempt(self, req: Request, now: float) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.heap_gen += 1
+        req.num_preemptions += 1
+        req.pending_events.append(EngineCoreEvent(EngineCoreEventType.PREEMPTED, now))
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        self.total_preemptions += 1
+
+    def take_prefix_stats(self) -> PrefixCacheStats:
+        s, self.prefix_stats = self.prefix_stats, PrefixCacheStats()
+        return s

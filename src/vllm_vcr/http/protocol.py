@@ -1,0 +1,180 @@
+"""OpenAI-compatible request schemas (pydantic v2, field names and defaults as vLLM's).
+
+Unknown fields are accepted and ignored, as vLLM does. Value checks that vLLM performs while
+building SamplingParams (and reports as a 400 `BadRequestError`) live in `check_sampling`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+class RequestValueError(ValueError):
+    """A well-typed request with a bad value: 400 BadRequestError naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Base):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+StopParam = str | list[str] | None
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _SamplingFields(_Base):
+    """Fields common to completions and chat."""
+
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    stop: StopParam = []
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = []
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
+    request_id: str | None = None
+    cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    return_token_ids: bool | None = None
+    use_beam_search: bool = False
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16  # vLLM's (and OpenAI's) completions default
+    suffix: str | None = None
+    add_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict[str, Any]]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_tokens: int | None = Field(default=None, deprecated="max_tokens is deprecated in favor of the max_completion_tokens field")
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = "none"
+    parallel_tool_calls: bool | None = False
+    response_format: dict[str, Any] | None = None
+    # vLLM extras
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeCompletionRequest(_Base):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Base):
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Base):
+    model: str | None = None
+    tokens: list[int]
+
+
+def _check_number(name: str, value: Any) -> None:
+    if value is not None and value != value:  # NaN
+        raise RequestValueError(f"{name} must be a number, got nan.", name)
+
+
+def check_sampling(req: _SamplingFields, max_tokens: int | None) -> None:
+    """SamplingParams' own value checks (vLLM wording)."""
+    if req.n < 1:
+        raise RequestValueError(f"n must be at least 1, got {req.n}.", "n")
+    if req.temperature is not None:
+        _check_number("temperature", req.temperature)
+        if req.temperature < 0:
+            raise RequestValueError(f"temperature must be non-negative, got {req.temperature}.", "temperature")
+    if req.top_p is not None:
+        _check_number("top_p", req.top_p)
+        if not 0.0 < req.top_p <= 1.0:
+            raise RequestValueError(f"top_p must be in (0, 1], got {req.top_p}.", "top_p")
+    if req.top_k is not None and req.top_k < -1:
+        raise RequestValueError(f"top_k must be 0 (disable), or at least 1, got {req.top_k}.", "top_k")
+    if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
+        raise RequestValueError(f"min_p must be in [0, 1], got {req.min_p}.", "min_p")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(req, name)
+        if v is not None and not -2.0 <= v <= 2.0:
+            raise RequestValueError(f"{name} must be in [-2, 2], got {v}.", name)
+    if req.repetition_penalty is not None and req.repetition_penalty <= 0.0:
+        raise RequestValueError(
+            f"repetition_penalty must be greater than zero, got {req.repetition_penalty}.", "repetition_penalty")
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestValueError(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+    if req.min_tokens < 0:
+        raise RequestValueError(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.", "min_tokens")
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        raise RequestValueError(
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {req.min_tokens}.", "min_tokens")
+    stops = stop_list(req.stop)
+    if any(s == "" for s in stops):
+        raise RequestValueError("stop cannot contain an empty string.", "stop")
+    if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
+        raise RequestValueError("stop_token_ids must be non-negative.", "stop_token_ids")
+    if req.use_beam_search:
+        raise RequestValueError("beam search is not supported by vllm-vcr.", "use_beam_search")
+    if req.cache_salt is not None and not req.cache_salt:
+        raise RequestValueError("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+
+
+def stop_list(stop: StopParam) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop)
+
+
+StreamKind = Literal["completion", "chat"]

@@ -1,0 +1,263 @@
+"""The frontend's tokenizer: HF `tokenizer.json` loaded with `tokenizers`, never the network.
+
+Detokenization is table-driven: every token id maps to the exact bytes it stands for, and a
+UTF-8 incremental decoder turns the byte stream into text. That makes the per-token cost of a
+stream one list lookup plus one C-level decode, and keeps multi-byte characters split across
+tokens intact (they are emitted once their last byte arrives).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may download
+
+from tokenizers import Tokenizer as _HFTokenizer  # noqa: E402
+
+from .chat_template import ChatTemplate  # noqa: E402
+
+DEFAULT_MODEL_NAME = "vllm-vcr/sim"
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer directory is missing or unreadable (a CLI error, exit 2)."""
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte <-> printable-character map used by byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def _decoder_kinds(node: Any) -> set[str]:
+    """All decoder type names in a (possibly nested Sequence) decoder spec."""
+    kinds: set[str] = set()
+    if isinstance(node, dict):
+        if "type" in node:
+            kinds.add(node["type"])
+        if node.get("type") == "Replace":
+            pat = node.get("pattern", {})
+            if isinstance(pat, dict) and pat.get("String") == "▁":
+                kinds.add("Metaspace")
+        for v in node.values():
+            if isinstance(v, (dict, list)):
+                kinds |= _decoder_kinds(v)
+    elif isinstance(node, list):
+        for v in node:
+            kinds |= _decoder_kinds(v)
+    return kinds
+
+
+def _token_content(tok: Any) -> str | None:
+    if tok is None:
+        return None
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return str(tok)
+
+
+class Tokenizer:
+    """Encode/decode plus what the frontend needs: special ids, byte table, chat template."""
+
+    def __init__(self, hf: _HFTokenizer, spec: dict[str, Any], config: dict[str, Any], source: str):
+        self.hf = hf
+        self.source = source
+        self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        self.bos_token = _token_content(config.get("bos_token"))
+        self.eos_token = _token_content(config.get("eos_token"))
+        self.bos_token_id = hf.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_token_id = hf.token_to_id(self.eos_token) if self.eos_token else None
+        self.model_max_length = config.get("model_max_length")
+        special: set[int] = set()
+        added: dict[int, str] = {}
+        for t in spec.get("added_tokens", []) or []:
+            added[int(t["id"])] = t["content"]
+            if t.get("special"):
+                special.add(int(t["id"]))
+        for tid, t in (config.get("added_tokens_decoder") or {}).items():
+            if isinstance(t, dict) and t.get("special"):
+                special.add(int(tid))
+        self.special_ids = frozenset(special)
+        self._table = self._build_byte_table(spec.get("decoder"), added)
+        template = config.get("chat_template")
+        if isinstance(template, list):  # HF allows a list of named templates
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        self.chat_template = ChatTemplate(template) if template else None
+
+    # -- byte table -------------------------------------------------------------------------
+
+    def _build_byte_table(self, decoder: Any, added: dict[int, str]) -> list[bytes]:
+        kinds = _decoder_kinds(decoder)
+        hf = self.hf
+        n = self.vocab_size
+        table: list[bytes] = [b""] * n
+        if "ByteLevel" in kinds:
+            inv = {c: b for b, c in _bytes_to_unicode().items()}
+
+            def conv(piece: str) -> bytes:
+                try:
+                    return bytes(inv[c] for c in piece)
+                except KeyError:  # not a byte-level piece (e.g. an added token)
+                    return piece.encode()
+        elif "Metaspace" in kinds or "ByteFallback" in kinds:
+
+            def conv(piece: str) -> bytes:
+                m = _BYTE_FALLBACK.match(piece)
+                if m:
+                    return bytes([int(m.group(1), 16)])
+                return piece.replace("▁", " ").encode()
+        elif "WordPiece" in kinds:
+
+            def conv(piece: str) -> bytes:
+                return piece[2:].encode() if piece.startswith("##") else (" " + piece).encode()
+        else:
+            conv = None  # type: ignore[assignment]
+        for i in range(n):
+            if i in self.special_ids:
+                continue  # skip_special_tokens=True, as vLLM's default
+            if i in added:
+                table[i] = added[i].encode()
+                continue
+            piece = hf.id_to_token(i)
+            if piece is None:
+                continue
+            table[i] = conv(piece) if conv else hf.decode([i], skip_special_tokens=False).encode()
+        return table
+
+    # -- encode / decode --------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if not skip_special_tokens:
+            return self.hf.decode(list(ids), skip_special_tokens=False)
+        return self.ids_to_bytes(ids).decode("utf-8", "replace")
+
+    def ids_to_bytes(self, ids: list[int]) -> bytes:
+        table = self._table
+        try:
+            return b"".join([table[i] for i in ids])
+        except (IndexError, TypeError):
+            n = len(table)
+            return b"".join([table[i] if isinstance(i, int) and 0 <= i < n else b"" for i in ids])
+
+    def token_text(self, token_id: int) -> str:
+        """One token as text (logprobs' `token`); specials keep their literal form."""
+        if 0 <= token_id < len(self._table):
+            if token_id in self.special_ids:
+                return self.hf.id_to_token(token_id) or ""
+            return self._table[token_id].decode("utf-8", "replace")
+        return ""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._table[token_id] if 0 <= token_id < len(self._table) else b""
+
+    def detokenizer(self) -> "IncrementalDetokenizer":
+        return IncrementalDetokenizer(self._table)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            chat_template: str | None = None, **kwargs: Any) -> str:
+        template = ChatTemplate(chat_template) if chat_template else self.chat_template
+        if template is None:
+            raise ValueError(
+                "As of transformers v4.44, default chat template is no longer allowed, so you must "
+                "provide a chat template if the tokenizer does not define one.")
+        return template.render(messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+
+class IncrementalDetokenizer:
+    """Token ids in, text out; holds back an incomplete UTF-8 sequence until it completes."""
+
+    __slots__ = ("_table", "_n", "_dec")
+
+    def __init__(self, table: list[bytes]):
+        self._table = table
+        self._n = len(table)
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, ids: list[int]) -> str:
+        table = self._table
+        if len(ids) == 1:
+            i = ids[0]
+            data = table[i] if 0 <= i < self._n else b""
+        else:
+            try:
+                data = b"".join([table[i] for i in ids])
+            except IndexError:
+                data = b"".join([table[i] if 0 <= i < self._n else b"" for i in ids])
+        return self._dec.decode(data)
+
+    def flush(self) -> str:
+        """At the end of a sequence: a dangling partial character becomes U+FFFD."""
+        return self._dec.decode(b"", True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise TokenizerError(f"cannot read {path}: {e}") from None
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Tokenizer:
+    """The embedded default tokenizer, or the HF tokenizer files in local directory `path`."""
+    if path is None:
+        data = resources.files("vllm_vcr") / "data"
+        spec_text = (data / "tokenizer.json").read_text(encoding="utf-8")
+        config = json.loads((data / "tokenizer_config.json").read_text(encoding="utf-8"))
+        source = "embedded"
+    else:
+        d = Path(path)
+        if d.is_file() and d.name == "tokenizer.json":
+            d = d.parent
+        tj = d / "tokenizer.json"
+        if not tj.is_file():
+            raise TokenizerError(
+                f"no tokenizer.json in {str(path)!r} (vllm-vcr loads local HF tokenizer directories only; "
+                "it never downloads)")
+        try:
+            spec_text = tj.read_text(encoding="utf-8")
+        except OSError as e:
+            raise TokenizerError(f"cannot read {tj}: {e}") from None
+        config = _read_json(d / "tokenizer_config.json")
+        # Some repos keep the template in its own file (transformers >= 4.43 convention).
+        if not config.get("chat_template"):
+            jinja = d / "chat_template.jinja"
+            if jinja.is_file():
+                config["chat_template"] = jinja.read_text(encoding="utf-8")
+            else:
+                ct = _read_json(d / "chat_template.json")
+                if ct.get("chat_template"):
+                    config["chat_template"] = ct["chat_template"]
+        # eos/bos may only be in special_tokens_map.json
+        if not config.get("eos_token") or not config.get("bos_token"):
+            stm = _read_json(d / "special_tokens_map.json")
+            for key in ("eos_token", "bos_token"):
+                if not config.get(key) and stm.get(key):
+                    config[key] = stm[key]
+        source = str(d)
+    try:
+        hf = _HFTokenizer.from_str(spec_text)
+        spec = json.loads(spec_text)
+    except Exception as e:  # the tokenizers library raises plain Exception subclasses
+        raise TokenizerError(f"cannot load tokenizer from {source}: {e}") from None
+    return Tokenizer(hf, spec, config, source)
