@@ -499,3 +499,8 @@ class EngineCore:
             sink(client, EngineCoreOutputs(engine_index=self.engine_index, outputs=outs, scheduler_stats=stats,
                                            timestamp=ts, finished_requests=fin or None))
             stats = None
+
+
+def _wake_up(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -40,6 +40,8 @@ class Scheduler:
         self.num_preemptions = 0  # since the last stats report
         self.total_preemptions = 0
         self.on_admit: Callable[[Request, float], None] | None = None  # draws pacing
+        # the head of the waiting queue found no free blocks; retry only once blocks are freed
+        self.admission_blocked = False
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
@@ -63,7 +65,8 @@ class Scheduler:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
         if any(r.is_prefilling for r in self.running):
             return True
-        return bool(self.waiting) and len(self.running) < self._config().max_num_seqs
+        return (bool(self.waiting) and not self.admission_blocked
+                and len(self.running) < self._config().max_num_seqs)
 
     def remove(self, req: Request) -> None:
         """Take a request out of whichever queue holds it (finish or abort)."""
@@ -73,6 +76,7 @@ class Scheduler:
             self.waiting.remove(req)
         req.heap_gen += 1
         self.kv.free(req)
+        self.admission_blocked = False
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[tuple[Request, int, int]]:
@@ -125,6 +129,7 @@ class Scheduler:
             if threshold > 0:
                 n = min(n, threshold)
             if not kv.allocate_slots(req, n, hits):
+                self.admission_blocked = True
                 break  # head of line waits for blocks, as vLLM's FCFS does
             self.waiting.remove(req)
             req.num_computed_tokens += num_hit_tokens
@@ -167,6 +172,8 @@ class Scheduler:
             victim = self._pick_victim()
             self._preempt(victim, now)
             if victim is req:
+                # the blocks it freed were its own: retrying before others free blocks would spin
+                self.admission_blocked = True
                 return False
         return True
 
@@ -178,6 +185,7 @@ class Scheduler:
     def _preempt(self, req: Request, now: float) -> None:
         self.running.remove(req)
         self.kv.free(req)
+        self.admission_blocked = False
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.heap_gen += 1

@@ -1,0 +1,78 @@
+"""AsyncEngine on the real loop: routing, merging, cancellation, control calls, dead engines."""
+
+import asyncio
+
+import pytest
+
+from vllm_vcr.engine.async_engine import AsyncEngine, DataParallelRankError
+from vllm_vcr.engine.config import EngineArgs, EngineConfig
+from vllm_vcr.engine.core import EngineDeadError
+from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
+
+
+def req(rid, max_tokens=5, rank=None, prompt_len=8):
+    return EngineCoreRequest(request_id=rid, prompt_token_ids=list(range(1, prompt_len + 1)),
+                             sampling_params=SamplingParams(max_tokens=max_tokens), data_parallel_rank=rank)
+
+
+async def collect(engine, r):
+    return [o async for o in engine.generate(r)]
+
+
+@pytest.fixture
+async def engine():
+    e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=0.5, log_requests=False)), engine_count=2)
+    await e.start()
+    yield e
+    await e.stop(0)
+
+
+async def test_generate_yields_every_token_then_finishes(engine):
+    outs = await collect(engine, req("a", 7))
+    assert sum(len(o.new_token_ids) for o in outs) == 7
+    assert outs[-1].finish_reason is FinishReason.LENGTH
+    assert outs[0].prefill_stats.num_prompt_tokens == 8
+
+
+async def test_a_lagging_reader_gets_merged_outputs(engine):
+    agen = engine.generate(req("slow", 20))
+    first = await agen.__anext__()
+    await asyncio.sleep(0.05)  # the engine runs ahead while we do not read
+    rest = [o async for o in agen]
+    assert len(first.new_token_ids) + sum(len(o.new_token_ids) for o in rest) == 20
+    assert len(rest) < 19
+
+
+async def test_closing_the_stream_aborts_in_the_engine(engine):
+    agen = engine.generate(req("gone", 10_000))
+    await agen.__anext__()
+    await agen.aclose()
+    await asyncio.sleep(0.01)
+    stats = await engine.call_all(lambda c: c.current_stats())
+    assert sum(s.requests_aborted for s in stats) == 1
+    assert sum(s.running for s in stats) == 0
+
+
+async def test_requests_spread_over_engines_and_ranks_pin(engine):
+    await asyncio.gather(*(collect(engine, req(f"r{i}", 20)) for i in range(6)))
+    await collect(engine, req("pinned", 2, rank=1))
+    stats = await engine.call_all(lambda c: c.current_stats())
+    assert [s.requests_received for s in stats] in ([3, 4], [4, 3])
+    with pytest.raises(DataParallelRankError, match="out of range"):
+        await collect(engine, req("bad", rank=2))
+
+
+async def test_call_all_runs_in_engine_order(engine):
+    assert await engine.call_all(lambda c: c.engine_index) == [0, 1]
+
+
+async def test_a_stopped_engine_fails_waiting_requests_and_calls():
+    e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=50, log_requests=False)))
+    await e.start()
+    agen = e.generate(req("x", 100))
+    await agen.__anext__()
+    await e.stop(0)
+    outs = [o async for o in agen]
+    assert outs[-1].finish_reason is FinishReason.ABORT
+    with pytest.raises(EngineDeadError):
+        await e.engines[0].call(lambda c: 1)

@@ -1,0 +1,116 @@
+"""Token budget, chunked prefill, max_num_seqs and policies."""
+
+import pytest
+
+from vllm_vcr.engine.types import EngineCoreEventType, FinishReason
+
+
+def iteration_tokens(h):
+    """Scheduled prompt tokens per step, read back from the KV state is awkward: use step outputs."""
+    return [b for _, b in h.batches]
+
+
+def test_long_prompt_is_chunked_by_the_token_budget(harness):
+    h = harness(max_num_batched_tokens=64, tokens_per_block=16)
+    h.add("r", prompt_len=200, max_tokens=2)
+    sched = h.core.scheduler
+    steps = []
+    orig = sched.schedule
+
+    def spy(now):
+        out = orig(now)
+        steps.append([(r.request_id, n) for r, n, _ in out])
+        return out
+
+    sched.schedule = spy
+    h.run()
+    prefill = [n for s in steps for rid, n in s if n > 1]
+    assert prefill == [64, 64, 64, 8]
+    assert h.tokens("r") and h.finish("r") is FinishReason.LENGTH
+
+
+def test_long_prefill_token_threshold_caps_each_chunk(harness):
+    h = harness(max_num_batched_tokens=256, long_prefill_token_threshold=50)
+    h.add("r", prompt_len=120, max_tokens=1)
+    seen = []
+    orig = h.core.scheduler.schedule
+    h.core.scheduler.schedule = lambda now: (lambda out: (seen.extend(n for _, n, _ in out), out)[1])(orig(now))
+    h.run()
+    assert [n for n in seen if n > 1] == [50, 50, 20]
+
+
+def test_decodes_take_budget_before_prefills(harness):
+    h = harness(max_num_batched_tokens=32, inter_token_latency=1, time_to_first_token=1)
+    h.add("a", prompt_len=8, max_tokens=50)
+    h.run(until=0.010)  # a is decoding
+    h.add("b", prompt_len=100, max_tokens=1)
+    steps = []
+    orig = h.core.scheduler.schedule
+    h.core.scheduler.schedule = lambda now: (lambda out: (steps.append({r.request_id: n for r, n, _ in out}), out)[1])(orig(now))
+    h.run()
+    mixed = [s for s in steps if "a" in s and "b" in s]
+    assert mixed and all(s["b"] <= 31 for s in mixed)
+
+
+def test_max_num_seqs_bounds_the_running_batch(harness):
+    h = harness(max_num_seqs=2, inter_token_latency=10)
+    for i in range(5):
+        h.add(f"r{i}", max_tokens=3)
+    h.run(until=0.001)
+    assert h.stats().running == 2 and h.stats().waiting == 3
+    h.run()
+    assert all(h.finish(f"r{i}") is FinishReason.LENGTH for i in range(5))
+
+
+def test_fcfs_admits_in_arrival_order(harness):
+    h = harness(max_num_seqs=1, inter_token_latency=1)
+    for rid in ["x", "y", "z"]:
+        h.add(rid, max_tokens=2)
+    h.run()
+    firsts = {rid: h.emission_times(rid)[0] for rid in "xyz"}
+    assert firsts["x"] < firsts["y"] < firsts["z"]
+
+
+def test_priority_policy_admits_lowest_priority_value_first(harness):
+    h = harness(max_num_seqs=1, inter_token_latency=1, scheduling_policy="priority")
+    h.add("blocker", max_tokens=2)
+    h.add("low", max_tokens=2, priority=5, arrival_time=1.0)
+    h.add("high", max_tokens=2, priority=-1, arrival_time=2.0)
+    h.add("mid", max_tokens=2, priority=0, arrival_time=0.5)
+    h.run()
+    order = sorted(["low", "high", "mid"], key=lambda r: h.emission_times(r)[0])
+    assert order == ["high", "mid", "low"]
+
+
+def test_first_output_carries_queued_and_scheduled_events_and_prefill_stats(harness):
+    h = harness(time_to_first_token=5)
+    h.add("r", prompt_len=20, max_tokens=2)
+    h.run()
+    first = h.outputs("r")[0][1]
+    assert [e.type for e in first.events] == [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED]
+    assert first.prefill_stats.num_prompt_tokens == 20
+    assert h.outputs("r")[1][1].events is None and h.outputs("r")[1][1].prefill_stats is None
+
+
+def test_stop_token_ids_eos_and_min_tokens(harness):
+    h = harness(mode="echo")
+    h.add("stop", prompt=[5, 6, 7, 8], max_tokens=10, stop_token_ids=[7])
+    h.add("eos", prompt=[5, 6, 7, 8], max_tokens=10, eos_token_id=6)
+    h.add("ignore", prompt=[5, 6, 7, 8], max_tokens=3, eos_token_id=6, ignore_eos=True)
+    h.add("min", prompt=[5, 6, 7, 8], max_tokens=10, stop_token_ids=[6], min_tokens=4)
+    h.run()
+    assert h.tokens("stop") == [5, 6, 7] and h.outputs("stop")[-1][1].stop_reason == 7
+    assert h.tokens("eos") == [5, 6] and h.outputs("eos")[-1][1].stop_reason is None
+    assert h.finish("eos") is FinishReason.STOP
+    assert h.tokens("ignore") == [5, 6, 7] and h.finish("ignore") is FinishReason.LENGTH
+    assert h.tokens("min") == [5, 6, 7, 8, 5, 6]
+
+
+def test_same_seed_gives_same_tokens(harness):
+    h = harness(vocab_size=50000)
+    h.add("a", max_tokens=20, seed=42)
+    h.add("b", max_tokens=20, seed=42)
+    h.add("c", max_tokens=20)
+    h.run()
+    assert h.tokens("a") == h.tokens("b") != h.tokens("c")
+    assert all(0 <= t < 50000 for t in h.tokens("c"))
