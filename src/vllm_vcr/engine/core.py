@@ -35,6 +35,7 @@ from .types import (
 
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
+BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 
 _FAILURE_REASONS = {
@@ -149,6 +150,7 @@ class EngineCore:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         clock = self.clock
+        last_yield = clock.now()
         try:
             while True:
                 if self._inbox:
@@ -166,9 +168,14 @@ class EngineCore:
                     self._waiter = loop.create_future()
                     await self._waiter
                     self._waiter = None
+                    last_yield = clock.now()
                     continue
                 if wake <= clock.now():
-                    await asyncio.sleep(0)  # let I/O run between back-to-back steps
+                    # back-to-back steps (zero latency or catching up): yield to I/O every
+                    # BUSY_SLICE so outputs coalesce instead of costing a wake-up per token
+                    if clock.now() - last_yield >= BUSY_SLICE:
+                        await asyncio.sleep(0)
+                        last_yield = clock.now()
                     continue
                 if clock.virtual:
                     await asyncio.sleep(0)
@@ -180,6 +187,7 @@ class EngineCore:
                 await self._waiter
                 handle.cancel()
                 self._waiter = None
+                last_yield = clock.now()
         except BaseException as e:
             self.dead = e
             if not isinstance(e, asyncio.CancelledError):
@@ -385,11 +393,13 @@ class EngineCore:
         outputs = []
         finished = []
         push = sched.push_decode
+        block_size = kv.block_size
         for req, n, kind in scheduled:
             if kind == DECODE:
                 if n:
                     req.num_computed_tokens += n
-                    kv.cache_computed_blocks(req)
+                    if req.num_computed_tokens // block_size > req.num_hashed_blocks:
+                        kv.cache_computed_blocks(req)
                 self._sample(req, now, outputs, finished)
                 continue
             # prefill chunk

@@ -35,6 +35,7 @@ class Scheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefilling: list[Request] = []  # running requests that were given a prefill chunk
         self.decode_heap: list[tuple[float, int, int, Request]] = []
         self.prefix_stats = PrefixCacheStats()
         self.num_preemptions = 0  # since the last stats report
@@ -63,7 +64,7 @@ class Scheduler:
 
     def has_immediate_work(self) -> bool:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
-        if any(r.is_prefilling for r in self.running):
+        if any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
         return (bool(self.waiting) and not self.admission_blocked
                 and len(self.running) < self._config().max_num_seqs)
@@ -90,21 +91,28 @@ class Scheduler:
         # 1. running requests whose next token is due (earliest first)
         heap = self.decode_heap
         horizon = now + DUE_SLACK
+        block_size = kv.block_size
+        running_status = RequestStatus.RUNNING
+        heappop = heapq.heappop
         while heap and budget > 0 and heap[0][0] <= horizon:
-            _, _, gen, req = heapq.heappop(heap)
-            if req.status is not RequestStatus.RUNNING or gen != req.heap_gen:
+            _, _, gen, req = heappop(heap)
+            if req.status is not running_status or gen != req.heap_gen:
                 continue
-            need = 1 if req.num_computed_tokens < req.num_tokens else 0
-            if need and not self._allocate_or_preempt(req, need, now):
+            computed = req.num_computed_tokens
+            need = 1 if computed < len(req.all_token_ids) else 0
+            # a new block is needed only when the computed token crosses a block boundary
+            if need and computed >= len(req.blocks) * block_size and not self._allocate_or_preempt(req, 1, now):
                 continue
             scheduled.append((req, need, DECODE))
             budget -= 1
 
         # 2. running requests still in prefill (admission order)
-        for req in list(self.running):
+        if self.prefilling:
+            self.prefilling = [r for r in self.prefilling if r.status is running_status and r.is_prefilling]
+        for req in list(self.prefilling):
             if budget <= 0:
                 break
-            if req.status is not RequestStatus.RUNNING or not req.is_prefilling:
+            if req.status is not running_status:
                 continue
             n = min(req.prefill_target - req.num_computed_tokens, budget)
             if threshold > 0:
@@ -143,6 +151,7 @@ class Scheduler:
                 self.on_admit(req, now)
             if n > 0:
                 scheduled.append((req, n, PREFILL))
+                self.prefilling.append(req)
                 budget -= n
             else:  # nothing left to prefill (resumed with a full prefix hit)
                 scheduled.append((req, 0, PREFILL))
