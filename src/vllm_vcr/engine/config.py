@@ -95,6 +95,16 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     advertised_max_model_len: int = 4096  # what the frontend is told; the arrival check uses config
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
+    enable_chunked_prefill: bool = True
+    response_replay_trace: str | None = None  # JSONL of planned output token ids
+    reasoning: str | None = None  # "START_ID,END_ID,RATIO"
+    # prefill/decode disaggregation
+    worker_type: str = "aggregated"  # aggregated | prefill | decode
+    kv_bytes_per_token: int = 131072
+    kv_transfer_bandwidth: float = 25.0  # GB/s shared by concurrent transfers
+    kv_hold_timeout: float = 480.0  # s a prefill keeps blocks for a decode that never pulls
+    side_channel_host: str = "127.0.0.1"
+    side_channel_port: int = 5600
 
     def validate(self) -> "EngineArgs":
         self.config.validate()
@@ -108,6 +118,19 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.mode not in ("random", "echo"):
             raise ConfigError(f"--mode must be random or echo, got {self.mode!r}")
+        if self.worker_type not in ("aggregated", "prefill", "decode"):
+            raise ConfigError(f"--worker-type must be aggregated, prefill or decode, got {self.worker_type!r}")
+        if self.kv_transfer_bandwidth <= 0:
+            raise ConfigError(f"--kv-transfer-bandwidth must be > 0, got {self.kv_transfer_bandwidth}")
+        if self.kv_bytes_per_token < 0:
+            raise ConfigError(f"--kv-bytes-per-token must be >= 0, got {self.kv_bytes_per_token}")
+        if self.reasoning is not None:
+            from .tokens import ReasoningConfig
+
+            try:
+                ReasoningConfig.parse(self.reasoning)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         return self

@@ -19,11 +19,13 @@ from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
 from .config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, FailureType
 from .kv_cache_manager import KVCacheManager
+from .kv_transfer import TransferQueue, prefill_side_params
 from .latency import KnobLatency, LatencyModel
+from .replay_table import ResponseReplayTable
 from .request import Request, RequestStatus
-from .scheduler import DECODE, DUE_SLACK, Scheduler
+from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
 from .stats import EngineStats
-from .tokens import EchoTokens, RandomTokens, TokenSource
+from .tokens import EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens, ScriptedTokens, TokenSource
 from .types import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -57,7 +59,9 @@ class EngineCore:
     def __init__(self, args: EngineArgs, *, engine_index: int = 0, clock: RealClock | VirtualClock | None = None,
                  output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
-                 token_source_factory: Callable[[Request, random.Random], TokenSource | None] | None = None) -> None:
+                 token_source_factory: Callable[[Request, random.Random], TokenSource | None] | None = None,
+                 replay_table: ResponseReplayTable | None = None,
+                 on_kv_pulled: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.args = args
         self.engine_index = engine_index
         self.clock = clock or RealClock()
@@ -69,6 +73,16 @@ class EngineCore:
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
                                    args.long_prefill_token_threshold)
         self.scheduler.on_admit = self._on_admit
+        self.scheduler.on_preempt = self._on_preempt
+        self.scheduler.chunked_prefill = args.enable_chunked_prefill
+        self.replay_table = replay_table
+        if replay_table is None and args.response_replay_trace:
+            self.replay_table = ResponseReplayTable.from_path(args.response_replay_trace)
+        self.reasoning = ReasoningConfig.parse(args.reasoning) if args.reasoning else None
+        # P/D: KV pulls in flight (decode side) and blocks held for pullers (prefill side)
+        self.transfers = TransferQueue(args.kv_transfer_bandwidth * 1e9 * args.time_scale)
+        self.kv_holds: dict[str, tuple[Request, float]] = {}
+        self.on_kv_pulled = on_kv_pulled
         self.token_source_factory = token_source_factory
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
@@ -81,7 +95,10 @@ class EngineCore:
         self._draining_deadline: float | None = None
         self._stopped = False
         self.dead: BaseException | None = None
-        self._avoid_tokens: frozenset[int] = frozenset(() if args.eos_token_id is None else (args.eos_token_id,))
+        avoid = set() if args.eos_token_id is None else {args.eos_token_id}
+        if self.reasoning is not None:
+            avoid |= {self.reasoning.start_id, self.reasoning.end_id}
+        self._avoid_tokens: frozenset[int] = frozenset(avoid)
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
 
     # --- inbox (the only way in) ------------------------------------------------------------------
@@ -99,6 +116,10 @@ class EngineCore:
         else:
             self._post(("call", fn, fut))
         return fut
+
+    def release_kv_hold(self, request_id: str) -> None:
+        """The decode side has pulled this prefill's KV: free its held blocks."""
+        self._post(("release_kv", request_id))
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
@@ -221,8 +242,10 @@ class EngineCore:
         if sched.has_immediate_work():
             return self.clock.now()
         wake = sched.next_deadline()
-        if self._draining_deadline is not None and (wake is None or self._draining_deadline < wake):
-            wake = self._draining_deadline
+        for t in (self._draining_deadline, self.transfers.next_completion(),
+                  min((d for _, d in self.kv_holds.values()), default=None)):
+            if t is not None and (wake is None or t < wake):
+                wake = t
         return wake
 
     def _fail_pending_calls(self) -> None:
@@ -253,6 +276,8 @@ class EngineCore:
                         fut.set_result(result)
             elif kind == "shutdown":
                 self._begin_shutdown(msg[1], outputs, finished)
+            elif kind == "release_kv":
+                self._release_hold(msg[1])
         if outputs or finished:
             self._emit(outputs, finished, with_stats=True)
 
@@ -282,6 +307,9 @@ class EngineCore:
                    f"but the cache has {self.block_pool.num_blocks}")
         if err is None and sp.max_tokens is not None and sp.max_tokens < 0:
             err = f"max_tokens must be >= 0, got {sp.max_tokens}"
+        if err is None and not self.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:
+            err = (f"prompt of {prompt_len} tokens exceeds max_num_batched_tokens {cfg.max_num_batched_tokens} "
+                   "and chunked prefill is disabled")
         self._seq += 1
         if err is not None:
             logger.warning("request %s rejected: %s", rid, err)
@@ -292,7 +320,18 @@ class EngineCore:
         max_len = cfg.max_model_len or self.args.advertised_max_model_len
         room = min(max_len, self.kv_capacity_tokens) - prompt_len
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+        ktp = ecr.kv_transfer_params or {}
+        remote_decode = bool(ktp.get("do_remote_decode")) or self.args.worker_type == "prefill"
+        planned = self._planned_tokens(ecr, sp)
+        if planned is not None:
+            max_tokens = min(len(planned), room)
+        if remote_decode:
+            max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         req = Request(ecr, sp, max(max_tokens, 0), now, self._seq)
+        req.planned = planned
+        req.remote_decode = remote_decode
+        if ktp.get("do_remote_prefill") and not remote_decode:
+            req.remote_prefill = ktp
         if self._draining_deadline is not None:
             stats.requests_aborted += 1
             outputs.append((req.client_index, self._finish_output(rid, FinishReason.ABORT, now, events=req.pending_events)))
@@ -321,6 +360,31 @@ class EngineCore:
         if ecr.abort_immediately:
             self._handle_abort([rid], finished)
 
+    def _planned_tokens(self, ecr: EngineCoreRequest, sp) -> list[int] | None:
+        key = (sp.extra_args or {}).get("output_replay_id")
+        if key is None:
+            return None
+        if self.replay_table is None:
+            logger.warning("request %s asked for output replay id %r but no response replay trace is loaded",
+                           ecr.request_id, key)
+            return None
+        planned = self.replay_table.get(str(key))
+        if planned is None:
+            logger.warning("request %s: output replay id %r not found in the response replay trace",
+                           ecr.request_id, key)
+        return planned
+
+    def _on_preempt(self, req: Request, now: float) -> None:
+        if req.transferring:
+            self.transfers.cancel(req.request_id, now)
+            req.transferring = False
+
+    def _release_hold(self, request_id: str) -> None:
+        entry = self.kv_holds.pop(request_id, None)
+        if entry is not None:
+            self.kv.free(entry[0])
+            self.scheduler.admission_blocked = False
+
     def _on_admit(self, req: Request, now: float) -> None:
         if req.pacing is not None:
             return  # pacing is fixed at the first admission; a preempted request keeps it
@@ -330,6 +394,8 @@ class EngineCore:
                                          len(self.scheduler.running), self._latency_rng)
         req.first_due = now + req.pacing.ttft
         src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        if src is None and req.planned is not None:
+            src = ScriptedTokens(req.planned, RandomTokens(rng, self.args.vocab_size, self._avoid_tokens))
         if src is None:
             if self.args.mode == "echo":
                 src = EchoTokens(req.prompt_token_ids)
@@ -338,6 +404,8 @@ class EngineCore:
                 if req.eos_token_id is not None:
                     avoid = avoid | {req.eos_token_id}
                 src = RandomTokens(rng, self.args.vocab_size, avoid)
+            if self.reasoning is not None:
+                src = ReasoningTokens(src, self.reasoning, req.max_tokens)
         req.token_source = src
 
     # --- abort / shutdown ------------------------------------------------------------------------
@@ -385,14 +453,30 @@ class EngineCore:
             self._stopped = True
             return
         sched = self.scheduler
+        if self.kv_holds:
+            for rid in [rid for rid, (_, deadline) in self.kv_holds.items() if deadline <= now]:
+                logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
+                self._release_hold(rid)
+        pulled = self.transfers.pop_done(now) if self.transfers.remaining else ()
         scheduled = sched.schedule(now)
-        if not scheduled:
+        if not scheduled and not pulled:
             return
         self._step_counter += 1
         kv = self.kv
         outputs = []
         finished = []
         push = sched.push_decode
+        for rid in pulled:
+            req = self.requests.get(rid)
+            if req is None or not req.transferring:
+                continue
+            req.transferring = False
+            req.num_computed_tokens += req.external_tokens
+            kv.cache_computed_blocks(req)
+            req.first_due = now
+            if self.on_kv_pulled is not None:
+                self.on_kv_pulled(req.remote_prefill)
+            self._sample(req, now, outputs, finished)
         block_size = kv.block_size
         for req, n, kind in scheduled:
             if kind == DECODE:
@@ -401,6 +485,11 @@ class EngineCore:
                     if req.num_computed_tokens // block_size > req.num_hashed_blocks:
                         kv.cache_computed_blocks(req)
                 self._sample(req, now, outputs, finished)
+                continue
+            if kind == TRANSFER:
+                req.transferring = True
+                req.external_tokens = n
+                self.transfers.start(req.request_id, n * self.args.kv_bytes_per_token, now)
                 continue
             # prefill chunk
             req.num_computed_tokens += n
@@ -443,16 +532,20 @@ class EngineCore:
             req.pending_events = []
         if not req.prefill_stats_sent:
             req.prefill_stats_sent = True
-            cached = max(req.num_cached_tokens, 0)
+            local = max(req.num_cached_tokens, 0)
+            external = req.external_tokens
             out.prefill_stats = PrefillStats(
-                num_prompt_tokens=req.num_prompt_tokens, num_computed_tokens=req.num_prompt_tokens - cached,
-                num_cached_tokens=cached, num_local_cached_tokens=cached,
-                num_cache_creation_tokens=req.num_prompt_tokens - cached)
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_computed_tokens=req.num_prompt_tokens - local - external,
+                num_cached_tokens=local + external, num_local_cached_tokens=local,
+                num_external_cached_tokens=external, num_cache_creation_tokens=req.num_prompt_tokens - local)
             if req.trace_headers:
                 out.trace_headers = req.trace_headers
         if reason is not None:
             out.finish_reason = reason
             out.stop_reason = stop_reason
+            if req.remote_decode:
+                out.kv_transfer_params = self._hold_for_decode(req, now)
             self._finish(req)
             finished.append((req.client_index, req.request_id))
         else:
@@ -462,9 +555,15 @@ class EngineCore:
             self.scheduler.push_decode(req, base + gap)
         outputs.append((req.client_index, out))
 
+    def _hold_for_decode(self, req: Request, now: float) -> dict[str, Any]:
+        a = self.args
+        self.kv_holds[req.request_id] = (req, now + a.kv_hold_timeout / a.time_scale)
+        return prefill_side_params(req.request_id, [b.block_id for b in req.blocks], a.engine_id,
+                                   a.side_channel_host, a.side_channel_port + self.engine_index)
+
     def _finish(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
-        self.scheduler.remove(req)
+        self.scheduler.remove(req, free_blocks=req.request_id not in self.kv_holds)
         req.status = RequestStatus.FINISHED
         self.stats.requests_completed += 1
         if self._config.log_requests:

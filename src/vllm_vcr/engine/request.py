@@ -26,7 +26,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
         "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
-        "first_due",
+        "first_due", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -67,6 +67,11 @@ class Request:
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.heap_gen = 0  # invalidates stale entries in the decode heap
         self.first_due = 0.0
+        self.remote_prefill: dict[str, Any] | None = None  # decode side: pull the prompt's KV
+        self.remote_decode = False  # prefill side: finish after prefill, hold blocks for the puller
+        self.transferring = False
+        self.external_tokens = 0  # prompt tokens whose KV arrived by transfer
+        self.planned: list[int] | None = None  # replay-table output ids
 
     @property
     def num_tokens(self) -> int:

@@ -21,7 +21,7 @@ from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats
 
-PREFILL, DECODE = 0, 1
+PREFILL, DECODE, TRANSFER = 0, 1, 2
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
 DUE_SLACK = 0.0002
 
@@ -41,6 +41,8 @@ class Scheduler:
         self.num_preemptions = 0  # since the last stats report
         self.total_preemptions = 0
         self.on_admit: Callable[[Request, float], None] | None = None  # draws pacing
+        self.on_preempt: Callable[[Request, float], None] | None = None  # cancels KV pulls
+        self.chunked_prefill = True
         # the head of the waiting queue found no free blocks; retry only once blocks are freed
         self.admission_blocked = False
 
@@ -69,15 +71,16 @@ class Scheduler:
         return (bool(self.waiting) and not self.admission_blocked
                 and len(self.running) < self._config().max_num_seqs)
 
-    def remove(self, req: Request) -> None:
+    def remove(self, req: Request, free_blocks: bool = True) -> None:
         """Take a request out of whichever queue holds it (finish or abort)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
         elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(req)
         req.heap_gen += 1
-        self.kv.free(req)
-        self.admission_blocked = False
+        if free_blocks:
+            self.kv.free(req)
+            self.admission_blocked = False
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[tuple[Request, int, int]]:
@@ -133,9 +136,14 @@ class Scheduler:
             resumed = req.status is RequestStatus.PREEMPTED
             hits = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             num_hit_tokens = len(hits) * kv.block_size
-            n = min(req.prefill_target - req.num_computed_tokens - num_hit_tokens, budget)
-            if threshold > 0:
+            left = req.prefill_target - req.num_computed_tokens - num_hit_tokens
+            pull = req.remote_prefill is not None and not req.output_token_ids
+            # a remote-prefill request pulls its whole prompt's KV: blocks for all of it, no compute budget
+            n = left if pull else min(left, budget)
+            if threshold > 0 and not pull:
                 n = min(n, threshold)
+            if not self.chunked_prefill and not pull and n < left:
+                break  # without chunked prefill a prompt is computed in one step or waits
             if not kv.allocate_slots(req, n, hits):
                 self.admission_blocked = True
                 break  # head of line waits for blocks, as vLLM's FCFS does
@@ -149,7 +157,9 @@ class Scheduler:
                 req.num_cached_tokens = num_hit_tokens
             if self.on_admit is not None:
                 self.on_admit(req, now)
-            if n > 0:
+            if pull:
+                scheduled.append((req, n, TRANSFER))
+            elif n > 0:
                 scheduled.append((req, n, PREFILL))
                 self.prefilling.append(req)
                 budget -= n
@@ -192,6 +202,8 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt(self, req: Request, now: float) -> None:
+        if self.on_preempt is not None:
+            self.on_preempt(req, now)
         self.running.remove(req)
         self.kv.free(req)
         self.admission_blocked = False
