@@ -76,3 +76,27 @@ async def test_a_stopped_engine_fails_waiting_requests_and_calls():
     assert outs[-1].finish_reason is FinishReason.ABORT
     with pytest.raises(EngineDeadError):
         await e.engines[0].call(lambda c: 1)
+
+
+async def test_requests_wait_for_startup_time():
+    e = AsyncEngine(EngineArgs(config=EngineConfig(log_requests=False), startup_time=0.2))
+    await e.start()
+    assert not e.is_ready
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    outs = await collect(e, req("early", 2))
+    assert loop.time() - t0 >= 0.19 and e.is_ready
+    assert outs[-1].finish_reason is FinishReason.LENGTH
+    await e.stop(0)
+
+
+async def test_a_startup_failure_wakes_every_waiting_request():
+    from vllm_vcr.engine.async_engine import EngineStartupError
+
+    e = AsyncEngine(EngineArgs(config=EngineConfig(log_requests=False), startup_time=0.05,
+                               startup_failure="weights are corrupt"))
+    await e.start()
+    results = await asyncio.gather(*(collect(e, req(f"w{i}")) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, EngineStartupError) and "weights are corrupt" in str(r) for r in results)
+    assert not e.is_ready
+    await e.stop(0)

@@ -24,6 +24,10 @@ class DataParallelRankError(ValueError):
     pass
 
 
+class EngineStartupError(RuntimeError):
+    """Simulated model loading failed; every waiting request gets this message."""
+
+
 class _Collector:
     __slots__ = ("pending", "waiter", "error")
 
@@ -83,16 +87,50 @@ class AsyncEngine:
         self._rr = 0
         self._listeners: list[OutputListener] = []
         self._tasks: list[asyncio.Task] = []
+        self.startup_error: str | None = None
+        self._ready: asyncio.Event | None = None
+        self._startup_task: asyncio.Task | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
+        """Start the engines, after --startup-time of simulated loading (requests wait for it)."""
+        self._ready = asyncio.Event()
+        if self.args.startup_time > 0 or self.args.startup_failure:
+            self._startup_task = asyncio.get_running_loop().create_task(self._simulate_loading())
+        else:
+            self._start_engines()
+
+    async def _simulate_loading(self) -> None:
+        await asyncio.sleep(self.args.startup_time / self.args.time_scale)
+        if self.args.startup_failure:
+            self.startup_error = self.args.startup_failure
+            logger.error("engine start-up failed: %s", self.startup_error)
+            self._ready.set()
+            return
+        self._start_engines()
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready is not None and self._ready.is_set() and self.startup_error is None
+
+    async def wait_ready(self) -> None:
+        if self._ready is None:
+            raise EngineDeadError("engine not started")
+        await self._ready.wait()
+        if self.startup_error is not None:
+            raise EngineStartupError(self.startup_error)
+
+    def _start_engines(self) -> None:
         for core in self.engines:
             task = asyncio.get_running_loop().create_task(core.run(), name=f"engine-{core.engine_index}")
             task.add_done_callback(self._on_engine_exit)
             self._tasks.append(task)
+        self._ready.set()
 
     async def stop(self, timeout: float | None = None) -> None:
         """Shut every engine down (timeout 0 aborts at once; > 0 drains) and wait for the loops."""
+        if self._startup_task is not None and not self._startup_task.done():
+            self._startup_task.cancel()
         for core in self.engines:
             core.shutdown(timeout)
         if self._tasks:
@@ -142,6 +180,8 @@ class AsyncEngine:
     async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
         """Submit a request and yield its outputs; leaving early aborts it in the engine."""
         idx = self.pick_engine(request)
+        if not self.is_ready:
+            await self.wait_ready()
         core = self.engines[idx]
         if core.dead is not None or core._stopped:
             raise EngineDeadError(f"engine {idx} is not running")

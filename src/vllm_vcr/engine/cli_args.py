@@ -55,6 +55,22 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-count", type=int, default=1, help="engines (DP ranks) in this process")
     g.add_argument("--log-requests", dest="log_requests", action=argparse.BooleanOptionalAction, default=True,
                    help="log each request's arrival and finish")
+    g.add_argument("--response-replay-trace", default=None, metavar="FILE",
+                   help="JSONL of planned output token ids, selected per request by an output-replay id")
+    g.add_argument("--reasoning", default=None, metavar="START_ID,END_ID,RATIO",
+                   help="make the first RATIO of each output a thinking span between two token ids")
+    g.add_argument("--startup-time", type=float, default=0.0,
+                   help="seconds of simulated model loading before the engine serves")
+    g.add_argument("--startup-failure", default=None, metavar="MESSAGE",
+                   help="after --startup-time, fail model loading with MESSAGE (for orchestration tests)")
+    pd = parser.add_argument_group("prefill/decode disaggregation")
+    pd.add_argument("--worker-type", choices=["aggregated", "prefill", "decode"], default="aggregated",
+                    help="prefill workers finish after the first token and hold KV for the decode side")
+    pd.add_argument("--kv-bytes-per-token", type=int, default=131072, help="KV bytes one token occupies")
+    pd.add_argument("--kv-transfer-bandwidth", type=float, default=25.0,
+                    help="GB/s of the KV link, shared by concurrent transfers")
+    pd.add_argument("--kv-hold-timeout", type=float, default=480.0,
+                    help="seconds a prefill holds KV blocks for a decode side that never pulls them")
     g.add_argument("--control-address", default=os.environ.get("MOCK_CONTROL_ADDRESS"),
                    help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS); off unless set")
 
@@ -95,6 +111,14 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         seed=int(ns.seed),
         mode=ns.mode,
         shutdown_timeout=float(ns.shutdown_timeout),
+        response_replay_trace=ns.response_replay_trace,
+        reasoning=ns.reasoning,
+        worker_type=ns.worker_type,
+        kv_bytes_per_token=int(ns.kv_bytes_per_token),
+        kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
+        kv_hold_timeout=float(ns.kv_hold_timeout),
+        startup_time=float(ns.startup_time),
+        startup_failure=ns.startup_failure,
         **overrides,
     )
     if ns.vocab_size is not None:

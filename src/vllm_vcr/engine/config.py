@@ -96,6 +96,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
     enable_chunked_prefill: bool = True
+    startup_time: float = 0.0  # s of simulated model loading (divided by time_scale)
+    startup_failure: str | None = None  # simulate a loading failure with this message
     response_replay_trace: str | None = None  # JSONL of planned output token ids
     reasoning: str | None = None  # "START_ID,END_ID,RATIO"
     # prefill/decode disaggregation
@@ -131,6 +133,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                 ReasoningConfig.parse(self.reasoning)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        if self.startup_time < 0:
+            raise ConfigError(f"--startup-time must be >= 0, got {self.startup_time}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         return self
