@@ -12,7 +12,8 @@ import concurrent.futures
 import contextlib
 import logging
 import socket
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import msgspec
 import uvicorn
@@ -20,9 +21,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route, Router
+from starlette.routing import Route
 
 from ..engine.config import ConfigError
+from ..engine.core import EngineDeadError, LatencyTraceActive
 from .log_filter import LogFilterError
 from .schema import (
     STATS_FIELDS,
@@ -96,7 +98,7 @@ class _Engines:
         return list(cores)
 
     async def call(self, index: int, core: Any, fn: Callable[[Any], Any]) -> Any:
-        gone = f"engine {index} is not answering: its loop is gone"
+        gone = f"engine {index} loop is gone"
         try:
             fut = core.call(fn)
         except Exception as e:  # the engine refused the message: its loop has stopped
@@ -109,12 +111,14 @@ class _Engines:
             raise ControlError(500, f"{gone} (no answer within {self.timeout:g}s)")
         try:
             return fut.result()
-        except (ControlError, _Conflict, ConfigError):
+        except (ControlError, _Conflict, ConfigError, LatencyTraceActive):
             raise
+        except EngineDeadError as e:
+            raise ControlError(500, str(e) or gone) from None
         except asyncio.CancelledError:
             raise ControlError(500, f"{gone} (call cancelled)") from None
-        except Exception as e:
-            raise ControlError(500, f"{gone} ({type(e).__name__}: {e})") from None
+        except Exception as e:  # the call itself failed inside the engine
+            raise ControlError(500, f"engine {index}: {type(e).__name__}: {e}") from None
 
     async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
         cores = self.cores()
@@ -134,8 +138,20 @@ def _read_config(core: Any) -> dict[str, Any]:
 
 
 def _read_stats(core: Any) -> dict[str, int]:
-    stats = core.stats
+    # current_stats() fills the running/waiting gauges from the scheduler; plain stats may not.
+    current = getattr(core, "current_stats", None)
+    stats = current() if callable(current) else core.stats
     return {name: int(getattr(stats, name)) for name in STATS_FIELDS}
+
+
+def _reset_stats(core: Any) -> dict[str, int]:
+    core.reset_stats()
+    # Requests still in flight will finish after the reset; counting them as received in the new
+    # window keeps received == completed + failed + aborted true whenever the engine is idle.
+    in_flight = getattr(core, "num_unfinished", None)
+    if isinstance(in_flight, int) and in_flight > core.stats.requests_received:
+        core.stats.requests_received = in_flight
+    return _read_stats(core)
 
 
 def _sum_stats(per_engine: Sequence[dict[str, int]]) -> dict[str, int]:
@@ -183,10 +199,15 @@ def build_control_app(
                 raise ControlError(409, str(e)) from None
             except ConfigError as e:
                 raise ControlError(400, str(e)) from None
-            try:
-                configs = await eng.call_all(apply)
-            except ConfigError as e:  # pragma: no cover - the dry run passed under the lock
-                raise ControlError(400, str(e)) from None
+            configs = []
+            for i, core in enumerate(eng.cores()):
+                try:
+                    configs.append(await eng.call(i, core, apply))
+                except (ControlError, LatencyTraceActive, ConfigError) as e:
+                    # an engine died between the dry run and now: say which engines have the patch
+                    status = e.status if isinstance(e, ControlError) else 500
+                    done = f"engines 0-{i - 1} have the patch" if i else "no engine has the patch"
+                    raise ControlError(status, f"{e} ({done}; the engines' configs may differ)") from None
         logger.info("control: config patched on %d engine(s): %s", len(configs),
                     msgspec.json.encode(patch).decode())
         return _json(configs[0])
@@ -195,12 +216,8 @@ def build_control_app(
         return _json(_sum_stats(await eng.call_all(_read_stats)))
 
     async def reset_stats(request: Request) -> Response:
-        def reset(core: Any) -> dict[str, int]:
-            core.reset_stats()
-            return _read_stats(core)
-
         async with eng.lock:
-            per_engine = await eng.call_all(reset)
+            per_engine = await eng.call_all(_reset_stats)
         logger.info("control: stats reset on %d engine(s)", len(per_engine))
         return _json(_sum_stats(per_engine))
 
@@ -220,7 +237,7 @@ def build_control_app(
         return _json({"filter": applied})
 
     async def on_control_error(request: Request, exc: ControlError) -> Response:
-        log = logger.warning if exc.status >= 500 else logger.debug
+        log = logger.warning if exc.status == 500 else logger.debug
         log("control: %s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
         return _error(exc.status, exc.message)
 
@@ -237,9 +254,12 @@ def build_control_app(
         logger.exception("control: %s %s failed", request.method, request.url.path)
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
+    async def config(request: Request) -> Response:
+        # One route per path, so a 405 names every method the path allows in its Allow header.
+        return await (patch_config if request.method == "PATCH" else get_config)(request)
+
     routes = [
-        Route("/config", get_config, methods=["GET"]),
-        Route("/config", patch_config, methods=["PATCH"]),
+        Route("/config", config, methods=["GET", "PATCH"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/stats/reset", reset_stats, methods=["POST"]),
         Route("/log", put_log, methods=["PUT"]),
@@ -280,11 +300,14 @@ class ControlServer:
         return f"http://{host}:{self.port}"
 
     async def stop(self) -> None:
+        """Stop accepting, close connections, wait for uvicorn to finish (idempotent)."""
         self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        if not self._task.done():
+            await asyncio.wait({self._task})  # unlike awaiting the task, our own cancellation still propagates
+        if not self._task.cancelled() and self._task.exception() is not None:
+            logger.warning("control API stopped with an error: %r", self._task.exception())
 
-    async def __aenter__(self) -> "ControlServer":
+    async def __aenter__(self) -> ControlServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
