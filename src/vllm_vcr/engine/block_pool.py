@@ -7,7 +7,6 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from typing import Callable, Protocol, Sequence
 
@@ -15,18 +14,10 @@ BlockHash = bytes
 BlockHasher = Callable[[BlockHash | None, Sequence[int], tuple | None], BlockHash]
 
 
-def default_block_hasher(parent: BlockHash | None, token_ids: Sequence[int], extra_keys: tuple | None) -> BlockHash:
-    """A stable chained hash. vLLM's exact schemes live in block_hash.py (KV events need them)."""
-    h = hashlib.blake2b(parent or b"\0" * 8, digest_size=16)
-    h.update(b",".join(str(t).encode() for t in token_ids))
-    if extra_keys:
-        h.update(repr(extra_keys).encode())
-    return h.digest()
-
-
 class KVEventSink(Protocol):
     def stored(self, block_hashes: list[BlockHash], parent: BlockHash | None, token_ids: list[int],
-               block_size: int, lora_name: str | None) -> None: ...
+               block_size: int, lora_name: str | None, *, lora_id: int | None = None,
+               extra_keys: list | None = None) -> None: ...
 
     def removed(self, block_hashes: list[BlockHash]) -> None: ...
 
@@ -116,20 +107,19 @@ class BlockPool:
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
-                     token_ids: Sequence[int], parent: BlockHash | None, lora_name: str | None) -> None:
-        """Register newly full blocks under their hashes (one BlockStored event per call)."""
+                     token_ids: Sequence[int], parent: BlockHash | None, lora_name: str | None = None,
+                     lora_id: int | None = None, extra_keys: list | None = None) -> None:
+        """Register newly full blocks under their hashes (one BlockStored event per call, as vLLM)."""
         if not self.enable_caching or not blocks:
             return
-        stored: list[BlockHash] = []
+        cached = self.cached
         for b, h in zip(blocks, hashes):
-            if b.block_hash is not None:
-                continue
-            b.block_hash = h
-            if h not in self.cached:
-                self.cached[h] = b
-                stored.append(h)
-        if stored and self.events is not None:
-            self.events.stored(stored, parent, list(token_ids), self.block_size, lora_name)
+            if b.block_hash is None:  # a block is hashed once; the manager only passes new ones
+                b.block_hash = h
+                cached.setdefault(h, b)
+        if self.events is not None:
+            self.events.stored(list(hashes), parent, list(token_ids), self.block_size, lora_name,
+                               lora_id=lora_id, extra_keys=extra_keys)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is in use, as vLLM does."""

@@ -8,6 +8,7 @@ name, patchable at a step boundary. `EngineArgs` holds everything fixed at start
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any
 
 import msgspec
@@ -45,12 +46,15 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     time_factor_under_load: float = 1.0
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
-    max_model_len: int = 0  # 0 = no arrival check
+    max_model_len: int = 0  # 0 = the length advertised at start-up bounds requests
     failure_injection_rate: float = 0.0
     failure_types: list[FailureType] = msgspec.field(default_factory=lambda: [FailureType.ERROR])
     log_requests: bool = True
 
     def validate(self) -> "EngineConfig":
+        for name in LATENCY_FIELDS + ("failure_injection_rate",):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in LATENCY_FIELDS[:-1]:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -96,6 +100,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
     enable_chunked_prefill: bool = True
+    prefix_caching_hash_algo: str = "sha256"  # vLLM's default; KV event hashes depend on it
     startup_time: float = 0.0  # s of simulated model loading (divided by time_scale)
     startup_failure: str | None = None  # simulate a loading failure with this message
     response_replay_trace: str | None = None  # JSONL of planned output token ids
@@ -133,6 +138,11 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                 ReasoningConfig.parse(self.reasoning)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        from .block_hash import HASH_ALGOS
+
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise ConfigError(f"--prefix-caching-hash-algo must be one of {', '.join(HASH_ALGOS)}, "
+                              f"got {self.prefix_caching_hash_algo!r}")
         if self.startup_time < 0:
             raise ConfigError(f"--startup-time must be >= 0, got {self.startup_time}")
         if self.shutdown_timeout < 0:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .block_pool import BlockHasher, BlockPool, KVCacheBlock, default_block_hasher
+from .block_hash import block_extra_keys, make_block_hasher
+from .block_pool import BlockHasher, BlockPool, KVCacheBlock
 from .request import Request
 
 
@@ -12,19 +13,17 @@ class KVCacheManager:
     def __init__(self, pool: BlockPool, hasher: BlockHasher | None = None) -> None:
         self.pool = pool
         self.block_size = pool.block_size
-        self.hasher = hasher or default_block_hasher
+        # vLLM's own block hash (sha256 by default), so KV events match a real engine's
+        self.hasher = hasher or make_block_hasher()
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _extra_keys(self, req: Request, block_index: int) -> tuple | None:
-        # vLLM order: LoRA name on every block, cache salt on the first block only
-        keys: tuple = ()
-        if req.lora_name:
-            keys += (req.lora_name,)
-        if block_index == 0 and req.cache_salt:
-            keys += (req.cache_salt,)
-        return keys or None
+    @staticmethod
+    def _extra_keys(req: Request, block_index: int) -> tuple | None:
+        if req.lora_name is None and req.cache_salt is None:
+            return None
+        return block_extra_keys(block_index, req.lora_name, req.lora_path, req.cache_salt)
 
     def update_block_hashes(self, req: Request) -> None:
         """Hash every newly full block of the request's tokens (prompt and output)."""
@@ -74,9 +73,12 @@ class KVCacheManager:
         self.update_block_hashes(req)
         bs = self.block_size
         hashes = req.block_hashes
+        extra = None
+        if self.pool.events is not None and (req.lora_name is not None or req.cache_salt is not None):
+            extra = [self._extra_keys(req, i) for i in range(start, full)]
         self.pool.cache_blocks(
             req.blocks[start:full], hashes[start:full], req.all_token_ids[start * bs:full * bs],
-            hashes[start - 1] if start else None, req.lora_name,
+            hashes[start - 1] if start else None, req.lora_name, req.lora_id, extra,
         )
         req.num_hashed_blocks = full
 

@@ -26,7 +26,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
         "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
-        "first_due", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned",
+        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -43,6 +43,8 @@ class Request:
         self.priority = req.priority
         self.arrival_time = req.arrival_time
         self.lora_name = req.lora_name
+        self.lora_path = req.lora_path
+        self.lora_id = req.lora_int_id
         self.cache_salt = req.cache_salt
         self.client_index = req.client_index
         self.trace_headers = req.trace_headers

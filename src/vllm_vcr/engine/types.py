@@ -95,6 +95,24 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, kw_
         return lr[0] if lr else None
 
     @property
+    def lora_path(self) -> str:
+        lr = self.lora_request
+        if lr is None:
+            return ""
+        if isinstance(lr, LoRARequest):
+            return lr.lora_path
+        return lr[2] if len(lr) > 2 and isinstance(lr[2], str) else ""
+
+    @property
+    def lora_int_id(self) -> int | None:
+        lr = self.lora_request
+        if lr is None:
+            return None
+        if isinstance(lr, LoRARequest):
+            return lr.lora_int_id
+        return lr[1] if len(lr) > 1 and isinstance(lr[1], int) else None
+
+    @property
     def kv_transfer_params(self) -> dict[str, Any] | None:
         sp = self.sampling_params
         if sp is None or not sp.extra_args:
