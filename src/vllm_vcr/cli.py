@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "record": "vllm_vcr.trace.record_cli",
     "inspect": "vllm_vcr.trace.inspect_cli",
     "replay-arrivals": "vllm_vcr.trace.arrivals_cli",
+    "pd-proxy": "vllm_vcr.pd.cli",
 }
 
 

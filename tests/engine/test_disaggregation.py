@@ -77,3 +77,142 @@ def test_prefill_worker_type_serves_only_the_first_token(harness):
     h.add("r", max_tokens=20)
     h.run(until=1.0)
     assert len(h.tokens("r")) == 1 and h.outputs("r")[-1][1].kv_transfer_params is not None
+
+
+class RecordingObserver:
+    """A stand-in for pd/'s bootstrap side: records the engine's handoff calls."""
+
+    def __init__(self, reject=None):
+        self.calls = []
+        self.reject = reject
+
+    def arrived(self, core, rid, params):
+        self.calls.append(("arrived", rid))
+        return self.reject
+
+    def prefilled(self, core, rid, params):
+        self.calls.append(("prefilled", rid, params.get("bootstrap_room")))
+
+    def ended(self, core, rid):
+        self.calls.append(("ended", rid))
+
+
+HANDOFF = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 9000, "bootstrap_room": 7, "handoff_id": "h7"}
+
+
+def test_handoff_decode_waits_for_kv_ready_before_pulling(harness):
+    # 1000 tokens x 1 MB at 1 GB/s = 1 s of pull, starting only when the prefill side says ready
+    h = harness(worker_type="decode", kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=1.0, kv_cache_size=200)
+    obs = h.core.handoff = RecordingObserver()
+    pulled = []
+    h.core.on_kv_pulled = pulled.append
+    h.add_req(pd_request("d", h.prompt_of("d", 1000), dict(HANDOFF), max_tokens=2))
+    h.run(until=5.0)
+    assert h.tokens("d") == [] and obs.calls == [("arrived", "d")]
+    assert h.core.block_pool.num_free_blocks < 200  # admitted: its blocks are reserved
+    h.core.kv_ready("d")
+    h.run()
+    assert h.emission_times("d")[0] == pytest.approx(6.0)
+    assert pulled == [HANDOFF] and obs.calls[-1] == ("ended", "d")
+    assert h.outputs("d")[0][1].prefill_stats.num_external_cached_tokens == 1000
+
+
+def test_handoff_kv_ready_before_admission_starts_the_pull_at_admission(harness):
+    h = harness(worker_type="decode", kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=1.0, kv_cache_size=200)
+    h.core.handoff = RecordingObserver()
+    h.add_req(pd_request("d", h.prompt_of("d", 1000), dict(HANDOFF), max_tokens=1))
+    h.core.kv_ready("d")  # processed in the same inbox batch, before the first step admits it
+    h.run()
+    assert h.emission_times("d")[0] == pytest.approx(1.0)
+
+
+def test_handoff_kv_ready_error_fails_the_request_and_frees_its_blocks(harness):
+    h = harness(worker_type="decode", kv_cache_size=200)
+    obs = h.core.handoff = RecordingObserver()
+    h.add_req(pd_request("d", h.prompt_of("d", 100), dict(HANDOFF)))
+    h.run(until=1.0)
+    h.core.kv_ready("d", error="bootstrap connection failed: refused")
+    h.run()
+    last = h.outputs("d")[-1][1]
+    assert last.finish_reason is FinishReason.ERROR and last.error.message == "bootstrap connection failed: refused"
+    assert h.core.block_pool.num_free_blocks == 200 and obs.calls == [("arrived", "d"), ("ended", "d")]
+    h.core.kv_ready("d")  # late or duplicate signals are ignored
+    h.run()
+
+
+def test_handoff_prefill_reports_prefilled_and_ends_when_the_hold_is_released(harness):
+    h = harness(worker_type="prefill", kv_cache_size=64)
+    obs = h.core.handoff = RecordingObserver()
+    h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
+    h.run(until=1.0)
+    params = h.outputs("p")[-1][1].kv_transfer_params
+    assert params["bootstrap_room"] == 7 and params["handoff_id"] == "h7"  # identity echoed back
+    assert obs.calls == [("arrived", "p"), ("prefilled", "p", 7)]
+    h.core.release_kv_hold("p")
+    h.run(until=1.1)
+    assert obs.calls[-1] == ("ended", "p") and h.core.block_pool.num_free_blocks == 64
+
+
+def test_handoff_abort_ends_the_session_once(harness):
+    h = harness(worker_type="decode")
+    obs = h.core.handoff = RecordingObserver()
+    h.add_req(pd_request("d", h.prompt_of("d", 32), dict(HANDOFF)))
+    h.run(until=1.0)
+    h.core.abort_requests(["d"])
+    h.core.abort_requests(["d"])
+    h.run()
+    assert obs.calls == [("arrived", "d"), ("ended", "d")]
+
+
+@pytest.mark.parametrize("worker_type,params,message", [
+    ("decode", {"bootstrap_room": 1, "bootstrap_host": "h", "bootstrap_port": 1},
+     "disaggregated mocker requires a handoff ID"),
+    ("prefill", {"bootstrap_room": 1}, "disaggregated mocker requires a handoff ID"),
+    ("aggregated", dict(HANDOFF), "aggregated mocker request cannot carry handoff metadata"),
+    ("decode", {"handoff_id": "x", "bootstrap_room": 1},
+     "decode handoff metadata requires bootstrap_host and bootstrap_port"),
+    ("decode", {"handoff_id": "x", "bootstrap_room": 1, "bootstrap_host": "h", "bootstrap_port": "80"},
+     "decode handoff metadata requires bootstrap_host and bootstrap_port"),
+    ("prefill", {"handoff_id": "x"}, "handoff metadata requires an unsigned 64-bit bootstrap_room, got None"),
+])
+def test_handoff_metadata_errors(harness, worker_type, params, message):
+    h = harness(worker_type=worker_type)
+    obs = h.core.handoff = RecordingObserver()
+    h.add_req(pd_request("r", h.prompt_of("r", 16), params))
+    h.run()
+    last = h.outputs("r")[-1][1]
+    assert last.finish_reason is FinishReason.ERROR and last.error.message == message
+    assert obs.calls == []
+
+
+def test_handoff_without_the_network_side_or_rejected_by_it(harness):
+    h = harness(worker_type="prefill")
+    h.add_req(pd_request("a", h.prompt_of("a", 16), dict(HANDOFF)))
+    h.core.handoff = None
+    h.run()
+    assert h.outputs("a")[-1][1].error.message == "source handoff manager is not initialized"
+    h.core.handoff = RecordingObserver(reject="mocker handoff session limit reached for DP rank 0")
+    h.add_req(pd_request("b", h.prompt_of("b", 16), dict(HANDOFF)))
+    h.run()
+    assert h.outputs("b")[-1][1].error.message == "mocker handoff session limit reached for DP rank 0"
+    assert h.core.handoff.calls == [("arrived", "b")]  # rejected: no `ended` owed
+
+
+def test_bootstrap_info_without_handoff_id_is_a_plain_request_on_an_aggregated_worker(harness):
+    h = harness()
+    h.add_req(pd_request("r", h.prompt_of("r", 16), {"bootstrap_room": 3}, max_tokens=3))
+    h.run()
+    assert len(h.tokens("r")) == 3
+
+
+def test_freeing_a_hold_reports_the_lower_kv_usage(harness):
+    h = harness(kv_cache_size=64, kv_hold_timeout=2.0)
+    h.add_req(pd_request("a", h.prompt_of("a", 64), {"do_remote_decode": True}))
+    h.add_req(pd_request("b", h.prompt_of("b", 64), {"do_remote_decode": True}))
+    h.run(until=1.0)
+    assert h.batches[-1][1].scheduler_stats.kv_cache_usage == pytest.approx(8 / 64)
+    h.core.release_kv_hold("a")  # released by the decode side: a stats-only batch
+    h.run(until=1.5)
+    assert h.batches[-1][1].outputs == [] and h.batches[-1][1].scheduler_stats.kv_cache_usage == pytest.approx(4 / 64)
+    h.run()  # b's hold expires
+    assert h.batches[-1][1].scheduler_stats.kv_cache_usage == 0.0

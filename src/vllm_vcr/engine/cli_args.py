@@ -70,7 +70,19 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     pd.add_argument("--kv-transfer-bandwidth", type=float, default=25.0,
                     help="GB/s of the KV link, shared by concurrent transfers")
     pd.add_argument("--kv-hold-timeout", type=float, default=480.0,
-                    help="seconds a prefill holds KV blocks for a decode side that never pulls them")
+                    help="seconds a prefill holds KV blocks for a decode side that never pulls them "
+                         "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+    pd.add_argument("--side-channel-host", default=_env("MOCK_SIDE_CHANNEL_HOST", "127.0.0.1"),
+                    help="host of the KV side channel: advertised as remote_host, bound by the release "
+                         "listener and the bootstrap server")
+    pd.add_argument("--side-channel-port", type=int, default=_env("MOCK_SIDE_CHANNEL_PORT", None),
+                    help="base port of the release listener (engine i listens on port+i; advertised as "
+                         "remote_port); default 5600, listened on by prefill workers, and by aggregated "
+                         "workers only when given")
+    pd.add_argument("--bootstrap-port", type=int, default=None,
+                    help="prefill worker: serve Dynamo-style bootstrap handoffs on this port")
+    pd.add_argument("--handoff-session-timeout-ms", type=float, default=300000.0,
+                    help="bootstrap handoff: longest wait for the other side (divided by --time-scale)")
     g.add_argument("--control-address", default=os.environ.get("MOCK_CONTROL_ADDRESS"),
                    help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS); off unless set")
 
@@ -117,6 +129,8 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         kv_bytes_per_token=int(ns.kv_bytes_per_token),
         kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
         kv_hold_timeout=float(ns.kv_hold_timeout),
+        side_channel_host=str(getattr(ns, "side_channel_host", None) or "127.0.0.1"),
+        side_channel_port=int(getattr(ns, "side_channel_port", None) or 5600),
         startup_time=float(ns.startup_time),
         startup_failure=ns.startup_failure,
         **overrides,

@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import deque
 from typing import Any, Callable, Iterable, TypeVar
 
+from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
 from .config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, FailureType
 from .kv_cache_manager import KVCacheManager
-from .kv_transfer import TransferQueue, prefill_side_params
+from .kv_transfer import HandoffObserver, TransferQueue, handoff_error, has_handoff_metadata, prefill_side_params
 from .latency import KnobLatency, LatencyModel
 from .replay_table import ResponseReplayTable
 from .request import Request, RequestStatus
@@ -32,11 +34,13 @@ from .types import (
     EngineCoreRequest,
     FinishReason,
     PrefillStats,
+    RequestError,
     SchedulerStats,
 )
 
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
+TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
 BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 
@@ -69,7 +73,7 @@ class EngineCore:
         self._config = args.config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
-        self.kv = KVCacheManager(self.block_pool, block_hasher)
+        self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
                                    args.long_prefill_token_threshold)
         self.scheduler.on_admit = self._on_admit
@@ -83,6 +87,12 @@ class EngineCore:
         self.transfers = TransferQueue(args.kv_transfer_bandwidth * 1e9 * args.time_scale)
         self.kv_holds: dict[str, tuple[Request, float]] = {}
         self.on_kv_pulled = on_kv_pulled
+        self._kv_events: tuple[KVEventSink, Callable[[list, float], Any]] | None = None
+        # bootstrap handoffs: the network side (pd/) is told about them; decode requests in
+        # _kv_waits have their blocks but start pulling only once kv_ready() says the KV is there
+        self.handoff: HandoffObserver | None = None
+        self.handoffs: set[str] = set()
+        self._kv_waits: set[str] = set()
         self.token_source_factory = token_source_factory
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
@@ -117,9 +127,20 @@ class EngineCore:
             self._post(("call", fn, fut))
         return fut
 
+    def attach_kv_events(self, collector: KVEventSink, publish: Callable[[list, float], Any]) -> None:
+        """Collect BlockStored/BlockRemoved/AllBlocksCleared and hand them to `publish` once per step.
+
+        `publish(events, wall_time)` must not block (the KV events publisher queues them)."""
+        self.block_pool.events = collector
+        self._kv_events = (collector, publish)
+
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
         self._post(("release_kv", request_id))
+
+    def kv_ready(self, request_id: str, error: str | None = None) -> None:
+        """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
+        self._post(("kv_ready", request_id, error))
 
     def shutdown(self, timeout: float | None = None) -> None:
         self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
@@ -257,6 +278,7 @@ class EngineCore:
     def _process_inbox(self) -> None:
         outputs: list[EngineCoreOutput] = []
         finished: list[str] = []
+        freed = False
         while self._inbox:
             msg = self._inbox.popleft()
             kind = msg[0]
@@ -277,9 +299,13 @@ class EngineCore:
             elif kind == "shutdown":
                 self._begin_shutdown(msg[1], outputs, finished)
             elif kind == "release_kv":
-                self._release_hold(msg[1])
-        if outputs or finished:
+                freed = self._release_hold(msg[1]) or freed
+            elif kind == "kv_ready":
+                self._handle_kv_ready(msg[1], msg[2], outputs, finished)
+        if outputs or finished or freed:  # freed blocks: a stats-only batch keeps kv_cache_usage current
             self._emit(outputs, finished, with_stats=True)
+        if self._kv_events is not None:
+            self._flush_kv_events()
 
     # --- arrival ---------------------------------------------------------------------------------
     def _handle_add(self, ecr: EngineCoreRequest, outputs: list, finished: list) -> None:
@@ -353,6 +379,14 @@ class EngineCore:
             outputs.append((req.client_index, self._finish_output(rid, FinishReason.LENGTH, now, events=req.pending_events)))
             finished.append((req.client_index, rid))
             return
+        if has_handoff_metadata(ktp):
+            err = self._admit_handoff(req, ktp)
+            if err is not None:
+                logger.warning("request %s rejected: %s", rid, err)
+                stats.requests_failed += 1
+                outputs.append((req.client_index, self._finish_output(rid, FinishReason.ERROR, now, error_message=err)))
+                finished.append((req.client_index, rid))
+                return
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
         if cfg.log_requests:
@@ -374,16 +408,71 @@ class EngineCore:
                            ecr.request_id, key)
         return planned
 
+    def _admit_handoff(self, req: Request, params: dict[str, Any]) -> str | None:
+        """Validate a request's handoff metadata and register it with the network side."""
+        wt = self.args.worker_type
+        err = handoff_error(wt, params)
+        if err is not None or params.get("handoff_id") is None:
+            return err
+        if self.handoff is None:
+            return "source handoff manager is not initialized" if wt == "prefill" else \
+                "bootstrap client is not initialized"
+        err = self.handoff.arrived(self, req.request_id, params)
+        if err is not None:
+            return err
+        self.handoffs.add(req.request_id)
+        if wt == "decode":
+            req.remote_prefill = params
+            self._kv_waits.add(req.request_id)
+        return None
+
+    def _end_handoff(self, request_id: str) -> None:
+        if request_id in self.handoffs:
+            self.handoffs.discard(request_id)
+            self._kv_waits.discard(request_id)
+            if self.handoff is not None:
+                self.handoff.ended(self, request_id)
+
+    def _handle_kv_ready(self, rid: str, error: str | None, outputs: list, finished: list) -> None:
+        if rid not in self._kv_waits:
+            return  # finished, aborted, or never deferred
+        self._kv_waits.discard(rid)
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        now = self.clock.now()
+        if error is not None:
+            logger.warning("request %s: KV handoff failed: %s", rid, error)
+            self.requests.pop(rid, None)
+            self.scheduler.remove(req)
+            req.status = RequestStatus.FINISHED
+            self.stats.requests_failed += 1
+            out = self._finish_output(rid, FinishReason.ERROR, now, events=req.pending_events)
+            out.error = RequestError("kv_transfer_failed", error)
+            outputs.append((req.client_index, out))
+            finished.append((req.client_index, rid))
+            self._end_handoff(rid)
+        elif req.status is RequestStatus.RUNNING and not req.transferring and not req.output_token_ids:
+            self._start_pull(req, now)  # admitted earlier, its blocks were waiting for this
+        # still queued: admission starts the pull
+
+    def _start_pull(self, req: Request, now: float) -> None:
+        req.transferring = True
+        self.transfers.start(req.request_id, req.external_tokens * self.args.kv_bytes_per_token, now)
+
     def _on_preempt(self, req: Request, now: float) -> None:
         if req.transferring:
             self.transfers.cancel(req.request_id, now)
             req.transferring = False
 
-    def _release_hold(self, request_id: str) -> None:
+    def _release_hold(self, request_id: str) -> bool:
         entry = self.kv_holds.pop(request_id, None)
-        if entry is not None:
-            self.kv.free(entry[0])
-            self.scheduler.admission_blocked = False
+        if entry is None:
+            return False
+        self.kv.free(entry[0])
+        self.scheduler.admission_blocked = False
+        self._end_handoff(request_id)
+        return True
 
     def _on_admit(self, req: Request, now: float) -> None:
         if req.pacing is not None:
@@ -418,6 +507,7 @@ class EngineCore:
             req.status = RequestStatus.FINISHED
             self.stats.requests_aborted += 1
             finished.append((req.client_index, rid))
+            self._end_handoff(rid)
             if self._config.log_requests:
                 logger.info("request %s aborted", rid)
 
@@ -440,11 +530,22 @@ class EngineCore:
             outputs.append((req.client_index, self._finish_output(rid, FinishReason.ABORT, now,
                                                                   events=req.pending_events or None)))
             finished.append((req.client_index, rid))
+            self._end_handoff(rid)
         self.requests.clear()
 
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> None:
         """Schedule and execute one step at `now`; emits at most one batch per client."""
+        self._step(now)
+        if self._kv_events is not None:
+            self._flush_kv_events()
+
+    def _flush_kv_events(self) -> None:
+        collector, publish = self._kv_events
+        if len(collector):
+            publish(collector.drain(), self.clock.now() if self.clock.virtual else time.time())
+
+    def _step(self, now: float) -> None:
         if self._draining_deadline is not None and now >= self._draining_deadline:
             outputs: list[EngineCoreOutput] = []
             finished: list[str] = []
@@ -453,13 +554,20 @@ class EngineCore:
             self._stopped = True
             return
         sched = self.scheduler
+        expired = False
         if self.kv_holds:
             for rid in [rid for rid, (_, deadline) in self.kv_holds.items() if deadline <= now]:
                 logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
-                self._release_hold(rid)
+                expired = self._release_hold(rid) or expired
         pulled = self.transfers.pop_done(now) if self.transfers.remaining else ()
         scheduled = sched.schedule(now)
+        if scheduled and logger.isEnabledFor(TRACE_LEVEL):
+            logger.log(TRACE_LEVEL, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", self.engine_index,
+                       self._step_counter + 1, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
+                       len(sched.running), len(sched.waiting), self.block_pool.usage())
         if not scheduled and not pulled:
+            if expired:
+                self._emit([], [], with_stats=True)
             return
         self._step_counter += 1
         kv = self.kv
@@ -487,9 +595,9 @@ class EngineCore:
                 self._sample(req, now, outputs, finished)
                 continue
             if kind == TRANSFER:
-                req.transferring = True
                 req.external_tokens = n
-                self.transfers.start(req.request_id, n * self.args.kv_bytes_per_token, now)
+                if req.request_id not in self._kv_waits:  # a deferred pull starts on kv_ready()
+                    self._start_pull(req, now)
                 continue
             # prefill chunk
             req.num_computed_tokens += n
@@ -558,13 +666,20 @@ class EngineCore:
     def _hold_for_decode(self, req: Request, now: float) -> dict[str, Any]:
         a = self.args
         self.kv_holds[req.request_id] = (req, now + a.kv_hold_timeout / a.time_scale)
-        return prefill_side_params(req.request_id, [b.block_id for b in req.blocks], a.engine_id,
-                                   a.side_channel_host, a.side_channel_port + self.engine_index)
+        params = prefill_side_params(req.request_id, [b.block_id for b in req.blocks], a.engine_id,
+                                     a.side_channel_host, a.side_channel_port + self.engine_index,
+                                     request_params=req.kv_transfer_params)
+        if req.request_id in self.handoffs and self.handoff is not None:
+            self.handoff.prefilled(self, req.request_id, params)
+        return params
 
     def _finish(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
-        self.scheduler.remove(req, free_blocks=req.request_id not in self.kv_holds)
+        held = req.request_id in self.kv_holds
+        self.scheduler.remove(req, free_blocks=not held)
         req.status = RequestStatus.FINISHED
+        if not held:
+            self._end_handoff(req.request_id)
         self.stats.requests_completed += 1
         if self._config.log_requests:
             logger.info("request %s finished: %d tokens", req.request_id, req.num_output_tokens)

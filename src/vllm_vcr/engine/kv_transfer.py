@@ -9,7 +9,13 @@ a timeout frees them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+
+# Dynamo-style handoff metadata a request may carry inside kv_transfer_params
+HANDOFF_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room", "handoff_id")
 
 
 class TransferQueue:
@@ -52,9 +58,13 @@ class TransferQueue:
 
 
 def prefill_side_params(request_id: str, block_ids: list[int], engine_id: str, host: str, port: int,
-                        tp_size: int = 1) -> dict[str, Any]:
-    """The kv_transfer_params a prefill instance returns for the decode side (vLLM NIXL keys)."""
-    return {
+                        tp_size: int = 1, request_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The kv_transfer_params a prefill instance returns for the decode side (vLLM NIXL keys).
+
+    Handoff identity the request carried (bootstrap room, handoff id) is echoed back so a router
+    can match the answer to its session."""
+    echoed = {k: request_params[k] for k in HANDOFF_KEYS if request_params and k in request_params}
+    return {**echoed,
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "remote_block_ids": block_ids,
@@ -64,3 +74,40 @@ def prefill_side_params(request_id: str, block_ids: list[int], engine_id: str, h
         "remote_port": port,
         "tp_size": tp_size,
     }
+
+
+def has_handoff_metadata(params: dict[str, Any] | None) -> bool:
+    return bool(params) and any(params.get(k) is not None for k in HANDOFF_KEYS)
+
+
+def handoff_error(worker_type: str, params: dict[str, Any]) -> str | None:
+    """Why a request's handoff metadata cannot be served here (Dynamo mocker's texts), or None."""
+    if params.get("handoff_id") is None:
+        if worker_type == "aggregated":
+            return None  # bootstrap info without a handoff id is a plain request on an aggregated worker
+        return "disaggregated mocker requires a handoff ID"
+    if worker_type == "aggregated":
+        return "aggregated mocker request cannot carry handoff metadata"
+    room = params.get("bootstrap_room")
+    if not isinstance(room, int) or isinstance(room, bool) or not 0 <= room < 1 << 64:
+        return f"handoff metadata requires an unsigned 64-bit bootstrap_room, got {room!r}"
+    port = params.get("bootstrap_port")
+    if worker_type == "decode" and (not isinstance(params.get("bootstrap_host"), str) or not params["bootstrap_host"]
+                                    or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+        return "decode handoff metadata requires bootstrap_host and bootstrap_port"
+    return None
+
+
+class HandoffObserver(Protocol):
+    """The network side of a bootstrap handoff, told about a handoff request's life.
+
+    Every call comes from the engine loop and must not block. `arrived` accepts (None) or rejects
+    (the error text) a request; each accepted request later gets exactly one `ended`, when the
+    engine holds nothing more for it (finished, aborted, or its prefill blocks released)."""
+
+    def arrived(self, core: "EngineCore", request_id: str, params: dict[str, Any]) -> str | None: ...
+
+    def prefilled(self, core: "EngineCore", request_id: str, params: dict[str, Any]) -> None:
+        """Prefill side: the KV is computed and held for the decode side."""
+
+    def ended(self, core: "EngineCore", request_id: str) -> None: ...
