@@ -23,6 +23,7 @@ from .config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, Failu
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import HandoffObserver, TransferQueue, handoff_error, has_handoff_metadata, prefill_side_params
 from .latency import KnobLatency, LatencyModel
+from .plan import Planner, RequestPlan, ScriptedPacing
 from .replay_table import ResponseReplayTable
 from .request import Request, RequestStatus
 from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
@@ -64,7 +65,7 @@ class EngineCore:
                  output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
                  token_source_factory: Callable[[Request, random.Random], TokenSource | None] | None = None,
-                 replay_table: ResponseReplayTable | None = None,
+                 replay_table: ResponseReplayTable | None = None, planner: Planner | None = None,
                  on_kv_pulled: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.args = args
         self.engine_index = engine_index
@@ -80,6 +81,7 @@ class EngineCore:
         self.scheduler.on_preempt = self._on_preempt
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.replay_table = replay_table
+        self.planner = planner
         if replay_table is None and args.response_replay_trace:
             self.replay_table = ResponseReplayTable.from_path(args.response_replay_trace)
         self.reasoning = ReasoningConfig.parse(args.reasoning) if args.reasoning else None
@@ -348,13 +350,15 @@ class EngineCore:
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
         ktp = ecr.kv_transfer_params or {}
         remote_decode = bool(ktp.get("do_remote_decode")) or self.args.worker_type == "prefill"
-        planned = self._planned_tokens(ecr, sp)
-        if planned is not None:
-            max_tokens = min(len(planned), room)
+        plan = self._plan_for(ecr, sp)
+        planned = plan.token_ids if plan is not None else None
+        if plan is not None and plan.num_tokens is not None:
+            max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         req = Request(ecr, sp, max(max_tokens, 0), now, self._seq)
         req.planned = planned
+        req.plan = plan
         req.remote_decode = remote_decode
         if ktp.get("do_remote_prefill") and not remote_decode:
             req.remote_prefill = ktp
@@ -394,7 +398,12 @@ class EngineCore:
         if ecr.abort_immediately:
             self._handle_abort([rid], finished)
 
-    def _planned_tokens(self, ecr: EngineCoreRequest, sp) -> list[int] | None:
+    def _plan_for(self, ecr: EngineCoreRequest, sp) -> RequestPlan | None:
+        """A recorded trace's plan (planner), else the response replay table's planned ids."""
+        if self.planner is not None:
+            plan = self.planner(ecr)
+            if plan is not None:
+                return plan
         key = (sp.extra_args or {}).get("output_replay_id")
         if key is None:
             return None
@@ -406,7 +415,8 @@ class EngineCore:
         if planned is None:
             logger.warning("request %s: output replay id %r not found in the response replay trace",
                            ecr.request_id, key)
-        return planned
+            return None
+        return RequestPlan(token_ids=planned, overrides_max_tokens=True)
 
     def _admit_handoff(self, req: Request, params: dict[str, Any]) -> str | None:
         """Validate a request's handoff metadata and register it with the network side."""
@@ -481,6 +491,10 @@ class EngineCore:
         rng = random.Random(seed if seed is not None else f"{self.args.seed}/{self.engine_index}/{req.request_id}")
         req.pacing = self.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                          len(self.scheduler.running), self._latency_rng)
+        plan = req.plan
+        if plan is not None and (plan.ttft is not None or plan.steps is not None):
+            req.pacing = ScriptedPacing(plan, req.pacing, self.args.time_scale)
+        req.chunk = req.pacing.first_chunk
         req.first_due = now + req.pacing.ttft
         src = self.token_source_factory(req, rng) if self.token_source_factory else None
         if src is None and req.planned is not None:
@@ -617,24 +631,34 @@ class EngineCore:
             self._stopped = True
 
     def _sample(self, req: Request, now: float, outputs: list, finished: list) -> None:
-        """Append one generated token, check stop conditions, emit it."""
+        """Append this step's token(s) (one, or a recorded chunk), check stop conditions, emit."""
         idx = len(req.output_token_ids)
-        tok = req.token_source.next_token(idx)
-        req.output_token_ids.append(tok)
-        req.all_token_ids.append(tok)
-        num_out = idx + 1
         reason = None
         stop_reason = None
         max_len = self._config.max_model_len
-        if num_out >= req.max_tokens or (max_len and req.num_tokens >= max_len):
-            reason = FinishReason.LENGTH
-        elif num_out >= req.min_tokens:
-            if tok == req.eos_token_id:
-                reason = FinishReason.STOP
-            elif tok in req.stop_ids:
-                reason = FinishReason.STOP
-                stop_reason = tok
-        out = EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])
+        source = req.token_source
+        new: list[int] = []
+        for i in range(idx, idx + req.chunk):
+            tok = source.next_token(i)
+            new.append(tok)
+            req.output_token_ids.append(tok)
+            req.all_token_ids.append(tok)
+            num_out = i + 1
+            if num_out >= req.max_tokens or (max_len and req.num_tokens >= max_len):
+                reason = FinishReason.LENGTH
+                plan = req.plan
+                if plan is not None and plan.finish_reason is not None and num_out >= (plan.num_tokens or 0):
+                    reason = plan.finish_reason  # the recording's own ending
+                break
+            if num_out >= req.min_tokens:
+                if tok == req.eos_token_id:
+                    reason = FinishReason.STOP
+                    break
+                if tok in req.stop_ids:
+                    reason = FinishReason.STOP
+                    stop_reason = tok
+                    break
+        out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
         if req.pending_events:
             out.events = req.pending_events
             req.pending_events = []
@@ -658,7 +682,10 @@ class EngineCore:
             finished.append((req.client_index, req.request_id))
         else:
             pacing = req.pacing
-            gap = pacing.itl_mean if pacing.itl_std == 0.0 else pacing.next_gap()
+            if pacing.itl_std == 0.0:  # the common case, kept cheap
+                gap = pacing.itl_mean
+            else:
+                gap, req.chunk = pacing.next_step()
             base = req.first_due if idx == 0 else req.next_due
             self.scheduler.push_decode(req, base + gap)
         outputs.append((req.client_index, out))

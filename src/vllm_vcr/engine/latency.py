@@ -25,10 +25,16 @@ class RequestPacing:
         self.itl_std = itl_std
         self._rng = rng
 
+    first_chunk = 1
+
     def next_gap(self) -> float:
         if self.itl_std == 0.0:
             return self.itl_mean
         return truncnorm(self._rng, self.itl_mean, self.itl_std)
+
+    def next_step(self) -> tuple[float, int]:
+        """Gap to the next chunk and its size (always one token for model-drawn pacing)."""
+        return self.next_gap(), 1
 
 
 class LatencyModel(Protocol):

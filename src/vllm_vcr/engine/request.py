@@ -26,7 +26,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
         "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
-        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned",
+        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -73,7 +73,9 @@ class Request:
         self.remote_decode = False  # prefill side: finish after prefill, hold blocks for the puller
         self.transferring = False
         self.external_tokens = 0  # prompt tokens whose KV arrived by transfer
-        self.planned: list[int] | None = None  # replay-table output ids
+        self.planned: list[int] | None = None  # output ids to emit verbatim (replay)
+        self.plan: Any = None  # RequestPlan from a trace, if any
+        self.chunk = 1  # tokens the next sample emits (recorded chunking)
 
     @property
     def num_tokens(self) -> int:

@@ -102,12 +102,13 @@ class Scheduler:
             if req.status is not running_status or gen != req.heap_gen:
                 continue
             computed = req.num_computed_tokens
-            need = 1 if computed < len(req.all_token_ids) else 0
-            # a new block is needed only when the computed token crosses a block boundary
-            if need and computed >= len(req.blocks) * block_size and not self._allocate_or_preempt(req, 1, now):
+            need = len(req.all_token_ids) - computed  # 1, 0 before the first token, k after a chunk
+            # a new block is needed only when the computed tokens cross a block boundary
+            if need and computed + need > len(req.blocks) * block_size and \
+                    not self._allocate_or_preempt(req, need, now):
                 continue
             scheduled.append((req, need, DECODE))
-            budget -= 1
+            budget -= need or 1
 
         # 2. running requests still in prefill (admission order)
         if self.prefilling:
