@@ -59,6 +59,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="JSONL of planned output token ids, selected per request by an output-replay id")
     g.add_argument("--reasoning", default=None, metavar="START_ID,END_ID,RATIO",
                    help="make the first RATIO of each output a thinking span between two token ids")
+    r = parser.add_argument_group("record / replay")
+    r.add_argument("--latency-trace", default=None, metavar="TRACE",
+                   help="pace requests with a latency model fitted from a recorded trace (excludes the latency knobs)")
+    r.add_argument("--replay-steps", default=None, metavar="TRACE",
+                   help="replay each matched request's recorded TTFT, gaps and chunk sizes verbatim")
+    r.add_argument("--replay-tokens", default=None, metavar="TRACE",
+                   help="replay each matched request's recorded output token ids and finish reason")
+    r.add_argument("--replay-match", choices=["index", "prefix"], default="index",
+                   help="match requests to records by the trailing -<i> of the request id, or by prompt prefix")
     g.add_argument("--startup-time", type=float, default=0.0,
                    help="seconds of simulated model loading before the engine serves")
     g.add_argument("--startup-failure", default=None, metavar="MESSAGE",
@@ -132,6 +141,10 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         side_channel_host=str(getattr(ns, "side_channel_host", None) or "127.0.0.1"),
         side_channel_port=int(getattr(ns, "side_channel_port", None) or 5600),
         startup_time=float(ns.startup_time),
+        latency_trace=ns.latency_trace,
+        replay_tokens=ns.replay_tokens,
+        replay_steps=ns.replay_steps,
+        replay_match=ns.replay_match,
         startup_failure=ns.startup_failure,
         **overrides,
     )

@@ -104,6 +104,11 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     startup_time: float = 0.0  # s of simulated model loading (divided by time_scale)
     startup_failure: str | None = None  # simulate a loading failure with this message
     response_replay_trace: str | None = None  # JSONL of planned output token ids
+    # record/replay: recorded traces that pace or script requests instead of the knobs
+    latency_trace: str | None = None
+    replay_tokens: str | None = None
+    replay_steps: str | None = None
+    replay_match: str = "index"  # index | prefix
     reasoning: str | None = None  # "START_ID,END_ID,RATIO"
     # prefill/decode disaggregation
     worker_type: str = "aggregated"  # aggregated | prefill | decode
@@ -143,6 +148,14 @@ class EngineArgs(msgspec.Struct, kw_only=True):
         if self.prefix_caching_hash_algo not in HASH_ALGOS:
             raise ConfigError(f"--prefix-caching-hash-algo must be one of {', '.join(HASH_ALGOS)}, "
                               f"got {self.prefix_caching_hash_algo!r}")
+        if self.replay_match not in ("index", "prefix"):
+            raise ConfigError(f"--replay-match must be index or prefix, got {self.replay_match!r}")
+        if self.latency_trace:
+            knobs = [f for f in LATENCY_FIELDS[:-1] if getattr(self.config, f)]
+            if knobs:
+                flags = ", ".join("--" + f.replace("_", "-") for f in knobs)
+                raise ConfigError(f"--latency-trace paces requests from a recording; it cannot be combined "
+                                  f"with {flags}")
         if self.startup_time < 0:
             raise ConfigError(f"--startup-time must be >= 0, got {self.startup_time}")
         if self.shutdown_timeout < 0:

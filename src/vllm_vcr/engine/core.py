@@ -10,6 +10,7 @@ simulation).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -72,6 +73,8 @@ class EngineCore:
         self.clock = clock or RealClock()
         self.output_sink = output_sink or (lambda client, outs: None)
         self._config = args.config
+        if latency is None and args.latency_trace:
+            latency = _shared_trace_latency(args.latency_trace, args.time_scale)
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
@@ -81,6 +84,9 @@ class EngineCore:
         self.scheduler.on_preempt = self._on_preempt
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.replay_table = replay_table
+        if planner is None and (args.replay_tokens or args.replay_steps):
+            planner = _shared_trace_planner(args.replay_tokens, args.replay_steps, args.replay_match,
+                                            args.tokens_per_block)
         self.planner = planner
         if replay_table is None and args.response_replay_trace:
             self.replay_table = ResponseReplayTable.from_path(args.response_replay_trace)
@@ -354,11 +360,19 @@ class EngineCore:
         planned = plan.token_ids if plan is not None else None
         if plan is not None and plan.num_tokens is not None:
             max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
+        eos_at = None
+        if plan is None and hasattr(self.latency, "sample_output_len"):
+            open_ended = sp.max_tokens is None or prompt_len + sp.max_tokens >= max_len
+            if open_ended or (sp.eos_token_id is not None and not sp.ignore_eos):
+                n = self.latency.sample_output_len(self._latency_rng)
+                if n is not None and n < max_tokens:  # the recording says it would have stopped here
+                    max_tokens = eos_at = max(n, sp.min_tokens, 1)
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         req = Request(ecr, sp, max(max_tokens, 0), now, self._seq)
         req.planned = planned
         req.plan = plan
+        req.eos_at = eos_at
         req.remote_decode = remote_decode
         if ktp.get("do_remote_prefill") and not remote_decode:
             req.remote_prefill = ktp
@@ -649,6 +663,10 @@ class EngineCore:
                 plan = req.plan
                 if plan is not None and plan.finish_reason is not None and num_out >= (plan.num_tokens or 0):
                     reason = plan.finish_reason  # the recording's own ending
+                elif req.eos_at is not None and num_out >= req.eos_at:
+                    reason = FinishReason.STOP  # a modeled EOS: emit the EOS id, as a model would
+                    if req.eos_token_id is not None:
+                        new[-1] = req.output_token_ids[-1] = req.all_token_ids[-1] = req.eos_token_id
                 break
             if num_out >= req.min_tokens:
                 if tok == req.eos_token_id:
@@ -755,3 +773,18 @@ class EngineCore:
 def _wake_up(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_trace_planner(tokens: str | None, steps: str | None, match: str, block_size: int):
+    # one planner per trace for every engine of the process: consume-once matching stays global
+    from ..trace.replay import build_planner
+
+    return build_planner(tokens, steps, match, block_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_trace_latency(path: str, time_scale: float):
+    from ..trace.latency_model import TraceLatency
+
+    return TraceLatency.from_path(path, time_scale)

@@ -26,7 +26,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
         "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
-        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk",
+        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -76,6 +76,7 @@ class Request:
         self.planned: list[int] | None = None  # output ids to emit verbatim (replay)
         self.plan: Any = None  # RequestPlan from a trace, if any
         self.chunk = 1  # tokens the next sample emits (recorded chunking)
+        self.eos_at: int | None = None  # a fitted model decided the request stops (EOS) here
 
     @property
     def num_tokens(self) -> int:

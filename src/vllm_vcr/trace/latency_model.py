@@ -1,0 +1,155 @@
+"""A latency model fitted from a recorded trace (`--latency-trace`).
+
+The recording is cut into cells by prompt size and by how many requests were in flight, and the
+engine draws from the cell that matches each request:
+
+- first-token delay: the recorded TTFTs of requests with a similar *uncached* prompt at a
+  similar concurrency (a cell borrowed from another prompt size is scaled by the size ratio);
+- decode: recorded (gap, tokens-in-chunk) pairs of requests with a similar *full* context at a
+  similar concurrency, drawn per step, so spec-decode bursts and stalls replay with their shape;
+- output length: for requests that may stop on EOS (or that set no max_tokens), a length drawn
+  from the recorded output lengths.
+
+Draws use inverse-CDF sampling of the sorted samples (with interpolation), so the replay
+reproduces the recorded quantiles rather than just means. Delays are divided by time_scale.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from typing import Sequence
+
+from .io import read_trace
+from .schema import TraceRecord
+
+PROMPT_EDGES = [0, 65, 129, 257, 513, 1025, 2049, 4097, 8193, 16385, 32769]
+CONC_EDGES = [1, 2, 5, 9, 17, 33, 65, 129]
+MIN_CELL = 5  # samples a cell needs before it stands on its own
+
+
+def _bucket(edges: Sequence[int], v: int) -> int:
+    return max(bisect.bisect_right(edges, v) - 1, 0)
+
+
+def _draw(sorted_samples: Sequence[float], u: float) -> float:
+    n = len(sorted_samples)
+    if n == 1:
+        return sorted_samples[0]
+    pos = u * (n - 1)
+    i = int(pos)
+    if i >= n - 1:
+        return sorted_samples[-1]
+    f = pos - i
+    return sorted_samples[i] * (1 - f) + sorted_samples[i + 1] * f
+
+
+class _Cells:
+    """Samples keyed by (prompt bucket, concurrency bucket), with nearest-cell lookup."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int], list] = {}
+
+    def add(self, key: tuple[int, int], sample) -> None:
+        self.cells.setdefault(key, []).append(sample)
+
+    def finish(self) -> None:
+        for v in self.cells.values():
+            v.sort()
+        self._cache: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def nearest(self, key: tuple[int, int]) -> tuple[int, int] | None:
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        best, best_d = None, None
+        for k, v in self.cells.items():
+            # prefer cells with enough samples; ties prefer the same prompt bucket
+            d = (abs(k[0] - key[0]) + abs(k[1] - key[1]) + (0 if len(v) >= MIN_CELL else 100),
+                 k[0] != key[0])
+            if best_d is None or d < best_d:
+                best, best_d = k, d
+        if best is not None:
+            self._cache[key] = best
+        return best
+
+
+class TracePacing:
+    __slots__ = ("ttft", "itl_mean", "itl_std", "first_chunk", "_gaps", "_rng", "_scale")
+
+    def __init__(self, ttft: float, gaps: list[tuple[float, int]], rng: random.Random, scale: float) -> None:
+        self.ttft = ttft
+        self._gaps = gaps
+        self._rng = rng
+        self._scale = scale
+        self.itl_std = -1.0  # the engine must call next_step()
+        self.itl_mean = gaps[len(gaps) // 2][0] * scale if gaps else 0.0
+        self.first_chunk = 1
+
+    def next_step(self) -> tuple[float, int]:
+        gaps = self._gaps
+        if not gaps:
+            return 0.0, 1
+        n = len(gaps)
+        pos = self._rng.random() * (n - 1)
+        i = int(pos)
+        lo = gaps[i]
+        hi = gaps[min(i + 1, n - 1)]
+        f = pos - i
+        gap = lo[0] * (1 - f) + hi[0] * f
+        tokens = lo[1] if f < 0.5 else hi[1]
+        return gap * self._scale, tokens
+
+
+class TraceLatency:
+    is_knob = False
+
+    def __init__(self, records: list[TraceRecord], time_scale: float = 1.0) -> None:
+        self.config = None  # set by the engine; the knobs do not apply
+        self._scale = 1e-3 / time_scale
+        self.ttft = _Cells()
+        self.decode = _Cells()
+        lengths: list[int] = []
+        for r in records:
+            conc = _bucket(CONC_EDGES, max(r.concurrency, 1))
+            u = r.uncached_prompt_tokens()
+            self.ttft.add((_bucket(PROMPT_EDGES, u), conc), (r.ttft_ms, max(u, 1)))
+            ctx = (_bucket(PROMPT_EDGES, r.prompt_tokens), conc)
+            if r.itl_ms:
+                for gap, k in zip(r.itl_ms, r.gap_tokens()):
+                    self.decode.add(ctx, (gap, k))
+            elif r.itl_summary is not None:
+                self.decode.add(ctx, (r.itl_summary.mean_ms, 1))
+            if r.output_tokens > 0:
+                lengths.append(r.output_tokens)
+        if not self.ttft.cells:
+            raise ValueError("latency trace has no records")
+        if not self.decode.cells:
+            raise ValueError("latency trace has no inter-token data (every request produced one token)")
+        self.ttft.finish()
+        self.decode.finish()
+        self.output_lengths = sorted(lengths)
+        # per cell: sorted TTFTs and the median uncached size, for borrowed-cell scaling
+        self._ttft_sorted = {k: sorted(t for t, _ in v) for k, v in self.ttft.cells.items()}
+        self._ttft_median_u = {k: sorted(u for _, u in v)[len(v) // 2] for k, v in self.ttft.cells.items()}
+
+    @classmethod
+    def from_path(cls, path: str, time_scale: float = 1.0) -> "TraceLatency":
+        return cls(read_trace(path).records, time_scale)
+
+    def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
+               rng: random.Random) -> TracePacing:
+        u = max(num_prompt_tokens - num_cached_tokens, 1)
+        conc = _bucket(CONC_EDGES, max(num_running, 1))
+        want = (_bucket(PROMPT_EDGES, u), conc)
+        key = self.ttft.nearest(want)
+        ttft_ms = _draw(self._ttft_sorted[key], rng.random())
+        if key[0] != want[0]:
+            ttft_ms *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
+        dkey = self.decode.nearest((_bucket(PROMPT_EDGES, num_prompt_tokens), conc))
+        return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale)
+
+    def sample_output_len(self, rng: random.Random) -> int | None:
+        if not self.output_lengths:
+            return None
+        return max(int(round(_draw(self.output_lengths, rng.random()))), 1)
