@@ -17,6 +17,7 @@ reproduces the recorded quantiles rather than just means. Delays are divided by 
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from typing import Sequence
 
@@ -129,9 +130,10 @@ class TraceLatency:
         self.ttft.finish()
         self.decode.finish()
         self.output_lengths = sorted(lengths)
-        # per cell: sorted TTFTs and the median uncached size, for borrowed-cell scaling
-        self._ttft_sorted = {k: sorted(t for t, _ in v) for k, v in self.ttft.cells.items()}
-        self._ttft_median_u = {k: sorted(u for _, u in v)[len(v) // 2] for k, v in self.ttft.cells.items()}
+        # per cell: (uncached size, ttft) sorted by size, to draw among the nearest sizes
+        self._ttft_by_u = {k: sorted(((u, t) for t, u in v)) for k, v in self.ttft.cells.items()}
+        self._ttft_median_u = {k: v[len(v) // 2][0] for k, v in self._ttft_by_u.items()}
+        self._near_cache: dict[tuple[tuple[int, int], int], list[float]] = {}
 
     @classmethod
     def from_path(cls, path: str, time_scale: float = 1.0) -> "TraceLatency":
@@ -143,11 +145,28 @@ class TraceLatency:
         conc = _bucket(CONC_EDGES, max(num_running, 1))
         want = (_bucket(PROMPT_EDGES, u), conc)
         key = self.ttft.nearest(want)
-        ttft_ms = _draw(self._ttft_sorted[key], rng.random())
-        if key[0] != want[0]:
+        if key[0] == want[0]:
+            ttft_ms = _draw(self._nearest_sizes(key, u), rng.random())
+        else:  # borrowed from another prompt size: scale by the size ratio
+            ttft_ms = _draw(self._nearest_sizes(key, u), rng.random())
             ttft_ms *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
         dkey = self.decode.nearest((_bucket(PROMPT_EDGES, num_prompt_tokens), conc))
         return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale)
+
+    def _nearest_sizes(self, key: tuple[int, int], u: int) -> list[float]:
+        """Sorted TTFTs of the cell's requests closest in uncached size: the nearest eighth of the
+        cell, ties included (so a cell of equal sizes keeps its whole distribution)."""
+        cached = self._near_cache.get((key, u))
+        if cached is not None:
+            return cached
+        cell = self._ttft_by_u[key]
+        k = min(len(cell), max(MIN_CELL, len(cell) // 8))
+        dists = sorted(abs(cu - u) for cu, _ in cell)
+        limit = dists[k - 1]
+        out = sorted(t for cu, t in cell if abs(cu - u) <= limit)
+        if len(self._near_cache) < 100_000:
+            self._near_cache[(key, u)] = out
+        return out
 
     def sample_output_len(self, rng: random.Random) -> int | None:
         if not self.output_lengths:
