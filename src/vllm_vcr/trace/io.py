@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -92,6 +92,17 @@ def _gunzip_chunks(f: IO[bytes], state: ReadState) -> Iterator[bytes]:
 @dataclass
 class ReadState:
     truncated: bool = False
+    on_read: Callable[[int], None] | None = None  # called with each raw chunk's size (progress)
+
+
+class _CountingReader:
+    def __init__(self, f: IO[bytes], cb: Callable[[int], None]):
+        self._f, self._cb = f, cb
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._cb(len(data))
+        return data
 
 
 def iter_lines(path: str | os.PathLike[str], state: ReadState | None = None
@@ -110,8 +121,9 @@ def iter_lines(path: str | os.PathLike[str], state: ReadState | None = None
         else:
             head = f.read(2)
             f.seek(0)
-        chunks: Iterable[bytes] = _gunzip_chunks(f, state) if _is_gzip(spath, head) else iter(
-            lambda: f.read(_CHUNK), b""
+        src: Any = _CountingReader(f, state.on_read) if state.on_read else f
+        chunks: Iterable[bytes] = _gunzip_chunks(src, state) if _is_gzip(spath, head) else iter(
+            lambda: src.read(_CHUNK), b""
         )
         lineno = 0
         buf = b""
@@ -207,12 +219,13 @@ def iter_trace(path: str | os.PathLike[str], state: ReadState | None = None
         yield decode_record(obj, spath, lineno)
 
 
-def read_trace(path: str | os.PathLike[str]) -> Trace:
+def read_trace(path: str | os.PathLike[str],
+               on_read: Callable[[int], None] | None = None) -> Trace:
     spath = os.fspath(path)
     if spath != "-" and not Path(spath).exists():
         raise TraceError(spath, None, "no such file")
     trace = Trace()
-    state = ReadState()
+    state = ReadState(on_read=on_read)
     for item in iter_trace(spath, state):
         if isinstance(item, TraceMeta):
             trace.meta = item
@@ -248,7 +261,8 @@ class TraceWriter:
     so a capture killed mid-way is still readable up to its last complete record."""
 
     def __init__(self, path: str | os.PathLike[str], meta: TraceMeta | None = None, *,
-                 gzip_level: int = 6):
+                 gzip_level: int = 6, flush_each: bool = True):
+        self.flush_each = flush_each  # off for bulk writes: one sync flush per record costs
         self.path = os.fspath(path)
         self._raw: IO[bytes]
         self._gz: gzip.GzipFile | None = None
@@ -269,6 +283,10 @@ class TraceWriter:
         if meta is not None:
             self.write_meta(meta)
 
+    @property
+    def meta_written(self) -> bool:
+        return self._meta_written
+
     def write_meta(self, meta: TraceMeta) -> None:
         if self._meta_written or self.count:
             raise RuntimeError("the meta line must be written once, before any record")
@@ -279,6 +297,12 @@ class TraceWriter:
     def write(self, rec: TraceRecord) -> None:
         self._out.write(encode_record(rec) + b"\n")
         self.count += 1
+        if self.flush_each:
+            self.flush()
+
+    def write_json(self, obj: Any) -> None:
+        """Any JSON line (the step-stats sidecar uses the same flushing writer)."""
+        self._out.write(_encoder.encode(obj) + b"\n")
         self.flush()
 
     def flush(self) -> None:
@@ -304,7 +328,7 @@ class TraceWriter:
 
 def write_trace(path: str | os.PathLike[str], meta: TraceMeta | None,
                 records: Iterable[TraceRecord]) -> int:
-    with TraceWriter(path, meta) as w:
+    with TraceWriter(path, meta, flush_each=False) as w:
         for rec in records:
             w.write(rec)
         return w.count

@@ -58,15 +58,19 @@ class Samples:
     def __init__(self) -> None:
         self._v: list[float] = []
         self._w: list[float] = []
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None  # (values, cumulative weights)
 
     def add(self, value: float, weight: float = 1.0) -> None:
         if weight > 0:
             self._v.append(value)
             self._w.append(weight)
+            self._sorted = None
 
-    def extend(self, values: Iterable[float]) -> None:
-        for v in values:
-            self.add(v)
+    def extend(self, values: Sequence[float]) -> None:
+        """Unit-weight values in bulk (the per-gap hot path)."""
+        self._v.extend(values)
+        self._w.extend([1.0] * len(values))
+        self._sorted = None
 
     def __len__(self) -> int:
         return len(self._v)
@@ -75,8 +79,21 @@ class Samples:
     def count(self) -> float:
         return float(sum(self._w))
 
+    def _prepared(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._sorted is None:
+            v = np.asarray(self._v, float)
+            w = np.asarray(self._w, float)
+            order = np.argsort(v, kind="stable")
+            self._sorted = (v[order], np.cumsum(w[order]))
+        return self._sorted
+
     def quantile(self, p: float) -> float:
-        return weighted_nearest_rank(np.asarray(self._v, float), np.asarray(self._w, float), p)
+        """Nearest-rank percentile, counting each value `weight` times."""
+        v, cum = self._prepared()
+        if len(v) == 0 or cum[-1] <= 0:
+            return math.nan
+        rank = max(math.ceil(p / 100.0 * cum[-1]), 1)
+        return float(v[min(int(np.searchsorted(cum, rank, side="left")), len(v) - 1)])
 
     def mean(self) -> float:
         if not self._v:
@@ -86,19 +103,18 @@ class Samples:
 
     def cdf(self) -> tuple[np.ndarray, np.ndarray]:
         """Sorted values and their cumulative fraction, for plotting."""
-        v = np.asarray(self._v, float)
-        w = np.asarray(self._w, float)
-        order = np.argsort(v, kind="stable")
-        cum = np.cumsum(w[order])
-        return v[order], cum / cum[-1] if len(cum) else cum
+        v, cum = self._prepared()
+        return v, cum / cum[-1] if len(cum) else cum
 
 
 def add_itl_samples(samples: Samples, rec: TraceRecord) -> None:
     """Per-token ITL: each gap divided by the tokens its chunk delivered (one sample per gap);
     an `itl_summary` stands for `count` gaps of its mean."""
     if rec.itl_ms is not None:
-        for gap, n in zip(rec.itl_ms, rec.gap_tokens()):
-            samples.add(gap / max(n, 1))
+        if rec.itl_tokens is None:
+            samples.extend(rec.itl_ms)
+        else:
+            samples.extend([g / max(n, 1) for g, n in zip(rec.itl_ms, rec.itl_tokens)])
     elif rec.itl_summary is not None and rec.itl_summary.count > 0:
         samples.add(rec.itl_summary.mean_ms, rec.itl_summary.count)
 
