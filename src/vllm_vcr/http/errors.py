@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -49,26 +50,93 @@ def bad_request(message: str, param: str | None = None) -> HTTPError:
     return HTTPError(400, message, "BadRequestError", param)
 
 
-def model_not_found(model: str) -> HTTPError:
-    return HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+_ROOT_PATH = re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+")
+_FILE_PATH = re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+")
+
+
+def sanitize(message: str) -> str:
+    """vLLM hides server paths in error messages (a model served from /models/x shows <path>)."""
+    return _FILE_PATH.sub("<path>", _ROOT_PATH.sub("<path>", message)).strip()
+
+
+def model_not_found(model: str, served: list[str]) -> HTTPError:
+    return HTTPError(404, sanitize(f"The model `{model}` does not exist. Valid aliases: {', '.join(served)}."),
+                     "NotFoundError", "model")
+
+
+_MAX_REPORTED = 10
+_MAX_INPUT_CHARS = 200
+_MAX_ERROR_CHARS = 1000
+# pydantic-core's schema-kind words that show up in `loc` for unions and wrappers
+_INTERNAL_LOC = frozenset({
+    "function-wrap", "function-after", "function-before", "function-plain", "json-or-python", "lax-or-strict",
+    "chain", "default", "nullable", "tagged-union", "union", "call", "arguments", "is-instance", "is-subclass",
+    "callable", "str", "int", "float", "bool", "bytes", "bytearray", "list", "tuple", "dict", "set",
+    "frozenset", "complex", "none", "nonetype", "constrained-int", "constrained-str",
+})
+
+
+def _clean_loc(loc: tuple) -> str:
+    """('body', 'prompt', 'list[int]', 0) -> 'body.prompt.0', as vLLM reports `param`."""
+    parts = [str(p) for p in loc
+             if not any(c in str(p) for c in "[](){}") and str(p).lower() not in _INTERNAL_LOC]
+    return ".".join(parts) if parts else ".".join(str(p) for p in loc)
+
+
+def _summarize_input(value: Any) -> Any:
+    # bounded, like vLLM: one malformed request must not produce a huge error body
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_INPUT_CHARS else value[:_MAX_INPUT_CHARS] + "...[truncated]"
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{type(value).__name__} of {len(value)} bytes>"
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    try:
+        text = str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
 
 
 def validation_error(errors: list[dict[str, Any]]) -> HTTPError:
-    """A schema error, worded as FastAPI's RequestValidationError reaches vLLM's handler."""
-    cleaned = []
-    for e in errors:
-        item = {"type": e.get("type"), "loc": ("body", *e.get("loc", ())), "msg": e.get("msg"),
-                "input": e.get("input")}
+    """A schema error, in the words of vLLM's RequestValidationError handler: type "Bad Request",
+    "N validation error(s):" and one line per error (at most 10), `param` the first error's field."""
+    count = len(errors)
+    lines = []
+    param = None
+    for k, e in enumerate(errors):
+        loc = _clean_loc(("body", *e.get("loc", ())))
+        if k == 0:
+            param = loc
+        if k >= _MAX_REPORTED:
+            continue
+        item: dict[str, Any] = {"type": e.get("type"), "loc": loc, "msg": e.get("msg"),
+                                "input": _summarize_input(e.get("input"))}
         ctx = e.get("ctx")
         if ctx:
-            item["ctx"] = {k: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v))
-                           for k, v in ctx.items()}
-        cleaned.append(item)
-    return HTTPError(400, str(cleaned), HTTPStatus.BAD_REQUEST.phrase, None)
+            item["ctx"] = {k2: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v))
+                           for k2, v in ctx.items()}
+        text = str(item)
+        lines.append(text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "...[truncated]")
+    label = "error" if count == 1 else "errors"
+    message = f"{count} validation {label}:\n" + "".join(f"  {line}\n" for line in lines)
+    if count > _MAX_REPORTED:
+        message += f"  ...and {count - _MAX_REPORTED} more {label}\n"
+    return HTTPError(400, message.rstrip(), HTTPStatus.BAD_REQUEST.phrase, param)
 
 
-def json_decode_error(position: int, reason: str) -> HTTPError:
-    return validation_error([{"type": "json_invalid", "loc": (position,), "msg": "JSON decode error",
+def json_decode_error(body: bytes) -> HTTPError:
+    """Malformed JSON, reported as FastAPI does (position and reason from Python's json module)."""
+    import json
+
+    try:
+        json.loads(body)
+    except ValueError as e:
+        pos = getattr(e, "pos", 0)
+        reason = getattr(e, "msg", str(e))
+    else:  # valid for Python but not for pydantic (e.g. a lone surrogate escape)
+        pos, reason = 0, "Invalid JSON"
+    return validation_error([{"type": "json_invalid", "loc": (pos,), "msg": "JSON decode error",
                               "input": {}, "ctx": {"error": reason}}])
 
 

@@ -6,20 +6,32 @@ building SamplingParams (and reports as a 400 `BadRequestError`) live in `check_
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES
+MAX_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS
+MAX_CHOICES = 16384  # n x prompts: ours, so one request cannot flood the engine
 
 
 class RequestValueError(ValueError):
-    """A well-typed request with a bad value: 400 BadRequestError naming `param`."""
+    """A well-typed request with a bad value: 400 BadRequestError.
 
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
+    Worded like vLLM's VLLMValidationError: when the parameter (and value) are known they are
+    appended as " (parameter=..., value=...)" and `param` names the field.
+    """
+
+    def __init__(self, message: str, param: str | None = None, value: Any = None):
+        extras = []
+        if param is not None:
+            extras.append(f"parameter={param}")
+        if value is not None:
+            extras.append(f"value={value}")
+        super().__init__(f"{message} ({', '.join(extras)})" if extras else message)
         self.param = param
 
 
@@ -32,7 +44,7 @@ class StreamOptions(_Base):
     continuous_usage_stats: bool | None = False
 
 
-StopParam = str | list[str] | None
+StopParam = str | Annotated[list[str], Field(max_length=4)] | None  # VLLM_MAX_STOP_STRINGS
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -64,7 +76,7 @@ class _SamplingFields(_Base):
     truncate_prompt_tokens: int | None = None
     priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
     request_id: str | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
@@ -73,6 +85,7 @@ class _SamplingFields(_Base):
 
 class CompletionRequest(_SamplingFields):
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    prompt_embeds: Any = None
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16  # vLLM's (and OpenAI's) completions default
@@ -85,7 +98,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[dict[str, Any]]
     logprobs: bool | None = False
     top_logprobs: int | None = 0
-    max_tokens: int | None = Field(default=None, deprecated="max_tokens is deprecated in favor of the max_completion_tokens field")
+    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = "none"
@@ -123,50 +136,61 @@ class DetokenizeRequest(_Base):
     tokens: list[int]
 
 
-def _check_number(name: str, value: Any) -> None:
-    if value is not None and value != value:  # NaN
-        raise RequestValueError(f"{name} must be a number, got nan.", name)
+def _finite(x: float) -> bool:
+    return x == x and x not in (float("inf"), float("-inf"))
 
 
 def check_sampling(req: _SamplingFields, max_tokens: int | None) -> None:
-    """SamplingParams' own value checks (vLLM wording)."""
-    if req.n < 1:
-        raise RequestValueError(f"n must be at least 1, got {req.n}.", "n")
-    if req.temperature is not None:
-        _check_number("temperature", req.temperature)
-        if req.temperature < 0:
-            raise RequestValueError(f"temperature must be non-negative, got {req.temperature}.", "temperature")
-    if req.top_p is not None:
-        _check_number("top_p", req.top_p)
-        if not 0.0 < req.top_p <= 1.0:
-            raise RequestValueError(f"top_p must be in (0, 1], got {req.top_p}.", "top_p")
-    if req.top_k is not None and req.top_k < -1:
-        raise RequestValueError(f"top_k must be 0 (disable), or at least 1, got {req.top_k}.", "top_k")
-    if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
-        raise RequestValueError(f"min_p must be in [0, 1], got {req.min_p}.", "min_p")
+    """SamplingParams' own checks, in vLLM's order and wording; `max_tokens` is the value after
+    clamping to the context (so a prompt that fills the context reports max_tokens 0)."""
+    n = req.n
+    if n < 1:
+        raise RequestValueError(f"n must be at least 1, got {n}.")
+    if n > MAX_N:
+        raise RequestValueError(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
+                                "VLLM_MAX_N_SEQUENCES environment variable.")
     for name in ("presence_penalty", "frequency_penalty"):
         v = getattr(req, name)
         if v is not None and not -2.0 <= v <= 2.0:
-            raise RequestValueError(f"{name} must be in [-2, 2], got {v}.", name)
-    if req.repetition_penalty is not None and req.repetition_penalty <= 0.0:
-        raise RequestValueError(
-            f"repetition_penalty must be greater than zero, got {req.repetition_penalty}.", "repetition_penalty")
+            raise RequestValueError(f"{name} must be in [-2, 2], got {v}.")
+    rp = req.repetition_penalty
+    if rp is not None:
+        if not _finite(rp):
+            raise RequestValueError(f"repetition_penalty must be a finite number, got {rp}.")
+        if rp <= 0.0:
+            raise RequestValueError(f"repetition_penalty must be greater than zero, got {rp}.")
+    t = req.temperature
+    if t is not None:
+        if not _finite(t):
+            raise RequestValueError(f"temperature must be a finite number, got {t}.", "temperature", t)
+        if t < 0.0:
+            raise RequestValueError(f"temperature must be non-negative, got {t}.", "temperature", t)
+        if t > 2.0:
+            raise RequestValueError(f"temperature must be in [0, 2], got {t}.", "temperature", t)
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise RequestValueError(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
+    if req.top_k is not None and req.top_k < -1:
+        raise RequestValueError(f"top_k must be 0 (disable), or at least 1, got {req.top_k}.")
+    if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
+        raise RequestValueError(f"min_p must be in [0, 1], got {req.min_p}.")
     if max_tokens is not None and max_tokens < 1:
-        raise RequestValueError(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        raise RequestValueError(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
     if req.min_tokens < 0:
-        raise RequestValueError(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.", "min_tokens")
+        raise RequestValueError(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.")
     if max_tokens is not None and req.min_tokens > max_tokens:
         raise RequestValueError(
-            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {req.min_tokens}.", "min_tokens")
-    stops = stop_list(req.stop)
-    if any(s == "" for s in stops):
-        raise RequestValueError("stop cannot contain an empty string.", "stop")
-    if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
-        raise RequestValueError("stop_token_ids must be non-negative.", "stop_token_ids")
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {req.min_tokens}.")
+    if any(not s for s in stop_list(req.stop)):
+        raise RequestValueError("stop cannot contain an empty string.")
     if req.use_beam_search:
         raise RequestValueError("beam search is not supported by vllm-vcr.", "use_beam_search")
-    if req.cache_salt is not None and not req.cache_salt:
-        raise RequestValueError("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
+
+
+def check_logprobs_limit(num: int | None) -> None:
+    """The engine's --max-logprobs check (vLLM's default 20)."""
+    if num is not None and num > MAX_LOGPROBS:
+        raise RequestValueError(f"Requested sample logprobs of {num}, which is greater than max allowed: "
+                                f"{MAX_LOGPROBS}", "logprobs", num)
 
 
 def stop_list(stop: StopParam) -> list[str]:
@@ -176,5 +200,3 @@ def stop_list(stop: StopParam) -> list[str]:
         return [stop]
     return list(stop)
 
-
-StreamKind = Literal["completion", "chat"]

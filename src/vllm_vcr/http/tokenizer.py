@@ -76,12 +76,16 @@ class Tokenizer:
     def __init__(self, hf: _HFTokenizer, spec: dict[str, Any], config: dict[str, Any], source: str):
         self.hf = hf
         self.source = source
+        self._cache: dict[tuple[str, bool], list[int]] = {}
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         self.bos_token = _token_content(config.get("bos_token"))
         self.eos_token = _token_content(config.get("eos_token"))
         self.bos_token_id = hf.token_to_id(self.bos_token) if self.bos_token else None
         self.eos_token_id = hf.token_to_id(self.eos_token) if self.eos_token else None
         self.model_max_length = config.get("model_max_length")
+        # the embedded tokenizer numbers whole-character tokens first: random output stays clean text
+        rv = config.get("vllm_vcr_random_vocab_size")
+        self.random_vocab_size: int | None = int(rv) if isinstance(rv, int) and 0 < rv <= self.vocab_size else None
         special: set[int] = set()
         added: dict[int, str] = {}
         for t in spec.get("added_tokens", []) or []:
@@ -92,6 +96,8 @@ class Tokenizer:
             if isinstance(t, dict) and t.get("special"):
                 special.add(int(tid))
         self.special_ids = frozenset(special)
+        # vLLM bounds a prompt's characters by max_model_len x the longest token string
+        self.max_chars_per_token = max((len(t) for t in hf.get_vocab(with_added_tokens=True)), default=1)
         self._table = self._build_byte_table(spec.get("decoder"), added)
         template = config.get("chat_template")
         if isinstance(template, list):  # HF allows a list of named templates
@@ -141,8 +147,20 @@ class Tokenizer:
 
     # -- encode / decode --------------------------------------------------------------------
 
+    _CACHE_MAX = 4096  # prompts; benchmarks reuse a few hundred, so most encodes become a dict hit
+    _CACHE_MAX_CHARS = 1 << 16
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        if len(text) > self._CACHE_MAX_CHARS:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        key = (text, add_special_tokens)
+        ids = self._cache.get(key)
+        if ids is None:
+            ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+            if len(self._cache) >= self._CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = ids
+        return list(ids)  # callers own their list
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if not skip_special_tokens:
@@ -185,12 +203,13 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Token ids in, text out; holds back an incomplete UTF-8 sequence until it completes."""
 
-    __slots__ = ("_table", "_n", "_dec")
+    __slots__ = ("_table", "_n", "_dec", "_pending")
 
     def __init__(self, table: list[bytes]):
         self._table = table
         self._n = len(table)
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = False  # the incremental decoder holds part of a character
 
     def add(self, ids: list[int]) -> str:
         table = self._table
@@ -202,10 +221,18 @@ class IncrementalDetokenizer:
                 data = b"".join([table[i] for i in ids])
             except IndexError:
                 data = b"".join([table[i] if 0 <= i < self._n else b"" for i in ids])
-        return self._dec.decode(data)
+        if not self._pending:
+            try:
+                return data.decode()  # the common case: whole characters, one C call
+            except UnicodeDecodeError:
+                pass
+        out = self._dec.decode(data)
+        self._pending = bool(self._dec.getstate()[0])
+        return out
 
     def flush(self) -> str:
         """At the end of a sequence: a dangling partial character becomes U+FFFD."""
+        self._pending = False
         return self._dec.decode(b"", True)
 
 

@@ -1,0 +1,320 @@
+"""The OpenAI-compatible ASGI app: a small router over raw ASGI, no framework on the hot path.
+
+`build_app(engine, tokenizer, settings)` returns it. Generation endpoints run under a
+disconnect watcher: when the client goes away the handler task is cancelled, which closes the
+engine iterators and so aborts the requests in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import time
+from typing import Any, Awaitable, Callable
+
+from .. import __version__
+from .errors import HTTPError, error_body
+from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
+from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
+from .serving_chat import ChatServing
+from .serving_completion import CompletionServing
+from .sse import send_bytes
+from .tokenizer import Tokenizer
+
+Handler = Callable[[RequestContext], Awaitable[None]]
+
+_NOT_FOUND = encode({"detail": "Not Found"})
+_NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
+_UNAUTHORIZED = encode({"error": "Unauthorized"})
+_MAX_BODY = 64 * 1024 * 1024
+
+
+def _load_metrics(settings: ServeSettings) -> Any:
+    """The Prometheus side (http/metrics.py, written separately); None when it is absent."""
+    try:
+        from . import metrics as metrics_mod
+    except ImportError:
+        return None
+    cls = getattr(metrics_mod, "FrontendMetrics", None)
+    if cls is None:
+        return None
+    try:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=False)
+        try:
+            return cls(settings.model_name, settings.engine_count, registry, block_size=settings.block_size,
+                       num_gpu_blocks=settings.num_gpu_blocks, max_model_len=settings.max_model_len,
+                       enable_prefix_caching=settings.enable_prefix_caching)
+        except TypeError:  # an older FrontendMetrics without the keyword arguments
+            return cls(settings.model_name, settings.engine_count, CollectorRegistry(auto_describe=False))
+    except Exception:  # metrics must never keep the server from starting
+        logging.getLogger("vllm_vcr.http").exception("metrics disabled: FrontendMetrics failed to initialise")
+        return None
+
+
+class OpenAIApp:
+    def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
+                 on_startup: Callable[[], Awaitable[None]] | None = None,
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.metrics = metrics if metrics is not None else _load_metrics(settings)
+        if self.metrics is not None and hasattr(self.metrics, "on_engine_outputs") \
+                and hasattr(engine, "add_output_listener"):
+            engine.add_output_listener(self.metrics.on_engine_outputs)
+        self.completions = CompletionServing(engine, tokenizer, settings, self.metrics)
+        self.chat = ChatServing(engine, tokenizer, settings, self.metrics)
+        self._on_startup = on_startup
+        self._on_shutdown = on_shutdown
+        self._api_keys = [k.encode() for k in settings.api_keys if k]
+        self._perm_id = f"modelperm-{secrets.token_hex(8)}"
+        # path -> {method: (handler, watch_disconnect)}
+        self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
+            "/v1/completions": {"POST": (self.completions.handle, True)},
+            "/v1/chat/completions": {"POST": (self.chat.handle, True)},
+            "/v1/models": {"GET": (self._models, False)},
+            "/health": {"GET": (self._health, False)},
+            "/ping": {"GET": (self._health, False), "POST": (self._health, False)},
+            "/version": {"GET": (self._version, False)},
+            "/metrics": {"GET": (self._metrics, False)},
+            "/tokenize": {"POST": (self._tokenize, False)},
+            "/detokenize": {"POST": (self._detokenize, False)},
+        }
+
+    # -- ASGI ----------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    if self._on_startup:
+                        await self._on_startup()
+                except Exception as e:
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                try:
+                    if self._on_shutdown:
+                        await self._on_shutdown()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        path = scope["path"]
+        if _has_header(scope, b"origin"):
+            # vLLM serves CORS with allowed origins "*" by default (Starlette's CORSMiddleware)
+            if scope["method"] == "OPTIONS" and _has_header(scope, b"access-control-request-method"):
+                await self._preflight(scope, send)
+                return
+            send = _with_cors(send)
+        methods = self.routes.get(path)
+        if methods is None:
+            await send_bytes(send, 404, _NOT_FOUND)
+            return
+        entry = methods.get(scope["method"])
+        if entry is None:
+            await send_bytes(send, 405, _NOT_ALLOWED, [(b"allow", ", ".join(methods).encode())])
+            return
+        if self._api_keys and path.startswith("/v1") and not self._authorized(scope):
+            await send_bytes(send, 401, _UNAUTHORIZED)
+            return
+        handler, watch = entry
+        try:
+            body = await self._read_body(receive) if scope["method"] == "POST" else b""
+        except _Disconnected:
+            return
+        except HTTPError as e:
+            await send_bytes(send, e.status, e.body(), e.headers)
+            return
+        ctx = RequestContext(scope, receive, send, body)
+        try:
+            if watch:
+                await self._run_watched(handler, ctx)
+            else:
+                await handler(ctx)
+        except HTTPError as e:
+            await self._send_error(send, e.status, e.body(), e.headers)
+        except RequestValueError as e:
+            await self._send_error(send, 400, error_body(str(e), "BadRequestError", 400, e.param))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("unhandled error in %s %s", scope["method"], path)
+            await self._send_error(send, 500, error_body("Internal server error", "InternalServerError", 500))
+
+    @staticmethod
+    async def _send_error(send: Callable, status: int, body: bytes, headers: Any = None) -> None:
+        try:
+            await send_bytes(send, status, body, headers)
+        except Exception:
+            pass  # the response had already started (or the client is gone): nothing more to say
+
+    async def _run_watched(self, handler: Handler, ctx: RequestContext) -> None:
+        task = asyncio.ensure_future(handler(ctx))
+        receive = ctx.receive
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    if not ctx.finishing and not task.done():
+                        disconnected = True
+                        task.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+        finally:
+            watcher.cancel()
+
+    async def _preflight(self, scope: dict[str, Any], send: Callable) -> None:
+        requested = dict(scope.get("headers") or ()).get(b"access-control-request-headers", b"")
+        headers = [(b"access-control-allow-origin", b"*"),
+                   (b"access-control-allow-methods", b"DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"),
+                   (b"access-control-max-age", b"600"), (b"vary", b"Origin")]
+        if requested:
+            headers.append((b"access-control-allow-headers", requested))
+        await send_bytes(send, 200, b"OK", headers, content_type=b"text/plain; charset=utf-8")
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        if scope["method"] == "OPTIONS":
+            return True
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization":
+                for key in self._api_keys:
+                    if hmac.compare_digest(value, b"Bearer " + key):
+                        return True
+                return False
+        return False
+
+    @staticmethod
+    async def _read_body(receive: Callable) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise _Disconnected()
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > _MAX_BODY:
+                    raise HTTPError(413, "Request body too large", "RequestEntityTooLarge")
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    # -- small endpoints -----------------------------------------------------------------------
+
+    async def _models(self, ctx: RequestContext) -> None:
+        s = self.settings
+        root = s.model_root or s.model_name
+        now = int(time.time())  # vLLM stamps the cards when they are listed
+        perm = {"id": self._perm_id, "object": "model_permission", "created": now,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False}
+        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": root,
+                 "parent": None, "max_model_len": s.max_model_len, "permission": [perm]}
+                for name in s.served_model_names]
+        await send_bytes(ctx.send, 200, encode({"object": "list", "data": data}))
+
+    async def _health(self, ctx: RequestContext) -> None:
+        running = getattr(self.engine, "is_running", True)
+        if running:
+            await send_bytes(ctx.send, 200, b"")
+        else:
+            await send_bytes(ctx.send, 503, error_body("Engine is not running", "ServiceUnavailableError", 503))
+
+    async def _version(self, ctx: RequestContext) -> None:
+        # the vLLM release whose API is reproduced (clients compare it); vllm-vcr's own version beside it
+        await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
+
+    async def _metrics(self, ctx: RequestContext) -> None:
+        m = self.metrics
+        if m is None:
+            await send_bytes(ctx.send, 404, _NOT_FOUND)
+            return
+        accept = ctx.headers.get(b"accept", b"").decode("latin-1")
+        try:
+            body, content_type = m.render(accept)
+        except TypeError:
+            body, content_type = m.render()
+        await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
+                         if isinstance(content_type, str) else content_type)
+
+    async def _tokenize(self, ctx: RequestContext) -> None:
+        raw = ctx.body
+        is_chat = b'"messages"' in raw
+        req: Any = parse_request(raw, TokenizeChatRequest if is_chat else TokenizeCompletionRequest)
+        self.completions.check_model(req.model)
+        tok = self.tokenizer
+        if is_chat:
+            _, ids = self.chat.render_prompt(
+                req.messages, add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message, chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)
+        else:
+            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        body: dict[str, Any] = {"count": len(ids), "max_model_len": self.settings.max_model_len, "tokens": ids,
+                                "token_strs": [tok.hf.id_to_token(i) or "" for i in ids]
+                                if req.return_token_strs else None}
+        await send_bytes(ctx.send, 200, encode(body))
+
+    async def _detokenize(self, ctx: RequestContext) -> None:
+        req = parse_request(ctx.body, DetokenizeRequest)
+        self.completions.check_model(req.model)
+        for t in req.tokens:
+            if t < 0 or t >= self.tokenizer.vocab_size:
+                raise HTTPError(400, f"Token id {t} is out of vocabulary", "BadRequestError", "tokens")
+        text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        await send_bytes(ctx.send, 200, encode({"prompt": text}))
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _has_header(scope: dict[str, Any], name: bytes) -> bool:
+    return any(k == name for k, _ in scope.get("headers") or ())
+
+
+def _with_cors(send: Callable) -> Callable:
+    async def cors_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"access-control-allow-origin", b"*")]}
+        await send(message)
+
+    return cors_send
+
+
+def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:
+    """The ASGI app serving the OpenAI API for `engine` (an AsyncEngine, already started)."""
+    return OpenAIApp(engine, tokenizer, settings, **kwargs)
+
+
+async def serve(args: Any) -> int:
+    """The whole `vllm-vcr serve` command as a coroutine (`args` from the vllm-vcr parser)."""
+    from .server import serve as _serve
+
+    return await _serve(args)

@@ -1,0 +1,560 @@
+"""Prometheus `/metrics` of the built-in frontend: the `vllm:` series of vLLM's own frontend.
+
+Names, HELP texts, label sets (`model_name`, `engine`, plus `finished_reason` / `reason` /
+`source` / `sleep_state` where vLLM has them) and histogram buckets follow vLLM 0.32's
+`PrometheusStatLogger`, and the values are derived from engine outputs the way vLLM's
+`OutputProcessor` / `IterationStats` derive them (see docs/metrics.md for the table).
+
+Integration (all calls are synchronous, cheap and never raise for unknown request ids)::
+
+    metrics = FrontendMetrics("tiny", engine_count=2, block_size=16, num_gpu_blocks=1024,
+                              max_model_len=4096)          # registry=None: a private registry
+    engine.add_output_listener(metrics.on_engine_outputs)  # once per engine step
+
+    # per HTTP request, before the engine sees it (arrival_time: time.time() at arrival)
+    metrics.on_request_arrival(req_id, arrival_time, n=1, max_tokens=256, num_prompt_tokens=128)
+    # optional: a request the frontend finished itself (stop string found by the detokenizer)
+    metrics.on_request_finished(req_id, "stop")
+    # optional: the client went away (vLLM records nothing for client aborts)
+    metrics.on_request_aborted(req_id)
+
+    body, content_type = metrics.render(accept_header)     # GET /metrics
+
+* A request's end is detected from its output with `finish_reason` set, as in vLLM; the serve
+  layer does not have to report it. `on_request_finished` only matters when the frontend ends a
+  request the engine did not (it is a no-op for a request already finished).
+* `on_request_arrival` is what gives TTFT and e2e latency their frontend start time and what
+  feeds `request_params_n` / `request_params_max_tokens`. A request that shows up in
+  outputs without it is still tracked: its arrival is taken from its QUEUED event, its prompt
+  length from `prefill_stats`, and its max_tokens is unknown.
+* With `n > 1`, pass each child's id with `parent_id=<the parent's id>` and the same `n`;
+  `request_params_n` and `request_max_num_generation_tokens` are observed once, when the last
+  child finishes (vLLM's ParentRequest rule).
+* Engine-side preemptions are counted from PREEMPTED events; an engine that sends none but
+  fills `SchedulerStats.num_preemptions` is counted from that instead (never both).
+* `set_sleep_state(engine_index, level)` drives `vllm:engine_sleep_state` (0 = awake).
+
+Cost: one pass over `outputs.outputs` per engine message with a handful of attribute updates
+per output; histograms are plain Python lists turned into prometheus families only in
+`render()`, so no prometheus_client locks or objects sit on the per-token path.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Sample
+
+from ..engine.types import EngineCoreEventType, EngineCoreOutputs, FinishReason
+
+__all__ = ["FrontendMetrics", "build_1_2_5_buckets"]
+
+# ------------------------------------------------------------------ bucket families (vLLM 0.32)
+
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to and including max_value (vLLM's request-token buckets)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # FinishReason order, str() form
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+WAITING_REASONS = ("capacity", "deferred")
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
+
+
+class _Hist:
+    """A histogram as two plain lists: observe() is one bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Iterable[float]):
+        self.bounds = [float(b) for b in bounds]
+        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
+        self.total = 0.0
+
+    def observe(self, v: float) -> None:
+        # bisect_left finds the first bound >= v, i.e. the `le` bucket Prometheus puts v in
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.total += v
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for b, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((_fmt_bound(b), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+def _fmt_bound(b: float) -> str:
+    # prometheus_client renders bucket bounds with repr(float(b)): "1.0", "0.005", "2560.0"
+    return repr(float(b))
+
+
+# (attribute, metric name, help, bucket family); bucket family "tokens" = 1-2-5 up to max_model_len
+_HISTOGRAMS = (
+    ("prompt_tokens", "vllm:request_prompt_tokens", "Number of prefill tokens processed.", "tokens"),
+    ("generation_tokens", "vllm:request_generation_tokens", "Number of generation tokens processed.", "tokens"),
+    ("iteration_tokens", "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     ITERATION_TOKENS_BUCKETS),
+    ("max_num_generation_tokens", "vllm:request_max_num_generation_tokens",
+     "Histogram of maximum number of requested generation tokens.", "tokens"),
+    ("params_n", "vllm:request_params_n", "Histogram of the n request parameter.", PARAMS_N_BUCKETS),
+    ("params_max_tokens", "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+     "tokens"),
+    ("ttft", "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    ("itl", "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    ("tpot", "vllm:request_time_per_output_token_seconds",
+     "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS),
+    ("e2e", "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+     REQUEST_LATENCY_BUCKETS),
+    ("queue", "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("inference", "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("prefill", "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("decode", "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+     REQUEST_LATENCY_BUCKETS),
+    ("num_preemptions", "vllm:request_num_preemptions",
+     "Histogram of the number of times a request was preempted.", NUM_PREEMPTIONS_BUCKETS),
+    ("prefill_kv_computed", "vllm:request_prefill_kv_computed_tokens",
+     "Histogram of new KV tokens computed during prefill (excluding cached tokens).", "tokens"),
+)
+
+# plain per-engine counters: (attribute, metric name without _total, help)
+_COUNTERS = (
+    ("prefix_queries", "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_hits", "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("ext_prefix_queries", "vllm:external_prefix_cache_queries",
+     "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of "
+     "queried tokens."),
+    ("ext_prefix_hits", "vllm:external_prefix_cache_hits",
+     "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+     "cached tokens."),
+    ("mm_queries", "vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."),
+    ("mm_hits", "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."),
+    ("preemptions", "vllm:num_preemptions", "Cumulative number of preemption from the engine."),
+    ("prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
+)
+
+
+class _Engine:
+    """Everything one engine index contributes; plain attributes, no locks (one event loop)."""
+
+    def __init__(self, token_buckets: list[int]):
+        self.running = 0
+        self.waiting = 0
+        self.waiting_deferred = 0
+        self.kv_usage = 0.0
+        self.sleep_state = (1, 0, 0)  # awake, weights_offloaded, discard_all
+        for attr, _, _ in _COUNTERS:
+            setattr(self, attr, 0)
+        self.preemptions_from_stats = 0
+        self.by_source = [0, 0, 0]  # PROMPT_SOURCES order
+        self.prompt_cached = 0
+        self.cached_by_source = dict.fromkeys(CACHE_HIT_SOURCES, 0)
+        self.generation_tokens = 0
+        self.success = [0] * len(FINISH_REASONS)
+        for attr, _, _, fam in _HISTOGRAMS:
+            setattr(self, "h_" + attr, _Hist(token_buckets if fam == "tokens" else fam))
+
+
+class _Req:
+    """Per-request state between arrival and finish (vLLM's RequestStateStats + a bit of RequestState)."""
+
+    __slots__ = ("arrival", "n", "max_tokens", "prompt_len", "parent", "prefilling", "num_gen",
+                 "num_preempt", "num_cached", "queued_ts", "scheduled_ts", "first_ts", "last_ts", "engine")
+
+    def __init__(self, arrival: float, n: int, max_tokens: int | None, prompt_len: int | None,
+                 parent: str | None):
+        self.arrival = arrival
+        self.n = n
+        self.max_tokens = max_tokens
+        self.prompt_len = prompt_len
+        self.parent = parent
+        self.prefilling = True
+        self.num_gen = 0
+        self.num_preempt = 0
+        self.num_cached = 0
+        self.queued_ts = 0.0
+        self.scheduled_ts = 0.0
+        self.first_ts = 0.0
+        self.last_ts = 0.0
+        self.engine = 0
+
+
+class _Parent:
+    __slots__ = ("n", "remaining", "max_gen")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.remaining = n
+        self.max_gen = 0
+
+
+_QUEUED = int(EngineCoreEventType.QUEUED)
+_SCHEDULED = int(EngineCoreEventType.SCHEDULED)
+_PREEMPTED = int(EngineCoreEventType.PREEMPTED)
+_REASON_INDEX = {r: i for i, r in enumerate(FINISH_REASONS)}
+
+
+class FrontendMetrics:
+    """vLLM-compatible frontend metrics fed from EngineCoreOutputs. See the module docstring."""
+
+    def __init__(self, model_name: str, engine_count: int = 1, registry: CollectorRegistry | None = None, *,
+                 block_size: int = 16, num_gpu_blocks: int | None = None, max_model_len: int = 4096,
+                 enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.92,
+                 cache_info_extra: dict[str, Any] | None = None):
+        self.model_name = str(model_name)
+        self.max_model_len = int(max_model_len)
+        self._token_buckets = build_1_2_5_buckets(self.max_model_len)
+        self._engines: list[_Engine] = []
+        self._ensure_engine(max(1, int(engine_count)) - 1)
+        self._reqs: dict[str, _Req] = {}
+        self._parents: dict[str, _Parent] = {}
+        self._created = time.time()
+        # monotonic -> wall clock, for requests whose arrival only the engine's QUEUED event knows
+        self._mono_to_wall = time.time() - time.monotonic()
+        self._cache_info = self._make_cache_info(block_size, num_gpu_blocks, enable_prefix_caching,
+                                                 gpu_memory_utilization, cache_info_extra)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    # ------------------------------------------------------------------ configuration
+
+    def _make_cache_info(self, block_size: int, num_gpu_blocks: int | None, prefix: bool, gpu_util: float,
+                         extra: dict[str, Any] | None) -> dict[str, str]:
+        # vLLM exports str() of every CacheConfig field; the ones with meaning here get real values
+        tokens = num_gpu_blocks * block_size if num_gpu_blocks else None
+        info: dict[str, Any] = {
+            "block_size": block_size, "user_specified_block_size": True, "kv_cache_layout": None,
+            "prefix_match_unit": None, "gpu_memory_utilization": gpu_util, "cache_dtype": "auto",
+            "is_attention_free": False, "num_gpu_blocks_override": None, "sliding_window": None,
+            "enable_prefix_caching": prefix, "prefix_caching_hash_algo": "sha256",
+            "prefix_cache_retention_interval": 0, "kv_cache_dtype_skip_layers": [],
+            "mamba_page_size_padded": None, "skip_page_size_padded": None, "mamba_block_size": None,
+            "mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto", "mamba_cache_mode": "none",
+            "enable_mamba_shared_prefix_checkpoint": False, "replayssm_buffer_len": 16, "use_replayssm": False,
+            "use_kda_recoverssm": False, "num_gpu_blocks": num_gpu_blocks, "num_cpu_blocks": None,
+            "effective_attention_block_size": None, "kv_cache_size_tokens": tokens,
+            "kv_cache_max_concurrency": (tokens / self.max_model_len) if tokens else None,
+            "hash_block_size": None, "cache_hit_alignment_tokens": None, "kv_sharing_fast_prefill": False,
+            "swa_bounded_replay": True, "kv_cache_memory_bytes": None, "kv_offloading_size": None,
+            "kv_offloading_backend": "native", "_block_size_resolved": True,
+        }
+        info.update(extra or {})
+        return {k: str(v) for k, v in info.items()}
+
+    def _ensure_engine(self, index: int) -> _Engine:
+        while len(self._engines) <= index:
+            self._engines.append(_Engine(self._token_buckets))
+        return self._engines[index]
+
+    @property
+    def engine_count(self) -> int:
+        return len(self._engines)
+
+    # ------------------------------------------------------------------ request lifecycle
+
+    def on_request_arrival(self, request_id: str, arrival_time: float | None = None, n: int = 1,
+                           max_tokens: int | None = None, *, num_prompt_tokens: int | None = None,
+                           parent_id: str | None = None) -> None:
+        """A request entered the frontend. arrival_time is wall-clock (time.time()), default now."""
+        self._reqs[request_id] = _Req(time.time() if arrival_time is None else float(arrival_time),
+                                      max(1, int(n or 1)), max_tokens, num_prompt_tokens, parent_id)
+        if parent_id is not None and parent_id not in self._parents:
+            self._parents[parent_id] = _Parent(max(1, int(n or 1)))
+
+    def on_request_aborted(self, request_id: str) -> None:
+        """The client went away: forget the request and record nothing (vLLM's abort path)."""
+        self._reqs.pop(request_id, None)
+
+    def on_request_finished(self, request_id: str, finish_reason: str | int | FinishReason = "stop",
+                            num_prompt_tokens: int | None = None, num_generation_tokens: int | None = None,
+                            engine_index: int | None = None) -> None:
+        """The frontend ended a request itself. No-op if outputs already finished it."""
+        r = self._reqs.pop(request_id, None)
+        if r is None:
+            return
+        if num_prompt_tokens is not None:
+            r.prompt_len = num_prompt_tokens
+        if num_generation_tokens is not None:
+            r.num_gen = num_generation_tokens
+        eng = self._ensure_engine(r.engine if engine_index is None else engine_index)
+        self._finish(eng, r, _reason_index(finish_reason), time.time())
+
+    def set_sleep_state(self, engine_index: int | None = None, level: int = 0) -> None:
+        """level 0 = awake, 1 = weights offloaded, 2 = discard all; None = every engine."""
+        state = (1, 0, 0) if level == 0 else ((0, 1, 0) if level == 1 else (0, 0, 1))
+        targets = self._engines if engine_index is None else [self._ensure_engine(engine_index)]
+        for e in targets:
+            e.sleep_state = state
+
+    # ------------------------------------------------------------------ the per-step hook
+
+    def on_engine_outputs(self, engine_index: int, outputs: EngineCoreOutputs) -> None:
+        """Fold one engine message into the metrics (AsyncEngine output listener)."""
+        eng = self._engines[engine_index] if engine_index < len(self._engines) else self._ensure_engine(engine_index)
+        ss = outputs.scheduler_stats
+        if ss is not None:
+            eng.running = ss.num_running_reqs
+            eng.waiting = ss.num_waiting_reqs
+            eng.waiting_deferred = ss.num_skipped_waiting_reqs
+            eng.kv_usage = ss.kv_cache_usage
+            pcs = ss.prefix_cache_stats
+            if pcs is not None:
+                eng.prefix_queries += pcs.queries
+                eng.prefix_hits += pcs.hits
+                eng.cached_by_source["device"] += pcs.hits
+            eng.preemptions_from_stats += getattr(ss, "num_preemptions", 0) or 0
+
+        outs = outputs.outputs
+        if not outs:
+            self._forget(outputs.finished_requests)
+            return
+        now = time.time()
+        ts = outputs.timestamp or time.monotonic()
+        reqs = self._reqs
+        gen_total = 0
+        computed = 0
+        ttft_h = eng.h_ttft
+        # the ITL histogram is the one touched per output: update its lists inline
+        itl_h = eng.h_itl
+        itl_bounds = itl_h.bounds
+        itl_counts = itl_h.counts
+        itl_sum = 0.0
+        for o in outs:
+            r = reqs.get(o.request_id)
+            if r is None:
+                r = self._adopt(o)
+                if r is None:
+                    continue
+            k = len(o.new_token_ids)
+            gen_total += k
+            r.num_gen += k
+            if o.events:
+                for ev in o.events:
+                    t = ev.type
+                    if t == _QUEUED:
+                        r.queued_ts = ev.timestamp
+                    elif t == _SCHEDULED:
+                        if r.scheduled_ts == 0.0:  # later SCHEDULED events follow preemptions
+                            r.scheduled_ts = ev.timestamp
+                    elif t == _PREEMPTED:
+                        eng.preemptions += 1
+                        r.num_preempt += 1
+            if r.prefilling:
+                ps = o.prefill_stats
+                if ps is not None:
+                    computed += ps.num_computed_tokens
+                    eng.prompt_tokens += ps.num_prompt_tokens
+                    eng.by_source[0] += ps.num_computed_tokens
+                    eng.by_source[1] += ps.num_local_cached_tokens
+                    eng.by_source[2] += ps.num_external_cached_tokens
+                    eng.prompt_cached += ps.num_cached_tokens
+                    r.num_cached = ps.num_cached_tokens
+                    if r.prompt_len is None:
+                        r.prompt_len = ps.num_prompt_tokens
+                ttft_h.observe(now - r.arrival)
+                r.first_ts = ts
+                r.prefilling = False
+                r.engine = engine_index
+            else:
+                d = ts - r.last_ts
+                itl_counts[bisect_left(itl_bounds, d)] += 1
+                itl_sum += d
+            r.last_ts = ts
+            if o.finish_reason is not None:
+                del reqs[o.request_id]
+                self._finish(eng, r, int(o.finish_reason), now)
+        itl_h.total += itl_sum
+        eng.generation_tokens += gen_total
+        eng.h_iteration_tokens.observe(computed + gen_total)
+        if outputs.finished_requests:
+            self._forget(outputs.finished_requests)
+
+    # ------------------------------------------------------------------ internals
+
+    def _adopt(self, o: Any) -> _Req | None:
+        """Track a request nobody announced, if this is its first output (QUEUED event present)."""
+        if not o.events:
+            return None  # a late output of a request we already finished or forgot
+        arrival = None
+        for ev in o.events:
+            if ev.type == _QUEUED:
+                arrival = ev.timestamp + self._mono_to_wall
+        if arrival is None:
+            return None
+        r = _Req(arrival, 1, None, None, None)
+        self._reqs[o.request_id] = r
+        return r
+
+    def _forget(self, ids: Iterable[str] | None) -> None:
+        # ids the engine finished without a final output for us (client aborts): drop their state
+        if ids:
+            reqs = self._reqs
+            for rid in ids:
+                reqs.pop(rid, None)
+
+    def _finish(self, eng: _Engine, r: _Req, reason: int, now: float) -> None:
+        if 0 <= reason < len(eng.success):
+            eng.success[reason] += 1
+        queued = r.scheduled_ts - r.queued_ts
+        prefill = r.first_ts - r.scheduled_ts
+        decode = r.last_ts - r.first_ts
+        inference = r.last_ts - r.scheduled_ts
+        eng.h_e2e.observe(now - r.arrival)
+        eng.h_queue.observe(queued)
+        eng.h_prefill.observe(prefill)
+        eng.h_inference.observe(inference)
+        eng.h_decode.observe(decode)
+        eng.h_num_preemptions.observe(r.num_preempt)
+        prompt_len = r.prompt_len or 0
+        eng.h_prefill_kv_computed.observe(prompt_len - max(r.num_cached, 0))
+        eng.h_prompt_tokens.observe(prompt_len)
+        eng.h_generation_tokens.observe(r.num_gen)
+        eng.h_tpot.observe(decode / (r.num_gen - 1) if r.num_gen > 1 else 0)
+        if r.max_tokens:
+            eng.h_params_max_tokens.observe(r.max_tokens)
+        # n and the longest child's length are observed once per parent request
+        if r.parent is None:
+            eng.h_params_n.observe(r.n)
+            eng.h_max_num_generation_tokens.observe(r.num_gen)
+        else:
+            p = self._parents.get(r.parent)
+            if p is None:
+                return
+            p.max_gen = max(p.max_gen, r.num_gen)
+            p.remaining -= 1
+            if p.remaining <= 0:
+                del self._parents[r.parent]
+                eng.h_params_n.observe(p.n)
+                eng.h_max_num_generation_tokens.observe(p.max_gen)
+
+    # ------------------------------------------------------------------ exposition
+
+    def render(self, accept_header: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) for GET /metrics; honours Accept (OpenMetrics) like vLLM's handler."""
+        encoder, content_type = choose_encoder(accept_header or "")
+        if encoder is generate_latest:
+            return generate_latest(self.registry), content_type
+        return encoder(self.registry), content_type
+
+    def families(self):
+        """Yield the prometheus metric families (used by the registered collector)."""
+        name = self.model_name
+        created = self._created
+        eng_labels = [(name, str(i)) for i in range(len(self._engines))]
+        engines = list(zip(eng_labels, self._engines))
+
+        def gauge(metric, doc, getter, extra_label=None, extra_values=()):
+            labels = ["model_name", "engine"] + ([extra_label] if extra_label else [])
+            fam = GaugeMetricFamily(metric, doc, labels=labels)
+            for lv, e in engines:
+                if extra_label:
+                    for i, x in enumerate(extra_values):
+                        fam.add_metric([*lv, x], getter(e, i))
+                else:
+                    fam.add_metric(list(lv), getter(e))
+            return fam
+
+        def counter(metric, doc, getter, extra_label=None, extra_values=()):
+            labels = ["model_name", "engine"] + ([extra_label] if extra_label else [])
+            fam = CounterMetricFamily(metric, doc, labels=labels)
+            for lv, e in engines:
+                if extra_label:
+                    for i, x in enumerate(extra_values):
+                        fam.add_metric([*lv, x], getter(e, i), created=created)
+                else:
+                    fam.add_metric(list(lv), getter(e), created=created)
+            return fam
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    lambda e: e.running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    lambda e: e.waiting + e.waiting_deferred)
+        yield gauge("vllm:num_requests_waiting_by_reason",
+                    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling "
+                    "capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked "
+                    "status). Sum of all reasons equals vllm:num_requests_waiting.",
+                    lambda e, i: e.waiting if i == 0 else e.waiting_deferred, "reason", WAITING_REASONS)
+        yield gauge("vllm:engine_sleep_state",
+                    "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "
+                    "weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+                    lambda e, i: e.sleep_state[i], "sleep_state", SLEEP_STATES)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                    lambda e: e.kv_usage)
+        for attr, metric, doc in _COUNTERS:
+            if attr == "preemptions":
+                yield counter(metric, doc, lambda e: e.preemptions or e.preemptions_from_stats)
+            else:
+                yield counter(metric, doc, lambda e, a=attr: getattr(e, a))
+        yield counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                      lambda e, i: e.by_source[i], "source", PROMPT_SOURCES)
+        yield counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+                      lambda e: e.prompt_cached)
+        yield counter("vllm:prompt_tokens_cached_by_source",
+                      "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host "
+                      "(offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+                      "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+                      "vllm:external_prefix_cache_hits.",
+                      lambda e, i: e.cached_by_source[CACHE_HIT_SOURCES[i]], "source", CACHE_HIT_SOURCES)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      lambda e: e.generation_tokens)
+        yield counter("vllm:request_success", "Count of successfully processed requests.",
+                      lambda e, i: e.success[i], "finished_reason", FINISH_REASONS)
+        for attr, metric, doc, _ in _HISTOGRAMS:
+            fam = HistogramMetricFamily(metric, doc, labels=["model_name", "engine"])
+            for lv, e in engines:
+                h: _Hist = getattr(e, "h_" + attr)
+                fam.add_metric(list(lv), h.cumulative(), h.total)
+                # prometheus_client's own Histogram exports a _created sample; so does vLLM
+                fam.samples.append(Sample(metric + "_created", {"model_name": lv[0], "engine": lv[1]}, created))
+            yield fam
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=[*self._cache_info.keys(), "engine"])
+        for i in range(len(self._engines)):
+            info.add_metric([*self._cache_info.values(), str(i)], 1.0)
+        yield info
+
+
+def _reason_index(reason: str | int | FinishReason) -> int:
+    if isinstance(reason, str):
+        return _REASON_INDEX.get(reason.lower(), int(FinishReason.STOP))
+    return int(reason)
+
+
+class _Collector:
+    """Adapter so a CollectorRegistry can scrape a FrontendMetrics."""
+
+    def __init__(self, metrics: FrontendMetrics):
+        self._m = metrics
+
+    def collect(self):
+        return self._m.families()

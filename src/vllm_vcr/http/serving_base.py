@@ -1,0 +1,133 @@
+"""State and helpers every endpoint shares: settings, the request context, body parsing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import msgspec
+from pydantic import BaseModel, ValidationError
+
+from .errors import HTTPError, json_decode_error, model_not_found, validation_error
+from .tokenizer import Tokenizer
+
+logger = logging.getLogger("vllm_vcr.http")
+
+# The vLLM release whose OpenAI API this frontend reproduces (bodies, chunks, errors, /version).
+VLLM_API_VERSION = "0.32.0"
+encode = msgspec.json.encode
+
+
+@dataclass
+class ServeSettings:
+    """What the frontend needs to know besides the engine and the tokenizer."""
+
+    served_model_names: list[str] = field(default_factory=lambda: ["vllm-vcr/sim"])
+    model_root: str | None = None  # `root` in /v1/models (the MODEL argument)
+    max_model_len: int = 4096
+    engine_count: int = 1
+    api_keys: list[str] = field(default_factory=list)
+    scheduling_policy: str = "fcfs"
+    response_role: str = "assistant"
+    vocab_limit: int = 0  # prompt token ids must be below this (0: the tokenizer's size)
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage...cached_tokens
+    system_fingerprint: str | None = None  # vLLM's "vllm-<version>-<hash8>" (None: omitted)
+    force_include_usage: bool = False
+    # what /metrics reports about the KV cache (vllm:cache_config_info)
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
+    reasoning_parser: str | None = None
+    reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+
+class RequestContext:
+    """One HTTP request as the handlers see it."""
+
+    __slots__ = ("scope", "receive", "send", "headers", "body", "finishing", "arrival")
+
+    def __init__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict]], send: Callable, body: bytes):
+        self.scope = scope
+        self.receive = receive
+        self.send = send
+        self.headers: dict[bytes, bytes] = dict(scope.get("headers") or ())
+        self.body = body
+        self.arrival = time.time()
+        # set just before the last body message: from then on a disconnect is the normal end
+        self.finishing = False
+
+
+def parse_request(body: bytes, model: type[BaseModel]) -> Any:
+    """Validate a JSON body; schema and JSON errors become vLLM's 400 validation error."""
+    if not body.strip():
+        # FastAPI's view of an empty body: the whole body is missing
+        raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        if errors and errors[0].get("type") == "json_invalid":
+            raise json_decode_error(body) from None
+        raise validation_error(errors) from None
+
+
+class ServingBase:
+    def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.metrics = metrics
+        self._names = frozenset(settings.served_model_names)
+        self.vocab_limit = settings.vocab_limit or tokenizer.vocab_size
+
+    def check_model(self, model: str | None) -> str:
+        """The model name to report; unknown names are vLLM's 404."""
+        if not model:
+            return self.settings.model_name
+        if model in self._names:
+            return model
+        raise model_not_found(model, self.settings.served_model_names)
+
+    @staticmethod
+    def base_request_id(ctx: RequestContext, body_id: str | None) -> str:
+        """X-Request-Id header, else the body's request_id, else random (vLLM's order)."""
+        from .generation import random_hex
+
+        hdr = ctx.headers.get(b"x-request-id")
+        if hdr:
+            return hdr.decode("latin-1")
+        return body_id or random_hex(16)  # vLLM 0.32: 16 hex digits
+
+    def check_token_ids(self, ids: list[int]) -> None:
+        if ids:
+            top = max(ids)
+            if top >= self.vocab_limit:
+                raise HTTPError(400, f"Token id {top} is out of vocabulary", "BadRequestError", None)
+
+
+def metrics_arrival(metrics: Any, ctx: RequestContext, engine_reqs: list[Any], n: int, parent: str) -> None:
+    """Tell /metrics about each engine request (child ids share the parent when n > 1)."""
+    if metrics is None:
+        return
+    for k, r in enumerate(engine_reqs):
+        metrics.on_request_arrival(r.request_id, ctx.arrival, n=n, max_tokens=r.sampling_params.max_tokens,
+                                   num_prompt_tokens=len(r.prompt_token_ids),
+                                   parent_id=f"{parent}-p{k // n}" if n > 1 else None)
+
+
+def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None:
+    """Requests the frontend ended itself: stop strings (finished) and client disconnects (aborted)."""
+    if metrics is None:
+        return
+    for r, st in zip(engine_reqs, states):
+        if not st.finished:
+            metrics.on_request_aborted(r.request_id)
+        elif st.by_frontend:
+            metrics.on_request_finished(r.request_id, "stop", num_generation_tokens=st.num_tokens)

@@ -1,0 +1,382 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..engine.types import EngineCoreRequest
+from .chat_template import ChatTemplateError
+from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR, HTTPError, bad_request
+from .generation import (
+    OutputStream,
+    SequenceState,
+    as_http_error,
+    build_engine_request,
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_tokens,
+    effective_max_tokens,
+    parse_dp_rank,
+    random_hex,
+)
+from .logprobs import chat_logprobs
+from .protocol import (
+    MAX_CHOICES,
+    ChatCompletionRequest,
+    RequestValueError,
+    check_logprobs_limit,
+    check_sampling,
+    stop_list,
+)
+from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from .serving_completion import EngineFailed, final_usage_chunk, include_usage_flags, usage_dict
+from .sse import DONE, SSEWriter, send_bytes
+
+_TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+_MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+_ENGINE_GONE = ("EngineDeadError", "DataParallelRankError", "EngineStartupError")
+_USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"completion_tokens_details":null}'
+_USAGE_R = (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
+            b'"completion_tokens_details":{"reasoning_tokens":%d}}')
+
+
+def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them: content a string (text parts joined by newlines)."""
+    out = []
+    for k, m in enumerate(messages):
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise bad_request(f"messages[{k}]: 'role' must be a non-empty string.", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if isinstance(part, str):
+                    texts.append(part)
+                    continue
+                if not isinstance(part, dict):
+                    raise bad_request(f"messages[{k}].content: each part must be an object.", "messages")
+                ptype = part.get("type")
+                if ptype in ("text", "input_text", "output_text", "refusal"):
+                    text = part.get("text", part.get("refusal"))
+                    if not isinstance(text, str):
+                        raise bad_request(f"messages[{k}].content: a '{ptype}' part needs a string 'text'.", "messages")
+                    texts.append(text)
+                else:
+                    raise bad_request(f"messages[{k}].content: part type {ptype!r} is not supported by this "
+                                      "text-only model.", "messages")
+            m = {**m, "content": "\n".join(texts)}
+        elif content is not None and not isinstance(content, str):
+            raise bad_request(f"messages[{k}].content must be a string or a list of content parts.", "messages")
+        out.append(m)
+    return out
+
+
+class ChatServing(ServingBase):
+    def render_prompt(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                      continue_final_message: bool, chat_template: str | None,
+                      chat_template_kwargs: dict[str, Any] | None, add_special_tokens: bool,
+                      tools: Any = None) -> tuple[str, list[int]]:
+        if add_generation_prompt and continue_final_message:
+            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        conv = normalize_messages(messages)
+        kwargs = dict(chat_template_kwargs or {})
+        for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
+            kwargs.pop(reserved, None)
+        try:
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                                      chat_template=chat_template, tools=tools, **kwargs)
+        except ChatTemplateError as e:
+            raise RequestValueError(str(e)) from None
+        except ValueError as e:  # no chat template at all
+            raise RequestValueError(str(e)) from None
+        if continue_final_message and conv:
+            final = conv[-1].get("content") or ""
+            if isinstance(final, str) and final.strip():
+                cut = text.rfind(final.strip())
+                if cut != -1:
+                    text = text[: cut + len(final.strip())]
+        check_prompt_chars(text, self.settings.max_model_len, self.tokenizer.max_chars_per_token)
+        try:
+            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # the tokenizers library rejects some inputs with TypeError
+            raise RequestValueError(f"cannot tokenize the prompt: {e}", "messages") from None
+        if not ids:
+            raise RequestValueError("The chat template produced an empty prompt.", "messages")
+        return text, ids
+
+    async def handle(self, ctx: RequestContext) -> None:
+        req: ChatCompletionRequest = parse_request(ctx.body, ChatCompletionRequest)
+        try:
+            await self._handle(ctx, req)
+        except RequestValueError as e:
+            raise as_http_error(e) from None
+
+    async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
+        # the request model's own validators first (vLLM runs them while parsing)
+        if req.stream_options is not None and not req.stream:
+            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        top = req.top_logprobs
+        if top is not None:
+            if top < 0 and top != -1:
+                raise RequestValueError("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
+            if (top == -1 or top > 0) and not req.logprobs:
+                raise RequestValueError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if req.add_generation_prompt and req.continue_final_message:
+            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        model = self.check_model(req.model)
+        max_len = self.settings.max_model_len
+        if req.max_completion_tokens is not None:
+            max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = req.max_tokens, "max_tokens"
+        check_output_budget(max_tokens, max_len, param)
+        text, prompt_ids = self.render_prompt(
+            req.messages, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
+            tools=req.tools)
+        check_prompt_tokens(len(prompt_ids), max_len, from_text=True)
+        if req.n > MAX_CHOICES:
+            raise RequestValueError(f"n must be at most {MAX_CHOICES}, got {req.n}.", "n")
+        limit = effective_max_tokens(len(prompt_ids), max_len, max_tokens)
+        check_sampling(req, limit)
+        want_lp = None
+        if req.logprobs:
+            want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
+            check_logprobs_limit(want_lp)
+        dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
+
+        rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
+        created = int(time.time())
+        stops = stop_list(req.stop)
+        states: list[SequenceState] = []
+        engine_reqs: list[EngineCoreRequest] = []
+        for j in range(req.n):
+            states.append(SequenceState(self.tokenizer, stop=stops, include_stop=req.include_stop_str_in_output,
+                                        min_tokens=req.min_tokens, streaming=bool(req.stream), want_logprobs=want_lp,
+                                        keep_ids=bool(req.return_token_ids), think=self.settings.reasoning_ids))
+            engine_reqs.append(build_engine_request(
+                internal_id=f"{rid}-{j}-{random_hex(8)}", external_id=rid, prompt_ids=prompt_ids, req=req,
+                max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
+                stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank))
+        role = self.settings.response_role if req.add_generation_prompt else req.messages[-1].get("role", "assistant")
+        echo_text = ""
+        if req.echo and req.messages and req.messages[-1].get("role") == role:
+            last = normalize_messages([req.messages[-1]])[0].get("content")
+            echo_text = last or ""
+        metrics_arrival(self.metrics, ctx, engine_reqs, req.n, rid)
+        try:
+            if req.stream:
+                await self._stream(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
+                                   engine_reqs)
+            else:
+                await self._full(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
+                                 engine_reqs)
+        finally:
+            metrics_end(self.metrics, engine_reqs, states)
+
+    async def _full(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
+                    role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
+                    engine_reqs: list[EngineCoreRequest]) -> None:
+        prompt_len = len(prompt_ids)
+        rti = bool(req.return_token_ids)
+        total = len(states)
+        done = 0
+        try:
+            async with OutputStream(self.engine, engine_reqs) as stream:
+                index, single = stream.index, stream.single
+                async for out in stream:
+                    i = 0 if single else index(out)
+                    st = states[i]
+                    if st.finished:
+                        continue
+                    st.process(out)
+                    if st.finished:
+                        if st.finish_reason == "error":
+                            raise EngineFailed()
+                        if out.finish_reason is None:
+                            stream.cancel(i)
+                        done += 1
+                        if done == total:
+                            break
+        except EngineFailed:
+            await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
+            return
+        except HTTPError:
+            raise
+        except Exception as e:
+            if type(e).__name__ in _ENGINE_GONE:
+                raise HTTPError(500, "Internal server error", "InternalServerError") from None
+            raise
+        choices = []
+        for i, st in enumerate(states):
+            lp = None
+            if req.logprobs:
+                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0)
+            # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
+            content: str | None = echo_text + st.full_text()
+            reasoning = "".join(st.reasoning) if st.think else None
+            if st.think and not content:
+                content = None  # a reasoning parser reports no content as null
+            message = {"role": role, "content": content, "refusal": None, "annotations": None,
+                       "audio": None, "function_call": None, "reasoning": reasoning or None}
+            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": st.finish_reason,
+                            "stop_reason": st.stop_reason, "token_ids": st.token_ids if rti else None,
+                            "routed_experts": None})
+        completion_tokens = sum(s.num_tokens for s in states)
+        last = states[-1]
+        body = {
+            "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+            "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
+            "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last),
+                                {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
+                                if self.settings.reasoning_parser else None),
+            "prompt_logprobs": None, "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
+            "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None, "metrics": None,
+        }
+        ctx.finishing = True
+        await send_bytes(ctx.send, 200, encode(body))
+
+    def prompt_details(self, st: SequenceState) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM."""
+        if not self.settings.prompt_tokens_details:
+            return None
+        return {"cached_tokens": st.cached_tokens, "created_cache_tokens": st.cache_created,
+                "multimodal_tokens": None}
+
+    async def _stream(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
+                      role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
+                      engine_reqs: list[EngineCoreRequest]) -> None:
+        prompt_len = len(prompt_ids)
+        rti = bool(req.return_token_ids)
+        total = len(states)
+        head = (b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
+                + str(created).encode() + b',"model":' + encode(model) + b',"choices":[{"index":')
+        heads = [head + str(i).encode() + b',"delta":{"content":' for i in range(total)]
+        include_usage, continuous = include_usage_flags(req, self.settings.force_include_usage)
+
+        think = self.settings.reasoning_ids is not None
+        head_idx = [head + str(i).encode() + b',"delta":' for i in range(total)]
+
+        def usage_part(completion_tokens: int, st: SequenceState | None = None) -> bytes:
+            if self.settings.reasoning_parser:
+                return _USAGE_R % (prompt_len, prompt_len + completion_tokens, completion_tokens,
+                                   st.reasoning_tokens if st is not None else 0)
+            return _USAGE % (prompt_len, prompt_len + completion_tokens, completion_tokens)
+
+        def opening() -> bytes:
+            # the role chunk for every choice, then the echoed last message (vLLM's order)
+            parts = []
+            for i in range(total):
+                parts.append(head + str(i).encode() + b',"delta":{"role":' + encode(role)
+                             + b',"content":""},"logprobs":null,"finish_reason":null}]'
+                             + (usage_part(0) if continuous else b"")
+                             + b',"prompt_token_ids":' + (encode(prompt_ids) if rti else b"null")
+                             + b',"prompt_text":null}\n\n')
+            if echo_text:
+                for i in range(total):
+                    parts.append(heads[i] + encode(echo_text) + b'},"logprobs":null,"finish_reason":null}]'
+                                 + (usage_part(0) if continuous else b"") + b"}\n\n")
+            return b"".join(parts)
+
+        fp = self.settings.system_fingerprint
+        # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
+        fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not include_usage) else b""
+        want_lp = bool(req.logprobs)
+        k = req.top_logprobs or 0
+        w = SSEWriter(ctx.send)
+        await w.start()
+        raw_send = ctx.send
+
+        async def send(data: bytes) -> None:
+            await raw_send({"type": "http.response.body", "body": data, "more_body": True})
+        first = True
+        first_state: SequenceState | None = None
+        done = 0
+        error = False
+        tail = b""
+        try:
+            async with OutputStream(self.engine, engine_reqs) as stream:
+                index, single = stream.index, stream.single
+                async for out in stream:
+                    i = 0 if single else index(out)
+                    st = states[i]
+                    if st.finished:
+                        continue
+                    before = st.num_tokens
+                    text, ids = st.process(out)
+                    pre = b""
+                    if first:
+                        first = False
+                        first_state = st  # vLLM takes the cache numbers from the first output
+                        pre = opening()
+                    if st.finish_reason == "error":
+                        if pre:
+                            await send(pre)
+                        error = True
+                        break
+                    finished = st.finished
+                    if not text and not ids and not before and not finished:
+                        if pre:
+                            await send(pre)
+                        continue
+                    if think:
+                        if not text and not st.reasoning_delta and not finished and not want_lp and not rti:
+                            if pre:  # only a thinking marker: a reasoning parser says nothing
+                                await send(pre)
+                            continue
+                        delta = {}
+                        if text:
+                            delta["content"] = text
+                        if st.reasoning_delta:
+                            delta["reasoning"] = st.reasoning_delta
+                        delta_bytes = head_idx[i] + encode(delta)
+                    elif not finished and not want_lp and not rti:
+                        if continuous:
+                            body = pre + heads[i] + encode(text) + _MID + usage_part(st.num_tokens) + b"}\n\n"
+                        else:
+                            body = pre + heads[i] + encode(text) + _TAIL
+                        await raw_send({"type": "http.response.body", "body": body, "more_body": True})
+                        continue
+                    chunk = [pre, delta_bytes if think else heads[i] + encode(text) + b"}", b',"logprobs":']
+                    chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), k, start_position=before))
+                                 if want_lp else b"null")
+                    ids_part = encode(list(ids)) if rti else b"null"
+                    if finished:
+                        chunk += [b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
+                                  encode(st.stop_reason), b',"token_ids":', ids_part, b"}]"]
+                    else:
+                        chunk += [b',"finish_reason":null,"token_ids":', ids_part, b"}]"]
+                    if continuous:
+                        chunk.append(usage_part(st.num_tokens, st))
+                    if finished:
+                        chunk.append(fp_part)
+                    chunk.append(b"}\n\n")
+                    if finished:
+                        if out.finish_reason is None:
+                            stream.cancel(i)
+                        done += 1
+                        if done == total:
+                            # the last chunk leaves with the usage chunk and [DONE]: one write
+                            tail = b"".join(chunk)
+                            break
+                    await send(b"".join(chunk))
+        except Exception as e:
+            if type(e).__name__ not in _ENGINE_GONE:
+                raise
+            error = True
+        if error:
+            ctx.finishing = True
+            await w.close(tail + STREAM_INTERNAL_ERROR + DONE)
+            return
+        if include_usage:
+            completion_tokens = sum(s.num_tokens for s in states)
+            usage = usage_dict(prompt_len, completion_tokens, self.prompt_details(first_state or states[0]))
+            if self.settings.reasoning_parser:
+                usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
+            tail += b"data: " + encode(final_usage_chunk(rid, "chat.completion.chunk", created, model, usage, fp)) \
+                + b"\n\n"
+        ctx.finishing = True
+        await w.close(tail + DONE)

@@ -1,0 +1,416 @@
+"""POST /v1/completions."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..engine.types import EngineCoreRequest
+from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR, HTTPError
+from .generation import (
+    OutputStream,
+    SequenceState,
+    as_http_error,
+    build_engine_request,
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_tokens,
+    effective_max_tokens,
+    parse_dp_rank,
+    random_hex,
+)
+from .logprobs import completion_logprobs
+from .protocol import (
+    MAX_CHOICES,
+    MAX_PROMPTS,
+    CompletionRequest,
+    RequestValueError,
+    check_logprobs_limit,
+    check_sampling,
+    stop_list,
+)
+from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from .sse import DONE, SSEWriter, send_bytes
+
+_TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
+_MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
+_USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+
+
+class EngineFailed(Exception):
+    """A sequence finished with ERROR (or the engine went away): 500 / stream error event."""
+
+
+class Prompt:
+    __slots__ = ("ids", "text")
+
+    def __init__(self, ids: list[int], text: str | None):
+        self.ids = ids
+        self.text = text
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, details: dict[str, Any] | None,
+               completion_details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's UsageInfo, every field."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": details,
+            "completion_tokens_details": completion_details}
+
+
+def include_usage_flags(req: Any, force: bool) -> tuple[bool, bool]:
+    so = req.stream_options
+    if so is None:
+        return force, False
+    inc = bool(so.include_usage) or force
+    return inc, inc and bool(so.continuous_usage_stats)
+
+
+class CompletionServing(ServingBase):
+    async def handle(self, ctx: RequestContext) -> None:
+        req: CompletionRequest = parse_request(ctx.body, CompletionRequest)
+        try:
+            await self._handle(ctx, req)
+        except RequestValueError as e:
+            raise as_http_error(e) from None
+
+    async def _handle(self, ctx: RequestContext, req: CompletionRequest) -> None:
+        # the request model's own validators first (vLLM runs them while parsing)
+        if req.stream_options is not None and not req.stream:
+            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        p = req.prompt
+        if (p is None or p == "") and not req.prompt_embeds:
+            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
+            raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
+                                    f"{MAX_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+                                    "environment variable.", "prompt")
+        if req.logprobs is not None and req.logprobs < 0 and req.logprobs != -1:
+            raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", req.logprobs)
+        if req.prompt_embeds:
+            raise RequestValueError("prompt_embeds are not supported by vllm-vcr.", "prompt_embeds")
+        model = self.check_model(req.model)
+        if req.suffix is not None:
+            raise RequestValueError("suffix is not currently supported")
+        max_len = self.settings.max_model_len
+        echo_only = bool(req.echo) and req.max_tokens == 0
+        if not echo_only:
+            check_output_budget(req.max_tokens, max_len)
+        prompts = self._prompts(req)
+        if req.n * len(prompts) > MAX_CHOICES:
+            raise RequestValueError(f"n x number of prompts must be at most {MAX_CHOICES}, "
+                                    f"got {req.n * len(prompts)}.", "n")
+        # vLLM clamps max_tokens to the room the prompt leaves, then checks SamplingParams
+        limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
+        check_sampling(req, None if echo_only else min(limits))
+        check_logprobs_limit(self.tokenizer.vocab_size if req.logprobs == -1 else req.logprobs)
+        for pr in prompts:
+            self.check_token_ids(pr.ids)
+        dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
+
+        rid = f"cmpl-{self.base_request_id(ctx, req.request_id)}"
+        n = req.n
+        created = int(time.time())
+        stops = stop_list(req.stop)
+        states: list[SequenceState] = []
+        engine_reqs: list[EngineCoreRequest] = []
+        for pi, pr in enumerate(prompts):
+            for j in range(n):
+                flat = pi * n + j
+                states.append(SequenceState(self.tokenizer, stop=stops, include_stop=req.include_stop_str_in_output,
+                                            min_tokens=req.min_tokens, streaming=bool(req.stream),
+                                            want_logprobs=req.logprobs, keep_ids=bool(req.return_token_ids)))
+                engine_reqs.append(build_engine_request(
+                    internal_id=f"{rid}-{flat}-{random_hex(8)}", external_id=rid, prompt_ids=pr.ids, req=req,
+                    max_tokens=limits[pi], seed=None if req.seed is None else req.seed + j,
+                    logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank))
+        if echo_only:
+            await self._echo_only(ctx, req, rid, created, model, prompts)
+            return
+        metrics_arrival(self.metrics, ctx, engine_reqs, n, rid)
+        try:
+            if req.stream:
+                await self._stream(ctx, req, rid, created, model, prompts, states, engine_reqs)
+            else:
+                await self._full(ctx, req, rid, created, model, prompts, states, engine_reqs)
+        finally:
+            metrics_end(self.metrics, engine_reqs, states)
+
+    def _prompts(self, req: CompletionRequest) -> list[Prompt]:
+        p = req.prompt
+        tok = self.tokenizer
+        max_len = self.settings.max_model_len
+        out: list[Prompt] = []
+        if isinstance(p, str):
+            items: list[Any] = [p]
+        elif p and isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p or [])
+        if not items:
+            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        for item in items:
+            if isinstance(item, str):
+                check_prompt_chars(item, max_len, tok.max_chars_per_token)
+                try:
+                    ids = tok.encode(item, add_special_tokens=req.add_special_tokens)
+                except Exception as e:  # the tokenizers library rejects some inputs with TypeError
+                    raise RequestValueError(f"cannot tokenize the prompt: {e}", "prompt") from None
+                text: str | None = item
+            else:
+                ids = list(item)
+                text = None
+            if not ids:
+                raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+            check_prompt_tokens(len(ids), max_len, from_text=text is not None)
+            out.append(Prompt(ids, text))
+        return out
+
+    def _prompt_text(self, p: Prompt) -> str:
+        if p.text is None:
+            p.text = self.tokenizer.decode(p.ids)
+        return p.text
+
+    def _choice_logprobs(self, st: SequenceState, req: CompletionRequest, p: Prompt, echo: bool,
+                         delta_ids: list[int], start: int, text_offset: int) -> dict[str, Any]:
+        k = req.logprobs or 0
+        if echo:
+            return completion_logprobs(self.tokenizer, p.ids + list(delta_ids), k, start_position=-len(p.ids),
+                                       initial_text_offset=text_offset, first_is_prompt_start=True)
+        return completion_logprobs(self.tokenizer, list(delta_ids), k, start_position=start,
+                                   initial_text_offset=text_offset)
+
+    async def _full(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
+                    prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
+        total = len(states)
+        done = 0
+        try:
+            async with OutputStream(self.engine, engine_reqs) as stream:
+                index, single = stream.index, stream.single
+                async for out in stream:
+                    i = 0 if single else index(out)
+                    st = states[i]
+                    if st.finished:
+                        continue
+                    st.process(out)
+                    if st.finished:
+                        if st.finish_reason == "error":
+                            raise EngineFailed()
+                        if out.finish_reason is None:
+                            stream.cancel(i)  # a stop string ended it: abort in the engine
+                        done += 1
+                        if done == total:
+                            break
+        except EngineFailed:
+            await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
+            return
+        except HTTPError:
+            raise
+        except Exception as e:  # the engine is gone (shutdown) or misbehaved
+            if type(e).__name__ in ("EngineDeadError", "DataParallelRankError", "EngineStartupError"):
+                raise HTTPError(500, "Internal server error", "InternalServerError") from None
+            raise
+        n = req.n
+        choices = []
+        prompt_tokens = 0
+        completion_tokens = 0
+        for pi, p in enumerate(prompts):
+            prompt_tokens += len(p.ids)
+            for j in range(n):
+                flat = pi * n + j
+                st = states[flat]
+                completion_tokens += st.num_tokens
+                text = st.full_text()
+                if req.echo:
+                    text = self._prompt_text(p) + text
+                lp = None
+                if req.logprobs is not None:
+                    lp = self._choice_logprobs(st, req, p, bool(req.echo), st.token_ids, 0, 0)
+                c = choice_dict(flat, text, lp, st.finish_reason, st.stop_reason)
+                if req.return_token_ids:
+                    c["token_ids"] = st.token_ids
+                    c["prompt_token_ids"] = p.ids
+                choices.append(c)
+        # vLLM reports the cache hit of the last prompt's output
+        details = self.prompt_details(states[-1].cached_tokens)
+        body = response_dict(rid, created, model, choices, self.settings.system_fingerprint,
+                             usage_dict(prompt_tokens, completion_tokens, details), states[0].kv_transfer_params)
+        ctx.finishing = True
+        await send_bytes(ctx.send, 200, encode(body))
+
+    def prompt_details(self, cached: int | None) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM."""
+        if not self.settings.prompt_tokens_details or cached is None:
+            return None
+        return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
+
+    async def _echo_only(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
+                         prompts: list[Prompt]) -> None:
+        # max_tokens=0 with echo: the prompt is the whole answer, nothing is generated
+        choices = []
+        prompt_tokens = 0
+        for pi, p in enumerate(prompts):
+            prompt_tokens += len(p.ids)
+            for j in range(req.n):
+                lp = None
+                if req.logprobs is not None:
+                    lp = completion_logprobs(self.tokenizer, p.ids, req.logprobs, start_position=-len(p.ids),
+                                             first_is_prompt_start=True)
+                choices.append(choice_dict(pi * req.n + j, self._prompt_text(p), lp, "length", None))
+        usage = usage_dict(prompt_tokens, 0, self.prompt_details(0))
+        fp = self.settings.system_fingerprint
+        ctx.finishing = True
+        if not req.stream:
+            await send_bytes(ctx.send, 200, encode(response_dict(rid, created, model, choices, fp, usage, None)))
+            return
+        w = SSEWriter(ctx.send)
+        inc, _ = include_usage_flags(req, self.settings.force_include_usage)
+        parts = []
+        for k, c in enumerate(choices):
+            chunk: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model,
+                                     "choices": [{**stream_choice(c), "prompt_token_ids": prompts[k // req.n].ids}]}
+            if not inc and fp is not None:
+                chunk["system_fingerprint"] = fp
+            parts.append(b"data: " + encode(chunk) + b"\n\n")
+        if inc:
+            parts.append(b"data: " + encode(final_usage_chunk(rid, "text_completion", created, model, usage, fp))
+                         + b"\n\n")
+        await w.close(b"".join(parts) + DONE)
+
+    async def _stream(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
+                      prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
+        n = req.n
+        total = len(states)
+        head = (b'data: {"id":"' + rid.encode() + b'","object":"text_completion","created":' + str(created).encode()
+                + b',"model":' + encode(model) + b',"choices":[{"index":')
+        heads = [head + str(i).encode() + b',"text":' for i in range(total)]
+        include_usage, continuous = include_usage_flags(req, self.settings.force_include_usage)
+        fp = self.settings.system_fingerprint
+        # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
+        fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not include_usage) else b""
+        want_lp = req.logprobs is not None
+        rti = bool(req.return_token_ids)
+        echo = bool(req.echo) or rti  # both hand the prompt ids out with the first chunk
+        echo_text = bool(req.echo)
+        echoed = [False] * total
+        text_lens = [0] * total
+        prompt_lens = [len(prompts[i // n].ids) for i in range(total)]
+        w = SSEWriter(ctx.send)
+        await w.start()  # headers go out at once, as vLLM's StreamingResponse does
+        raw_send = ctx.send
+
+        async def send(data: bytes) -> None:
+            await raw_send({"type": "http.response.body", "body": data, "more_body": True})
+        done = 0
+        error = False
+        tail = b""
+        first_cached: int | None = None
+        try:
+            async with OutputStream(self.engine, engine_reqs) as stream:
+                index, single = stream.index, stream.single
+                async for out in stream:
+                    i = 0 if single else index(out)
+                    st = states[i]
+                    if st.finished:
+                        continue
+                    before = st.num_tokens
+                    text, ids = st.process(out)
+                    if first_cached is None:
+                        first_cached = st.cached_tokens
+                    if st.finish_reason == "error":
+                        error = True
+                        break
+                    finished = st.finished
+                    prompt_ids_part = b"null"
+                    echo_chunk = echo and not echoed[i]
+                    if echo_chunk:
+                        echoed[i] = True
+                        p = prompts[i // n]
+                        if echo_text:
+                            text = self._prompt_text(p) + text
+                        prompt_ids_part = encode(p.ids)  # vLLM returns the prompt ids with the echo
+                        if want_lp:
+                            lp_bytes = encode(self._choice_logprobs(st, req, p, echo_text, ids, 0, 0))
+                    else:
+                        if not text and not ids and not before and not finished:
+                            continue  # nothing to say yet (vLLM skips empty chunked-prefill outputs)
+                        if want_lp:
+                            lp_bytes = encode(completion_logprobs(self.tokenizer, list(ids), req.logprobs or 0,
+                                                                  start_position=before,
+                                                                  initial_text_offset=text_lens[i]))
+                    text_lens[i] += len(text)
+                    if not finished and not want_lp and not echo_chunk and not rti:
+                        if continuous:
+                            pt = prompt_lens[i]
+                            body = (heads[i] + encode(text) + _MID + _USAGE % (pt, pt + st.num_tokens, st.num_tokens)
+                                    + b"}\n\n")
+                        else:
+                            body = heads[i] + encode(text) + _TAIL
+                        await raw_send({"type": "http.response.body", "body": body, "more_body": True})
+                        continue
+                    chunk = [heads[i], encode(text), b',"logprobs":', lp_bytes if want_lp else b"null",
+                             b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
+                             encode(st.stop_reason), b',"prompt_token_ids":', prompt_ids_part,
+                             b',"token_ids":', encode(list(ids)) if rti else b"null", b"}]"]
+                    if continuous:
+                        pt = prompt_lens[i]
+                        chunk.append(_USAGE % (pt, pt + st.num_tokens, st.num_tokens))
+                    if finished:
+                        chunk.append(fp_part)
+                    chunk.append(b"}\n\n")
+                    if finished:
+                        if out.finish_reason is None:
+                            stream.cancel(i)
+                        done += 1
+                        if done == total:
+                            # the last chunk leaves with the usage chunk and [DONE]: one write
+                            tail = b"".join(chunk)
+                            break
+                    await send(b"".join(chunk))
+        except Exception as e:
+            if type(e).__name__ not in ("EngineDeadError", "DataParallelRankError", "EngineStartupError"):
+                raise
+            error = True
+        if error:
+            ctx.finishing = True
+            await w.close(tail + STREAM_INTERNAL_ERROR + DONE)
+            return
+        if include_usage:
+            prompt_tokens = sum(len(p.ids) for p in prompts)
+            completion_tokens = sum(s.num_tokens for s in states)
+            usage = usage_dict(prompt_tokens, completion_tokens, self.prompt_details(first_cached))
+            tail += b"data: " + encode(final_usage_chunk(rid, "text_completion", created, model, usage, fp)) + b"\n\n"
+        ctx.finishing = True
+        await w.close(tail + DONE)
+
+
+def choice_dict(index: int, text: str, logprobs: Any, finish_reason: str | None, stop_reason: Any) -> dict[str, Any]:
+    """vLLM 0.32's CompletionResponseChoice, every field."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason, "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+            "routed_experts": None}
+
+
+def stream_choice(c: dict[str, Any]) -> dict[str, Any]:
+    return {"index": c["index"], "text": c["text"], "logprobs": c["logprobs"], "finish_reason": c["finish_reason"],
+            "stop_reason": c["stop_reason"], "prompt_token_ids": None, "token_ids": None}
+
+
+def response_dict(rid: str, created: int, model: str, choices: list[dict[str, Any]], fingerprint: str | None,
+                  usage: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "service_tier": None, "system_fingerprint": fingerprint, "usage": usage,
+            "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": None}
+
+
+def final_usage_chunk(rid: str, obj: str, created: int, model: str, usage: dict[str, Any],
+                      fingerprint: str | None) -> dict[str, Any]:
+    """The trailing usage chunk (vLLM drops its null fields)."""
+    chunk: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                             "usage": _drop_none(usage)}
+    if fingerprint is not None:
+        chunk["system_fingerprint"] = fingerprint
+    return chunk
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}

@@ -1,0 +1,119 @@
+"""Shared fixtures: free ports and real `vllm-vcr serve` processes.
+
+    def test_x(serve_process):
+        srv = serve_process("--inter-token-latency", "1")   # started, /health answered
+        httpx.get(srv.url + "/v1/models")
+
+Every process started through these fixtures is stopped (SIGTERM, then SIGKILL) at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+try:  # the suite also runs from a plain checkout (CI installs the package; a dev may not have)
+    import vllm_vcr  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(SRC))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+class ServeProcess:
+    """A `python -m vllm_vcr serve` child process on 127.0.0.1."""
+
+    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None,
+                 log_path: Path | None = None):
+        self.port = port or free_port()
+        self.args = ["--host", "127.0.0.1", "--port", str(self.port), *args]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "serve", *self.args],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env(env))
+
+    def wait_ready(self, timeout: float = 15.0) -> "ServeProcess":
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm-vcr serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"vllm-vcr serve not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+            self._log = subprocess.DEVNULL
+        return self.proc.returncode
+
+
+@pytest.fixture
+def serve_process(tmp_path):
+    """start(*cli_args, env=None, wait=True) -> ServeProcess; all stopped at teardown."""
+    started: list[ServeProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, wait: bool = True) -> ServeProcess:
+        sp = ServeProcess(list(args), env=env, log_path=tmp_path / f"serve-{len(started)}.log")
+        started.append(sp)
+        return sp.wait_ready() if wait else sp
+
+    yield start
+    for sp in started:
+        sp.stop()
+
+
+class _Harness:
+    """What module-scoped fixtures elsewhere need (conftest modules are not importable by name)."""
+
+    ServeProcess = ServeProcess
+    free_port = staticmethod(free_port)
+    subprocess_env = staticmethod(subprocess_env)
+
+
+@pytest.fixture(scope="session")
+def serve_harness() -> type[_Harness]:
+    return _Harness

@@ -1,0 +1,236 @@
+"""`vllm-vcr serve` processes: CLI errors, start-up, auth, engine errors, disconnects, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+MODEL = "vllm-vcr/sim"
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--port", "abc"], "--port"),
+    (["--max-model-len", "lots"], "--max-model-len"),
+    (["--max-num-seqs", "0"], "--max-num-seqs"),
+    (["--time-to-first-token", "-5"], "--time-to-first-token"),
+    (["--failure-types", "bogus"], "--failure-types"),
+    (["--tokenizer", "/nonexistent/dir"], "--tokenizer"),
+    (["--time-scale", "0"], "--time-scale"),
+    (["--prefix-caching-hash-algo", "md5"], "--prefix-caching-hash-algo"),
+    (["--fingerprint-mode", "custom"], "--fingerprint-value"),
+])
+def test_bad_flag_values_exit_2(args, flag, capsys):
+    from vllm_vcr.cli import build_parser
+
+    parser, modules = build_parser()
+    try:  # in process (without the CLI's logging set-up): every case fails before anything starts
+        code = modules["serve"].run(parser.parse_args(["serve", *args]))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert flag in err
+    assert "Traceback" not in err
+
+
+def test_vllm_command_line_accepted_and_sigterm_exits_0(serve_harness, tmp_path):
+    """A typical `vllm serve` manifest line, unchanged; quick start-up; SIGTERM -> exit 0."""
+    t0 = time.monotonic()
+    sp = serve_harness.ServeProcess(
+        ["meta-llama/Llama-3.1-8B-Instruct", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9",
+         "--dtype", "bfloat16", "--enforce-eager", "--trust-remote-code", "--kv-cache-dtype", "fp8",
+         "--no-enable-prefix-caching", "--disable-log-requests", "--enable-chunked-prefill",
+         "--max-model-len", "8k", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--block-size", "16",
+         "--swap-space", "4", "--download-dir", "/models", "--load-format", "safetensors",
+         "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning", "--disable-log-stats",
+         "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json", "--seed", "0",
+         "--generation-config", "vllm", "-q", "fp8", "--inter-token-latency", "1"],
+        log_path=tmp_path / "serve.log").wait_ready()
+    startup = time.monotonic() - t0
+    models = httpx.get(sp.url + "/v1/models").json()
+    assert models["data"][0]["id"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert models["data"][0]["max_model_len"] == 8000
+    log = sp.log()
+    assert "--tensor-parallel-size=2" in log and "--dtype=bfloat16" in log
+    assert startup < 10  # generous: CI machines are shared; the process itself reports ~0.2 s
+    assert sp.stop(signal.SIGTERM) == 0
+
+
+def test_api_key(serve_harness, serve_process):
+    sp = serve_process("--api-key", "sekrit", "--inter-token-latency", "0")
+    r = httpx.get(sp.url + "/v1/models")
+    assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+    r = httpx.get(sp.url + "/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = httpx.get(sp.url + "/v1/models", headers={"Authorization": "Bearer sekrit"})
+    assert r.status_code == 200
+    assert httpx.get(sp.url + "/health").status_code == 200  # only /v1 is guarded, as in vLLM
+
+
+def test_engine_error_is_500(serve_process):
+    sp = serve_process("--failure-injection-rate", "1", "--failure-types", "error")
+    r = httpx.post(sp.url + "/v1/chat/completions",
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+    assert r.status_code == 500
+    assert r.json() == {"error": {"message": "Internal server error", "type": "InternalServerError",
+                                  "param": None, "code": 500}}
+    r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": True})
+    events = [e[len("data: "):] for e in r.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == 500
+    assert httpx.get(sp.url + "/health").status_code == 200
+
+
+def test_injected_length_failure_is_a_normal_finish(serve_process):
+    sp = serve_process("--failure-injection-rate", "1", "--failure-types", "length")
+    r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_client_disconnect_aborts_engine_request(inprocess):
+    url, engine = await inprocess(itl_ms=5.0)
+    async with httpx.AsyncClient(timeout=10) as c:
+        async with c.stream("POST", url + "/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 2000,
+                "stream": True}) as r:
+            seen = 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                if seen >= 3:
+                    break
+        # leaving the block closes the connection mid-stream
+    for _ in range(200):
+        stats = await engine.call_all(lambda core: core.stats)
+        if stats[0].requests_aborted >= 1:
+            break
+        await asyncio.sleep(0.02)
+    assert stats[0].requests_aborted == 1
+    assert stats[0].requests_completed == 0
+    assert stats[0].running == 0 or engine.engines[0].num_unfinished() == 0
+
+
+async def test_non_streaming_disconnect_aborts_too(inprocess):
+    url, engine = await inprocess(itl_ms=5.0)
+    async with httpx.AsyncClient(timeout=0.3) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            await c.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2000})
+    for _ in range(200):
+        stats = await engine.call_all(lambda core: core.stats)
+        if stats[0].requests_aborted >= 1:
+            break
+        await asyncio.sleep(0.02)
+    assert stats[0].requests_aborted == 1
+
+
+def test_sigterm_with_stream_in_flight_drains_and_exits_0(serve_process):
+    sp = serve_process("--inter-token-latency", "20", "--shutdown-timeout", "0.5")
+    with httpx.Client(timeout=15) as c:
+        with c.stream("POST", sp.url + "/v1/completions",
+                      json={"model": MODEL, "prompt": "x", "max_tokens": 4000, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            sp.proc.send_signal(signal.SIGTERM)
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    finish = [json.loads(ln[6:]) for ln in rest[:-1]][-1]["choices"][0]["finish_reason"]
+    assert finish == "abort"
+    assert sp.proc.wait(10) == 0
+
+
+def test_startup_time_and_failure(serve_process, serve_harness):
+    t0 = time.monotonic()
+    sp = serve_process("--startup-time", "0.8", wait=False)
+    refused = False
+    while time.monotonic() - t0 < 0.5:
+        try:
+            httpx.get(sp.url + "/health", timeout=0.2)
+        except httpx.ConnectError:
+            refused = True  # like vLLM: nothing listens while the model "loads"
+        time.sleep(0.05)
+    assert refused
+    sp.wait_ready()
+    assert time.monotonic() - t0 >= 0.8
+    bad = serve_process("--startup-time", "0.1", "--startup-failure", "CUDA out of memory", wait=False)
+    assert bad.proc.wait(15) == 1
+    assert "CUDA out of memory" in bad.log()
+
+
+def test_prefill_worker_returns_kv_transfer_params(serve_process):
+    sp = serve_process("--worker-type", "prefill")
+    r = httpx.post(sp.url + "/v1/completions", json={
+        "model": MODEL, "prompt": "a prompt for the decode side", "max_tokens": 10,
+        "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 1
+    assert isinstance(body["kv_transfer_params"], dict) and body["kv_transfer_params"]
+
+
+def test_model_directory_supplies_tokenizer_and_template(serve_process, tmp_path):
+    from importlib import resources
+
+    d = tmp_path / "my-model"
+    d.mkdir()
+    data = resources.files("vllm_vcr") / "data"
+    (d / "tokenizer.json").write_text((data / "tokenizer.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>",
+        "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}"}))
+    sp = serve_process(str(d), "--mode", "echo", "--inter-token-latency", "0")
+    models = httpx.get(sp.url + "/v1/models").json()
+    assert models["data"][0]["id"] == str(d)
+    r = httpx.post(sp.url + "/v1/chat/completions", json={
+        "model": str(d), "messages": [{"role": "user", "content": "hey"}], "max_tokens": 30}).json()
+    assert r["choices"][0]["message"]["content"].startswith("<user>hey<assistant>")
+    m = httpx.get(sp.url + "/metrics").text
+    assert "vllm:request_success_total" in m
+
+
+def test_kv_events_from_serve(serve_process, tmp_path):
+    zmq = pytest.importorskip("zmq")
+    from vllm_vcr.kv_events import decode_batch
+
+    endpoint = f"ipc://{tmp_path}/kv-events"  # bound by the publisher, no TCP port needed
+    cfg = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"})
+    sp = serve_process("--kv-events-config", cfg, "--inter-token-latency", "0")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        time.sleep(0.3)  # PUB/SUB: the subscription must reach the publisher first
+        httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "block " * 64, "max_tokens": 2})
+        assert sub.poll(5000), "no KV event published"
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv"
+        assert decode_batch(payload).events
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+def test_reasoning_parser_splits_thinking(serve_process):
+    sp = serve_process("--reasoning", "100,101,0.5", "--reasoning-parser", "deepseek_r1")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "think"}], "max_tokens": 10, "ignore_eos": True}
+    r = httpx.post(sp.url + "/v1/chat/completions", json=body).json()
+    msg = r["choices"][0]["message"]
+    assert msg["reasoning"] and msg["content"]
+    assert r["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}  # 5 thinking = start + 3 + end
+    s = httpx.post(sp.url + "/v1/chat/completions",
+                   json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e[6:]) for e in s.text.split("\n\n") if e.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    reasoning = "".join(d.get("reasoning", "") for d in deltas)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert reasoning == msg["reasoning"] or reasoning  # random tokens differ per request
+    assert content
+    first_content = next(k for k, d in enumerate(deltas) if d.get("content"))
+    assert all("content" not in d or d["content"] == "" for d in deltas[1:first_content])  # thinking first
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
