@@ -143,20 +143,34 @@ def test_sigterm_with_stream_in_flight_drains_and_exits_0(serve_process):
     assert sp.proc.wait(10) == 0
 
 
-def test_startup_time_and_failure(serve_process, serve_harness):
-    t0 = time.monotonic()
-    sp = serve_process("--startup-time", "0.8", wait=False)
-    refused = False
-    while time.monotonic() - t0 < 0.5:
+def test_startup_time_health_503_and_waiting_requests(serve_process):
+    sp = serve_process("--startup-time", "3.0", wait=False)
+    first = None
+    deadline = time.monotonic() + 10
+    while first is None and time.monotonic() < deadline:
         try:
-            httpx.get(sp.url + "/health", timeout=0.2)
+            first = httpx.get(sp.url + "/health", timeout=0.5)
         except httpx.ConnectError:
-            refused = True  # like vLLM: nothing listens while the model "loads"
-        time.sleep(0.05)
-    assert refused
-    sp.wait_ready()
-    assert time.monotonic() - t0 >= 0.8
-    bad = serve_process("--startup-time", "0.1", "--startup-failure", "CUDA out of memory", wait=False)
+            time.sleep(0.05)  # the process itself is still starting
+    t_listening = time.monotonic()
+    assert first is not None and first.status_code == 503  # listening, but "loading the model"
+    # a request sent while loading waits, then is served
+    r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=15)
+    assert r.status_code == 200 and time.monotonic() - t_listening > 0.5
+    assert httpx.get(sp.url + "/health").status_code == 200
+
+
+def test_startup_failure_wakes_waiting_requests_with_its_message(serve_process):
+    bad = serve_process("--startup-time", "1.0", "--startup-failure", "CUDA out of memory", wait=False)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(bad.url + "/health", timeout=0.2)
+            break
+        except httpx.ConnectError:
+            time.sleep(0.05)
+    r = httpx.post(bad.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=15)
+    assert r.status_code == 500 and "CUDA out of memory" in r.json()["error"]["message"]
     assert bad.proc.wait(15) == 1
     assert "CUDA out of memory" in bad.log()
 

@@ -79,6 +79,14 @@ def parse_dp_rank(headers: dict[bytes, bytes], engine_count: int) -> int | None:
     return rank
 
 
+def output_replay_header(headers: dict[bytes, bytes]) -> str | None:
+    """`X-Output-Replay-Id`: picks the request's row in a response replay table."""
+    raw = headers.get(b"x-output-replay-id")
+    if raw is None:
+        return None
+    return raw.decode("latin-1").strip() or None
+
+
 def build_engine_request(
     *,
     internal_id: str,
@@ -91,6 +99,7 @@ def build_engine_request(
     stream: bool,
     tokenizer: Tokenizer,
     dp_rank: int | None,
+    replay_id: str | None = None,
 ) -> EngineCoreRequest:
     eos = tokenizer.eos_token_id
     stop_ids = list(req.stop_token_ids or [])
@@ -100,6 +109,8 @@ def build_engine_request(
     extra = dict(req.vllm_xargs) if req.vllm_xargs else {}
     if req.kv_transfer_params:
         extra["kv_transfer_params"] = req.kv_transfer_params
+    if replay_id is not None:
+        extra.setdefault("output_replay_id", replay_id)  # vllm_xargs wins over the header
     sp = SamplingParams(
         n=1,
         temperature=1.0 if req.temperature is None else float(req.temperature),

@@ -213,9 +213,7 @@ def _fingerprint(args: argparse.Namespace, model: str, max_model_len: int, engin
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """Claim the port at once (a clash is reported before anything starts) but do not listen yet:
-    like vLLM, whose API server opens only after the model has loaded, clients see connection
-    refused during --startup-time."""
+    """Claim the port at once, so a clash is reported before anything starts."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, type_, proto, _, addr = infos[0]
@@ -280,7 +278,13 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         except OSError as e:
             raise CLIError(f"--host/--port: {e.strerror or e}") from None
     kv_config = _kv_events_config(args)
-    engine = AsyncEngine(engine_args, engine_count=engine_count)
+    from ..engine.config import ConfigError
+
+    try:
+        engine = AsyncEngine(engine_args, engine_count=engine_count)
+    except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
+        sock.close()
+        raise CLIError(str(e)) from None
     publishers = _attach_kv_events(engine, kv_config)
     await engine.start()
     control = None
@@ -296,35 +300,17 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
                 await engine.stop(0)
                 sock.close()
                 raise CLIError(f"--control-address: {e}") from None
-    if getattr(engine_args, "startup_time", 0) > 0 or getattr(engine_args, "startup_failure", None):
-        logger.info("simulating model loading for %.1fs", engine_args.startup_time)
-        loop = asyncio.get_running_loop()
-        waiting = asyncio.ensure_future(engine.wait_ready())
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, waiting.cancel)
-        try:
-            await waiting
-        except asyncio.CancelledError:  # a signal while "loading": stop quietly
-            logger.info("shutting down during start-up")
-            await engine.stop(0)
-            if control is not None:
-                with contextlib.suppress(Exception):
-                    await control.stop()
-            sock.close()
-            return 0
-        except Exception as e:  # EngineStartupError: vLLM's process dies when loading fails
-            logger.error("engine start-up failed: %s", e)
-            await engine.stop(0)
-            if control is not None:
-                with contextlib.suppress(Exception):
-                    await control.stop()
-            sock.close()
-            return 1
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.remove_signal_handler(sig)
+    from ..pd import start_pd_services
+
+    try:
+        pd = await start_pd_services(engine.engines, args)
+    except OSError as e:
+        await engine.stop(0)
+        if control is not None:
+            with contextlib.suppress(Exception):
+                await control.stop()
+        sock.close()
+        raise CLIError(str(e)) from None
     sock.listen(2048)
     app: OpenAIApp = build_app(engine, tok, settings)
 
@@ -350,6 +336,24 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
     )
     server = _Server(config, begin_shutdown)
+    exit_code = 0
+    loading: asyncio.Task | None = None
+    if engine_args.startup_time > 0 or engine_args.startup_failure:
+        # simulated model loading: the port is open, /health answers 503 and requests wait;
+        # a loading failure fails every waiting request with its message, then the process exits 1
+        logger.info("simulating model loading for %.1fs", engine_args.startup_time)
+
+        async def watch_loading() -> None:
+            nonlocal exit_code
+            try:
+                await engine.wait_ready()
+            except Exception as e:
+                logger.error("engine start-up failed: %s", e)
+                exit_code = 1
+                await asyncio.sleep(0.5)  # let the woken requests' error responses go out
+                server.should_exit = True
+
+        loading = asyncio.ensure_future(watch_loading())
     if ignored:
         logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(ignored))
     port = sock.getsockname()[1]
@@ -360,9 +364,12 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
     try:
         await server.serve(sockets=[sock])
     finally:
+        if loading is not None:
+            loading.cancel()
         if stop_task:
             await asyncio.gather(*stop_task, return_exceptions=True)
         await engine.stop()
+        await pd.stop()
         if control is not None:
             with contextlib.suppress(Exception):
                 await control.stop()
@@ -371,7 +378,7 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
                 pub.close()
         with contextlib.suppress(OSError):
             sock.close()
-    return 0
+    return exit_code
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:

@@ -131,3 +131,14 @@ def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None
             metrics.on_request_aborted(r.request_id)
         elif st.by_frontend:
             metrics.on_request_finished(r.request_id, "stop", num_generation_tokens=st.num_tokens)
+
+
+# engine exceptions that end a request with a 500 rather than crash the handler
+ENGINE_GONE = ("EngineDeadError", "DataParallelRankError", "EngineStartupError")
+
+
+def engine_failure(e: BaseException) -> HTTPError:
+    """The HTTP error for an engine that is gone; a failed (simulated) start-up says why."""
+    if type(e).__name__ == "EngineStartupError":
+        return HTTPError(500, f"Engine start-up failed: {e}", "InternalServerError")
+    return HTTPError(500, "Internal server error", "InternalServerError")

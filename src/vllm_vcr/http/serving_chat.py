@@ -17,6 +17,7 @@ from .generation import (
     check_prompt_chars,
     check_prompt_tokens,
     effective_max_tokens,
+    output_replay_header,
     parse_dp_rank,
     random_hex,
 )
@@ -29,13 +30,13 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
+                           metrics_end, parse_request)
 from .serving_completion import EngineFailed, final_usage_chunk, include_usage_flags, usage_dict
 from .sse import DONE, SSEWriter, send_bytes
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 _MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
-_ENGINE_GONE = ("EngineDeadError", "DataParallelRankError", "EngineStartupError")
 _USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"completion_tokens_details":null}'
 _USAGE_R = (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,'
             b'"completion_tokens_details":{"reasoning_tokens":%d}}')
@@ -147,6 +148,7 @@ class ChatServing(ServingBase):
             want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
             check_logprobs_limit(want_lp)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
+        replay_id = output_replay_header(ctx.headers)
 
         rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
         created = int(time.time())
@@ -160,7 +162,8 @@ class ChatServing(ServingBase):
             engine_reqs.append(build_engine_request(
                 internal_id=f"{rid}-{j}-{random_hex(8)}", external_id=rid, prompt_ids=prompt_ids, req=req,
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
-                stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank))
+                stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
+                replay_id=replay_id))
         role = self.settings.response_role if req.add_generation_prompt else req.messages[-1].get("role", "assistant")
         echo_text = ""
         if req.echo and req.messages and req.messages[-1].get("role") == role:
@@ -207,8 +210,8 @@ class ChatServing(ServingBase):
         except HTTPError:
             raise
         except Exception as e:
-            if type(e).__name__ in _ENGINE_GONE:
-                raise HTTPError(500, "Internal server error", "InternalServerError") from None
+            if type(e).__name__ in ENGINE_GONE:
+                raise engine_failure(e) from None
             raise
         choices = []
         for i, st in enumerate(states):
@@ -364,7 +367,7 @@ class ChatServing(ServingBase):
                             break
                     await send(b"".join(chunk))
         except Exception as e:
-            if type(e).__name__ not in _ENGINE_GONE:
+            if type(e).__name__ not in ENGINE_GONE:
                 raise
             error = True
         if error:

@@ -16,6 +16,7 @@ from .generation import (
     check_prompt_chars,
     check_prompt_tokens,
     effective_max_tokens,
+    output_replay_header,
     parse_dp_rank,
     random_hex,
 )
@@ -29,7 +30,8 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
+                           metrics_end, parse_request)
 from .sse import DONE, SSEWriter, send_bytes
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
@@ -106,6 +108,7 @@ class CompletionServing(ServingBase):
         for pr in prompts:
             self.check_token_ids(pr.ids)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
+        replay_id = output_replay_header(ctx.headers)
 
         rid = f"cmpl-{self.base_request_id(ctx, req.request_id)}"
         n = req.n
@@ -122,7 +125,8 @@ class CompletionServing(ServingBase):
                 engine_reqs.append(build_engine_request(
                     internal_id=f"{rid}-{flat}-{random_hex(8)}", external_id=rid, prompt_ids=pr.ids, req=req,
                     max_tokens=limits[pi], seed=None if req.seed is None else req.seed + j,
-                    logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank))
+                    logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
+                replay_id=replay_id))
         if echo_only:
             await self._echo_only(ctx, req, rid, created, model, prompts)
             return
@@ -206,8 +210,8 @@ class CompletionServing(ServingBase):
         except HTTPError:
             raise
         except Exception as e:  # the engine is gone (shutdown) or misbehaved
-            if type(e).__name__ in ("EngineDeadError", "DataParallelRankError", "EngineStartupError"):
-                raise HTTPError(500, "Internal server error", "InternalServerError") from None
+            if type(e).__name__ in ENGINE_GONE:
+                raise engine_failure(e) from None
             raise
         n = req.n
         choices = []
@@ -367,7 +371,7 @@ class CompletionServing(ServingBase):
                             break
                     await send(b"".join(chunk))
         except Exception as e:
-            if type(e).__name__ not in ("EngineDeadError", "DataParallelRankError", "EngineStartupError"):
+            if type(e).__name__ not in ENGINE_GONE:
                 raise
             error = True
         if error:
