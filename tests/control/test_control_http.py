@@ -256,7 +256,7 @@ def cli_logging(monkeypatch):
 
 
 async def test_put_log_changes_what_is_logged(cli_logging, control_stack, capsys):
-    engine, c = await control_stack()
+    engine, c = await control_stack(log_requests=True)
     await drain(engine, make_request("loud"))
     err = capsys.readouterr().err
     assert "INFO vllm_vcr::engine: request loud queued" in err

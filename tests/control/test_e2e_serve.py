@@ -31,8 +31,9 @@ def serve(serve_harness, tmp_path_factory):
     control_port = 8001 if port_is_free(8001) else free_port()
     log = Path(tmp_path_factory.mktemp("control-serve")) / "serve.log"
     env = {"RUST_LOG": "info", "VLLM_VCR_LOG": "info"}  # the default filter, whatever the caller's env says
-    proc = serve_harness.ServeProcess(["--engine-count", "2", "--control-address", f"127.0.0.1:{control_port}"],
-                                      env=env, log_path=log).wait_ready()
+    proc = serve_harness.ServeProcess(
+        ["--engine-count", "2", "--log-requests", "--control-address", f"127.0.0.1:{control_port}"],
+        env=env, log_path=log).wait_ready()
     proc.control_port = control_port
     proc.control_url = f"http://127.0.0.1:{control_port}"
     proc.stderr = proc.log  # serve logs to stderr; the harness keeps stdout and stderr in one file

@@ -53,8 +53,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="seconds to drain on SIGTERM/SIGINT; 0 aborts everything at once")
     g.add_argument("--engine-count", type=int, default=1, help="engines (DP ranks) in this process")
-    g.add_argument("--log-requests", dest="log_requests", action=argparse.BooleanOptionalAction, default=True,
-                   help="log each request's arrival and finish")
+    g.add_argument("--log-requests", dest="log_requests", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("MOCK_LOG_REQUESTS", "0") == "1",
+                   help="log each request's arrival and finish (off by default, as in vLLM)")
     g.add_argument("--response-replay-trace", default=None, metavar="FILE",
                    help="JSONL of planned output token ids, selected per request by an output-replay id")
     g.add_argument("--reasoning", default=None, metavar="START_ID,END_ID,RATIO",

@@ -49,7 +49,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_model_len: int = 0  # 0 = the length advertised at start-up bounds requests
     failure_injection_rate: float = 0.0
     failure_types: list[FailureType] = msgspec.field(default_factory=lambda: [FailureType.ERROR])
-    log_requests: bool = True
+    log_requests: bool = False  # vLLM has logged requests only on request since 0.10
 
     def validate(self) -> "EngineConfig":
         for name in LATENCY_FIELDS + ("failure_injection_rate",):
