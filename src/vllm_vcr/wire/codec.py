@@ -95,7 +95,7 @@ class Codec:
             return self._any_decoder.decode(buf)
         except FrameError:
             raise
-        except Exception as e:  # msgspec.DecodeError and friends
+        except Exception as e:  # noqa: BLE001 - msgspec.DecodeError and friends
             raise FrameError(f"undecodable msgpack: {e}") from None
 
     # ---- inputs --------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class Codec:
             req = self._req_decoder.decode(body)
         except FrameError:
             raise
-        except Exception as typed_error:
+        except Exception as typed_error:  # noqa: BLE001
             req = self._decode_add_tolerant(body, typed_error)
         if not isinstance(req.request_id, str) or not req.request_id:
             raise FrameError("ADD without a request_id")
@@ -139,7 +139,7 @@ class Codec:
                 if name in kw and not isinstance(kw[name], (int, float)):
                     kw[name] = 0.0
             req = EngineCoreRequest(**kw)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise FrameError(f"ADD not an EngineCoreRequest ({typed_error}; positional read: {e})",
                              rid, client) from None
         return req

@@ -45,6 +45,7 @@ class ReadyInfo:
     supports_lora: bool = True
     max_loras: int = 0
     enable_sleep_mode: bool = True
+    kv_events_config: dict[str, Any] | None = None  # this rank's publisher config (GET /kv_event_sources)
 
 
 @dataclass
@@ -94,7 +95,7 @@ def ready_payload(info: ReadyInfo, rank: int, addresses: dict[str, Any]) -> dict
         "mamba_block_size": None,
         "kv_cache_size_tokens": tokens,
         "kv_cache_max_concurrency": float(tokens) / max(info.max_model_len, 1),
-        "kv_events_config": None,
+        "kv_events_config": info.kv_events_config,
         "enable_sleep_mode": info.enable_sleep_mode,
         # 0.33 asserts these equal across engines; 0.32 ignores them
         "coord_store_port": 0,
@@ -113,7 +114,7 @@ async def _recv_logging(sock: zmq.asyncio.Socket, what: str, timeout: float) -> 
             raise HandshakeError(f"timed out after {timeout:.0f} s waiting for {what}")
         try:
             return await asyncio.wait_for(sock.recv_multipart(), min(10.0, left))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.info("still waiting for %s", what)
 
 
@@ -144,7 +145,7 @@ async def handshake(
             addresses = init["addresses"]
             inputs_addr = list(addresses["inputs"])
             outputs_addr = list(addresses["outputs"])
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             raise HandshakeError(f"malformed init message from the frontend: {e}") from None
         if not inputs_addr or len(inputs_addr) != len(outputs_addr):
             raise HandshakeError(f"init has {len(inputs_addr)} inputs and {len(outputs_addr)} outputs")

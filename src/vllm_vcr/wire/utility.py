@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .server import EngineBridge
@@ -60,30 +61,30 @@ def handler(*names: str):
 
 
 @handler("get_supported_tasks")
-async def _tasks(b: "EngineBridge", args: list) -> Any:
+async def _tasks(b: EngineBridge, args: list) -> Any:
     return SUPPORTED_TASKS
 
 
 @handler("reset_mm_cache", "reset_encoder_cache", "release_kv_cache_memory", "profile",
          "execute_dummy_batch", "save_sharded_state")
-async def _noop(b: "EngineBridge", args: list) -> Any:
+async def _noop(b: EngineBridge, args: list) -> Any:
     return None
 
 
 @handler("reset_prefix_cache")
-async def _reset_prefix_cache(b: "EngineBridge", args: list) -> Any:
+async def _reset_prefix_cache(b: EngineBridge, args: list) -> Any:
     # vLLM refuses (False) while requests run; the engine decides, we only carry the answer.
     ok = await await_call(b.core.call(lambda c: c.reset_prefix_cache()))
     return bool(True if ok is None else ok)
 
 
 @handler("is_sleeping")
-async def _is_sleeping(b: "EngineBridge", args: list) -> Any:
+async def _is_sleeping(b: EngineBridge, args: list) -> Any:
     return b.sleeping
 
 
 @handler("sleep")
-async def _sleep(b: "EngineBridge", args: list) -> Any:
+async def _sleep(b: EngineBridge, args: list) -> Any:
     mode = _arg(args, 1, "abort")
     await b.pause(mode if isinstance(mode, str) else "abort", reject_new=False)
     b.sleeping = True
@@ -91,39 +92,40 @@ async def _sleep(b: "EngineBridge", args: list) -> Any:
 
 
 @handler("wake_up")
-async def _wake_up(b: "EngineBridge", args: list) -> Any:
+async def _wake_up(b: EngineBridge, args: list) -> Any:
     b.sleeping = False
     b.resume()
     return True
 
 
 @handler("pause_scheduler")  # 0.32's /pause: new requests wait until resume
-async def _pause_scheduler(b: "EngineBridge", args: list) -> Any:
+async def _pause_scheduler(b: EngineBridge, args: list) -> Any:
     mode = _arg(args, 0, "abort")
     await b.pause(mode if isinstance(mode, str) else "abort", reject_new=False)
     return None
 
 
-@handler("pause_generation")  # 0.33's /pause: new requests are refused (retryable) until resume
-async def _pause_generation(b: "EngineBridge", args: list) -> Any:
+@handler("pause_generation")  # 0.33's /pause: abort/wait refuse new requests (retryable), keep queues
+async def _pause_generation(b: EngineBridge, args: list) -> Any:
     mode = _arg(args, 0, "abort")
-    await b.pause(mode if isinstance(mode, str) else "abort", reject_new=True)
+    mode = mode if isinstance(mode, str) else "abort"
+    await b.pause(mode, reject_new=mode != "keep")
     return None
 
 
 @handler("resume_scheduler", "resume_generation")
-async def _resume(b: "EngineBridge", args: list) -> Any:
+async def _resume(b: EngineBridge, args: list) -> Any:
     b.resume()
     return None
 
 
 @handler("is_scheduler_paused", "is_paused")
-async def _is_paused(b: "EngineBridge", args: list) -> Any:
+async def _is_paused(b: EngineBridge, args: list) -> Any:
     return b.paused is not None
 
 
 @handler("add_lora")
-async def _add_lora(b: "EngineBridge", args: list) -> Any:
+async def _add_lora(b: EngineBridge, args: list) -> Any:
     name, lid = _lora_id(_arg(args, 0))
     if lid is None:
         raise UtilityFailure("add_lora needs a LoRARequest [lora_name, lora_int_id, ...]")
@@ -132,38 +134,38 @@ async def _add_lora(b: "EngineBridge", args: list) -> Any:
 
 
 @handler("remove_lora")
-async def _remove_lora(b: "EngineBridge", args: list) -> Any:
+async def _remove_lora(b: EngineBridge, args: list) -> Any:
     return b.loras.pop(_arg(args, 0), None) is not None
 
 
 @handler("pin_lora")
-async def _pin_lora(b: "EngineBridge", args: list) -> Any:
+async def _pin_lora(b: EngineBridge, args: list) -> Any:
     return _arg(args, 0) in b.loras
 
 
 @handler("list_loras")
-async def _list_loras(b: "EngineBridge", args: list) -> Any:
+async def _list_loras(b: EngineBridge, args: list) -> Any:
     return sorted(b.loras)
 
 
 @handler("set_weight_version")
-async def _set_weight_version(b: "EngineBridge", args: list) -> Any:
+async def _set_weight_version(b: EngineBridge, args: list) -> Any:
     v = _arg(args, 0)
     b.weight_version = str(v) if v is not None else "default"
     return None
 
 
 @handler("get_weight_version")
-async def _get_weight_version(b: "EngineBridge", args: list) -> Any:
+async def _get_weight_version(b: EngineBridge, args: list) -> Any:
     return b.weight_version
 
 
 @handler("compute_weight_checksums")
-async def _checksums(b: "EngineBridge", args: list) -> Any:
+async def _checksums(b: EngineBridge, args: list) -> Any:
     return []  # no weights
 
 
-async def dispatch(b: "EngineBridge", method: str, args: list) -> tuple[bool, Any]:
+async def dispatch(b: EngineBridge, method: str, args: list) -> tuple[bool, Any]:
     """(ok, value-or-failure-message)."""
     fn = HANDLERS.get(method)
     if fn is None:

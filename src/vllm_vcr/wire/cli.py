@@ -1,0 +1,121 @@
+"""`vllm-vcr play`: join a real vLLM frontend started with external engines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from ..engine.cli_args import add_engine_args, engine_args_from_cli
+from ..engine.config import ConfigError
+
+log = logging.getLogger("vllm_vcr.wire")
+
+DEFAULT_HANDSHAKE = "tcp://127.0.0.1:29550"
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else default
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "play",
+        help="be the engine of a real vLLM frontend (engine-core ZMQ protocol)",
+        description=(
+            "Connect to a vLLM frontend started with external engines, e.g. "
+            "`vllm serve MODEL --data-parallel-size-local 0 --data-parallel-address 127.0.0.1 "
+            "--data-parallel-rpc-port 29550`, and serve its requests from simulated engines."),
+    )
+    w = p.add_argument_group("frontend connection")
+    w.add_argument("--handshake-address", default=os.environ.get("MOCK_HANDSHAKE_ADDRESS", DEFAULT_HANDSHAKE),
+                   help="the frontend's handshake socket, tcp://HOST:PORT (its --data-parallel-address "
+                        "and --data-parallel-rpc-port) or ipc://PATH (default %(default)s)")
+    w.add_argument("--handshake-timeout", type=float, default=300.0,
+                   help="seconds to wait for the frontend's answer to HELLO (default %(default)s)")
+    w.add_argument("--engine-id", default=os.environ.get("MOCK_ENGINE_ID", "mock-engine-0"),
+                   help="instance_id reported to the frontend (rank i > 0 gets '-i' appended)")
+    w.add_argument("--vllm-version", default="0.33.0",
+                   help="vllm_version in the ready payload (informational; default %(default)s)")
+    w.add_argument("--dtype", default="bfloat16", help="dtype reported to the frontend (default %(default)s)")
+    w.add_argument("--model-name", default=os.environ.get("MODEL", ""),
+                   help="model name used in logs (the frontend serves its own --served-model-name)")
+    w.add_argument("--max-loras", type=int, default=_env_int("MOCK_MAX_LORAS", 0),
+                   help="max_loras reported to the frontend")
+    s = p.add_argument_group("scheduler (reported to the frontend too)")
+    s.add_argument("--max-model-len", type=int, default=_env_int("MOCK_MAX_MODEL_LEN", 0),
+                   help="prompt+output limit; 0 = no arrival check, advertise 1048576 (the frontend "
+                        "keeps the smaller of its own and ours)")
+    s.add_argument("--max-num-seqs", type=int, default=_env_int("MOCK_MAX_NUM_SEQS", 128))
+    s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
+    s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
+    add_engine_args(p)
+    try:  # vLLM's --kv-events-config / --enable-kv-cache-events
+        from ..kv_events import add_kv_events_args
+    except ImportError:
+        pass
+    else:
+        add_kv_events_args(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from .handshake import UNLIMITED_MODEL_LEN, ReadyInfo
+    from .server import PlayServer
+
+    if args.block_size and args.tokens_per_block and args.block_size != args.tokens_per_block:
+        print("error: --block-size and --tokens-per-block disagree", file=sys.stderr)
+        return 2
+    if args.engine_count < 1 or args.engine_count >= 1 << 16:
+        print(f"error: --engine-count must be in [1, 65535], got {args.engine_count}", file=sys.stderr)
+        return 2
+    if not args.handshake_address.startswith(("tcp://", "ipc://")):
+        print(f"error: --handshake-address must be tcp://HOST:PORT or ipc://PATH, got {args.handshake_address!r}",
+              file=sys.stderr)
+        return 2
+    advertised = args.max_model_len if args.max_model_len > 0 else UNLIMITED_MODEL_LEN
+    try:
+        eargs = engine_args_from_cli(args, advertised_max_model_len=advertised, engine_id=args.engine_id,
+                                     **({"model_name": args.model_name} if args.model_name else {}))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kv_events = None
+    if getattr(args, "kv_events_config", None) is not None or getattr(args, "enable_kv_cache_events", False):
+        from ..kv_events import kv_events_config_from_cli
+
+        try:
+            kv_events = kv_events_config_from_cli(args)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    ready = ReadyInfo(
+        max_model_len=advertised,
+        num_gpu_blocks=eargs.kv_cache_size,
+        block_size=eargs.tokens_per_block,
+        max_num_seqs=eargs.config.max_num_seqs,
+        max_num_batched_tokens=eargs.config.max_num_batched_tokens,
+        dtype=args.dtype,
+        vllm_version=args.vllm_version,
+        instance_id=args.engine_id,
+        max_loras=args.max_loras,
+    )
+    server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
+                        ready=ready, handshake_timeout=args.handshake_timeout,
+                        control_address=args.control_address, kv_events=kv_events)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    try:
+        if uvloop is not None:
+            return uvloop.run(server.run())
+        return asyncio.run(server.run())
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, ValueError) as e:  # e.g. the control address is malformed or taken
+        print(f"error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,552 @@
+"""`vllm-vcr play`: EngineCores behind vLLM's engine-core sockets, all in one event loop.
+
+One `EngineBridge` per DP rank owns that rank's sockets and its EngineCore: input frames become
+`add_request` / `abort_requests` / utility answers; the core's `output_sink` encodes each batch
+once and pushes it to `outputs[client_index]`. `PlayServer` runs the handshakes, the cores, the
+optional control API, and the shutdown: drain or abort, then ENGINE_CORE_DEAD on every output
+socket so the frontend fails fast instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from ..engine.config import EngineArgs
+from ..engine.types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    SchedulerStats,
+)
+from . import utility
+from .codec import (
+    ABORT,
+    ADD,
+    COORDINATOR_READY,
+    ENGINE_CORE_DEAD,
+    REQUEST_TYPE_NAMES,
+    START_DP_WAVE,
+    UTILITY,
+    Codec,
+    FrameError,
+    error_output,
+    utility_failure,
+    utility_success,
+)
+from .handshake import EngineSockets, ReadyInfo, handshake
+
+log = logging.getLogger("vllm_vcr.wire")
+
+
+class _RateLimitedWarning:
+    """Malformed frames are logged with their reason, but a flood must not flood the log."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 20, every: int = 1000):
+        self.logger, self.burst, self.every, self.count = logger, burst, every, 0
+
+    def __call__(self, msg: str, *args: Any) -> None:
+        self.count += 1
+        if self.count <= self.burst or self.count % self.every == 0:
+            suffix = f" [{self.count} so far]" if self.count > self.burst else ""
+            self.logger.warning(msg + suffix, *args)
+
+
+class EngineBridge:
+    """One DP rank: its sockets, its EngineCore, and the wire-side state utilities need."""
+
+    def __init__(self, rank: int, sockets: EngineSockets, codec: Codec):
+        self.rank = rank
+        self.sockets = sockets
+        self.codec = codec
+        self.core: Any = None  # set by attach_core (the core needs our sink to be built)
+        # request id -> client index, for every request the engine owes an answer
+        self.inflight: dict[str, int] = {}
+        self.paused: str | None = None  # None | "hold" (0.32 pause_scheduler) | "reject" (0.33)
+        self.held: list[EngineCoreRequest] = []
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self.sleeping = False
+        self.loras: dict[int, str] = {}
+        self.weight_version = "default"
+        self.listeners: list[Callable[[int, EngineCoreOutputs], None]] = []
+        self._last_counts: tuple[int, int] | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._bad = _RateLimitedWarning(log)
+        self._dead_sent = False
+        self.closing = False
+
+    def attach_core(self, core: Any) -> None:
+        self.core = core
+
+    # ---- outputs (called synchronously from the engine loop; must not block) ----------------
+    def sink(self, client_index: int, outs: EngineCoreOutputs) -> None:
+        outs.engine_index = self.rank
+        inflight = self.inflight
+        if inflight:
+            for o in outs.outputs:
+                if o.finish_reason is not None:
+                    inflight.pop(o.request_id, None)
+            if outs.finished_requests:
+                for rid in outs.finished_requests:
+                    inflight.pop(rid, None)
+            if not inflight:
+                self._drained.set()
+        self._send(client_index, outs)
+        if self.sockets.coordinator_out is not None and outs.scheduler_stats is not None:
+            self._publish_counts(outs.scheduler_stats)
+        for cb in self.listeners:
+            try:
+                cb(self.rank, outs)
+            except Exception:
+                log.exception("output listener failed")
+
+    def _send(self, client_index: int, outs: EngineCoreOutputs) -> None:
+        outputs = self.sockets.outputs
+        if not 0 <= client_index < len(outputs):
+            self._bad("engine %d: output for client %d, but the frontend has %d output socket(s); dropped",
+                      self.rank, client_index, len(outputs))
+            return
+        if self._dead_sent:
+            return
+        try:
+            outputs[client_index].send(self.codec.encode(outs), zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # HWM is 0, so only a closed socket gets here
+            self._bad("engine %d: could not send to client %d: %s", self.rank, client_index, e)
+
+    def _publish_counts(self, stats: SchedulerStats) -> None:
+        # The DP coordinator balances on (running, waiting); it wants a stats-only message
+        # whenever they change (vllm-protocol.md §6).
+        counts = (stats.num_running_reqs, stats.num_waiting_reqs)
+        if counts == self._last_counts:
+            return
+        self._last_counts = counts
+        msg = EngineCoreOutputs(
+            engine_index=self.rank, timestamp=time.monotonic(),
+            scheduler_stats=SchedulerStats(num_running_reqs=counts[0], num_waiting_reqs=counts[1],
+                                           kv_cache_usage=stats.kv_cache_usage,
+                                           step_counter=stats.step_counter, current_wave=stats.current_wave))
+        try:
+            self.sockets.coordinator_out.send(self.codec.encode(msg), zmq.NOBLOCK)
+        except zmq.ZMQError as e:
+            self._bad("engine %d: could not publish counts to the DP coordinator: %s", self.rank, e)
+
+    def answer_directly(self, client_index: int, outputs: list[EngineCoreOutput]) -> None:
+        """Finish requests the engine never saw (undecodable, refused while paused)."""
+        for o in outputs:
+            self.inflight.pop(o.request_id, None)
+        self._send(client_index, EngineCoreOutputs(
+            engine_index=self.rank, outputs=outputs, timestamp=time.monotonic(),
+            finished_requests=[o.request_id for o in outputs]))
+
+    def send_dead(self) -> None:
+        """Tell every frontend client this engine is gone (else it waits forever)."""
+        if self._dead_sent:
+            return
+        for s in self.sockets.outputs:
+            try:
+                s.send(ENGINE_CORE_DEAD, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self._dead_sent = True
+
+    # ---- inputs ------------------------------------------------------------------------------
+    async def serve_input(self, index: int, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as e:
+                if self.closing or sock.closed:
+                    return
+                log.error("engine %d: input socket %d failed: %s", self.rank, index, e)
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                self.on_frames(index, frames)
+            except Exception:
+                log.exception("engine %d: unexpected error handling a %d-frame message", self.rank, len(frames))
+
+    def on_frames(self, index: int, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            self._bad("engine %d: %d-frame message on input %d, expected [type, body, ...]; ignored",
+                      self.rank, len(frames), index)
+            return
+        kind = frames[0]
+        if kind == ADD:
+            self._on_add(index, frames[1:])
+        elif kind == ABORT:
+            try:
+                ids = self.codec.decode_abort(frames[1:])
+            except FrameError as e:
+                self._bad("engine %d: bad ABORT ignored: %s", self.rank, e)
+                return
+            self.abort(ids)
+        elif kind == UTILITY:
+            try:
+                client, call_id, method, args = self.codec.decode_utility(frames[1:])
+            except FrameError as e:
+                self._bad("engine %d: bad UTILITY ignored: %s", self.rank, e)
+                return
+            if not 0 <= client < len(self.sockets.outputs):
+                client = index
+            self._spawn(self._utility(client, call_id, method, args))
+        elif kind == START_DP_WAVE:
+            pass  # non-MoE data parallel has no waves
+        else:
+            name = REQUEST_TYPE_NAMES.get(bytes(kind), repr(bytes(kind[:8])))
+            self._bad("engine %d: unexpected request type %s on input %d; ignored", self.rank, name, index)
+
+    def _on_add(self, index: int, frames: list[bytes]) -> None:
+        try:
+            req = self.codec.decode_add(frames)
+        except FrameError as e:
+            self._bad("engine %d: bad ADD%s: %s", self.rank,
+                      f" {e.request_id}" if e.request_id else "", e)
+            if e.request_id:
+                client = e.client_index if e.client_index < len(self.sockets.outputs) else index
+                code = "validation_error" if "prompt" in str(e) else "internal_error"
+                self.answer_directly(client, [error_output(e.request_id, f"vllm-vcr: {e}", code=code)])
+            return
+        if not 0 <= req.client_index < len(self.sockets.outputs):
+            req.client_index = index  # inputs[i] and outputs[i] belong to the same API server
+        if req.abort_immediately:
+            return  # KV-transfer cleanup: added and aborted at once, produces nothing
+        if self.paused == "reject":
+            self.answer_directly(req.client_index, [error_output(
+                req.request_id, "Generation is paused. Please retry after it resumes.",
+                code="engine_paused", retryable=True)])
+            return
+        self.inflight[req.request_id] = req.client_index
+        self._drained.clear()
+        if self.paused == "hold":
+            self.held.append(req)
+            return
+        self.core.add_request(req)
+
+    def abort(self, ids: list[str]) -> None:
+        """Client ABORT: idempotent; unknown or finished ids are ignored."""
+        if not ids:
+            return
+        if self.held:
+            gone = set(ids)
+            self.held = [r for r in self.held if r.request_id not in gone]
+        for rid in ids:
+            self.inflight.pop(rid, None)
+        if not self.inflight:
+            self._drained.set()
+        self.core.abort_requests(ids)
+
+    async def serve_coordinator(self) -> None:
+        sock = self.sockets.coordinator_in
+        while sock is not None:
+            try:
+                frames = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError:
+                if self.closing or sock.closed:
+                    return
+                await asyncio.sleep(0.1)
+                continue
+            if frames and frames[-1] == COORDINATOR_READY:
+                continue  # repeated READY after startup
+            if frames and frames[0] == START_DP_WAVE:
+                continue  # waves are a MoE-only protocol
+            self._bad("engine %d: unexpected %d-frame message from the DP coordinator; ignored",
+                      self.rank, len(frames))
+
+    # ---- utilities ---------------------------------------------------------------------------
+    def _spawn(self, coro) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _utility(self, client: int, call_id: int, method: str, args: list) -> None:
+        ok, value = await utility.dispatch(self, method, args)
+        now = time.monotonic()
+        msg = (utility_success(self.rank, call_id, value, now) if ok
+               else utility_failure(self.rank, call_id, value, now))
+        try:
+            self._send(client, msg)
+        except Exception as e:  # noqa: BLE001 - e.g. a value msgpack cannot carry
+            self._send(client, utility_failure(self.rank, call_id, f"Call to {method} method failed: {e}", now))
+
+    async def pause(self, mode: str, *, reject_new: bool) -> None:
+        """pause_scheduler / pause_generation / sleep: mode abort | wait | keep."""
+        if mode not in ("abort", "wait", "keep"):
+            raise ValueError(f"Invalid pause mode: {mode}")
+        self.paused = "reject" if reject_new else "hold"
+        if mode == "abort":
+            self.abort_all_engine_side()
+        elif mode == "wait":
+            await self._drained.wait()
+        # "keep" would freeze running requests in place; the engine has no such state, so they
+        # simply run to completion while new ones wait (or are refused).
+
+    def resume(self) -> None:
+        self.paused = None
+        held, self.held = self.held, []
+        for req in held:
+            self.core.add_request(req)
+
+    def abort_all_engine_side(self) -> None:
+        """Abort everything this engine owes, telling the frontend (finish_reason ABORT)."""
+        if not self.inflight:
+            return
+        by_client: dict[int, list[EngineCoreOutput]] = {}
+        for rid, client in self.inflight.items():
+            by_client.setdefault(client, []).append(
+                EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ABORT))
+        ids = list(self.inflight)
+        self.held = []
+        self.core.abort_requests(ids)
+        for client, outs in by_client.items():
+            self.answer_directly(client, outs)
+        self._drained.set()
+
+    async def start(self) -> list[asyncio.Task]:
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self.serve_input(i, s), name=f"engine{self.rank}-input{i}")
+                 for i, s in enumerate(self.sockets.inputs)]
+        if self.sockets.coordinator_in is not None:
+            tasks.append(loop.create_task(self.serve_coordinator(), name=f"engine{self.rank}-coordinator"))
+        return tasks
+
+
+class PlayEngines:
+    """What the control API sees: the play process's EngineCores, AsyncEngine-shaped."""
+
+    def __init__(self, bridges: list[EngineBridge]):
+        self.bridges = bridges
+
+    @property
+    def engines(self) -> list[Any]:  # what control.server reads
+        return [b.core for b in self.bridges if b.core is not None]
+
+    cores = engines
+
+    @property
+    def engine_count(self) -> int:
+        return len(self.bridges)
+
+    async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
+        futs = [b.core.call(fn) for b in self.bridges]
+        return [await utility.await_call(f) for f in futs]
+
+    def add_output_listener(self, cb: Callable[[int, EngineCoreOutputs], None]) -> None:
+        for b in self.bridges:
+            b.listeners.append(cb)
+
+
+def _import_engine():
+    # Imported late so `vllm-vcr play --help` works while the engine package is incomplete.
+    from ..engine.clock import RealClock
+    from ..engine.core import EngineCore
+    return EngineCore, RealClock
+
+
+class PlayServer:
+    def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
+                 ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
+                 kv_events: Any = None):
+        self.args = args
+        self.address = handshake_address
+        self.engine_count = engine_count
+        self.ready = ready
+        self.handshake_timeout = handshake_timeout
+        self.control_address = control_address
+        self.kv_events = kv_events  # a kv_events.KVEventsConfig, or None
+        self.publishers: list[Any] = []
+        self.codec = Codec()
+        self.bridges: list[EngineBridge] = []
+        self.engines = PlayEngines(self.bridges)
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self._shutdown_timeout = args.shutdown_timeout
+
+    # Signals: the first one drains (or aborts, with --shutdown-timeout 0); a second aborts now.
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            log.info("%s: shutting down (%s)", name,
+                     f"draining up to {self._shutdown_timeout:g} s" if self._shutdown_timeout > 0 else "aborting all requests")
+        else:
+            log.info("%s again: aborting all requests now", name)
+            self._shutdown_timeout = 0.0
+            for b in self.bridges:
+                if b.core is not None:
+                    b.core.shutdown(timeout=0.0)
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError):  # not the main thread / platform
+                pass
+        # The control API binds before HELLO: a bad --control-address fails before the frontend
+        # has spent its one handshake on us. Until the engines exist it answers "no engine".
+        control = await self._start_control()
+        ctx = zmq.asyncio.Context()
+        try:
+            self._create_publishers()  # likewise: a busy KV-event endpoint fails before HELLO
+            return await self._run(ctx)
+        finally:
+            for b in self.bridges:
+                b.sockets.close(linger_ms=2000)
+            ctx.term()
+            for pub in self.publishers:
+                pub.close()
+            if control is not None:
+                await _stop_control(control)
+
+    def _create_publishers(self) -> None:
+        if self.kv_events is None or not getattr(self.kv_events, "active", False):
+            return
+        from ..kv_events import create_publisher
+
+        for rank in range(self.engine_count):
+            self.publishers.append(create_publisher(self.kv_events, data_parallel_rank=rank))
+
+    async def _run(self, ctx: zmq.asyncio.Context) -> int:
+        EngineCore, RealClock = _import_engine()
+
+        # ---- handshake, all ranks at once (the DP coordinator waits for every engine) ----------
+        def info_for(rank: int) -> ReadyInfo:
+            info = copy.copy(self.ready)
+            base = info.instance_id or self.args.engine_id
+            info.instance_id = base if rank == 0 else f"{base}-{rank}"
+            info.data_parallel_size = self.engine_count
+            if self.publishers:
+                cfg = self.publishers[rank].publisher_config
+                info.kv_events_config = cfg.to_dict() if cfg is not None else None
+            return info
+
+        hs = asyncio.gather(*(handshake(ctx, self.address, r, info_for(r), timeout=self.handshake_timeout)
+                              for r in range(self.engine_count)), return_exceptions=True)
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        done, _ = await asyncio.wait({hs, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if hs not in done:
+            hs.cancel()
+            results = await asyncio.gather(hs, return_exceptions=True)
+            log.info("stopped before the handshake finished")
+            return 0
+        stop_wait.cancel()
+        results = hs.result()
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in results:
+            if isinstance(r, EngineSockets):
+                b = EngineBridge(r.rank, r, self.codec)
+                self.bridges.append(b)
+        if failed:
+            for e in failed:
+                log.error("handshake failed: %s", e)
+            for b in self.bridges:
+                b.send_dead()
+            return 1
+
+        # ---- engines ----------------------------------------------------------------------------
+        try:
+            for b in self.bridges:
+                eargs = copy.deepcopy(self.args)
+                eargs.engine_id = info_for(b.rank).instance_id
+                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink))
+                if self.publishers:
+                    from ..kv_events import KVEventCollector
+
+                    b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
+        except Exception:
+            log.exception("could not build the engines")
+            for b in self.bridges:
+                b.send_dead()  # the frontend is waiting for us: tell it, do not leave it hanging
+            return 1
+        core_tasks = {loop_task(b.core.run(), f"engine{b.rank}-core"): b for b in self.bridges}
+        io_tasks: list[asyncio.Task] = []
+        for b in self.bridges:
+            io_tasks.extend(await b.start())
+        log.info("serving %d engine(s) behind %s", self.engine_count, self.address)
+
+        # ---- run until a signal or an engine dies -------------------------------------------------
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        done, _ = await asyncio.wait({stop_wait, *core_tasks}, return_when=asyncio.FIRST_COMPLETED)
+        fatal = [t for t in done if t is not stop_wait]
+        rc = 0
+        for t in fatal:
+            b = core_tasks[t]
+            err = t.exception() if not t.cancelled() else None
+            log.error("engine %d stopped unexpectedly%s", b.rank, f": {err!r}" if err else "")
+            rc = 1
+        if rc:
+            self._shutdown_timeout = 0.0
+        stop_wait.cancel()
+
+        # ---- shutdown: drain/abort, flush, ENGINE_CORE_DEAD ------------------------------------
+        for b in self.bridges:
+            b.closing = True
+            if b.paused:
+                b.resume()  # held requests go to the engine, which drains or aborts them
+            if not core_tasks_done(b, core_tasks):
+                b.core.shutdown(timeout=self._shutdown_timeout)
+        pending = [t for t in core_tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=self._shutdown_timeout + 10.0)
+            for t in still:
+                log.error("engine %d did not stop in time; cancelling it", core_tasks[t].rank)
+                t.cancel()
+        for t in io_tasks:
+            t.cancel()
+        await asyncio.gather(*io_tasks, return_exceptions=True)
+        for b in self.bridges:
+            for t in list(b._tasks):
+                t.cancel()
+            b.send_dead()
+        log.info("engines stopped; ENGINE_CORE_DEAD sent to the frontend")
+        return rc
+
+    async def _start_control(self) -> Any:
+        if not self.control_address:
+            return None
+        try:
+            from ..control.server import start_control_server
+        except ImportError as e:
+            log.warning("--control-address %s ignored: control API unavailable (%s)", self.control_address, e)
+            return None
+        handle = start_control_server(self.engines, self.control_address)
+        if asyncio.iscoroutine(handle):
+            handle = await handle
+        log.info("control API on %s", self.control_address)
+        return handle
+
+
+def loop_task(coro, name: str) -> asyncio.Task:
+    return asyncio.get_running_loop().create_task(coro, name=name)
+
+
+def core_tasks_done(b: EngineBridge, core_tasks: dict[asyncio.Task, EngineBridge]) -> bool:
+    return any(t.done() for t, bb in core_tasks.items() if bb is b)
+
+
+async def _stop_control(handle: Any) -> None:
+    for name in ("stop", "close", "shutdown"):
+        fn = getattr(handle, name, None)
+        if callable(fn):
+            try:
+                r = fn()
+                if asyncio.iscoroutine(r):
+                    await r
+            except Exception:
+                log.exception("stopping the control API failed")
+            return

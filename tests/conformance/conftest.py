@@ -1,0 +1,51 @@
+"""Conformance tests: `vllm-vcr play` behind real vLLM frontends (0.32 CPU build, 0.33).
+
+They run whenever scripts/install-peers.sh has installed the peers (cached under
+$VLLM_VCR_PEERS, default ~/.cache/vllm-vcr/peers) and are skipped with the reason otherwise.
+VLLM_VCR_CONFORMANCE=0 skips them even when installed; VLLM_VCR_CONFORMANCE_VERSIONS=0.32 (comma
+list) limits the versions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from . import peers
+
+
+def _versions() -> list[str]:
+    want = os.environ.get("VLLM_VCR_CONFORMANCE_VERSIONS")
+    if not want:
+        return list(peers.VERSIONS)
+    return [v.strip() for v in want.split(",") if v.strip()]
+
+
+def pytest_generate_tests(metafunc):
+    if "vllm_version" in metafunc.fixturenames:
+        metafunc.parametrize("vllm_version", _versions(), scope="module")
+
+
+def pytest_collection_modifyitems(config, items):
+    disabled = os.environ.get("VLLM_VCR_CONFORMANCE", "").strip() == "0"
+    for item in items:
+        if item.get_closest_marker("conformance") is None:
+            continue
+        if disabled:
+            item.add_marker(pytest.mark.skip(reason="VLLM_VCR_CONFORMANCE=0"))
+            continue
+        params = getattr(item, "callspec", None)
+        version = params.params.get("vllm_version") if params else None
+        versions = [version] if version else list(peers.VERSIONS)
+        reasons = [r for v in versions if (r := peers.missing_reason(v))]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason=reasons[0]))
+
+
+def pytest_report_header(config):
+    have = [v for v in peers.VERSIONS if peers.installed(v)]
+    if have:
+        return f"conformance peers: vLLM {', '.join(have)} in {peers.CACHE}"
+    return (f"conformance peers: none in {peers.CACHE} (conformance tests will be skipped; "
+            f"scripts/install-peers.sh installs them)")

@@ -1,0 +1,114 @@
+"""Data parallel: `vllm-vcr play --engine-count 2` behind a frontend with
+`--data-parallel-size 2 --data-parallel-size-local 0 --api-server-count 2`.
+
+That is two DP ranks (the frontend's DP coordinator balances on the counts play publishes) and two
+API-server processes (each rank answers on the output socket of the request's client_index).
+The last test stops play with --shutdown-timeout 0, so keep it last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from . import peers
+
+pytestmark = pytest.mark.conformance
+
+
+@pytest.fixture(scope="module")
+def stack(vllm_version):
+    st = peers.start_stack(vllm_version, engine_count=2, api_server_count=2,
+                           play_args=["--inter-token-latency", "20", "--shutdown-timeout", "0"])
+    yield st
+    st.stop()
+
+
+def _chat(stack, i: int, max_tokens: int = 10, headers: dict | None = None) -> openai.types.chat.ChatCompletion:
+    # a fresh connection per request, so the kernel spreads them over both API servers
+    with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        return c.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": f"req {i}"}],
+                                         max_tokens=max_tokens, extra_headers=headers)
+
+
+def test_requests_spread_over_both_engines(stack):
+    before = peers.metrics(stack.base_url)
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda i: _chat(stack, i), range(16)))
+    assert all(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 10 for r in results)
+    time.sleep(0.5)
+    after = peers.metrics(stack.base_url)
+    per_engine = {e: peers.metric_sum(after, "vllm:generation_tokens_total", engine=e)
+                  - peers.metric_sum(before, "vllm:generation_tokens_total", engine=e) for e in ("0", "1")}
+    assert sum(per_engine.values()) == 160, per_engine
+    assert per_engine["0"] > 0 and per_engine["1"] > 0, f"one engine got nothing: {per_engine}"
+    stats = httpx.get(f"{stack.control_url}/stats", timeout=10).json()
+    assert stats["running"] == 0 and stats["requests_completed"] >= 16
+
+
+def test_rank_pinning_header(stack):
+    before = peers.metrics(stack.base_url)
+    for i in range(3):
+        _chat(stack, i, max_tokens=4, headers={"X-data-parallel-rank": "1"})
+    time.sleep(0.5)
+    after = peers.metrics(stack.base_url)
+    d = {e: peers.metric_sum(after, "vllm:generation_tokens_total", engine=e)
+         - peers.metric_sum(before, "vllm:generation_tokens_total", engine=e) for e in ("0", "1")}
+    assert d == {"0": 0, "1": 12}, d
+
+
+def test_utilities_reach_every_engine(stack):
+    c = httpx.Client(base_url=stack.base_url, timeout=30)
+    assert c.post("/reset_prefix_cache").status_code == 200
+    assert c.get("/is_sleeping").json() == {"is_sleeping": False}
+
+
+def test_shutdown_aborts_and_frontend_fails_fast(stack):
+    """SIGTERM with --shutdown-timeout 0: in-flight requests end at once, then ENGINE_CORE_DEAD."""
+    result: dict = {}
+
+    def consume():
+        try:
+            with openai.OpenAI(base_url=f"{stack.base_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+                s = c.chat.completions.create(model=stack.model, messages=[{"role": "user", "content": "long"}],
+                                              max_tokens=1000, stream=True)  # 20 s if never aborted
+                for ch in s:
+                    result.setdefault("first", time.monotonic())
+                    if ch.choices and ch.choices[0].finish_reason:
+                        result["finish"] = ch.choices[0].finish_reason
+        except Exception as e:  # noqa: BLE001
+            result["error"] = e
+        result["end"] = time.monotonic()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    deadline = time.monotonic() + 20
+    while "first" not in result and "end" not in result and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "first" in result, result
+    t_sig = time.monotonic()
+    stack.play.send_signal(signal.SIGTERM)
+    t.join(30)
+    assert not t.is_alive(), "stream still open 30 s after the engine stopped\n" + stack.logs()
+    assert result["end"] - t_sig < 10, f"{result}\n{stack.logs()}"
+    # The engine aborted it (finish_reason abort) or the frontend failed it or cut the stream when
+    # its API server exited on ENGINE_CORE_DEAD; it must not have run to completion (20 s).
+    assert result.get("finish") in (None, "abort"), f"{result}\n{stack.logs()}"
+    assert stack.play.wait(20) == 0, stack.logs()
+    # Both API servers got ENGINE_CORE_DEAD: requests fail fast (5xx, or refused once they exited).
+    # (The 0.32 parent process may linger after its API servers exit: vLLM's process manager.)
+    for _ in range(3):
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(f"{stack.base_url}/v1/completions", timeout=10,
+                           json={"model": stack.model, "prompt": "x", "max_tokens": 2})
+            assert r.status_code >= 500, r.text
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() - t0 < 10
