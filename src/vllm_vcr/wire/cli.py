@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
                         ready=ready, handshake_timeout=args.handshake_timeout,
-                        control_address=args.control_address, kv_events=kv_events)
+                        control_address=args.control_address, kv_events=kv_events, pd_args=args)
     try:
         import uvloop
     except ImportError:

@@ -125,6 +125,8 @@ async def handshake(
     info: ReadyInfo,
     *,
     timeout: float = 300.0,
+    load_time: float = 0.0,
+    load_failure: str | None = None,
 ) -> EngineSockets:
     enc = msgspec.msgpack.Encoder()
     dec = msgspec.msgpack.Decoder()
@@ -155,6 +157,13 @@ async def handshake(
             log.warning("engine %d: frontend sent a parallel_config (MoE data parallel?); "
                         "vllm-vcr supports non-MoE model configs only with DP>1", rank)
 
+        # A real engine loads its model here, between the init message and its ready payload
+        # (--startup-time); a failed load never answers, and the process exits.
+        if load_time > 0:
+            log.info("engine %d: simulating model loading for %.1fs", rank, load_time)
+            await asyncio.sleep(load_time)
+        if load_failure:
+            raise HandshakeError(f"engine start-up failed: {load_failure}")
         sockets = EngineSockets(rank=rank, identity=ident, inputs=[], outputs=[], addresses=addresses)
         payload = enc.encode(ready_payload(info, rank, addresses))
         for a in inputs_addr:

@@ -359,8 +359,9 @@ def _import_engine():
 class PlayServer:
     def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
-                 kv_events: Any = None):
+                 kv_events: Any = None, pd_args: Any = None):
         self.args = args
+        self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
         self.engine_count = engine_count
         self.ready = ready
@@ -399,6 +400,14 @@ class PlayServer:
                 pass
         # The control API binds before HELLO: a bad --control-address fails before the frontend
         # has spent its one handshake on us. Until the engines exist it answers "no engine".
+        EngineCore, _ = _import_engine()
+        from ..engine.config import ConfigError
+
+        try:
+            EngineCore(self.args)  # loads and checks every input file before the frontend's one handshake
+        except ConfigError as e:
+            log.error("%s", e)
+            return 2
         control = await self._start_control()
         ctx = zmq.asyncio.Context()
         try:
@@ -435,7 +444,9 @@ class PlayServer:
                 info.kv_events_config = cfg.to_dict() if cfg is not None else None
             return info
 
-        hs = asyncio.gather(*(handshake(ctx, self.address, r, info_for(r), timeout=self.handshake_timeout)
+        load_time = self.args.startup_time / self.args.time_scale
+        hs = asyncio.gather(*(handshake(ctx, self.address, r, info_for(r), timeout=self.handshake_timeout,
+                                        load_time=load_time, load_failure=self.args.startup_failure)
                               for r in range(self.engine_count)), return_exceptions=True)
         stop_wait = asyncio.ensure_future(self._stop.wait())
         done, _ = await asyncio.wait({hs, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
@@ -472,6 +483,15 @@ class PlayServer:
             log.exception("could not build the engines")
             for b in self.bridges:
                 b.send_dead()  # the frontend is waiting for us: tell it, do not leave it hanging
+            return 1
+        from ..pd import start_pd_services
+
+        try:
+            pd = await start_pd_services([b.core for b in self.bridges], self.pd_args)
+        except OSError as e:
+            log.error("%s", e)
+            for b in self.bridges:
+                b.send_dead()
             return 1
         core_tasks = {loop_task(b.core.run(), f"engine{b.rank}-core"): b for b in self.bridges}
         io_tasks: list[asyncio.Task] = []
@@ -513,6 +533,7 @@ class PlayServer:
             for t in list(b._tasks):
                 t.cancel()
             b.send_dead()
+        await pd.stop()
         log.info("engines stopped; ENGINE_CORE_DEAD sent to the frontend")
         return rc
 
