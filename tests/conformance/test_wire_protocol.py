@@ -177,6 +177,40 @@ async def test_utility_answers(single):
     assert (await fe.recv()).utility_output.result == [None, True]
 
 
+async def test_pause_keep_freezes_requests_until_resume():
+    fe = FakeFrontend()
+    server = _server(fe, log_requests=False, inter_token_latency=5)
+    task = asyncio.create_task(server.run())
+    await fe.handshake()
+    try:
+        await fe.send(b"\x00\x00", b"\x00", enc.encode(_req("k-1", max_tokens=40)))
+        first = await fe.recv()
+        assert first.outputs and first.outputs[0].request_id == "k-1"
+        await fe.send(b"\x00\x00", b"\x03", enc.encode([0, 11, "pause_generation", ["keep", False]]))
+        got = 0
+        while True:  # tokens already on their way, then the utility reply
+            msg = await fe.recv()
+            if msg.utility_output is not None:
+                assert msg.utility_output.result == [None, None]
+                break
+            got += sum(len(o.new_token_ids) for o in msg.outputs)
+        with pytest.raises(asyncio.TimeoutError):  # frozen: nothing for a while
+            while True:
+                msg = await fe.recv(timeout=0.3)
+                assert not any(o.new_token_ids for o in msg.outputs), "tokens while paused"
+        await fe.send(b"\x00\x00", b"\x03", enc.encode([0, 12, "resume_generation", []]))
+        outs = []
+        while not any(o.finish_reason is not None for o in outs):
+            msg = await fe.recv()
+            outs.extend(o for o in msg.outputs if o.request_id == "k-1")
+        total = len(first.outputs[0].new_token_ids) + got + sum(len(o.new_token_ids) for o in outs)
+        assert total == 40 and outs[-1].finish_reason == FinishReason.LENGTH
+    finally:
+        server._on_signal(signal.SIGTERM)
+        await asyncio.wait_for(task, 10)
+        fe.close()
+
+
 async def test_malformed_frames_are_survived(single):
     fe, _srv, task, _ = single
     await fe.send(b"\x00\x00", b"\x09", b"junk")               # unknown request type

@@ -143,3 +143,21 @@ def test_raising_max_num_seqs_admits_waiting_requests_in_the_same_step(harness):
     h.core.patch_config({"max_num_seqs": 8})
     h.core.step(h.clock.now())
     assert h.stats().waiting == 0 and h.stats().running == 3
+
+
+def test_freeze_keeps_requests_in_place_and_resumes_at_their_pace(harness):
+    h = harness(time_to_first_token=10, inter_token_latency=10)
+    h.add("a", max_tokens=6)
+    h.run(until=0.025)  # two tokens out (10 ms, 20 ms)
+    h.core.set_frozen(True)
+    h.run(until=1.0)
+    assert len(h.tokens("a")) == 2 and h.stats().running == 1
+    h.add("b", max_tokens=2)  # arrives while paused: queued, not scheduled
+    h.run(until=1.5)
+    assert h.tokens("b") == []
+    h.core.set_frozen(False)
+    h.run()
+    t = h.emission_times("a")
+    assert len(t) == 6 and t[2] - t[1] == pytest.approx(0.010 + 1.5 - 0.025, abs=1e-6)
+    assert t[3] - t[2] == pytest.approx(0.010)
+    assert h.finish("b") is FinishReason.LENGTH

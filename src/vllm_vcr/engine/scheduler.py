@@ -55,6 +55,16 @@ class Scheduler:
         req.heap_gen += 1
         heapq.heappush(self.decode_heap, (due, req.seq, req.heap_gen, req))
 
+    def shift_deadlines(self, delta: float) -> None:
+        """Move every pending decode deadline later by `delta` (after a pause)."""
+        shifted = []
+        for due, seq, gen, req in self.decode_heap:
+            if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
+                req.next_due = due + delta
+                shifted.append((due + delta, seq, gen, req))
+        heapq.heapify(shifted)
+        self.decode_heap = shifted
+
     def next_deadline(self) -> float | None:
         heap = self.decode_heap
         while heap:

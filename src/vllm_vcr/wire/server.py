@@ -291,11 +291,12 @@ class EngineBridge:
             self.abort_all_engine_side()
         elif mode == "wait":
             await self._drained.wait()
-        # "keep" would freeze running requests in place; the engine has no such state, so they
-        # simply run to completion while new ones wait (or are refused).
+        else:  # keep: running and waiting requests stay in place, producing nothing until resume
+            self.core.set_frozen(True)
 
     def resume(self) -> None:
         self.paused = None
+        self.core.set_frozen(False)
         held, self.held = self.held, []
         for req in held:
             self.core.add_request(req)
