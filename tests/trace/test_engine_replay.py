@@ -39,7 +39,7 @@ def req(rid: str, prompt: list[int], max_tokens: int | None = 1000, **sp) -> Eng
                              sampling_params=SamplingParams(max_tokens=max_tokens, **sp))
 
 
-@pytest.mark.parametrize("rid,index", [("replay-7", 7), ("cmpl-replay-7-0-1a2b3c4d", 0), ("replay-3-deadbeef", 3),
+@pytest.mark.parametrize("rid,index", [("replay-7", 7), ("cmpl-replay-7-0-1a2b3c4d", 7), ("cmpl-replay-7-0", 7), ("req-5", 5), ("replay-3-deadbeef", 3),
                                        ("chatcmpl-abc", None)])
 def test_request_index(rid, index):
     assert request_index(EngineCoreRequest(request_id=rid, prompt_token_ids=[1])) == index

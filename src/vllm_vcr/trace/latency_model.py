@@ -3,10 +3,13 @@
 The recording is cut into cells by prompt size and by how many requests were in flight, and the
 engine draws from the cell that matches each request:
 
-- first-token delay: the recorded TTFTs of requests with a similar *uncached* prompt at a
-  similar concurrency (a cell borrowed from another prompt size is scaled by the size ratio);
+- first-token delay: the median recorded TTFT of the requests nearest in *uncached* prompt size
+  at a similar concurrency (a cell borrowed from another prompt size is scaled by the size ratio),
+  plus a residual drawn from the whole cell's spread around those local medians, so the rare
+  stalls of a cell reach every prompt size (the nearest sizes alone are too few to hold p99);
 - decode: recorded (gap, tokens-in-chunk) pairs of requests with a similar *full* context at a
-  similar concurrency, drawn per step, so spec-decode bursts and stalls replay with their shape;
+  similar concurrency, replayed as runs of consecutive recorded gaps from a random starting point,
+  so spec-decode bursts, stalls and the catch-up bursts after them replay with their shape;
 - output length: for requests that may stop on EOS (or that set no max_tokens), a length drawn
   from the recorded output lengths.
 
@@ -17,9 +20,8 @@ reproduces the recorded quantiles rather than just means. Delays are divided by 
 from __future__ import annotations
 
 import bisect
-import math
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from .io import read_trace
 from .schema import TraceRecord
@@ -75,19 +77,69 @@ class _Cells:
         return best
 
 
-class TracePacing:
-    __slots__ = ("ttft", "itl_mean", "itl_std", "first_chunk", "_gaps", "_rng", "_scale")
+class _Runs:
+    """A cell's decode gaps in recorded order, one record after another, to replay *runs* of
+    consecutive gaps: a stall and the burst of tokens that follows it stay together (drawn
+    independently they turn into isolated long gaps, which a client sees as long per-token ITLs)."""
 
-    def __init__(self, ttft: float, gaps: list[tuple[float, int]], rng: random.Random, scale: float) -> None:
+    __slots__ = ("ends", "flat")
+
+    def __init__(self) -> None:
+        self.flat: list[tuple[float, int]] = []
+        self.ends: list[int] = []  # exclusive end index of each record's run in flat
+
+    def add(self, seq: list[tuple[float, int]]) -> None:
+        if seq:
+            self.flat.extend(seq)
+            self.ends.append(len(self.flat))
+
+
+class TracePacing:
+    __slots__ = (
+        "_end",
+        "_gaps",
+        "_left",
+        "_pos",
+        "_rng",
+        "_runs",
+        "_scale",
+        "_start",
+        "first_chunk",
+        "itl_mean",
+        "itl_std",
+        "ttft",
+    )
+
+    def __init__(self, ttft: float, gaps: list[tuple[float, int]], rng: random.Random, scale: float,
+                 runs: _Runs | None = None) -> None:
         self.ttft = ttft
         self._gaps = gaps
         self._rng = rng
         self._scale = scale
+        self._runs = runs if runs is not None and runs.flat else None
+        self._pos = self._start = self._end = self._left = 0
         self.itl_std = -1.0  # the engine must call next_step()
         self.itl_mean = gaps[len(gaps) // 2][0] * scale if gaps else 0.0
         self.first_chunk = 1
 
     def next_step(self) -> tuple[float, int]:
+        runs = self._runs
+        if runs is not None:
+            if self._left <= 0:
+                # a uniform position over all the cell's gaps, then once around that record's run
+                # (wrapping to its start): every position is equally likely, so the marginal stays
+                # the pooled one (walking only to the end would favour late gaps)
+                self._pos = int(self._rng.random() * len(runs.flat))
+                i = bisect.bisect_right(runs.ends, self._pos)
+                self._start = runs.ends[i - 1] if i else 0
+                self._end = runs.ends[i]
+                self._left = self._end - self._start
+            if self._pos >= self._end:
+                self._pos = self._start
+            gap, tokens = runs.flat[self._pos]
+            self._pos += 1
+            self._left -= 1
+            return gap * self._scale, tokens
         gaps = self._gaps
         if not gaps:
             return 0.0, 1
@@ -105,11 +157,17 @@ class TracePacing:
 class TraceLatency:
     is_knob = False
 
-    def __init__(self, records: list[TraceRecord], time_scale: float = 1.0) -> None:
+    def __init__(self, records: list[TraceRecord], time_scale: float = 1.0, *, ttft_tail: str = "cell",
+                 decode_runs: bool = True) -> None:
+        """`ttft_tail="local"` and `decode_runs=False` select the earlier draws (TTFT from the
+        nearest sizes only, i.i.d. decode gaps), kept for comparison in bench/fidelity."""
         self.config = None  # set by the engine; the knobs do not apply
+        self.ttft_tail = ttft_tail
+        self.decode_runs = decode_runs
         self._scale = 1e-3 / time_scale
         self.ttft = _Cells()
         self.decode = _Cells()
+        self.runs: dict[tuple[int, int], _Runs] = {}
         lengths: list[int] = []
         for r in records:
             conc = _bucket(CONC_EDGES, max(r.concurrency, 1))
@@ -117,10 +175,15 @@ class TraceLatency:
             self.ttft.add((_bucket(PROMPT_EDGES, u), conc), (r.ttft_ms, max(u, 1)))
             ctx = (_bucket(PROMPT_EDGES, r.prompt_tokens), conc)
             if r.itl_ms:
-                for gap, k in zip(r.itl_ms, r.gap_tokens()):
-                    self.decode.add(ctx, (gap, k))
+                seq = list(zip(r.itl_ms, r.gap_tokens()))
             elif r.itl_summary is not None:
-                self.decode.add(ctx, (r.itl_summary.mean_ms, 1))
+                seq = [(r.itl_summary.mean_ms, 1)]
+            else:
+                seq = []
+            for sample in seq:
+                self.decode.add(ctx, sample)
+            if seq:
+                self.runs.setdefault(ctx, _Runs()).add(seq)
             if r.output_tokens > 0:
                 lengths.append(r.output_tokens)
         if not self.ttft.cells:
@@ -134,10 +197,17 @@ class TraceLatency:
         self._ttft_by_u = {k: sorted(((u, t) for t, u in v)) for k, v in self.ttft.cells.items()}
         self._ttft_median_u = {k: v[len(v) // 2][0] for k, v in self._ttft_by_u.items()}
         self._near_cache: dict[tuple[tuple[int, int], int], list[float]] = {}
+        self._ttft_resid = {}
+        for k, cell in self._ttft_by_u.items():
+            res = []
+            for cu, t in cell:
+                near = self._nearest_sizes(k, cu)
+                res.append(t - near[len(near) // 2])
+            self._ttft_resid[k] = sorted(res)
 
     @classmethod
-    def from_path(cls, path: str, time_scale: float = 1.0) -> "TraceLatency":
-        return cls(read_trace(path).records, time_scale)
+    def from_path(cls, path: str, time_scale: float = 1.0, **kw) -> TraceLatency:
+        return cls(read_trace(path).records, time_scale, **kw)
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
                rng: random.Random) -> TracePacing:
@@ -145,13 +215,22 @@ class TraceLatency:
         conc = _bucket(CONC_EDGES, max(num_running, 1))
         want = (_bucket(PROMPT_EDGES, u), conc)
         key = self.ttft.nearest(want)
-        if key[0] == want[0]:
-            ttft_ms = _draw(self._nearest_sizes(key, u), rng.random())
-        else:  # borrowed from another prompt size: scale by the size ratio
-            ttft_ms = _draw(self._nearest_sizes(key, u), rng.random())
-            ttft_ms *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
+        near = self._nearest_sizes(key, u)
+        base = near[len(near) // 2]
+        if key[0] != want[0]:  # borrowed from another prompt size: scale by the size ratio
+            base *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
+        # size-dependent median + the whole cell's spread around its own local medians: the
+        # nearest sizes alone are too few to carry the rare long stalls that make p99
+        if self.ttft_tail == "local":  # the nearest sizes' own spread (before bench/fidelity)
+            ttft_ms = _draw(near, rng.random())
+            if key[0] != want[0]:
+                ttft_ms *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
+        else:
+            resid = self._ttft_resid[key]
+            ttft_ms = max(base + _draw(resid, rng.random()), base * 0.25)
         dkey = self.decode.nearest((_bucket(PROMPT_EDGES, num_prompt_tokens), conc))
-        return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale)
+        runs = self.runs.get(dkey) if self.decode_runs else None
+        return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale, runs)
 
     def _nearest_sizes(self, key: tuple[int, int], u: int) -> list[float]:
         """Sorted TTFTs of the cell's requests closest in uncached size: the nearest eighth of the

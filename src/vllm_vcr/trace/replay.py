@@ -5,7 +5,8 @@ request, whose output token ids and finish reason (`--replay-tokens`) and/or fir
 and per-chunk gaps (`--replay-steps`) the engine then replays verbatim.
 
 Matching (`--replay-match`):
-- `index`: the integer after the last `-` of the request id (the load generator's `replay-<i>`),
+- `index`: the load generator's `replay-<i>` wherever it sits in the request id (vLLM's
+  completions API makes it `cmpl-replay-7-0-1a2b3c4d`), else the integer after the last `-`,
   looked up among the trace's timed records in arrival order; the frontend's own suffix
   (`replay-7-1a2b3c4d`) is skipped.
 - `prefix`: the unused record whose prompt block hashes share the longest prefix with the
@@ -15,6 +16,7 @@ Matching (`--replay-match`):
 from __future__ import annotations
 
 import logging
+import re
 from typing import Iterable
 
 from ..engine.plan import RequestPlan
@@ -24,6 +26,7 @@ from .io import read_trace
 from .schema import TraceRecord, replay_subset
 
 logger = logging.getLogger("vllm_vcr.trace")
+_REPLAY_ID = re.compile(r"(?:^|-)replay-(\d+)(?:-|$)")
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT,
            "error": FinishReason.ERROR, "repetition": FinishReason.REPETITION}
@@ -34,6 +37,9 @@ def request_index(request: EngineCoreRequest) -> int | None:
     for rid in (request.external_req_id, request.request_id):
         if not rid:
             continue
+        m = _REPLAY_ID.search(rid)
+        if m:  # replay-arrivals' id; vLLM wraps it (`cmpl-replay-7-0-<suffix>`: -0 is the prompt index)
+            return int(m.group(1))
         parts = rid.split("-")
         for part in reversed(parts[-2:]):  # `replay-7` or `replay-7-<frontend suffix>`
             if part.isdigit():
