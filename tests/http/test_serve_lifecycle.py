@@ -248,3 +248,14 @@ def test_reasoning_parser_splits_thinking(serve_process):
     first_content = next(k for k, d in enumerate(deltas) if d.get("content"))
     assert all("content" not in d or d["content"] == "" for d in deltas[1:first_content])  # thinking first
     assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+
+
+def test_a_request_that_can_never_fit_is_a_clear_400(serve_process):
+    # 4 blocks of 16 tokens: a ~200-token prompt can never be admitted
+    sp = serve_process("--kv-cache-size", "4", "--block-size", "16")
+    r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "word " * 200, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and "KV blocks" in err["message"]
+    ok = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200  # the server goes on

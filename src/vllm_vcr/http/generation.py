@@ -151,12 +151,13 @@ class SequenceState:
                  "keep_text", "text", "sent", "parts", "num_tokens", "finish_reason", "stop_reason",
                  "cached_tokens", "token_ids", "want_logprobs", "keep_ids", "finished",
                  "by_frontend", "kv_transfer_params", "cache_created", "think", "phase", "reasoning",
-                 "reasoning_delta", "reasoning_tokens", "rdetok")
+                 "reasoning_delta", "reasoning_tokens", "rdetok", "error")
 
     def __init__(self, tokenizer: Tokenizer, *, stop: list[str], include_stop: bool, min_tokens: int,
                  streaming: bool, want_logprobs: int | None, keep_ids: bool = False,
                  think: tuple[int, int] | None = None):
         self.tokenizer = tokenizer
+        self.error = None
         self.detok: IncrementalDetokenizer = tokenizer.detokenizer()
         self.stops = stop
         self.max_stop = max((len(s) for s in stop), default=0)
@@ -193,6 +194,8 @@ class SequenceState:
         reading (closing the engine iterator aborts the request in the engine).
         """
         ids = out.new_token_ids
+        if out.error is not None:
+            self.error = out.error  # the engine says why it refused the request (vLLM 0.33's RequestError)
         ps = out.prefill_stats
         if ps is not None and self.cached_tokens is None:
             self.cached_tokens = ps.num_cached_tokens

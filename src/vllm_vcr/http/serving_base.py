@@ -142,3 +142,15 @@ def engine_failure(e: BaseException) -> HTTPError:
     if type(e).__name__ == "EngineStartupError":
         return HTTPError(500, f"Engine start-up failed: {e}", "InternalServerError")
     return HTTPError(500, "Internal server error", "InternalServerError")
+
+
+def request_error_response(error) -> HTTPError | None:
+    """vLLM 0.33's mapping of an engine RequestError: validation → 400, retryable → 503, else 500
+    with its message; None (no error detail) keeps vLLM's generic 500."""
+    if error is None:
+        return None
+    if error.code == "validation_error":
+        return HTTPError(400, error.message, "BadRequestError")
+    if error.retryable:
+        return HTTPError(503, error.message, "ServiceUnavailableError")
+    return HTTPError(500, error.message, "InternalServerError")

@@ -31,7 +31,7 @@ from .protocol import (
     stop_list,
 )
 from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
-                           metrics_end, parse_request)
+                           metrics_end, parse_request, request_error_response)
 from .serving_completion import EngineFailed, final_usage_chunk, include_usage_flags, usage_dict
 from .sse import DONE, SSEWriter, send_bytes
 
@@ -198,13 +198,16 @@ class ChatServing(ServingBase):
                     st.process(out)
                     if st.finished:
                         if st.finish_reason == "error":
-                            raise EngineFailed()
+                            raise EngineFailed(st.error)
                         if out.finish_reason is None:
                             stream.cancel(i)
                         done += 1
                         if done == total:
                             break
-        except EngineFailed:
+        except EngineFailed as e:
+            mapped = request_error_response(e.args[0] if e.args else None)
+            if mapped is not None:
+                raise mapped from None
             await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
             return
         except HTTPError:

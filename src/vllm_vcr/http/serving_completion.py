@@ -31,7 +31,7 @@ from .protocol import (
     stop_list,
 )
 from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
-                           metrics_end, parse_request)
+                           metrics_end, parse_request, request_error_response)
 from .sse import DONE, SSEWriter, send_bytes
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
@@ -198,13 +198,16 @@ class CompletionServing(ServingBase):
                     st.process(out)
                     if st.finished:
                         if st.finish_reason == "error":
-                            raise EngineFailed()
+                            raise EngineFailed(st.error)
                         if out.finish_reason is None:
                             stream.cancel(i)  # a stop string ended it: abort in the engine
                         done += 1
                         if done == total:
                             break
-        except EngineFailed:
+        except EngineFailed as e:
+            mapped = request_error_response(e.args[0] if e.args else None)
+            if mapped is not None:
+                raise mapped from None
             await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
             return
         except HTTPError:
