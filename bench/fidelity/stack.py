@@ -134,7 +134,7 @@ class Stack:
 
 def start(workdir: Path, *, engine: str = "real", trace_out: Path | None = None, record_tokens: bool = True,
           play_args: list[str] = (), play_env: dict[str, str] | None = None, version: str = "0.32",
-          timeout: float = 300.0) -> Stack:
+          timeout: float = 300.0, engine_args: list[str] = ()) -> Stack:
     """frontend [+ tap writing trace_out] + engine ("real" or "play"); returns once /health is 200."""
     workdir.mkdir(parents=True, exist_ok=True)
     st = Stack(workdir)
@@ -164,7 +164,7 @@ def start(workdir: Path, *, engine: str = "real", trace_out: Path | None = None,
                 "--data-parallel-size", "1", "--data-parallel-size-local", "1",
                 "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(engine_port),
                 "--load-format", "dummy", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
-                "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_BYTES)],
+                "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_BYTES), *engine_args],
                 workdir / "engine.log", _vllm_env(workdir)))
         else:
             st.procs.append(spawn("play", [
