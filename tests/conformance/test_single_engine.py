@@ -25,13 +25,20 @@ ITL_MS = 10
 KV_BLOCKS = 512
 
 
+REPLAY_IDS = [40, 41, 42, 43, 44]
+
+
 @pytest.fixture(scope="module")
-def stack(vllm_version):
+def stack(vllm_version, tmp_path_factory):
     kv_port = peers.free_port()
     kv_config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv_port}", "topic": "kv"})
+    table = tmp_path_factory.mktemp("replay") / "replay.jsonl"
+    table.write_text(json.dumps({"request_id": "greeting", "output_length": len(REPLAY_IDS),
+                                 "output_token_ids": REPLAY_IDS}) + "\n")
     st = peers.start_stack(vllm_version, play_args=[
         "--inter-token-latency", str(ITL_MS), "--kv-cache-size", str(KV_BLOCKS),
-        "--shutdown-timeout", "10", "--seed", "7", "--kv-events-config", kv_config])
+        "--shutdown-timeout", "10", "--seed", "7", "--kv-events-config", kv_config,
+        "--response-replay-trace", str(table)])
     st.extra["kv_port"] = kv_port
     yield st
     st.stop()
@@ -66,6 +73,16 @@ def test_models_and_ready_payload(stack, client):
     labels = dict(info[0])
     assert labels["num_gpu_blocks"] == str(KV_BLOCKS)
     assert labels["block_size"] == "16"
+
+
+def test_response_replay_row_through_vllm_xargs(stack, client):
+    # the real frontend passes vllm_xargs to the engine as sampling extra_args
+    r = client.completions.create(model=stack.model, prompt="hello", max_tokens=50,
+                                  extra_body={"vllm_xargs": {"output_replay_id": "greeting"},
+                                              "return_token_ids": True})
+    choice = r.choices[0]
+    assert choice.token_ids == REPLAY_IDS and choice.finish_reason == "length"
+    assert r.usage.completion_tokens == len(REPLAY_IDS)
 
 
 def test_completion(stack, client):

@@ -177,6 +177,25 @@ async def test_utility_answers(single):
     assert (await fe.recv()).utility_output.result == [None, True]
 
 
+async def test_startup_time_delays_the_ready_payload():
+    import time
+
+    fe = FakeFrontend()
+    args = EngineArgs(config=EngineConfig(log_requests=False), vocab_size=100, kv_cache_size=64, startup_time=0.6)
+    ready = ReadyInfo(max_model_len=2048, num_gpu_blocks=64, block_size=16, max_num_seqs=8,
+                      max_num_batched_tokens=512, instance_id="test-engine")
+    server = PlayServer(args, handshake_address=fe.addr(fe.hs), ready=ready, handshake_timeout=10)
+    task = asyncio.create_task(server.run())
+    t0 = time.monotonic()
+    try:
+        await fe.handshake()  # HELLO, init, then the ready payload only after the simulated load
+        assert time.monotonic() - t0 >= 0.6
+    finally:
+        server._on_signal(signal.SIGTERM)
+        await asyncio.wait_for(task, 10)
+        fe.close()
+
+
 async def test_pause_keep_freezes_requests_until_resume():
     fe = FakeFrontend()
     server = _server(fe, log_requests=False, inter_token_latency=5)

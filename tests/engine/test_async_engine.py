@@ -100,3 +100,13 @@ async def test_a_startup_failure_wakes_every_waiting_request():
     assert all(isinstance(r, EngineStartupError) and "weights are corrupt" in str(r) for r in results)
     assert not e.is_ready
     await e.stop(0)
+
+
+async def test_a_dropped_stream_frees_its_id_for_immediate_reuse(engine):
+    agen = engine.generate(req("same-id", 10_000, rank=0))
+    await agen.__anext__()
+    await agen.aclose()  # cancels in the engine at once
+    outs = await collect(engine, req("same-id", 5, rank=0))  # same id, right away
+    assert sum(len(o.new_token_ids) for o in outs) == 5 and outs[-1].finish_reason is FinishReason.LENGTH
+    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    assert (stats.requests_aborted, stats.requests_completed, stats.requests_failed) == (1, 1, 0)
