@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from vllm_vcr.http.tokenizer import _bytes_to_unicode
+
 SPECIAL_TOKENS = [
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -158,15 +160,8 @@ CHAT_TEMPLATE = (
 
 
 def _byte_decoder() -> dict[str, int]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    """Printable character -> byte, the inverse of the map the tokenizer module detokenizes with."""
+    return {c: b for b, c in _bytes_to_unicode().items()}
 
 
 def _is_clean(piece: str, dec: dict[str, int]) -> bool:

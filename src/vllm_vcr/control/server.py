@@ -146,11 +146,6 @@ def _read_stats(core: Any) -> dict[str, int]:
 
 def _reset_stats(core: Any) -> dict[str, int]:
     core.reset_stats()
-    # Requests still in flight will finish after the reset; counting them as received in the new
-    # window keeps received == completed + failed + aborted true whenever the engine is idle.
-    in_flight = getattr(core, "num_unfinished", None)
-    if isinstance(in_flight, int) and in_flight > core.stats.requests_received:
-        core.stats.requests_received = in_flight
     return _read_stats(core)
 
 

@@ -206,15 +206,6 @@ class AsyncEngine:
             if not finished and core.dead is None:
                 core.abort_requests([rid])
 
-    def abort(self, request_ids: list[str]) -> None:
-        by_engine: dict[int, list[str]] = {}
-        for rid in request_ids:
-            entry = self._collectors.get(rid)
-            if entry is not None:
-                by_engine.setdefault(entry[0], []).append(rid)
-        for idx, ids in by_engine.items():
-            self.engines[idx].abort_requests(ids)
-
     async def call_all(self, fn: Callable[[EngineCore], Any]) -> list[Any]:
         """Run fn on every engine between two of its steps, in engine order."""
         return [await core.call(fn) for core in self.engines]

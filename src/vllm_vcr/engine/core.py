@@ -196,7 +196,9 @@ class EngineCore:
         return EngineStats(**{f: getattr(s, f) for f in s.__struct_fields__})
 
     def reset_stats(self) -> None:
-        self.stats = EngineStats()
+        # requests still in flight finish inside the new window: counting them as received there
+        # keeps received == completed + failed + aborted once idle
+        self.stats = EngineStats(requests_received=len(self.requests))
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
@@ -338,8 +340,8 @@ class EngineCore:
             # a duplicate must not disturb the live request with the same id
             logger.warning("request %s: duplicate request id, rejected", rid)
             stats.requests_failed += 1
-            self._emit_now(EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ERROR,
-                                            events=None), ecr.client_index)
+            outputs.append((ecr.client_index, self._finish_output(rid, FinishReason.ERROR, now)))
+            finished.append((ecr.client_index, rid))
             return
         sp = ecr.sampling_params
         err = None
@@ -765,16 +767,9 @@ class EngineCore:
     # --- outputs -----------------------------------------------------------------------------------
     def _finish_output(self, rid: str, reason: FinishReason, now: float, *, events=None, stop_reason=None,
                        error_message: str | None = None) -> EngineCoreOutput:
-        from .types import RequestError
-
         err = RequestError("validation_error", error_message) if error_message else None
         return EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=reason, stop_reason=stop_reason,
                                 events=events or None, error=err)
-
-    def _emit_now(self, out: EngineCoreOutput, client_index: int) -> None:
-        self.output_sink(client_index, EngineCoreOutputs(
-            engine_index=self.engine_index, outputs=[out], timestamp=self.clock.now(),
-            finished_requests=[out.request_id]))
 
     def scheduler_stats(self) -> SchedulerStats:
         sched = self.scheduler

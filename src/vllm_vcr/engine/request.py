@@ -24,8 +24,8 @@ class Request:
         "sampling_params", "max_tokens", "min_tokens", "stop_ids", "eos_token_id", "priority", "arrival_time",
         "lora_name", "cache_salt", "client_index", "trace_headers", "kv_transfer_params", "status",
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
-        "token_source", "pending_events", "prefill_stats_sent", "num_preemptions", "queued_ts",
-        "first_token_emitted", "seq", "finish_reason", "stop_reason", "extra", "num_hashed_blocks", "heap_gen",
+        "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
+        "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
     )
 
@@ -60,12 +60,9 @@ class Request:
         self.pending_events: list[EngineCoreEvent] = [EngineCoreEvent(1, queued_ts)]
         self.prefill_stats_sent = False
         self.num_preemptions = 0
-        self.queued_ts = queued_ts
-        self.first_token_emitted = False
         self.seq = seq  # arrival order, the FCFS tie-breaker
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None
-        self.extra: dict[str, Any] | None = None
         self.num_hashed_blocks = 0  # leading blocks registered in the prefix cache
         self.heap_gen = 0  # invalidates stale entries in the decode heap
         self.first_due = 0.0

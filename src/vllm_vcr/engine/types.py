@@ -167,10 +167,6 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, kw_only=True):
     prompt_token_id_logprobs: Any = None
     error: RequestError | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 class PrefixCacheStats(msgspec.Struct, kw_only=True):
     """Per-report deltas, in tokens as vLLM counts them."""

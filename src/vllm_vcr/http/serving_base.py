@@ -10,7 +10,9 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from .errors import HTTPError, json_decode_error, model_not_found, validation_error
+from .errors import INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, validation_error
+from .generation import OutputStream
+from .sse import send_bytes
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("vllm_vcr.http")
@@ -87,6 +89,42 @@ class ServingBase:
         self._names = frozenset(settings.served_model_names)
         self.vocab_limit = settings.vocab_limit or tokenizer.vocab_size
 
+    async def run_to_end(self, ctx: "RequestContext", states: list, engine_reqs: list) -> bool:
+        """Drive every sequence of a non-streaming request to its end (stop strings abort theirs in
+        the engine). False when an error response has already been sent."""
+        total = len(states)
+        done = 0
+        try:
+            async with OutputStream(self.engine, engine_reqs) as stream:
+                index, single = stream.index, stream.single
+                async for out in stream:
+                    i = 0 if single else index(out)
+                    st = states[i]
+                    if st.finished:
+                        continue
+                    st.process(out)
+                    if st.finished:
+                        if st.finish_reason == "error":
+                            raise EngineFailed(st.error)
+                        if out.finish_reason is None:
+                            stream.cancel(i)  # a stop string ended it: abort in the engine
+                        done += 1
+                        if done == total:
+                            break
+        except EngineFailed as e:
+            mapped = request_error_response(e.args[0] if e.args else None)
+            if mapped is not None:
+                raise mapped from None
+            await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
+            return False
+        except HTTPError:
+            raise
+        except Exception as e:  # the engine is gone (shutdown) or misbehaved
+            if type(e).__name__ in ENGINE_GONE:
+                raise engine_failure(e) from None
+            raise
+        return True
+
     def check_model(self, model: str | None) -> str:
         """The model name to report; unknown names are vLLM's 404."""
         if not model:
@@ -131,6 +169,10 @@ def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None
             metrics.on_request_aborted(r.request_id)
         elif st.by_frontend:
             metrics.on_request_finished(r.request_id, "stop", num_generation_tokens=st.num_tokens)
+
+
+class EngineFailed(Exception):
+    """A sequence finished with ERROR: vLLM's 500 (or the engine's RequestError mapping)."""
 
 
 # engine exceptions that end a request with a 500 rather than crash the handler

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine.types import EngineCoreRequest
 from .chat_template import ChatTemplateError
-from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR, HTTPError, bad_request
+from .errors import STREAM_INTERNAL_ERROR, bad_request
 from .generation import (
     OutputStream,
     SequenceState,
@@ -30,9 +30,10 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
-                           metrics_end, parse_request, request_error_response)
-from .serving_completion import EngineFailed, final_usage_chunk, include_usage_flags, usage_dict
+from .serving_base import (
+    ENGINE_GONE, RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request,
+)
+from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
 from .sse import DONE, SSEWriter, send_bytes
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
@@ -185,37 +186,8 @@ class ChatServing(ServingBase):
                     engine_reqs: list[EngineCoreRequest]) -> None:
         prompt_len = len(prompt_ids)
         rti = bool(req.return_token_ids)
-        total = len(states)
-        done = 0
-        try:
-            async with OutputStream(self.engine, engine_reqs) as stream:
-                index, single = stream.index, stream.single
-                async for out in stream:
-                    i = 0 if single else index(out)
-                    st = states[i]
-                    if st.finished:
-                        continue
-                    st.process(out)
-                    if st.finished:
-                        if st.finish_reason == "error":
-                            raise EngineFailed(st.error)
-                        if out.finish_reason is None:
-                            stream.cancel(i)
-                        done += 1
-                        if done == total:
-                            break
-        except EngineFailed as e:
-            mapped = request_error_response(e.args[0] if e.args else None)
-            if mapped is not None:
-                raise mapped from None
-            await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
+        if not await self.run_to_end(ctx, states, engine_reqs):
             return
-        except HTTPError:
-            raise
-        except Exception as e:
-            if type(e).__name__ in ENGINE_GONE:
-                raise engine_failure(e) from None
-            raise
         choices = []
         for i, st in enumerate(states):
             lp = None

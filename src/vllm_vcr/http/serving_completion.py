@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreRequest
-from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR, HTTPError
+from .errors import STREAM_INTERNAL_ERROR
 from .generation import (
     OutputStream,
     SequenceState,
@@ -30,17 +30,14 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import (ENGINE_GONE, RequestContext, ServingBase, encode, engine_failure, metrics_arrival,
-                           metrics_end, parse_request, request_error_response)
+from .serving_base import (
+    ENGINE_GONE, RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request,
+)
 from .sse import DONE, SSEWriter, send_bytes
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
 _USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
-
-
-class EngineFailed(Exception):
-    """A sequence finished with ERROR (or the engine went away): 500 / stream error event."""
 
 
 class Prompt:
@@ -185,37 +182,8 @@ class CompletionServing(ServingBase):
 
     async def _full(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                     prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
-        total = len(states)
-        done = 0
-        try:
-            async with OutputStream(self.engine, engine_reqs) as stream:
-                index, single = stream.index, stream.single
-                async for out in stream:
-                    i = 0 if single else index(out)
-                    st = states[i]
-                    if st.finished:
-                        continue
-                    st.process(out)
-                    if st.finished:
-                        if st.finish_reason == "error":
-                            raise EngineFailed(st.error)
-                        if out.finish_reason is None:
-                            stream.cancel(i)  # a stop string ended it: abort in the engine
-                        done += 1
-                        if done == total:
-                            break
-        except EngineFailed as e:
-            mapped = request_error_response(e.args[0] if e.args else None)
-            if mapped is not None:
-                raise mapped from None
-            await send_bytes(ctx.send, 500, INTERNAL_ERROR_BODY)
+        if not await self.run_to_end(ctx, states, engine_reqs):
             return
-        except HTTPError:
-            raise
-        except Exception as e:  # the engine is gone (shutdown) or misbehaved
-            if type(e).__name__ in ENGINE_GONE:
-                raise engine_failure(e) from None
-            raise
         n = req.n
         choices = []
         prompt_tokens = 0

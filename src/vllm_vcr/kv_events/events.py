@@ -100,9 +100,6 @@ class KVEventCollector:
         self.medium = medium
         self.group_idx = group_idx
 
-    def __len__(self) -> int:
-        return len(self._events)
-
     def stored(self, block_hashes: Sequence[bytes], parent: bytes | None, token_ids: Sequence[int],
                block_size: int, lora_name: str | None = None, *, lora_id: int | None = None,
                extra_keys: Sequence[tuple | None] | None = None,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
-
 from ..engine.plan import RequestPlan
 from ..engine.types import EngineCoreRequest, FinishReason
 from .block_hash import prompt_block_hashes
