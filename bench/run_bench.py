@@ -11,6 +11,8 @@ Servers (all on 127.0.0.1, each started in its own process group and killed with
   vllm-vcr          `python -m vllm_vcr serve ...` from this checkout
   dynamo            ai-dynamo frontend + mocker (file discovery, tcp request plane, no etcd/NATS)
   guidellm          `guidellm mock-server`
+  null              bench/null_sse_server.py: pre-built chunks on deadlines, nothing else (W2 only):
+                    the floor this machine and client put under any server's timing
 Peers come from bench/install-peers-bench.sh (venvs under $VLLM_VCR_PEERS).
 
 usage:
@@ -160,6 +162,13 @@ def start_guidellm(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float, m
     s.spawn("mock", [str(PEERS / "guidellm/bin/guidellm"), "mock-server", "--host", "127.0.0.1",
                      "--port", str(port), "--model", MODEL_NAME, "--ttft-ms", str(ttft_ms),
                      "--itl-ms", str(itl_ms), "--output-tokens", "100000"])
+    return s
+
+
+def start_null(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float) -> Server:
+    s = Server("null", port, run_dir)
+    s.spawn("null", [sys.executable, str(HERE / "null_sse_server.py"), "--port", str(port),
+                     "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)])
     return s
 
 
@@ -447,6 +456,8 @@ def main() -> int:
                                 speedup=a.dynamo_speedup)
         if name == "guidellm":
             return start_guidellm(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir)
+        if name == "null":
+            return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl)
         raise SystemExit(f"unknown server {name}")
 
     for name in servers:

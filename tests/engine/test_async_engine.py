@@ -7,7 +7,7 @@ import pytest
 from vllm_vcr.engine.async_engine import AsyncEngine, DataParallelRankError
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineDeadError
-from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
+from vllm_vcr.engine.types import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 
 
 def req(rid, max_tokens=5, rank=None, prompt_len=8):
@@ -110,3 +110,60 @@ async def test_a_dropped_stream_frees_its_id_for_immediate_reuse(engine):
     assert sum(len(o.new_token_ids) for o in outs) == 5 and outs[-1].finish_reason is FinishReason.LENGTH
     stats = (await engine.call_all(lambda c: c.current_stats()))[0]
     assert (stats.requests_aborted, stats.requests_completed, stats.requests_failed) == (1, 1, 0)
+
+
+# --- push(): outputs handed to a callback while the reader stays parked ----------------------------
+
+async def test_push_delivers_every_token_and_merges_back_to_back_steps():
+    e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=0, time_to_first_token=0,
+                                                   log_requests=False)))
+    await e.start()
+    got: list[EngineCoreOutput] = []
+
+    def deliver(out):
+        got.append(out)
+        return False
+
+    wakes = 0
+    async for _ in e.push(req("p", 300), deliver):
+        wakes += 1
+    assert sum(len(o.new_token_ids) for o in got) == 300
+    assert got[-1].finish_reason is FinishReason.LENGTH and wakes == 1  # only the end wakes the reader
+    assert len(got) < 300  # steps run back to back merge into fewer deliveries
+    stats = (await e.call_all(lambda c: c.current_stats()))[0]
+    assert (stats.requests_completed, stats.requests_aborted) == (1, 0)
+    await e.stop(0)
+
+
+async def test_push_wakes_the_reader_when_the_callback_asks(engine):
+    seen = []
+
+    def deliver(out):
+        seen.append(len(out.new_token_ids))
+        return True  # e.g. the socket is full: the reader must write through ASGI
+
+    n = 0
+    async for _ in engine.push(req("w", 6), deliver):  # ends after the final output
+        n += 1
+    assert sum(seen) == 6 and n == len(seen)
+
+
+async def test_a_failing_callback_fails_its_request_and_aborts_it(engine):
+    def deliver(out):
+        raise ValueError("renderer bug")
+
+    with pytest.raises(ValueError, match="renderer bug"):
+        async for _ in engine.push(req("bad", 10_000, rank=0), deliver):
+            pass
+    await asyncio.sleep(0.01)
+    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    assert stats.requests_aborted == 1 and stats.running == 0
+
+
+async def test_leaving_a_push_stream_early_aborts_in_the_engine(engine):
+    agen = engine.push(req("early", 10_000, rank=0), lambda out: True)
+    await agen.__anext__()
+    await agen.aclose()
+    await asyncio.sleep(0.01)
+    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    assert (stats.requests_aborted, stats.requests_completed) == (1, 0)

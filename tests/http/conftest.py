@@ -48,7 +48,7 @@ async def inprocess(serve_harness):
 
     running = []
 
-    async def start(itl_ms: float = 2.0, engine_count: int = 1):
+    async def start(itl_ms: float = 2.0, engine_count: int = 1, sndbuf: int | None = None):
         tok = load_tokenizer()
         args = EngineArgs(config=EngineConfig(inter_token_latency=itl_ms, time_to_first_token=1.0,
                                               max_model_len=4096, log_requests=False),
@@ -58,6 +58,8 @@ async def inprocess(serve_harness):
         settings = ServeSettings(engine_count=engine_count)
         app = build_app(engine, tok, settings)
         sock = socket.socket()
+        if sndbuf:  # accepted sockets inherit it: a small one makes uvicorn pause writing sooner
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
         sock.setblocking(False)

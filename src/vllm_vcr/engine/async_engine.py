@@ -3,12 +3,18 @@
 This is what `serve` talks to (vLLM's AsyncLLM in miniature): requests go to the least loaded
 engine unless they pin a data-parallel rank, and each request's outputs are collected so a slow
 reader gets them merged instead of queueing one object per token (vLLM's RequestOutputCollector).
+
+Two ways to read a request: `generate()` yields its outputs to a task (wake-up per output);
+`push()` hands them to a synchronous callback while the reading task stays parked, once per turn
+of the event loop, so a stream costs no task wake-up per token and the engine's back-to-back
+steps merge into one delivery (the streaming HTTP path uses it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
 from .clock import RealClock, VirtualClock
@@ -29,12 +35,18 @@ class EngineStartupError(RuntimeError):
 
 
 class _Collector:
-    __slots__ = ("pending", "waiter", "error")
+    __slots__ = ("pending", "waiter", "error", "finished", "deliver", "queued", "push_queue", "wake")
 
-    def __init__(self) -> None:
+    def __init__(self, deliver: Callable[[EngineCoreOutput], bool] | None = None,
+                 push_queue: "_PushQueue | None" = None) -> None:
         self.pending: EngineCoreOutput | None = None
         self.waiter: asyncio.Future | None = None
         self.error: BaseException | None = None
+        self.finished = False  # the engine ended the request (leaving early must not abort it)
+        self.deliver = deliver  # push mode: outputs go here while the reader is parked
+        self.queued = False
+        self.push_queue = push_queue
+        self.wake = False
 
     def put(self, out: EngineCoreOutput) -> None:
         p = self.pending
@@ -50,9 +62,15 @@ class _Collector:
             p.stop_reason = out.stop_reason
             p.kv_transfer_params = out.kv_transfer_params or p.kv_transfer_params
             p.error = out.error or p.error
+        if out.finish_reason is not None:
+            self.finished = True
         w = self.waiter
         if w is not None and not w.done():
-            w.set_result(None)
+            if self.deliver is None:
+                w.set_result(None)
+            elif not self.queued:
+                self.queued = True
+                self.push_queue.add(self)
 
     def fail(self, error: BaseException) -> None:
         self.error = error
@@ -70,6 +88,58 @@ class _Collector:
         out, self.pending = self.pending, None
         return out
 
+    def _hand_over(self) -> None:
+        """Push mode: deliver what is pending; the reader must wake when the callback says so
+        (or the request finished, or the callback failed: that fails the request, never the loop)."""
+        out, self.pending = self.pending, None
+        try:
+            if self.deliver(out) or self.finished:
+                self.wake = True
+        except Exception as e:
+            self.error = e
+
+    async def wait(self) -> None:
+        """Push mode: park until the callback asks for the reader (or the request fails)."""
+        while True:
+            if self.wake:  # before the error: what was delivered came first
+                self.wake = False
+                return
+            if self.pending is not None:
+                self._hand_over()
+                continue
+            if self.error is not None:
+                raise self.error
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            self.waiter = None
+
+
+class _PushQueue:
+    """Push-mode collectors with outputs, delivered together once the engine yields the loop."""
+
+    __slots__ = ("collectors",)
+
+    def __init__(self) -> None:
+        self.collectors: list[_Collector] = []
+
+    def add(self, col: _Collector) -> None:
+        if not self.collectors:
+            # runs after the engine task yields: its back-to-back steps arrive as one delivery
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.collectors.append(col)
+
+    def flush(self) -> None:
+        cols, self.collectors = self.collectors, []
+        for col in cols:
+            col.queued = False
+            w = col.waiter
+            # a reader that is awake (or about to be) takes the pending output itself
+            if w is None or w.done() or col.pending is None:
+                continue
+            col._hand_over()
+            if col.wake or col.error is not None:
+                w.set_result(None)
+
 
 class AsyncEngine:
     def __init__(self, args: EngineArgs, engine_count: int = 1, *, clock: RealClock | VirtualClock | None = None,
@@ -83,6 +153,7 @@ class AsyncEngine:
             for i in range(engine_count)
         ]
         self._collectors: dict[str, tuple[int, _Collector]] = {}
+        self._push_queue = _PushQueue()
         self._load = [0] * engine_count
         self._rr = 0
         self._listeners: list[OutputListener] = []
@@ -179,6 +250,30 @@ class AsyncEngine:
 
     async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
         """Submit a request and yield its outputs; leaving early aborts it in the engine."""
+        col = _Collector()
+        async with self._attached(request, col):
+            while True:
+                out = await col.get()
+                yield out
+                if out.finish_reason is not None:
+                    return
+
+    async def push(self, request: EngineCoreRequest,
+                   deliver: Callable[[EngineCoreOutput], bool]) -> AsyncIterator[None]:
+        """Submit a request whose outputs go to `deliver` (synchronously, merged per turn of the
+        event loop) while the caller is parked; yields whenever `deliver` returns True or the
+        request has finished, and ends after its final output. Leaving before the engine finished
+        it aborts it."""
+        col = _Collector(deliver, self._push_queue)
+        async with self._attached(request, col):
+            while True:
+                await col.wait()
+                yield None
+                if col.finished and col.pending is None:
+                    return  # everything, up to the final output, has been delivered
+
+    @asynccontextmanager
+    async def _attached(self, request: EngineCoreRequest, col: _Collector) -> AsyncIterator[None]:
         idx = self.pick_engine(request)
         if not self.is_ready:
             await self.wait_ready()
@@ -186,24 +281,16 @@ class AsyncEngine:
         if core.dead is not None or core._stopped:
             raise EngineDeadError(f"engine {idx} is not running")
         rid = request.request_id
-        col = _Collector()
         self._collectors[rid] = (idx, col)
         self._load[idx] += 1
-        finished = False
         try:
             core.add_request(request)
-            while True:
-                out = await col.get()
-                if out.finish_reason is not None:
-                    finished = True
-                yield out
-                if finished:
-                    return
+            yield
         finally:
             self._load[idx] -= 1
             if self._collectors.get(rid, (None, None))[1] is col:
                 del self._collectors[rid]
-            if not finished and core.dead is None:
+            if not col.finished and core.dead is None:
                 core.abort_requests([rid])
 
     async def call_all(self, fn: Callable[[EngineCore], Any]) -> list[Any]:

@@ -44,7 +44,7 @@ from .types import (
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
 TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
-BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in
+BUSY_SLICE = 0.005  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 
 _FAILURE_REASONS = {
@@ -686,31 +686,39 @@ class EngineCore:
         stop_reason = None
         max_len = self._config.max_model_len
         source = req.token_source
-        new: list[int] = []
-        for i in range(idx, idx + req.chunk):
-            tok = source.next_token(i)
-            new.append(tok)
-            req.output_token_ids.append(tok)
-            req.all_token_ids.append(tok)
-            num_out = i + 1
-            if num_out >= req.max_tokens or (max_len and req.num_tokens >= max_len):
-                reason = FinishReason.LENGTH
-                plan = req.plan
-                if plan is not None and plan.finish_reason is not None and num_out >= (plan.num_tokens or 0):
-                    reason = plan.finish_reason  # the recording's own ending
-                elif req.eos_at is not None and num_out >= req.eos_at:
-                    reason = FinishReason.STOP  # a modeled EOS: emit the EOS id, as a model would
-                    if req.eos_token_id is not None:
-                        new[-1] = req.output_token_ids[-1] = req.all_token_ids[-1] = req.eos_token_id
-                break
-            if num_out >= req.min_tokens:
-                if tok == req.eos_token_id:
-                    reason = FinishReason.STOP
-                    break
-                if tok in req.stop_ids:
-                    reason = FinishReason.STOP
+        out_ids = req.output_token_ids
+        all_ids = req.all_token_ids
+        if req.chunk == 1:  # the common case, without the chunk loop
+            tok = source.next_token(idx)
+            new = [tok]
+            out_ids.append(tok)
+            all_ids.append(tok)
+            num_out = idx + 1
+            if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
+                reason = self._length_end(req, num_out, new)
+            elif num_out >= req.min_tokens and (tok == req.eos_token_id or tok in req.stop_ids):
+                reason = FinishReason.STOP
+                if tok != req.eos_token_id:
                     stop_reason = tok
+        else:
+            new = []
+            for i in range(idx, idx + req.chunk):
+                tok = source.next_token(i)
+                new.append(tok)
+                out_ids.append(tok)
+                all_ids.append(tok)
+                num_out = i + 1
+                if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
+                    reason = self._length_end(req, num_out, new)
                     break
+                if num_out >= req.min_tokens:
+                    if tok == req.eos_token_id:
+                        reason = FinishReason.STOP
+                        break
+                    if tok in req.stop_ids:
+                        reason = FinishReason.STOP
+                        stop_reason = tok
+                        break
         out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
         if req.pending_events:
             out.events = req.pending_events
@@ -742,6 +750,18 @@ class EngineCore:
             base = req.first_due if idx == 0 else req.next_due
             self.scheduler.push_decode(req, base + gap)
         outputs.append((req.client_index, out))
+
+    def _length_end(self, req: Request, num_out: int, new: list[int]) -> FinishReason:
+        """Why a request that reached its length ends: LENGTH, the recording's own ending, or a
+        modeled EOS (whose id replaces the last token, as a model would emit it)."""
+        plan = req.plan
+        if plan is not None and plan.finish_reason is not None and num_out >= (plan.num_tokens or 0):
+            return plan.finish_reason
+        if req.eos_at is not None and num_out >= req.eos_at:
+            if req.eos_token_id is not None:
+                new[-1] = req.output_token_ids[-1] = req.all_token_ids[-1] = req.eos_token_id
+            return FinishReason.STOP
+        return FinishReason.LENGTH
 
     def _hold_for_decode(self, req: Request, now: float) -> dict[str, Any]:
         a = self.args

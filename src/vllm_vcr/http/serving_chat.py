@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.types import EngineCoreRequest
+from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .chat_template import ChatTemplateError
 from .errors import STREAM_INTERNAL_ERROR, bad_request
 from .generation import (
-    OutputStream,
     SequenceState,
     as_http_error,
     build_engine_request,
@@ -30,11 +29,10 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import (
-    ENGINE_GONE, RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request,
-)
+from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
-from .sse import DONE, SSEWriter, send_bytes
+from .sse import DONE, send_bytes
+from .streaming import stream_response
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 _MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
@@ -227,134 +225,141 @@ class ChatServing(ServingBase):
     async def _stream(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
                       role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
                       engine_reqs: list[EngineCoreRequest]) -> None:
-        prompt_len = len(prompt_ids)
-        rti = bool(req.return_token_ids)
-        total = len(states)
+        renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
+        await stream_response(ctx, self.engine, engine_reqs, renderer)
+
+
+class ChatStream:
+    """Renders one chat completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
+
+    def __init__(self, serving: ChatServing, req: ChatCompletionRequest, rid: str, created: int, model: str,
+                 role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
+                 engine_reqs: list[EngineCoreRequest]) -> None:
+        self.serving = serving
+        self.settings = settings = serving.settings
+        self.tokenizer = serving.tokenizer
+        self.rid, self.created, self.model, self.role, self.echo_text = rid, created, model, role, echo_text
+        self.prompt_ids = prompt_ids
+        self.prompt_len = len(prompt_ids)
+        self.states = states
+        self.total = total = len(states)
+        self.single = total == 1
+        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
+        self.rti = bool(req.return_token_ids)
         head = (b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
                 + str(created).encode() + b',"model":' + encode(model) + b',"choices":[{"index":')
-        heads = [head + str(i).encode() + b',"delta":{"content":' for i in range(total)]
-        include_usage, continuous = include_usage_flags(req, self.settings.force_include_usage)
-
-        think = self.settings.reasoning_ids is not None
-        head_idx = [head + str(i).encode() + b',"delta":' for i in range(total)]
-
-        def usage_part(completion_tokens: int, st: SequenceState | None = None) -> bytes:
-            if self.settings.reasoning_parser:
-                return _USAGE_R % (prompt_len, prompt_len + completion_tokens, completion_tokens,
-                                   st.reasoning_tokens if st is not None else 0)
-            return _USAGE % (prompt_len, prompt_len + completion_tokens, completion_tokens)
-
-        def opening() -> bytes:
-            # the role chunk for every choice, then the echoed last message (vLLM's order)
-            parts = []
-            for i in range(total):
-                parts.append(head + str(i).encode() + b',"delta":{"role":' + encode(role)
-                             + b',"content":""},"logprobs":null,"finish_reason":null}]'
-                             + (usage_part(0) if continuous else b"")
-                             + b',"prompt_token_ids":' + (encode(prompt_ids) if rti else b"null")
-                             + b',"prompt_text":null}\n\n')
-            if echo_text:
-                for i in range(total):
-                    parts.append(heads[i] + encode(echo_text) + b'},"logprobs":null,"finish_reason":null}]'
-                                 + (usage_part(0) if continuous else b"") + b"}\n\n")
-            return b"".join(parts)
-
-        fp = self.settings.system_fingerprint
+        self.head = head
+        self.heads = [head + str(i).encode() + b',"delta":{"content":' for i in range(total)]
+        self.head_idx = [head + str(i).encode() + b',"delta":' for i in range(total)]
+        self.include_usage, self.continuous = include_usage_flags(req, settings.force_include_usage)
+        self.think = settings.reasoning_ids is not None
+        fp = settings.system_fingerprint
+        self.fp = fp
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
-        fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not include_usage) else b""
-        want_lp = bool(req.logprobs)
-        k = req.top_logprobs or 0
-        w = SSEWriter(ctx.send)
-        await w.start()
-        raw_send = ctx.send
+        self.fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not self.include_usage) else b""
+        self.want_lp = bool(req.logprobs)
+        self.k = req.top_logprobs or 0
+        self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
+        self.first = True
+        self.first_state: SequenceState | None = None
+        self.ended = 0
+        self.done = False
+        self.error = False
+        self.tail = b""
+        self.cancel = None
 
-        async def send(data: bytes) -> None:
-            await raw_send({"type": "http.response.body", "body": data, "more_body": True})
-        first = True
-        first_state: SequenceState | None = None
-        done = 0
-        error = False
-        tail = b""
-        try:
-            async with OutputStream(self.engine, engine_reqs) as stream:
-                index, single = stream.index, stream.single
-                async for out in stream:
-                    i = 0 if single else index(out)
-                    st = states[i]
-                    if st.finished:
-                        continue
-                    before = st.num_tokens
-                    text, ids = st.process(out)
-                    pre = b""
-                    if first:
-                        first = False
-                        first_state = st  # vLLM takes the cache numbers from the first output
-                        pre = opening()
-                    if st.finish_reason == "error":
-                        if pre:
-                            await send(pre)
-                        error = True
-                        break
-                    finished = st.finished
-                    if not text and not ids and not before and not finished:
-                        if pre:
-                            await send(pre)
-                        continue
-                    if think:
-                        if not text and not st.reasoning_delta and not finished and not want_lp and not rti:
-                            if pre:  # only a thinking marker: a reasoning parser says nothing
-                                await send(pre)
-                            continue
-                        delta = {}
-                        if text:
-                            delta["content"] = text
-                        if st.reasoning_delta:
-                            delta["reasoning"] = st.reasoning_delta
-                        delta_bytes = head_idx[i] + encode(delta)
-                    elif not finished and not want_lp and not rti:
-                        if continuous:
-                            body = pre + heads[i] + encode(text) + _MID + usage_part(st.num_tokens) + b"}\n\n"
-                        else:
-                            body = pre + heads[i] + encode(text) + _TAIL
-                        await raw_send({"type": "http.response.body", "body": body, "more_body": True})
-                        continue
-                    chunk = [pre, delta_bytes if think else heads[i] + encode(text) + b"}", b',"logprobs":']
-                    chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), k, start_position=before))
-                                 if want_lp else b"null")
-                    ids_part = encode(list(ids)) if rti else b"null"
-                    if finished:
-                        chunk += [b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
-                                  encode(st.stop_reason), b',"token_ids":', ids_part, b"}]"]
-                    else:
-                        chunk += [b',"finish_reason":null,"token_ids":', ids_part, b"}]"]
-                    if continuous:
-                        chunk.append(usage_part(st.num_tokens, st))
-                    if finished:
-                        chunk.append(fp_part)
-                    chunk.append(b"}\n\n")
-                    if finished:
-                        if out.finish_reason is None:
-                            stream.cancel(i)
-                        done += 1
-                        if done == total:
-                            # the last chunk leaves with the usage chunk and [DONE]: one write
-                            tail = b"".join(chunk)
-                            break
-                    await send(b"".join(chunk))
-        except Exception as e:
-            if type(e).__name__ not in ENGINE_GONE:
-                raise
-            error = True
-        if error:
-            ctx.finishing = True
-            await w.close(tail + STREAM_INTERNAL_ERROR + DONE)
-            return
-        if include_usage:
+    def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
+        pl = self.prompt_len
+        if self.settings.reasoning_parser:
+            return _USAGE_R % (pl, pl + completion_tokens, completion_tokens,
+                               st.reasoning_tokens if st is not None else 0)
+        return _USAGE % (pl, pl + completion_tokens, completion_tokens)
+
+    def opening(self) -> bytes:
+        """The role chunk for every choice, then the echoed last message (vLLM's order)."""
+        parts = []
+        cont = self.continuous
+        for i in range(self.total):
+            parts.append(self.head + str(i).encode() + b',"delta":{"role":' + encode(self.role)
+                         + b',"content":""},"logprobs":null,"finish_reason":null}]'
+                         + (self.usage_part(0) if cont else b"")
+                         + b',"prompt_token_ids":' + (encode(self.prompt_ids) if self.rti else b"null")
+                         + b',"prompt_text":null}\n\n')
+        if self.echo_text:
+            for i in range(self.total):
+                parts.append(self.heads[i] + encode(self.echo_text) + b'},"logprobs":null,"finish_reason":null}]'
+                             + (self.usage_part(0) if cont else b"") + b"}\n\n")
+        return b"".join(parts)
+
+    def feed(self, out: EngineCoreOutput) -> bytes:
+        i = 0 if self.single else self._index[out.request_id]
+        st = self.states[i]
+        if st.finished:
+            return b""
+        before = st.num_tokens
+        text, ids = st.process(out)
+        pre = b""
+        if self.first:
+            self.first = False
+            self.first_state = st  # vLLM takes the cache numbers from the first output
+            pre = self.opening()
+        if st.finish_reason == "error":
+            self.error = self.done = True
+            return pre
+        finished = st.finished
+        if not text and not ids and not before and not finished:
+            return pre
+        if self.plain and not finished:
+            if self.continuous:
+                return pre + self.heads[i] + encode(text) + _MID + self.usage_part(st.num_tokens) + b"}\n\n"
+            return pre + self.heads[i] + encode(text) + _TAIL
+        if self.think:
+            if not text and not st.reasoning_delta and not finished and not self.want_lp and not self.rti:
+                return pre  # only a thinking marker: a reasoning parser says nothing
+            delta = {}
+            if text:
+                delta["content"] = text
+            if st.reasoning_delta:
+                delta["reasoning"] = st.reasoning_delta
+            first_part = self.head_idx[i] + encode(delta)
+        else:
+            first_part = self.heads[i] + encode(text) + b"}"
+        chunk = [pre, first_part, b',"logprobs":']
+        chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before))
+                     if self.want_lp else b"null")
+        ids_part = encode(list(ids)) if self.rti else b"null"
+        if finished:
+            chunk += [b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
+                      encode(st.stop_reason), b',"token_ids":', ids_part, b"}]"]
+        else:
+            chunk += [b',"finish_reason":null,"token_ids":', ids_part, b"}]"]
+        if self.continuous:
+            chunk.append(self.usage_part(st.num_tokens, st))
+        if finished:
+            chunk.append(self.fp_part)
+        chunk.append(b"}\n\n")
+        if finished:
+            if out.finish_reason is None:
+                self.cancel(i)
+            self.ended += 1
+            if self.ended == self.total:
+                # the last chunk leaves with the usage chunk and [DONE]: one write
+                self.tail = b"".join(chunk)
+                self.done = True
+                return b""
+        return b"".join(chunk)
+
+    def closing(self) -> bytes:
+        if self.error:
+            return self.tail + STREAM_INTERNAL_ERROR + DONE
+        tail = self.tail
+        if self.include_usage:
+            states = self.states
             completion_tokens = sum(s.num_tokens for s in states)
-            usage = usage_dict(prompt_len, completion_tokens, self.prompt_details(first_state or states[0]))
+            usage = usage_dict(self.prompt_len, completion_tokens,
+                               self.serving.prompt_details(self.first_state or states[0]))
             if self.settings.reasoning_parser:
                 usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
-            tail += b"data: " + encode(final_usage_chunk(rid, "chat.completion.chunk", created, model, usage, fp)) \
-                + b"\n\n"
-        ctx.finishing = True
-        await w.close(tail + DONE)
+            tail += b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created,
+                                                         self.model, usage, self.fp)) + b"\n\n"
+        return tail + DONE

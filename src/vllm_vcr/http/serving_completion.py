@@ -5,10 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.types import EngineCoreRequest
+from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .errors import STREAM_INTERNAL_ERROR
 from .generation import (
-    OutputStream,
     SequenceState,
     as_http_error,
     build_engine_request,
@@ -30,10 +29,9 @@ from .protocol import (
     check_sampling,
     stop_list,
 )
-from .serving_base import (
-    ENGINE_GONE, RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request,
-)
+from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .sse import DONE, SSEWriter, send_bytes
+from .streaming import stream_response
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
@@ -253,109 +251,116 @@ class CompletionServing(ServingBase):
 
     async def _stream(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                       prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
-        n = req.n
-        total = len(states)
+        renderer = CompletionStream(self, req, rid, created, model, prompts, states, engine_reqs)
+        await stream_response(ctx, self.engine, engine_reqs, renderer)
+
+
+class CompletionStream:
+    """Renders one text completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
+
+    def __init__(self, serving: CompletionServing, req: CompletionRequest, rid: str, created: int, model: str,
+                 prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
+        self.serving = serving
+        self.req = req
+        self.rid, self.created, self.model = rid, created, model
+        self.prompts = prompts
+        self.states = states
+        self.n = n = req.n
+        self.total = total = len(states)
+        self.single = total == 1
+        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
         head = (b'data: {"id":"' + rid.encode() + b'","object":"text_completion","created":' + str(created).encode()
                 + b',"model":' + encode(model) + b',"choices":[{"index":')
-        heads = [head + str(i).encode() + b',"text":' for i in range(total)]
-        include_usage, continuous = include_usage_flags(req, self.settings.force_include_usage)
-        fp = self.settings.system_fingerprint
+        self.heads = [head + str(i).encode() + b',"text":' for i in range(total)]
+        self.include_usage, self.continuous = include_usage_flags(req, serving.settings.force_include_usage)
+        fp = serving.settings.system_fingerprint
+        self.fp = fp
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
-        fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not include_usage) else b""
-        want_lp = req.logprobs is not None
-        rti = bool(req.return_token_ids)
-        echo = bool(req.echo) or rti  # both hand the prompt ids out with the first chunk
-        echo_text = bool(req.echo)
-        echoed = [False] * total
-        text_lens = [0] * total
-        prompt_lens = [len(prompts[i // n].ids) for i in range(total)]
-        w = SSEWriter(ctx.send)
-        await w.start()  # headers go out at once, as vLLM's StreamingResponse does
-        raw_send = ctx.send
+        self.fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not self.include_usage) else b""
+        self.want_lp = req.logprobs is not None
+        self.rti = bool(req.return_token_ids)
+        self.echo = bool(req.echo) or self.rti  # both hand the prompt ids out with the first chunk
+        self.echo_text = bool(req.echo)
+        self.echoed = [not self.echo] * total
+        self.plain = not self.want_lp and not self.rti  # the per-token fast case (after any echo)
+        self.text_lens = [0] * total
+        self.prompt_lens = [len(prompts[i // n].ids) for i in range(total)]
+        self.first_cached: int | None = None
+        self.ended = 0
+        self.done = False
+        self.error = False
+        self.tail = b""
+        self.cancel = None
 
-        async def send(data: bytes) -> None:
-            await raw_send({"type": "http.response.body", "body": data, "more_body": True})
-        done = 0
-        error = False
-        tail = b""
-        first_cached: int | None = None
-        try:
-            async with OutputStream(self.engine, engine_reqs) as stream:
-                index, single = stream.index, stream.single
-                async for out in stream:
-                    i = 0 if single else index(out)
-                    st = states[i]
-                    if st.finished:
-                        continue
-                    before = st.num_tokens
-                    text, ids = st.process(out)
-                    if first_cached is None:
-                        first_cached = st.cached_tokens
-                    if st.finish_reason == "error":
-                        error = True
-                        break
-                    finished = st.finished
-                    prompt_ids_part = b"null"
-                    echo_chunk = echo and not echoed[i]
-                    if echo_chunk:
-                        echoed[i] = True
-                        p = prompts[i // n]
-                        if echo_text:
-                            text = self._prompt_text(p) + text
-                        prompt_ids_part = encode(p.ids)  # vLLM returns the prompt ids with the echo
-                        if want_lp:
-                            lp_bytes = encode(self._choice_logprobs(st, req, p, echo_text, ids, 0, 0))
-                    else:
-                        if not text and not ids and not before and not finished:
-                            continue  # nothing to say yet (vLLM skips empty chunked-prefill outputs)
-                        if want_lp:
-                            lp_bytes = encode(completion_logprobs(self.tokenizer, list(ids), req.logprobs or 0,
-                                                                  start_position=before,
-                                                                  initial_text_offset=text_lens[i]))
-                    text_lens[i] += len(text)
-                    if not finished and not want_lp and not echo_chunk and not rti:
-                        if continuous:
-                            pt = prompt_lens[i]
-                            body = (heads[i] + encode(text) + _MID + _USAGE % (pt, pt + st.num_tokens, st.num_tokens)
-                                    + b"}\n\n")
-                        else:
-                            body = heads[i] + encode(text) + _TAIL
-                        await raw_send({"type": "http.response.body", "body": body, "more_body": True})
-                        continue
-                    chunk = [heads[i], encode(text), b',"logprobs":', lp_bytes if want_lp else b"null",
-                             b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
-                             encode(st.stop_reason), b',"prompt_token_ids":', prompt_ids_part,
-                             b',"token_ids":', encode(list(ids)) if rti else b"null", b"}]"]
-                    if continuous:
-                        pt = prompt_lens[i]
-                        chunk.append(_USAGE % (pt, pt + st.num_tokens, st.num_tokens))
-                    if finished:
-                        chunk.append(fp_part)
-                    chunk.append(b"}\n\n")
-                    if finished:
-                        if out.finish_reason is None:
-                            stream.cancel(i)
-                        done += 1
-                        if done == total:
-                            # the last chunk leaves with the usage chunk and [DONE]: one write
-                            tail = b"".join(chunk)
-                            break
-                    await send(b"".join(chunk))
-        except Exception as e:
-            if type(e).__name__ not in ENGINE_GONE:
-                raise
-            error = True
-        if error:
-            ctx.finishing = True
-            await w.close(tail + STREAM_INTERNAL_ERROR + DONE)
-            return
-        if include_usage:
-            prompt_tokens = sum(len(p.ids) for p in prompts)
-            completion_tokens = sum(s.num_tokens for s in states)
-            usage = usage_dict(prompt_tokens, completion_tokens, self.prompt_details(first_cached))
-            tail += b"data: " + encode(final_usage_chunk(rid, "text_completion", created, model, usage, fp)) + b"\n\n"
-        ctx.finishing = True
-        await w.close(tail + DONE)
+    def feed(self, out: EngineCoreOutput) -> bytes:
+        i = 0 if self.single else self._index[out.request_id]
+        st = self.states[i]
+        if st.finished:
+            return b""
+        before = st.num_tokens
+        text, ids = st.process(out)
+        if self.first_cached is None:
+            self.first_cached = st.cached_tokens
+        if st.finish_reason == "error":
+            self.error = self.done = True
+            return b""
+        finished = st.finished
+        if self.echoed[i]:
+            if not text and not ids and not before and not finished:
+                return b""  # nothing to say yet (vLLM skips empty chunked-prefill outputs)
+            self.text_lens[i] += len(text)
+            if self.plain and not finished:
+                if self.continuous:
+                    pt = self.prompt_lens[i]
+                    return (self.heads[i] + encode(text) + _MID + _USAGE % (pt, pt + st.num_tokens, st.num_tokens)
+                            + b"}\n\n")
+                return self.heads[i] + encode(text) + _TAIL
+            prompt_ids_part = b"null"
+            if self.want_lp:
+                lp_bytes = encode(completion_logprobs(self.serving.tokenizer, list(ids), self.req.logprobs or 0,
+                                                      start_position=before,
+                                                      initial_text_offset=self.text_lens[i] - len(text)))
+        else:  # the first chunk of an echoing choice carries the prompt (text and ids)
+            self.echoed[i] = True
+            p = self.prompts[i // self.n]
+            if self.echo_text:
+                text = self.serving._prompt_text(p) + text
+            prompt_ids_part = encode(p.ids)  # vLLM returns the prompt ids with the echo
+            if self.want_lp:
+                lp_bytes = encode(self.serving._choice_logprobs(st, self.req, p, self.echo_text, ids, 0, 0))
+            self.text_lens[i] += len(text)
+        chunk = [self.heads[i], encode(text), b',"logprobs":', lp_bytes if self.want_lp else b"null",
+                 b',"finish_reason":', encode(st.finish_reason), b',"stop_reason":',
+                 encode(st.stop_reason), b',"prompt_token_ids":', prompt_ids_part,
+                 b',"token_ids":', encode(list(ids)) if self.rti else b"null", b"}]"]
+        if self.continuous:
+            pt = self.prompt_lens[i]
+            chunk.append(_USAGE % (pt, pt + st.num_tokens, st.num_tokens))
+        if finished:
+            chunk.append(self.fp_part)
+        chunk.append(b"}\n\n")
+        if finished:
+            if out.finish_reason is None:
+                self.cancel(i)
+            self.ended += 1
+            if self.ended == self.total:
+                # the last chunk leaves with the usage chunk and [DONE]: one write
+                self.tail = b"".join(chunk)
+                self.done = True
+                return b""
+        return b"".join(chunk)
+
+    def closing(self) -> bytes:
+        if self.error:
+            return self.tail + STREAM_INTERNAL_ERROR + DONE
+        tail = self.tail
+        if self.include_usage:
+            prompt_tokens = sum(len(p.ids) for p in self.prompts)
+            completion_tokens = sum(s.num_tokens for s in self.states)
+            usage = usage_dict(prompt_tokens, completion_tokens, self.serving.prompt_details(self.first_cached))
+            tail += b"data: " + encode(final_usage_chunk(self.rid, "text_completion", self.created, self.model,
+                                                         usage, self.fp)) + b"\n\n"
+        return tail + DONE
 
 
 def choice_dict(index: int, text: str, logprobs: Any, finish_reason: str | None, stop_reason: Any) -> dict[str, Any]:

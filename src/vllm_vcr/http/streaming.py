@@ -1,0 +1,126 @@
+"""One driver for every SSE response: engine outputs in, rendered chunks out.
+
+An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into the bytes to send,
+`closing()` gives the last bytes: final chunk, usage, `[DONE]`). The driver feeds it:
+
+- pushed (one engine request, uvicorn's httptools server): the engine hands each output to the
+  renderer from a loop callback and the chunk goes straight to the socket (`DirectBody`); the
+  handler task sleeps until the stream ends, so a token costs no task wake-up and no ASGI
+  message. Outputs of back-to-back engine steps arrive merged, as vLLM's collector merges them
+  for a reader that lags. When the socket pushes back (the client reads slowly), chunks queue and
+  the task sends them through ASGI, which waits for the socket to drain.
+- pulled (n > 1, or another ASGI server): the task iterates the outputs and sends each chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from .generation import OutputStream
+from .serving_base import ENGINE_GONE, RequestContext
+from .sse import SSEWriter
+
+try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
+except ImportError:  # pragma: no cover - httptools is a dependency
+    _HttptoolsCycle = None
+
+
+class StreamRenderer(Protocol):
+    done: bool  # every choice has ended, or an error ended the stream
+    error: bool
+    cancel: Callable[[int], None]  # stop reading choice i (a stop string ended it); set by the driver
+
+    def feed(self, out: EngineCoreOutput) -> bytes: ...
+
+    def closing(self) -> bytes: ...
+
+
+class DirectBody:
+    """Body chunks of a started chunked response written to uvicorn's transport directly.
+
+    Exactly the bytes uvicorn's `send` would write for `{"body": data, "more_body": True}`; it
+    declines (returns False) whenever `send` would have to wait or do anything else: the socket
+    is paused, the client is gone, the response is complete.
+    """
+
+    __slots__ = ("_cycle", "_write")
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+        self._write = cycle.transport.write
+
+    @classmethod
+    def attach(cls, send: Callable) -> "DirectBody | None":
+        cycle = getattr(send, "__self__", None)
+        if _HttptoolsCycle is None or type(cycle) is not _HttptoolsCycle:
+            return None
+        try:
+            ok = (cycle.response_started and cycle.chunked_encoding and not cycle.response_complete
+                  and cycle.scope["method"] != "HEAD" and cycle.flow is not None)
+        except AttributeError:  # a uvicorn whose cycle looks different: stay on ASGI
+            return None
+        return cls(cycle) if ok else None
+
+    def write(self, data: bytes) -> bool:
+        c = self._cycle
+        if c.flow.write_paused or c.disconnected or c.response_complete:
+            return False
+        self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+
+async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
+                          renderer: StreamRenderer) -> None:
+    w = SSEWriter(ctx.send)
+    await w.start()  # headers go out at once, as vLLM's StreamingResponse does
+    try:
+        direct = DirectBody.attach(ctx.send) if len(engine_reqs) == 1 and hasattr(engine, "push") else None
+        if direct is not None:
+            await _pushed(engine, engine_reqs[0], renderer, direct, w)
+        else:
+            await _pulled(engine, engine_reqs, renderer, w)
+    except Exception as e:
+        if type(e).__name__ not in ENGINE_GONE:
+            raise
+        renderer.error = True
+    ctx.finishing = True
+    await w.close(renderer.closing())
+
+
+async def _pushed(engine: Any, request: EngineCoreRequest, renderer: StreamRenderer, direct: DirectBody,
+                  w: SSEWriter) -> None:
+    backlog: list[bytes] = []  # chunks the socket would not take yet, in order
+
+    def deliver(out: EngineCoreOutput) -> bool:
+        data = renderer.feed(out)
+        if data and (backlog or not direct.write(data)):
+            backlog.append(data)
+            return True
+        return renderer.done
+
+    renderer.cancel = _no_cancel
+    async for _ in engine.push(request, deliver):
+        if backlog:
+            data = b"".join(backlog)
+            backlog.clear()
+            await w.write(data)
+        if renderer.done:
+            return
+
+
+async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: StreamRenderer,
+                  w: SSEWriter) -> None:
+    async with OutputStream(engine, engine_reqs) as stream:
+        renderer.cancel = stream.cancel
+        async for out in stream:
+            data = renderer.feed(out)
+            if data:
+                await w.write(data)
+            if renderer.done:
+                return
+
+
+def _no_cancel(i: int) -> None:
+    """One request: leaving the stream aborts it in the engine."""

@@ -1,0 +1,113 @@
+"""The streaming driver's two paths: chunks written straight to uvicorn's transport from the
+engine's output callback, and the ASGI path it falls back to when the socket pushes back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx
+
+from vllm_vcr.http import streaming
+
+MODEL = "vllm-vcr/sim"
+
+
+def _events(raw: bytes) -> list[bytes]:
+    """De-chunk an HTTP/1.1 chunked body and split it into SSE data payloads."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    data = bytearray()
+    while True:
+        size_line, _, body = body.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        data += body[:size]
+        assert body[size:size + 2] == b"\r\n", "chunk framing broken"
+        body = body[size + 2:]
+    return [e[6:] for e in bytes(data).split(b"\n\n") if e.startswith(b"data: ")]
+
+
+async def test_tokens_go_straight_to_the_socket(inprocess, monkeypatch):
+    counts = _count_writes(monkeypatch)
+    url, _ = await inprocess(itl_ms=1.0)
+    async with httpx.AsyncClient(timeout=30) as c:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 40
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert counts["direct"] >= 10  # the per-token chunks took the direct path
+
+
+def _count_writes(monkeypatch) -> dict[str, int]:
+    counts = {"direct": 0, "declined": 0}
+    real = streaming.DirectBody.write
+
+    def write(self, data):
+        ok = real(self, data)
+        counts["direct" if ok else "declined"] += 1
+        return ok
+
+    monkeypatch.setattr(streaming.DirectBody, "write", write)
+    return counts
+
+
+async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch):
+    """Fill the socket (uvicorn pauses writing), then read: every token arrives, in order, framed."""
+    counts = _count_writes(monkeypatch)
+    url, engine = await inprocess(itl_ms=0.02, sndbuf=4096)
+    port = int(url.rsplit(":", 1)[1])
+    n = 4000  # with 5 logprobs each: megabytes, more than the socket buffers hold
+    payload = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": n, "stream": True, "ignore_eos": True,
+                          "logprobs": 5,
+                          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                            b"content-length: %d\r\n\r\n%b" % (len(payload), payload))
+    await asyncio.sleep(1.0)  # not reading: the server's transport pauses, chunks queue
+    raw = bytearray()
+    while not raw.endswith(b"0\r\n\r\n"):
+        data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 30)
+        assert data, f"server closed early: {bytes(raw[:300])!r}"
+        raw += data
+    sock.close()
+    events = _events(bytes(raw))
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    seen = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert seen == sorted(seen) and seen[-1] == n
+    assert chunks[-1]["usage"]["completion_tokens"] == n
+    assert counts["declined"] >= 1  # the paused socket sent chunks through ASGI
+    stats = (await engine.call_all(lambda core: core.current_stats()))[0]
+    assert (stats.requests_completed, stats.requests_aborted) == (1, 0)
+
+
+async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch):
+    """Every other direct write declines: queued chunks go through ASGI, later ones must wait."""
+    real = streaming.DirectBody.write
+    flip = {"n": 0}
+
+    def write(self, data):
+        flip["n"] += 1
+        return flip["n"] % 2 == 0 and real(self, data)
+
+    monkeypatch.setattr(streaming.DirectBody, "write", write)
+    url, _ = await inprocess(itl_ms=0.5)
+    async with httpx.AsyncClient(timeout=30) as c:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        async with c.stream("POST", url + "/v1/completions", json=body) as r:
+            lines = [ln async for ln in r.aiter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and flip["n"] >= 10
+    counts = [json.loads(ln[6:])["usage"]["completion_tokens"] for ln in lines[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 60
