@@ -42,7 +42,8 @@ QUANTILES = (50, 90, 99)
 # "fit" = trace/latency_fit.py, "steps" = --replay-steps of the target itself (+ --replay-tokens).
 # "cells0" = latency_model.py before this benchmark (TTFT drawn from the nearest sizes only, i.i.d.
 # decode gaps); "cells1" = + the cell's whole TTFT spread; "cells" = + decode gaps replayed in runs.
-MODEL_ENV = {"cells": "cells", "cells1": "cells-v1", "cells0": "cells-v0", "fit": "fit"}
+# "stepm" = the step-time model (trace/step_model.py): the engine in step-composed timing mode.
+MODEL_ENV = {"cells": "cells", "cells1": "cells-v1", "cells0": "cells-v0", "fit": "fit", "stepm": "steps"}
 RUNS = [
     ("poisson_hi", "poisson_lo", "cells"), ("poisson_hi", "poisson_lo", "fit"),
     ("poisson_lo", "poisson_hi", "cells"), ("poisson_lo", "poisson_hi", "fit"),
@@ -53,6 +54,8 @@ RUNS = [
     ("sessions", "poisson_hi", "cells0"),
     ("poisson_hi", "poisson_lo", "cells1"), ("poisson_lo", "poisson_hi", "cells1"),
     ("sessions", "poisson_hi", "cells1"),
+    ("poisson_hi", "poisson_lo", "stepm"), ("poisson_lo", "poisson_hi", "stepm"),
+    ("sessions", "poisson_hi", "stepm"),
 ]
 
 
@@ -295,7 +298,8 @@ def report(out: Path) -> dict:
 
 
 MODEL_LABEL = {"cells": "cell model (improved)", "cells1": "cell model, TTFT tail fix only",
-               "cells0": "cell model (before)", "fit": "fit model (§3.2 port)", "steps": "--replay-steps (verbatim)"}
+               "cells0": "cell model (before)", "fit": "fit model (§3.2 port)", "steps": "--replay-steps (verbatim)",
+               "stepm": "step-time model"}
 
 
 def markdown(res: dict) -> str:
@@ -310,7 +314,7 @@ def markdown(res: dict) -> str:
                 lines.append(f"| {w} | {side} | {q['n']} | " + " | ".join(f"{q[c]:.1f}" for c in cols) + " |")
     lines += ["", "### Error of the replay vs the recording ((replayed − recorded) / recorded)", "",
               "| target | fitted on | pacing | side | " + head[2:], "|---|---|---|---|" + "---|" * len(cols)]
-    order = {"cells": 0, "cells1": 1, "cells0": 2, "fit": 3, "steps": 4}
+    order = {"stepm": -1, "cells": 0, "cells1": 1, "cells0": 2, "fit": 3, "steps": 4}
     for name, e in sorted(res["runs"].items(), key=lambda kv: (kv[1]["target"], order.get(kv[1]["model"], 9))):
         for side in ("engine", "client"):
             if side not in e:
@@ -373,14 +377,14 @@ def plots(out: Path, fig_dir: Path) -> None:
     fig_dir.mkdir(parents=True, exist_ok=True)
     jobs = []
     for target in ("poisson_hi", "poisson_lo", "sessions"):
-        fits = {m: run_name(t, f, m) for t, f, m in RUNS if t == target and m in ("cells", "fit", "steps")}
+        fits = {m: run_name(t, f, m) for t, f, m in RUNS if t == target and m in ("stepm", "cells", "fit", "steps")}
         for side, suffix, rec in (("engine", "tap", f"{target}.jsonl.gz"), ("client", "client", f"{target}.client.jsonl.gz")):
             files, labels = [out / rec], ["recorded (real engine)"]
             for m, name in fits.items():
                 f = out / f"{name}.{suffix}.jsonl.gz"
                 if f.exists():
                     files.append(f)
-                    labels.append({"cells": "play, cell model", "fit": "play, fit model",
+                    labels.append({"stepm": "play, step-time model", "cells": "play, cell model", "fit": "play, fit model",
                                    "steps": "play, --replay-steps"}[m])
             if len(files) > 1:
                 jobs.append((f"{target}-{side}", files, labels, ["cdf"]))
@@ -434,7 +438,7 @@ def main() -> int:
         # the held-out pairs of the live runs, plus each workload fitted on itself (in-sample:
         # what the model can reproduce at best, without the box's run-to-run drift)
         pairs = [(t, f, m) for t, f, m in RUNS if m != "steps"]
-        pairs += [(w, w, m) for w in ("poisson_lo", "poisson_hi", "sessions") for m in ("cells0", "cells1", "cells", "fit")]
+        pairs += [(w, w, m) for w in ("poisson_lo", "poisson_hi", "sessions") for m in ("cells0", "cells1", "cells", "fit", "stepm")]
         for t, f, m in pairs:
             if (out / f"{t}.jsonl.gz").exists() and (out / f"{f}.jsonl.gz").exists():
                 log(f"calibrate {t} fit {f} model {m}")

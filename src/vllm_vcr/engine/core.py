@@ -30,6 +30,7 @@ from .replay_table import ResponseReplayTable
 from .request import Request, RequestStatus
 from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
 from .stats import EngineStats
+from .step_timing import StepTimer, is_step_model
 from .tokens import EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens, ScriptedTokens, TokenSource
 from .types import (
     EngineCoreOutput,
@@ -77,6 +78,8 @@ class EngineCore:
         if latency is None and args.latency_trace:
             latency = _load_input("--latency-trace", _shared_trace_latency, args.latency_trace, args.time_scale)
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
+        # a step-time model runs the engine step by step (step_timing.py) instead of by deadlines
+        self.step_timer = StepTimer(self, self.latency) if is_step_model(self.latency) else None
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
@@ -280,6 +283,8 @@ class EngineCore:
     def _next_wake(self) -> float | None:
         if self._frozen_at is not None:
             return self._draining_deadline
+        if self.step_timer is not None:
+            return self.step_timer.next_wake()
         sched = self.scheduler
         if sched.has_immediate_work():
             return self.clock.now()
@@ -598,6 +603,8 @@ class EngineCore:
             return
         delta, self._frozen_at = now - self._frozen_at, None
         self.scheduler.shift_deadlines(delta)
+        if self.step_timer is not None:
+            self.step_timer.shift(delta)
         for req in self.requests.values():
             if not req.output_token_ids:
                 req.first_due += delta
@@ -623,6 +630,9 @@ class EngineCore:
                 logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
                 expired = self._release_hold(rid) or expired
         pulled = self.transfers.pop_done(now) if self.transfers.remaining else ()
+        if self.step_timer is not None:
+            self.step_timer.step(now, pulled, expired)
+            return
         scheduled = sched.schedule(now)
         if scheduled and logger.isEnabledFor(TRACE_LEVEL):
             logger.log(TRACE_LEVEL, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", self.engine_index,
@@ -853,6 +863,10 @@ def _shared_trace_latency(path: str, time_scale: float):
         from ..trace.latency_fit import TraceLatency as Fit
 
         return Fit.from_path(path, time_scale)
+    if which == "steps":
+        from ..trace.step_model import StepLatency
+
+        return StepLatency.from_path(path, time_scale)
     from ..trace.latency_model import TraceLatency
 
     if which == "cells-v0":

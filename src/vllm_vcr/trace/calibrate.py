@@ -109,7 +109,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--knobs", action="store_true", help="pace with the knob flags, not a fitted model")
     c.add_argument("--max-num-seqs", type=int, default=None)
     c.add_argument("--max-num-batched-tokens", type=int, default=None)
-    c.add_argument("--block-size", type=int, default=None)
+    c.add_argument("--block-size", type=int, default=None,
+                   help="the simulated engine's KV block size (default: the trace's block size)")
     c.add_argument("--tolerance", type=float, default=0.05, help="relative error allowed at p50/p90")
     c.add_argument("--tail-tolerance", type=float, default=0.10, help="relative error allowed at p99")
     c.add_argument("-o", "--output", default=None, help="directory for the comparison figures")
@@ -123,6 +124,9 @@ def run(ns: argparse.Namespace) -> int:
 
     trace = load_trace(ns.trace)
     meta = trace.meta or TraceMeta()
+    # prompts are rebuilt from the trace's block hashes (its own block size); --block-size is the
+    # simulated engine's KV block (128 on vLLM's CPU backend, while a tap hashes 16-token blocks)
+    hash_block = meta.block_size or ns.block_size or 16
     block_size = ns.block_size or meta.block_size or 16
     if ns.max_num_seqs is None:
         ns.max_num_seqs = meta.max_num_seqs or 1024
@@ -133,7 +137,7 @@ def run(ns: argparse.Namespace) -> int:
     args = engine_args_from_cli(ns)
     timed = replay_subset(trace.records)
     with task_progress("simulating", len(timed), unit="requests") as advance:
-        sims = simulate(trace.records, args, block_size, on_progress=advance)
+        sims = simulate(trace.records, args, hash_block, on_progress=advance)
     rows = compare(timed, sims, ns.tolerance, ns.tail_tolerance)
     verdict = bool(rows) and all(r["ok"] for r in rows)
     if ns.json:
