@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import uvicorn  # noqa: E402
 
 from ..engine.cli_args import engine_args_from_cli  # noqa: E402
 from ..engine.config import ConfigError, EngineArgs  # noqa: E402
+from .acceptor import BurstAcceptor  # noqa: E402
 from .app import OpenAIApp, build_app  # noqa: E402
 from .cli import env_api_key, ignored_flags  # noqa: E402
 from .serving_base import VLLM_API_VERSION, ServeSettings  # noqa: E402
@@ -254,6 +256,14 @@ class _Server(uvicorn.Server):
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # no uvloop server on the sockets: it would accept one connection per turn of the loop
+        await super().startup(sockets=[])
+        if self.started and sockets:
+            factory = functools.partial(self.config.http_protocol_class, config=self.config,
+                                        server_state=self.server_state, app_state=self.lifespan.state)
+            self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self._exit_started:
