@@ -33,6 +33,17 @@ class LinearSteps:
         return zero_pacing(rng)
 
 
+class DelayedInput(LinearSteps):
+    """LinearSteps plus a constant input delay: the engine sees a mid-step arrival `delay_ms` late."""
+
+    def __init__(self, delay_ms: float) -> None:
+        super().__init__()
+        self.delay = delay_ms * MS
+
+    def input_delay(self, rng: random.Random) -> float:
+        return self.delay
+
+
 class StepHarness:
     def __init__(self, model: LinearSteps | None = None, **cfg) -> None:
         self.model = model or LinearSteps()
@@ -94,6 +105,38 @@ def test_an_arrival_mid_step_waits_for_the_next_step():
     assert h.core.stats.requests_completed == 2
 
 
+def test_an_arrival_the_engine_has_not_seen_yet_misses_the_next_step():
+    h = StepHarness(DelayedInput(2.0))
+    h.add("a", prompt_len=10, max_tokens=4)
+    h.core.run_until_idle(until=0.0215)  # step 2 (a's first decode) runs 11 → 22 ms
+    h.add("b", prompt_len=10, max_tokens=1)  # 0.5 ms before it ends: seen at 23.5 ms
+    h.core.run_until_idle()
+    # step 3 (22 → 33 ms) is a's decode alone; b is in step 4 (33 → 45 ms, with a's decode)
+    assert h.times("a") == [0.011, 0.022, 0.033, 0.045]
+    assert h.times("b") == [0.045]
+    assert h.core.step_timer._visible == {}
+
+
+def test_an_input_delay_holds_nothing_back_when_the_request_is_all_the_work():
+    h = StepHarness(DelayedInput(2.0))
+    h.add("a", prompt_len=10, max_tokens=1)  # an idle engine: scheduled at once, no delay
+    h.core.run_until_idle(until=0.0105)
+    assert h.times("a") == []
+    h.add("b", prompt_len=10, max_tokens=1)  # mid-step, and a has nothing left to decode
+    h.core.run_until_idle()
+    assert h.times("a") == [0.011]
+    assert h.times("b") == [0.022]  # scheduled when a's step ended, not when the engine saw it
+
+
+def test_an_arrival_far_from_the_step_end_still_makes_the_next_step():
+    h = StepHarness(DelayedInput(2.0))
+    h.add("a", prompt_len=10, max_tokens=4)
+    h.core.run_until_idle(until=0.015)  # 7 ms before the step ends: seen in time
+    h.add("b", prompt_len=10, max_tokens=1)
+    h.core.run_until_idle()
+    assert h.times("b") == [round(0.022 + 0.012, 9)]
+
+
 def test_abort_mid_step_drops_the_request_and_counters_balance():
     h = StepHarness()
     h.add("a", max_tokens=50)
@@ -136,10 +179,12 @@ def test_preemption_in_step_mode_finishes_everything():
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 300), st.integers(1, 12), st.booleans()),
                 min_size=1, max_size=12),
-       st.integers(2, 8), st.sampled_from([64, 256, 2048]))
-def test_step_mode_property(reqs, seqs, budget):
-    """Counters balance, blocks come back, and every token leaves at the end of a modeled step."""
-    h = StepHarness(max_num_seqs=seqs, max_num_batched_tokens=budget)
+       st.integers(2, 8), st.sampled_from([64, 256, 2048]), st.sampled_from([None, 0.5, 3.0]))
+def test_step_mode_property(reqs, seqs, budget, delay_ms):
+    """Counters balance, blocks come back, and every token leaves at the end of a modeled step
+    (with or without an input delay)."""
+    model = DelayedInput(delay_ms) if delay_ms is not None else None
+    h = StepHarness(model, max_num_seqs=seqs, max_num_batched_tokens=budget)
     ends = []
     orig = h.core.step_timer._finish
 

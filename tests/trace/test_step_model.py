@@ -14,7 +14,7 @@ from vllm_vcr.engine.step_timing import StepBatch, zero_pacing
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 from vllm_vcr.trace.io import write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
-from vllm_vcr.trace.step_model import StepLatency, lad_fit, reconstruct_steps
+from vllm_vcr.trace.step_model import InputDelay, StepLatency, busy_arrivals, lad_fit, reconstruct_steps
 
 # the law the synthetic engine follows (ms): intercept, per decode, per prefill token, per first token
 TRUE = (3.0, 0.8, 0.05, 6.0)
@@ -22,6 +22,12 @@ TRUE = (3.0, 0.8, 0.05, 6.0)
 
 class KnownLaw:
     is_knob = False
+
+    def __init__(self, input_delay_ms: float = 0.0) -> None:
+        self.delay = input_delay_ms * 1e-3
+
+    def input_delay(self, rng: random.Random) -> float:
+        return self.delay
 
     def step_duration(self, b: StepBatch, rng: random.Random) -> float:
         line = TRUE[0] + TRUE[1] * b.num_decodes + TRUE[2] * b.num_prefill_tokens + TRUE[3] * b.num_first_tokens
@@ -31,7 +37,7 @@ class KnownLaw:
         return zero_pacing(rng)
 
 
-def synthetic_trace(n: int = 300, seed: int = 3) -> list[TraceRecord]:
+def synthetic_trace(n: int = 300, seed: int = 3, input_delay_ms: float = 0.0) -> list[TraceRecord]:
     """Records as an engine tap would write them, from the engine running the known law."""
     rng = random.Random(seed)
     times: dict[str, list[float]] = {}
@@ -43,7 +49,7 @@ def synthetic_trace(n: int = 300, seed: int = 3) -> list[TraceRecord]:
 
     clock = VirtualClock(0.0)
     core = EngineCore(EngineArgs(config=EngineConfig(max_num_seqs=8)).validate(), clock=clock,
-                      latency=KnownLaw(), output_sink=sink)
+                      latency=KnownLaw(input_delay_ms), output_sink=sink)
     t, shape = 0.0, {}
     for i in range(n):
         t += rng.expovariate(25.0)
@@ -72,6 +78,33 @@ def test_fit_recovers_the_step_law():
     # the residual ratios carry the ±10 % noise
     for r in model.residuals.values():
         assert 0.85 <= r.ratios[0] and r.excess[-1] < 0.15 * 40
+
+
+def test_fit_recovers_a_known_input_delay():
+    recs = synthetic_trace(input_delay_ms=2.0)
+    model = StepLatency(recs)
+    samples = busy_arrivals(recs, model.steps)
+    assert len(samples) > 50
+    # every busy arrival with less than 2 ms left in the step in flight missed the next one
+    assert all(missed == (lead < 2.0) for lead, missed in samples if abs(lead - 2.0) > 0.01)
+    d = model.input_delay_model
+    assert d is not None and d.plateau == 0
+    for u in (0.1, 0.5, 0.9):
+        assert d.draw_ms(u) == pytest.approx(2.0, abs=0.3)
+    assert model.input_delay(random.Random(0)) == pytest.approx(2e-3, abs=3e-4)
+    # without a delay, no busy arrival misses its step and the fitted delay is ~0
+    model0 = StepLatency(synthetic_trace())
+    assert model0.input_delay_model.draw_ms(0.5) < 0.3
+
+
+def test_input_delay_drops_the_plateau_of_late_misses():
+    # half the requests seen after 1 ms, all after 2 ms; 10 % "misses" at long leads (tap bursts)
+    samples = [(0.05 * k, 0.05 * k < 1.0 or (0.05 * k < 2.0 and k % 2 == 0)) for k in range(60)]
+    samples += [(3.0 + 0.5 * k, k % 10 == 0) for k in range(100)]
+    d = InputDelay(samples)
+    assert d.plateau == pytest.approx(0.1, abs=0.03)
+    assert d.draw_ms(0.0) <= d.horizon and d.draw_ms(0.99) >= 0.9
+    assert 1.0 <= d.draw_ms(0.5) <= 2.0
 
 
 def test_reconstructed_steps_and_idle_starts():
@@ -106,16 +139,39 @@ def test_time_scale_divides_step_durations():
     assert two == pytest.approx(one / 2)
 
 
-def test_env_selects_step_mode_for_latency_trace(tmp_path, monkeypatch):
-    path = tmp_path / "t.jsonl"
-    write_trace(path, TraceMeta(source="tap"), synthetic_trace(60))
-    core_mod._shared_trace_latency.cache_clear()
-    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "steps")
-    core = EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0))
+def test_a_tap_trace_selects_step_mode_unless_the_env_asks_for_cells(tmp_path, monkeypatch):
+    from vllm_vcr.trace.latency_model import TraceLatency
+
+    tap, http = tmp_path / "tap.jsonl", tmp_path / "http.jsonl"
+    write_trace(tap, TraceMeta(source="tap"), synthetic_trace(60))
+    write_trace(http, TraceMeta(source="http-tap"), synthetic_trace(60))
+
+    def engine(path):
+        core_mod._shared_trace_latency.cache_clear()
+        return EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0))
+
+    monkeypatch.delenv("VLLM_VCR_LATENCY_MODEL", raising=False)
+    core = engine(tap)  # the default for an engine tap trace: step-composed timing
     assert core.step_timer is not None and isinstance(core.latency, StepLatency)
+    assert engine(http).step_timer is None  # a client-side capture: the cell model
+    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "cells")
+    core = engine(tap)
+    assert core.step_timer is None and isinstance(core.latency, TraceLatency)
+    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "steps")
+    assert isinstance(engine(http).latency, StepLatency)
     core_mod._shared_trace_latency.cache_clear()
-    monkeypatch.delenv("VLLM_VCR_LATENCY_MODEL")
-    assert EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0)).step_timer is None
+
+
+def test_a_tap_trace_the_step_model_cannot_fit_falls_back_to_cells(tmp_path, monkeypatch):
+    from vllm_vcr.trace.latency_model import TraceLatency
+
+    path = tmp_path / "t.jsonl"  # no arrival times: no step timeline
+    write_trace(path, TraceMeta(source="tap"), [TraceRecord(prompt_tokens=10, output_tokens=3, ttft_ms=20.0,
+                                                           itl_ms=[5.0, 5.0]) for _ in range(5)])
+    monkeypatch.delenv("VLLM_VCR_LATENCY_MODEL", raising=False)
+    core_mod._shared_trace_latency.cache_clear()
+    core = EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0))
+    assert core.step_timer is None and isinstance(core.latency, TraceLatency)
     core_mod._shared_trace_latency.cache_clear()
 
 

@@ -427,6 +427,8 @@ class EngineCore:
                 return
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
+        if self.step_timer is not None:
+            self.step_timer.on_arrival(req, now)
         if cfg.log_requests:
             logger.info("request %s queued: prompt=%d max_tokens=%d", rid, prompt_len, req.max_tokens)
         if ecr.abort_immediately:
@@ -856,21 +858,31 @@ def _shared_trace_planner(tokens: str | None, steps: str | None, match: str, blo
 
 @functools.lru_cache(maxsize=8)
 def _shared_trace_latency(path: str, time_scale: float):
-    # hidden switch for the fidelity benchmark (bench/fidelity): "fit" = the §3.2 port;
-    # "cells-v0" / "cells-v1" = the cell model's earlier draws, for comparison
+    """The latency model of `--latency-trace`: the step-time model (step-composed timing) for an
+    engine tap trace, the cell model otherwise or with VLLM_VCR_LATENCY_MODEL=cells.
+
+    VLLM_VCR_LATENCY_MODEL: "steps" / "cells" force a model; hidden, for the fidelity benchmark
+    (bench/fidelity): "fit" = the §3.2 port, "cells-v0" / "cells-v1" = the cell model's earlier draws."""
     which = os.environ.get("VLLM_VCR_LATENCY_MODEL", "").strip()
     if which == "fit":
         from ..trace.latency_fit import TraceLatency as Fit
 
         return Fit.from_path(path, time_scale)
-    if which == "steps":
-        from ..trace.step_model import StepLatency
-
-        return StepLatency.from_path(path, time_scale)
+    from ..trace.io import read_trace
     from ..trace.latency_model import TraceLatency
+    from ..trace.schema import SOURCE_TAP
+    from ..trace.step_model import StepLatency
 
+    if which == "steps":
+        return StepLatency.from_path(path, time_scale)
     if which == "cells-v0":
         return TraceLatency.from_path(path, time_scale, ttft_tail="local", decode_runs=False)
     if which == "cells-v1":
         return TraceLatency.from_path(path, time_scale, decode_runs=False)
-    return TraceLatency.from_path(path, time_scale)
+    trace = read_trace(path)
+    if which != "cells" and trace.meta is not None and trace.meta.source == SOURCE_TAP:
+        try:
+            return StepLatency(trace.records, time_scale)
+        except ValueError as e:
+            logger.warning("--latency-trace %s: %s; using the cell model", path, e)
+    return TraceLatency(trace.records, time_scale)

@@ -15,6 +15,11 @@ can even be scheduled. Here:
    prefill completed, one token for every decode, all in one output batch; the next step starts
    then, with whatever arrived in the meantime.
 
+A request that arrives while a step runs becomes visible to the scheduler only after the model's
+input delay (`input_delay`, optional: the real engine's input path), so one arriving just before
+the step ends waits for one more step; the delay holds a request back only from a step that runs
+anyway (at an idle engine, or when it is all the work there is, it is scheduled at once).
+
 In this mode each request's own pacing is zero (tokens come only from steps), so every running
 decode is due at every step. Aborts during a step drop the request from the batch; a pause moves
 the step's end by the paused time; KV pulls that complete mid-step join the next step.
@@ -23,6 +28,7 @@ the step's end by the paused time; KV pulls that complete mid-step join the next
 from __future__ import annotations
 
 import random
+from collections import deque
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .latency import RequestPacing
@@ -83,6 +89,10 @@ class StepTimer:
         self._rng = random.Random(f"steps/{core.args.seed}/{core.engine_index}")
         self.num_steps = 0
         self._last_end: float | None = None  # when the previous step ended
+        delay = getattr(model, "input_delay", None)
+        self._input_delay = delay if callable(delay) else None
+        self._visible: dict[str, float] = {}  # request id -> when the scheduler may see it
+        self._last_visible = 0.0
 
     # --- hooks ---------------------------------------------------------------------------------
     def next_wake(self) -> float | None:
@@ -122,8 +132,21 @@ class StepTimer:
         if not started and expired:
             self.core._emit([], [], with_stats=True)
 
+    def on_arrival(self, req: Request, now: float) -> None:
+        """A request entered the waiting queue: while a step runs, it waits for the input delay."""
+        if self._input_delay is None or self.batch is None:
+            return
+        # the input path is FIFO: a request is never seen before the one that arrived before it
+        t = max(now + max(self._input_delay(self._rng), 0.0), self._last_visible)
+        self._last_visible = t
+        if t > now:
+            self._visible[req.request_id] = t
+
     def shift(self, delta: float) -> None:
         """The engine was paused for `delta` seconds: the step in flight ends that much later."""
+        if self._visible:
+            self._visible = {rid: t + delta for rid, t in self._visible.items()}
+            self._last_visible += delta
         if self.batch is not None:
             self.batch.end += delta
         elif self._last_end is not None:
@@ -146,7 +169,7 @@ class StepTimer:
                 core.on_kv_pulled(req.remote_prefill)
             pulled.append(req)
         self._pulled = []
-        scheduled = core.scheduler.schedule(now)
+        scheduled = self._schedule(now, bool(pulled))
         decodes = len(pulled)
         prefill_tokens = prefills = firsts = context = 0
         compute = []
@@ -174,6 +197,27 @@ class StepTimer:
                           after_idle=self._last_end is None or now > self._last_end)
         self.batch = _Batch(now + max(self.model.step_duration(batch, self._rng), 0.0), compute, pulled)
         return True
+
+    def _schedule(self, now: float, pulled: bool) -> list:
+        """The scheduler's batch without the requests the engine has not seen yet, unless they
+        are all the work there is (then they are scheduled at once: at an idle engine the step's
+        duration holds the input path)."""
+        sched = self.core.scheduler
+        if self._visible:
+            self._visible = {rid: t for rid, t in self._visible.items() if t > now}
+        if not self._visible:
+            return sched.schedule(now)
+        hidden = [r for r in sched.waiting if r.request_id in self._visible]
+        if not hidden:
+            return sched.schedule(now)
+        sched.waiting = deque(r for r in sched.waiting if r.request_id not in self._visible)
+        try:
+            scheduled = sched.schedule(now)
+        finally:
+            sched.waiting.extend(hidden)
+        if scheduled or pulled:
+            return scheduled
+        return sched.schedule(now)
 
     def _finish(self, b: _Batch) -> None:
         """The step ends: apply its work and emit every token it produced, at its end time."""

@@ -21,6 +21,15 @@ included: below the line as a ratio (the near-zero gaps of a message burst, when
 output thread catches up, scale with the step), above it as the excess time (a stall of the box
 does not grow with the batch it hits).
 
+The input path: a request that reaches the tap while a step runs is not always in the next step.
+The engine sees it some time later (its input thread, deserialization; ~1.5-2 ms on the CPU box),
+so one that arrives within that time of the step's end waits for one more step. From the busy
+arrivals of the trace (arrived during a step, the next step back to back and not full), the
+chance that a request missed the next step as a function of the time it had until the step
+ended is the survival function of that delay (current-status data; a decreasing isotonic fit);
+the engine draws each arrival's delay from it (`input_delay`). A delay is only felt when the
+next step runs anyway: at an idle engine the wake-up step's duration already holds it.
+
 Limits: a step that emitted nothing (a chunk of a prompt longer than the token budget with no
 decode running) is invisible, and its time lands in the next visible step; the fit attributes a
 request's whole uncached prompt to the step that emitted its first token.
@@ -41,7 +50,9 @@ from .schema import TraceRecord, replay_subset
 
 SAME_MESSAGE_MS = 0.005  # token times closer than this are one output message (rounding only)
 FEATURES = ("intercept", "decodes", "prefill_tokens", "first_tokens", "decode_kilotokens")
-MIN_CLASS_STEPS = 20  # residuals of a class with fewer steps fall back to all steps'
+MIN_CLASS_STEPS = 20
+MIN_BUSY_ARRIVALS = 20
+PLATEAU_FACTOR = 3.0  # fewer busy arrivals than this: no input delay is fitted  # residuals of a class with fewer steps fall back to all steps'
 # Residual classes: decode-only steps; steps with a prefill, back to back with the previous step
 # or started by an arrival at an idle engine (those carry the wake-up: the input path and the
 # engine process being scheduled again, which a busy engine does not pay).
@@ -129,6 +140,97 @@ def reconstruct_steps(records: Sequence[TraceRecord]) -> list[RecordedStep]:
         steps.append(RecordedStep(start, t, len(decodes), sum(e[3] for e in first), len(first),
                                   sum(e[3] for e in decodes), after_idle))
     return steps
+
+
+def _decreasing_isotonic(y: Sequence[float]) -> list[float]:
+    """Least-squares non-increasing fit (pool adjacent violators)."""
+    vals: list[float] = []
+    weights: list[int] = []
+    for v in y:
+        vals.append(float(v))
+        weights.append(1)
+        while len(vals) > 1 and vals[-2] < vals[-1]:
+            v2, w2 = vals.pop(), weights.pop()
+            vals[-1] = (vals[-1] * weights[-1] + v2 * w2) / (weights[-1] + w2)
+            weights[-1] += w2
+    out: list[float] = []
+    for v, w in zip(vals, weights):
+        out += [v] * w
+    return out
+
+
+def busy_arrivals(records: Sequence[TraceRecord], steps: Sequence[RecordedStep],
+                  max_num_seqs: int | None = None) -> list[tuple[float, bool]]:
+    """(time the request had until the step in flight ended, whether it missed the next step) for
+    every request that arrived during a step whose successor ran back to back with room for it
+    and with other work (a step that only computes the request waits for it: no information)."""
+    starts = [s.start_ms for s in steps]
+    ends = [s.end_ms for s in steps]
+    cap = max_num_seqs or max((s.num_decodes + s.num_first_tokens for s in steps), default=0)
+    out: list[tuple[float, bool]] = []
+    for r in replay_subset(list(records)):
+        a = r.arrival_ms
+        first = a + r.ttft_ms
+        i = bisect.bisect_right(ends, a)  # the step in flight when it arrived
+        if i + 1 >= len(steps) or starts[i] >= a - SAME_MESSAGE_MS or first < ends[i] - SAME_MESSAGE_MS:
+            continue  # the engine was idle (or the request woke it)
+        nxt = steps[i + 1]
+        if nxt.start_ms > ends[i] + SAME_MESSAGE_MS or nxt.num_decodes + nxt.num_first_tokens >= cap:
+            continue  # no step back to back, or the next one had no room for it anyway
+        missed = first > nxt.end_ms + SAME_MESSAGE_MS
+        if not missed and nxt.num_decodes + nxt.num_first_tokens == 1:
+            continue  # it was all the next step did: that step waited for it, whatever the delay
+        out.append((ends[i] - a, missed))
+    return out
+
+
+class InputDelay:
+    """The engine's input delay, drawn by inverse CDF from the survival function fitted on the
+    busy arrivals (`busy_arrivals`): P(delay > lead) = the isotonic fit of "missed" on the lead.
+
+    The fit levels off at a few % for long leads (6-8 % on the CPU traces): requests that missed
+    the next step although it ended 5-200 ms after they arrived. Those are the tap's message
+    bursts (a step's output stamped late, just before the next one's, so the step in flight seems
+    to end later than it did), not a delay, so the plateau is taken out: the delay is drawn from
+    the survival function less the plateau (the miss rate of the leads beyond PLATEAU_FACTOR times the
+lead where half the requests missed), rescaled, and 0 beyond that horizon."""
+
+    __slots__ = ("horizon", "leads", "plateau", "survival")
+
+    def __init__(self, samples: Sequence[tuple[float, bool]]) -> None:
+        samples = sorted(samples)
+        fit = _decreasing_isotonic([1.0 if m else 0.0 for _, m in samples])
+        leads = [d for d, _ in samples]
+        # the plateau: the miss rate beyond PLATEAU_FACTOR x the lead where the fit drops below 1/2
+        half = next((d for d, v in zip(leads, fit) if v < 0.5), leads[-1] if leads else 0.0)
+        self.horizon = PLATEAU_FACTOR * half
+        far = [m for d, m in samples if d > self.horizon]
+        self.plateau = sum(far) / len(far) if far else 0.0
+        top = (fit[0] - self.plateau) if fit else 0.0
+        keep = [k for k, d in enumerate(leads) if d <= self.horizon]
+        self.leads = [leads[k] for k in keep]
+        self.survival = [max(fit[k] - self.plateau, 0.0) / top if top > 0 else 0.0 for k in keep]
+        if self.survival:
+            self.survival[-1] = 0.0  # no delay beyond the horizon
+
+    def draw_ms(self, u: float) -> float:
+        """The delay with P(delay > leads[k]) = survival[k]: up to the first lead whose survival is <= u."""
+        surv = self.survival
+        if not surv:
+            return 0.0
+        lo, hi = 0, len(surv) - 1  # survival is non-increasing and ends at 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if surv[mid] <= u:
+                hi = mid
+            else:
+                lo = mid + 1
+        # the delay lies between the last lead it exceeded and this one: the midpoint
+        leads = self.leads
+        return (leads[lo - 1] + leads[lo]) / 2 if lo else leads[0] / 2
+
+    def median_ms(self) -> float:
+        return self.draw_ms(0.5)
 
 
 def _design(steps: Sequence[RecordedStep]) -> np.ndarray:
@@ -225,6 +327,8 @@ class StepLatency:
                 sel = classes != DECODE_STEP  # few idle wake-ups: every prefill step's spread
             self.residuals[cls] = _Residuals(y[sel], line[sel]) if sel.sum() >= MIN_CLASS_STEPS else pooled
         self.output_lengths = sorted(r.output_tokens for r in records if r.output_tokens > 0)
+        busy = busy_arrivals(records, steps)
+        self.input_delay_model = InputDelay(busy) if len(busy) >= MIN_BUSY_ARRIVALS else None
 
     @classmethod
     def from_path(cls, path: str, time_scale: float = 1.0) -> StepLatency:
@@ -243,6 +347,12 @@ class StepLatency:
         line = max(self.line_ms(batch), 0.0)
         cls = step_class(batch.num_first_tokens > 0, batch.after_idle)
         return self.residuals[cls].apply(line, rng.random()) * self._scale
+
+    def input_delay(self, rng: random.Random) -> float:
+        """Seconds before the engine sees a request that arrived during a step."""
+        if self.input_delay_model is None:
+            return 0.0
+        return self.input_delay_model.draw_ms(rng.random()) * self._scale
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int, rng: random.Random):
         return zero_pacing(rng)
