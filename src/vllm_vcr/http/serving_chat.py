@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .chat_template import ChatTemplateError
-from .errors import STREAM_INTERNAL_ERROR, bad_request
+from .errors import bad_request
 from .generation import (
     SequenceState,
     as_http_error,
@@ -31,8 +31,8 @@ from .protocol import (
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
-from .sse import DONE, send_bytes
-from .streaming import stream_response
+from .sse import send_bytes
+from .streaming import ChoiceStream, stream_response
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 _MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
@@ -229,7 +229,7 @@ class ChatServing(ServingBase):
         await stream_response(ctx, self.engine, engine_reqs, renderer)
 
 
-class ChatStream:
+class ChatStream(ChoiceStream):
     """Renders one chat completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
 
     def __init__(self, serving: ChatServing, req: ChatCompletionRequest, rid: str, created: int, model: str,
@@ -241,10 +241,7 @@ class ChatStream:
         self.rid, self.created, self.model, self.role, self.echo_text = rid, created, model, role, echo_text
         self.prompt_ids = prompt_ids
         self.prompt_len = len(prompt_ids)
-        self.states = states
-        self.total = total = len(states)
-        self.single = total == 1
-        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
+        total = len(states)
         self.rti = bool(req.return_token_ids)
         head = (b'data: {"id":"' + rid.encode() + b'","object":"chat.completion.chunk","created":'
                 + str(created).encode() + b',"model":' + encode(model) + b',"choices":[{"index":')
@@ -256,17 +253,13 @@ class ChatStream:
         fp = settings.system_fingerprint
         self.fp = fp
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
-        self.fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not self.include_usage) else b""
+        super().__init__(states, engine_reqs, b',"system_fingerprint":' + encode(fp)
+                         if (fp is not None and not self.include_usage) else b"")
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
-        self.ended = 0
-        self.done = False
-        self.error = False
-        self.tail = b""
-        self.cancel = None
 
     def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
         pl = self.prompt_len
@@ -292,12 +285,10 @@ class ChatStream:
         return b"".join(parts)
 
     def feed(self, out: EngineCoreOutput) -> bytes:
-        i = 0 if self.single else self._index[out.request_id]
-        st = self.states[i]
-        if st.finished:
+        applied = self.apply(out)
+        if applied is None:
             return b""
-        before = st.num_tokens
-        text, ids = st.process(out)
+        i, st, before, text, ids = applied
         pre = b""
         if self.first:
             self.first = False
@@ -335,31 +326,16 @@ class ChatStream:
             chunk += [b',"finish_reason":null,"token_ids":', ids_part, b"}]"]
         if self.continuous:
             chunk.append(self.usage_part(st.num_tokens, st))
-        if finished:
-            chunk.append(self.fp_part)
-        chunk.append(b"}\n\n")
-        if finished:
-            if out.finish_reason is None:
-                self.cancel(i)
-            self.ended += 1
-            if self.ended == self.total:
-                # the last chunk leaves with the usage chunk and [DONE]: one write
-                self.tail = b"".join(chunk)
-                self.done = True
-                return b""
-        return b"".join(chunk)
+        return self.close_chunk(i, out, chunk, finished)
 
-    def closing(self) -> bytes:
-        if self.error:
-            return self.tail + STREAM_INTERNAL_ERROR + DONE
-        tail = self.tail
-        if self.include_usage:
-            states = self.states
-            completion_tokens = sum(s.num_tokens for s in states)
-            usage = usage_dict(self.prompt_len, completion_tokens,
-                               self.serving.prompt_details(self.first_state or states[0]))
-            if self.settings.reasoning_parser:
-                usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
-            tail += b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created,
-                                                         self.model, usage, self.fp)) + b"\n\n"
-        return tail + DONE
+    def usage_chunk(self) -> bytes:
+        if not self.include_usage:
+            return b""
+        states = self.states
+        completion_tokens = sum(s.num_tokens for s in states)
+        usage = usage_dict(self.prompt_len, completion_tokens,
+                           self.serving.prompt_details(self.first_state or states[0]))
+        if self.settings.reasoning_parser:
+            usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
+        return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,
+                                                    usage, self.fp)) + b"\n\n"

@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from .errors import STREAM_INTERNAL_ERROR
 from .generation import (
     SequenceState,
     as_http_error,
@@ -31,7 +30,7 @@ from .protocol import (
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .sse import DONE, SSEWriter, send_bytes
-from .streaming import stream_response
+from .streaming import ChoiceStream, stream_response
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
@@ -255,7 +254,7 @@ class CompletionServing(ServingBase):
         await stream_response(ctx, self.engine, engine_reqs, renderer)
 
 
-class CompletionStream:
+class CompletionStream(ChoiceStream):
     """Renders one text completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
 
     def __init__(self, serving: CompletionServing, req: CompletionRequest, rid: str, created: int, model: str,
@@ -264,11 +263,8 @@ class CompletionStream:
         self.req = req
         self.rid, self.created, self.model = rid, created, model
         self.prompts = prompts
-        self.states = states
         self.n = n = req.n
-        self.total = total = len(states)
-        self.single = total == 1
-        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
+        total = len(states)
         head = (b'data: {"id":"' + rid.encode() + b'","object":"text_completion","created":' + str(created).encode()
                 + b',"model":' + encode(model) + b',"choices":[{"index":')
         self.heads = [head + str(i).encode() + b',"text":' for i in range(total)]
@@ -276,7 +272,8 @@ class CompletionStream:
         fp = serving.settings.system_fingerprint
         self.fp = fp
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
-        self.fp_part = b',"system_fingerprint":' + encode(fp) if (fp is not None and not self.include_usage) else b""
+        super().__init__(states, engine_reqs, b',"system_fingerprint":' + encode(fp)
+                         if (fp is not None and not self.include_usage) else b"")
         self.want_lp = req.logprobs is not None
         self.rti = bool(req.return_token_ids)
         self.echo = bool(req.echo) or self.rti  # both hand the prompt ids out with the first chunk
@@ -286,19 +283,12 @@ class CompletionStream:
         self.text_lens = [0] * total
         self.prompt_lens = [len(prompts[i // n].ids) for i in range(total)]
         self.first_cached: int | None = None
-        self.ended = 0
-        self.done = False
-        self.error = False
-        self.tail = b""
-        self.cancel = None
 
     def feed(self, out: EngineCoreOutput) -> bytes:
-        i = 0 if self.single else self._index[out.request_id]
-        st = self.states[i]
-        if st.finished:
+        applied = self.apply(out)
+        if applied is None:
             return b""
-        before = st.num_tokens
-        text, ids = st.process(out)
+        i, st, before, text, ids = applied
         if self.first_cached is None:
             self.first_cached = st.cached_tokens
         if st.finish_reason == "error":
@@ -336,31 +326,16 @@ class CompletionStream:
         if self.continuous:
             pt = self.prompt_lens[i]
             chunk.append(_USAGE % (pt, pt + st.num_tokens, st.num_tokens))
-        if finished:
-            chunk.append(self.fp_part)
-        chunk.append(b"}\n\n")
-        if finished:
-            if out.finish_reason is None:
-                self.cancel(i)
-            self.ended += 1
-            if self.ended == self.total:
-                # the last chunk leaves with the usage chunk and [DONE]: one write
-                self.tail = b"".join(chunk)
-                self.done = True
-                return b""
-        return b"".join(chunk)
+        return self.close_chunk(i, out, chunk, finished)
 
-    def closing(self) -> bytes:
-        if self.error:
-            return self.tail + STREAM_INTERNAL_ERROR + DONE
-        tail = self.tail
-        if self.include_usage:
-            prompt_tokens = sum(len(p.ids) for p in self.prompts)
-            completion_tokens = sum(s.num_tokens for s in self.states)
-            usage = usage_dict(prompt_tokens, completion_tokens, self.serving.prompt_details(self.first_cached))
-            tail += b"data: " + encode(final_usage_chunk(self.rid, "text_completion", self.created, self.model,
-                                                         usage, self.fp)) + b"\n\n"
-        return tail + DONE
+    def usage_chunk(self) -> bytes:
+        if not self.include_usage:
+            return b""
+        prompt_tokens = sum(len(p.ids) for p in self.prompts)
+        completion_tokens = sum(s.num_tokens for s in self.states)
+        usage = usage_dict(prompt_tokens, completion_tokens, self.serving.prompt_details(self.first_cached))
+        return b"data: " + encode(final_usage_chunk(self.rid, "text_completion", self.created, self.model,
+                                                    usage, self.fp)) + b"\n\n"
 
 
 def choice_dict(index: int, text: str, logprobs: Any, finish_reason: str | None, stop_reason: Any) -> dict[str, Any]:

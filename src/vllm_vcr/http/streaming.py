@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from .errors import STREAM_INTERNAL_ERROR
 from .generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext
-from .sse import SSEWriter
+from .sse import DONE, SSEWriter
 
 try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
@@ -35,6 +36,59 @@ class StreamRenderer(Protocol):
     def feed(self, out: EngineCoreOutput) -> bytes: ...
 
     def closing(self) -> bytes: ...
+
+
+class ChoiceStream:
+    """What the chat and completion renderers share: counting ended choices and the stream's end."""
+
+    def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
+        self.states = states  # one SequenceState per choice, in engine_reqs' order
+        self.total = len(states)
+        self.single = self.total == 1
+        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
+        self.fp_part = fp_part  # the fingerprint rides on the last chunk (unless a usage chunk follows)
+        self.ended = 0
+        self.done = False
+        self.error = False
+        self.tail = b""
+        self.cancel: Callable[[int], None] | None = None
+
+    def apply(self, out: EngineCoreOutput) -> tuple[int, Any, int, str, list[int]] | None:
+        """Apply an output to its choice: (index, state, tokens before, delta text, delta ids);
+        None for a choice that has already ended."""
+        i = 0 if self.single else self._index[out.request_id]
+        st = self.states[i]
+        if st.finished:
+            return None
+        before = st.num_tokens
+        text, ids = st.process(out)
+        return i, st, before, text, ids
+
+    def close_chunk(self, i: int, out: EngineCoreOutput, chunk: list[bytes], finished: bool) -> bytes:
+        """Close choice i's chunk; the stream's last chunk is held back for closing()."""
+        if not finished:
+            chunk.append(b"}\n\n")
+            return b"".join(chunk)
+        chunk.append(self.fp_part)
+        chunk.append(b"}\n\n")
+        if out.finish_reason is None:
+            self.cancel(i)  # a stop string ended it: stop reading (and abort) its engine request
+        self.ended += 1
+        data = b"".join(chunk)
+        if self.ended == self.total:
+            self.tail = data  # it leaves with the usage chunk and [DONE]: one write
+            self.done = True
+            return b""
+        return data
+
+    def closing(self) -> bytes:
+        if self.error:
+            return self.tail + STREAM_INTERNAL_ERROR + DONE
+        return self.tail + self.usage_chunk() + DONE
+
+    def usage_chunk(self) -> bytes:
+        """The trailing usage chunk (b"" unless stream_options.include_usage)."""
+        raise NotImplementedError
 
 
 class DirectBody:
