@@ -700,37 +700,24 @@ class EngineCore:
         source = req.token_source
         out_ids = req.output_token_ids
         all_ids = req.all_token_ids
-        if req.chunk == 1:  # the common case, without the chunk loop
-            tok = source.next_token(idx)
-            new = [tok]
+        new: list[int] = []
+        for i in range(idx, idx + req.chunk):
+            tok = source.next_token(i)
+            new.append(tok)
             out_ids.append(tok)
             all_ids.append(tok)
-            num_out = idx + 1
+            num_out = i + 1
             if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
                 reason = self._length_end(req, num_out, new)
-            elif num_out >= req.min_tokens and (tok == req.eos_token_id or tok in req.stop_ids):
-                reason = FinishReason.STOP
-                if tok != req.eos_token_id:
-                    stop_reason = tok
-        else:
-            new = []
-            for i in range(idx, idx + req.chunk):
-                tok = source.next_token(i)
-                new.append(tok)
-                out_ids.append(tok)
-                all_ids.append(tok)
-                num_out = i + 1
-                if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
-                    reason = self._length_end(req, num_out, new)
+                break
+            if num_out >= req.min_tokens:
+                if tok == req.eos_token_id:
+                    reason = FinishReason.STOP
                     break
-                if num_out >= req.min_tokens:
-                    if tok == req.eos_token_id:
-                        reason = FinishReason.STOP
-                        break
-                    if tok in req.stop_ids:
-                        reason = FinishReason.STOP
-                        stop_reason = tok
-                        break
+                if tok in req.stop_ids:
+                    reason = FinishReason.STOP
+                    stop_reason = tok
+                    break
         out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
         if req.pending_events:
             out.events = req.pending_events

@@ -14,7 +14,7 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .errors import STREAM_INTERNAL_ERROR
@@ -28,18 +28,9 @@ except ImportError:  # pragma: no cover - httptools is a dependency
     _HttptoolsCycle = None
 
 
-class StreamRenderer(Protocol):
-    done: bool  # every choice has ended, or an error ended the stream
-    error: bool
-    cancel: Callable[[int], None]  # stop reading choice i (a stop string ended it); set by the driver
-
-    def feed(self, out: EngineCoreOutput) -> bytes: ...
-
-    def closing(self) -> bytes: ...
-
-
 class ChoiceStream:
-    """What the chat and completion renderers share: counting ended choices and the stream's end."""
+    """A renderer's common part (ChatStream, CompletionStream add `feed` and `usage_chunk`):
+    applying outputs to their choice, counting ended choices, and the stream's end."""
 
     def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
@@ -48,7 +39,7 @@ class ChoiceStream:
         self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
         self.fp_part = fp_part  # the fingerprint rides on the last chunk (unless a usage chunk follows)
         self.ended = 0
-        self.done = False
+        self.done = False  # every choice has ended, or an error ended the stream
         self.error = False
         self.tail = b""
         self.cancel: Callable[[int], None] | None = None
@@ -85,6 +76,10 @@ class ChoiceStream:
         if self.error:
             return self.tail + STREAM_INTERNAL_ERROR + DONE
         return self.tail + self.usage_chunk() + DONE
+
+    def feed(self, out: EngineCoreOutput) -> bytes:
+        """The bytes to send for one engine output (b"" for none)."""
+        raise NotImplementedError
 
     def usage_chunk(self) -> bytes:
         """The trailing usage chunk (b"" unless stream_options.include_usage)."""
@@ -126,7 +121,7 @@ class DirectBody:
 
 
 async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
-                          renderer: StreamRenderer) -> None:
+                          renderer: ChoiceStream) -> None:
     w = SSEWriter(ctx.send)
     await w.start()  # headers go out at once, as vLLM's StreamingResponse does
     try:
@@ -143,7 +138,7 @@ async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[En
     await w.close(renderer.closing())
 
 
-async def _pushed(engine: Any, request: EngineCoreRequest, renderer: StreamRenderer, direct: DirectBody,
+async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStream, direct: DirectBody,
                   w: SSEWriter) -> None:
     backlog: list[bytes] = []  # chunks the socket would not take yet, in order
 
@@ -164,7 +159,7 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: StreamRende
             return
 
 
-async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: StreamRenderer,
+async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: ChoiceStream,
                   w: SSEWriter) -> None:
     async with OutputStream(engine, engine_reqs) as stream:
         renderer.cancel = stream.cancel
