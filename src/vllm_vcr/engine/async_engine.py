@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
@@ -35,10 +36,10 @@ class EngineStartupError(RuntimeError):
 
 
 class _Collector:
-    __slots__ = ("pending", "waiter", "error", "finished", "deliver", "queued", "push_queue", "wake")
+    __slots__ = ("deliver", "error", "finished", "pending", "push_queue", "queued", "waiter", "wake")
 
     def __init__(self, deliver: Callable[[EngineCoreOutput], bool] | None = None,
-                 push_queue: "_PushQueue | None" = None) -> None:
+                 push_queue: _PushQueue | None = None) -> None:
         self.pending: EngineCoreOutput | None = None
         self.waiter: asyncio.Future | None = None
         self.error: BaseException | None = None

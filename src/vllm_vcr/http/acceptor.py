@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 logger = logging.getLogger("vllm_vcr.http")
 

@@ -14,7 +14,8 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .errors import STREAM_INTERNAL_ERROR
@@ -23,7 +24,9 @@ from .serving_base import ENGINE_GONE, RequestContext
 from .sse import DONE, SSEWriter
 
 try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
-    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
+    from uvicorn.protocols.http.httptools_impl import (
+        RequestResponseCycle as _HttptoolsCycle,
+    )
 except ImportError:  # pragma: no cover - httptools is a dependency
     _HttptoolsCycle = None
 
@@ -101,7 +104,7 @@ class DirectBody:
         self._write = cycle.transport.write
 
     @classmethod
-    def attach(cls, send: Callable) -> "DirectBody | None":
+    def attach(cls, send: Callable) -> DirectBody | None:
         cycle = getattr(send, "__self__", None)
         if _HttptoolsCycle is None or type(cycle) is not _HttptoolsCycle:
             return None

@@ -50,9 +50,9 @@ from .schema import TraceRecord, replay_subset
 
 SAME_MESSAGE_MS = 0.005  # token times closer than this are one output message (rounding only)
 FEATURES = ("intercept", "decodes", "prefill_tokens", "first_tokens", "decode_kilotokens")
-MIN_CLASS_STEPS = 20
-MIN_BUSY_ARRIVALS = 20
-PLATEAU_FACTOR = 3.0  # fewer busy arrivals than this: no input delay is fitted  # residuals of a class with fewer steps fall back to all steps'
+MIN_CLASS_STEPS = 20  # residuals of a class with fewer steps fall back to all steps'
+MIN_BUSY_ARRIVALS = 20  # fewer busy arrivals than this: no input delay is fitted
+PLATEAU_FACTOR = 3.0  # misses beyond this × the half-miss lead are the tap's bursts, not the input path
 # Residual classes: decode-only steps; steps with a prefill, back to back with the previous step
 # or started by an arrival at an idle engine (those carry the wake-up: the input path and the
 # engine process being scheduled again, which a busy engine does not pay).
