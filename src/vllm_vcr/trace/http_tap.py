@@ -20,7 +20,7 @@ from .block_hash import prompt_block_hashes
 from .chunk_timer import ChunkTimer
 from .io import TraceWriter
 from .schema import SOURCE_HTTP_TAP, TraceMeta
-from .sse import SSEParser, parse_chunk
+from .sse import SSEParser
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +211,9 @@ class HttpTap:
                 now = time.perf_counter()
                 await resp.write(data)  # forward first, observe after
                 if timer is not None and not errored:
-                    errored = self._observe(timer, parser.feed(data), now)
+                    errored = timer.on_events(parser.feed(data), now) is not None
             if timer is not None and not errored:
-                errored = self._observe(timer, parser.close(), time.perf_counter())
+                errored = timer.on_events(parser.close(), time.perf_counter()) is not None
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             if timer is not None:
@@ -225,18 +225,6 @@ class HttpTap:
             else:
                 self._record(timer, timed_body, t_arrival, concurrency)
         return resp
-
-    def _observe(self, timer: ChunkTimer, events: list[bytes], now: float) -> bool:
-        for payload in events:
-            info = parse_chunk(payload)
-            if info.error:
-                return True
-            timer.on_tokens(now, info.tokens)
-            if info.finish_reason:
-                timer.finish_reason = info.finish_reason
-            if info.usage:
-                timer.usage = info.usage
-        return False
 
     def _record(self, timer: ChunkTimer, body: dict[str, Any], t_arrival: float,
                 concurrency: int) -> None:

@@ -22,7 +22,7 @@ from .io import TraceWriter
 from .prompts import PromptBuilder, ids_to_text
 from .schema import TraceRecord
 from .sessions import find_parents, think_gap_ms
-from .sse import SSEParser, parse_chunk
+from .sse import SSEParser
 
 log = logging.getLogger(__name__)
 
@@ -241,14 +241,7 @@ class Replayer:
 
     def _feed(self, timer: ChunkTimer, events: list[bytes], now: float, i: int) -> bool:
         """Apply stream events; True when the stream reported an error."""
-        for payload in events:
-            info = parse_chunk(payload)
-            if info.error:
-                self.result.note_error(f"replay-{i}: stream error: {info.error}")
-                return True
-            timer.on_tokens(now, info.tokens)
-            if info.finish_reason:
-                timer.finish_reason = info.finish_reason
-            if info.usage:
-                timer.usage = info.usage
-        return False
+        error = timer.on_events(events, now)
+        if error is not None:
+            self.result.note_error(f"replay-{i}: stream error: {error}")
+        return error is not None
