@@ -336,17 +336,19 @@ def fmt(v, nd=1):
 
 def table_w1(rows: list[dict]) -> str:
     out = ["| server | req/s | output tok/s | TTFT p50 / p99 ms | ITL chunk p50 / p99 ms | TPOT p50 ms "
-           "| server CPU % | server CPU µs/token | client CPU % | others CPU % | server peak RSS MB | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| tokens per SSE chunk | server CPU % | server CPU µs/token | client CPU % | others CPU % "
+           "| server peak RSS MB | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            out.append(f"| {r['label']} | failed | | | | | | | | | | |")
+            out.append(f"| {r['label']} | failed | | | | | | | | | | | |")
             continue
         out.append(
             f"| {r['label']} | {fmt(r['req_per_s'])} | {fmt(r['output_tok_per_s'], 0)} "
             f"| {fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p99'])} "
             f"| {fmt(r['itl_chunk_ms']['p50'], 2)} / {fmt(r['itl_chunk_ms']['p99'], 2)} "
-            f"| {fmt(r['tpot_ms']['p50'], 3)} | {fmt(r.get('server_cpu_pct'))} "
+            f"| {fmt(r['tpot_ms']['p50'], 3)} | {r['output_tokens'] / max(1, r['content_events']):.2f} "
+            f"| {fmt(r.get('server_cpu_pct'))} "
             f"| {fmt(r.get('server_cpu_us_per_token'))} | {fmt(r['client_cpu_pct'])} "
             f"| {fmt(r.get('other_cpu_pct'))} | {fmt(r.get('server_peak_rss_mb'), 0)} | {r['errors']} |")
     return "\n".join(out)
