@@ -92,6 +92,16 @@ def test_injected_length_failure_is_a_normal_finish(serve_process):
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
+async def _stats_once_aborted(engine):
+    """Engine stats, polled until the abort that follows a client disconnect has landed (≤ 4 s)."""
+    for _ in range(200):
+        stats = await engine.call_all(lambda core: core.stats)
+        if stats[0].requests_aborted >= 1:
+            break
+        await asyncio.sleep(0.02)
+    return stats
+
+
 async def test_client_disconnect_aborts_engine_request(inprocess):
     url, engine = await inprocess(itl_ms=5.0)
     async with httpx.AsyncClient(timeout=10) as c:
@@ -105,11 +115,7 @@ async def test_client_disconnect_aborts_engine_request(inprocess):
                 if seen >= 3:
                     break
         # leaving the block closes the connection mid-stream
-    for _ in range(200):
-        stats = await engine.call_all(lambda core: core.stats)
-        if stats[0].requests_aborted >= 1:
-            break
-        await asyncio.sleep(0.02)
+    stats = await _stats_once_aborted(engine)
     assert stats[0].requests_aborted == 1
     assert stats[0].requests_completed == 0
     assert stats[0].running == 0 or engine.engines[0].num_unfinished() == 0
@@ -120,11 +126,7 @@ async def test_non_streaming_disconnect_aborts_too(inprocess):
     async with httpx.AsyncClient(timeout=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2000})
-    for _ in range(200):
-        stats = await engine.call_all(lambda core: core.stats)
-        if stats[0].requests_aborted >= 1:
-            break
-        await asyncio.sleep(0.02)
+    stats = await _stats_once_aborted(engine)
     assert stats[0].requests_aborted == 1
 
 
