@@ -24,7 +24,7 @@ from .clock import RealClock, VirtualClock
 from .config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, FailureType
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import HandoffObserver, TransferQueue, handoff_error, has_handoff_metadata, prefill_side_params
-from .latency import KnobLatency, LatencyModel
+from .latency import KnobLatency, LatencyModel, RequestPacing
 from .plan import Planner, RequestPlan, ScriptedPacing
 from .replay_table import ResponseReplayTable
 from .request import Request, RequestStatus
@@ -46,6 +46,7 @@ logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
 TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
 BUSY_SLICE = 0.005  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
+MAX_BURST = 8  # zero-latency decode steps run as one (see EngineCore._burst)
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 
 _FAILURE_REASONS = {
@@ -532,6 +533,8 @@ class EngineCore:
             req.pacing = ScriptedPacing(plan, req.pacing, self.args.time_scale)
         req.chunk = req.pacing.first_chunk
         req.first_due = now + req.pacing.ttft
+        p = req.pacing
+        req.burstable = type(p) is RequestPacing and p.itl_mean == 0.0 and p.itl_std == 0.0
         src = self.token_source_factory(req, rng) if self.token_source_factory else None
         if src is None and req.planned is not None:
             src = ScriptedTokens(req.planned, RandomTokens(rng, self.args.vocab_size, self._avoid_tokens))
@@ -661,13 +664,16 @@ class EngineCore:
                 self.on_kv_pulled(req.remote_prefill)
             self._sample(req, now, outputs, finished)
         block_size = kv.block_size
+        burst = self._burst(scheduled) if not pulled else 1
+        if burst > 1:
+            self._step_counter += burst - 1
         for req, n, kind in scheduled:
             if kind == DECODE:
                 if n:
                     req.num_computed_tokens += n
                     if req.num_computed_tokens // block_size > req.num_hashed_blocks:
                         kv.cache_computed_blocks(req)
-                self._sample(req, now, outputs, finished)
+                self._sample(req, now, outputs, finished, burst)
                 continue
             if kind == TRANSFER:
                 req.external_tokens = n
@@ -691,8 +697,31 @@ class EngineCore:
         if self._draining_deadline is not None and not self.requests:
             self._stopped = True
 
-    def _sample(self, req: Request, now: float, outputs: list, finished: list) -> None:
-        """Append this step's token(s) (one, or a recorded chunk), check stop conditions, emit."""
+    def _burst(self, scheduled: list) -> int:
+        """How many zero-latency decode steps this step runs at once (1: just this one).
+
+        When every running request decodes with no gap between tokens and nothing else can enter
+        before the next step (no waiting request, prefill, transfer, hold or drain deadline), the
+        next steps happen at this same instant with the same batch: emitting k tokens per request
+        now is what k steps would emit, in one output instead of k. The next step computes the
+        k tokens (as after a recorded chunk), so k is capped by the token budget, and bursts
+        stop while free KV blocks could not cover them (preemption stays step by step)."""
+        sched = self.scheduler
+        n = len(scheduled)
+        if n != len(sched.running) or sched.waiting or self.kv_holds or self.transfers.remaining \
+                or self._draining_deadline is not None:
+            return 1
+        for req, _, kind in scheduled:
+            if kind != DECODE or not req.burstable or not req.output_token_ids:
+                return 1  # (the first token is emitted on its own, as after a prefill)
+        k = min(MAX_BURST, self._config.max_num_batched_tokens // n)
+        if k < 2 or self.block_pool.num_free_blocks < n * (self.kv.blocks_needed(k) + 1):
+            return 1
+        return k
+
+    def _sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
+        """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
+        conditions, emit."""
         idx = len(req.output_token_ids)
         reason = None
         stop_reason = None
@@ -700,24 +729,36 @@ class EngineCore:
         source = req.token_source
         out_ids = req.output_token_ids
         all_ids = req.all_token_ids
-        new: list[int] = []
-        for i in range(idx, idx + req.chunk):
-            tok = source.next_token(i)
-            new.append(tok)
-            out_ids.append(tok)
-            all_ids.append(tok)
-            num_out = i + 1
-            if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
-                reason = self._length_end(req, num_out, new)
-                break
-            if num_out >= req.min_tokens:
-                if tok == req.eos_token_id:
-                    reason = FinishReason.STOP
+        count = burst if burst > 1 else req.chunk
+        if type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+            limit = req.max_tokens - idx
+            if max_len:
+                limit = min(limit, max_len - len(all_ids))
+            k = max(min(count, limit), 1)
+            new = source.take(k)
+            out_ids += new
+            all_ids += new
+            if k >= limit:
+                reason = self._length_end(req, idx + k, new)
+        else:
+            new = []
+            for i in range(idx, idx + count):
+                tok = source.next_token(i)
+                new.append(tok)
+                out_ids.append(tok)
+                all_ids.append(tok)
+                num_out = i + 1
+                if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
+                    reason = self._length_end(req, num_out, new)
                     break
-                if tok in req.stop_ids:
-                    reason = FinishReason.STOP
-                    stop_reason = tok
-                    break
+                if num_out >= req.min_tokens:
+                    if tok == req.eos_token_id:
+                        reason = FinishReason.STOP
+                        break
+                    if tok in req.stop_ids:
+                        reason = FinishReason.STOP
+                        stop_reason = tok
+                        break
         out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
         if req.pending_events:
             out.events = req.pending_events

@@ -27,6 +27,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
+        "burstable",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -74,6 +75,7 @@ class Request:
         self.plan: Any = None  # RequestPlan from a trace, if any
         self.chunk = 1  # tokens the next sample emits (recorded chunking)
         self.eos_at: int | None = None  # a fitted model decided the request stops (EOS) here
+        self.burstable = False  # decodes with no gap between tokens: zero-latency steps may merge
 
     @property
     def num_tokens(self) -> int:

@@ -11,20 +11,45 @@ class TokenSource(Protocol):
 
 
 class RandomTokens:
-    """Uniform ids from [0, vocab_size), never a stop or EOS id (lengths stay predictable)."""
+    """Uniform ids from [0, vocab_size), never a stop or EOS id (lengths stay predictable).
 
-    __slots__ = ("_rng", "_vocab", "_avoid")
+    Ids are drawn `DRAW_BATCH` at a time, so a request's ids depend only on its seed, not on
+    how many the engine takes per step (one, or a zero-latency burst)."""
+
+    __slots__ = ("_rng", "_vocab", "_avoid", "_buf", "_pos")
+    DRAW_BATCH = 64
 
     def __init__(self, rng: random.Random, vocab_size: int, avoid: frozenset[int]) -> None:
         self._rng = rng
         self._vocab = vocab_size
         self._avoid = avoid
+        self._buf: list[int] = []
+        self._pos = 0
 
     def next_token(self, index: int) -> int:
-        t = int(self._rng.random() * self._vocab)
-        while t in self._avoid:
-            t = int(self._rng.random() * self._vocab)
-        return t
+        pos = self._pos
+        if pos >= len(self._buf):
+            self._buf, pos = self._draw(), 0
+        self._pos = pos + 1
+        return self._buf[pos]
+
+    def take(self, k: int) -> list[int]:
+        """The next k ids (the same ids k calls of next_token would give)."""
+        buf, pos = self._buf, self._pos
+        while len(buf) - pos < k:
+            buf, pos = buf[pos:] + self._draw(), 0
+        self._buf, self._pos = buf, pos + k
+        return buf[pos:pos + k]
+
+    def _draw(self) -> list[int]:
+        rand, vocab, avoid = self._rng.random, self._vocab, self._avoid
+        ids = [int(rand() * vocab) for _ in range(self.DRAW_BATCH)]
+        if not avoid.isdisjoint(ids):
+            for j, t in enumerate(ids):
+                while t in avoid:
+                    t = int(rand() * vocab)
+                ids[j] = t
+        return ids
 
 
 class EchoTokens:

@@ -26,6 +26,7 @@ import uvicorn  # noqa: E402
 
 from ..engine.cli_args import engine_args_from_cli  # noqa: E402
 from ..engine.config import ConfigError, EngineArgs  # noqa: E402
+from ..gc_tuning import tune_for_serving  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
 from .app import OpenAIApp, build_app  # noqa: E402
 from .cli import env_api_key, ignored_flags  # noqa: E402
@@ -423,6 +424,7 @@ def _has(module: str) -> bool:
 
 
 def run_server(args: argparse.Namespace) -> int:
+    tune_for_serving()
     try:
         import uvloop
 

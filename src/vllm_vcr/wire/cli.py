@@ -10,6 +10,7 @@ import sys
 
 from ..engine.cli_args import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError
+from ..gc_tuning import tune_for_serving
 
 log = logging.getLogger("vllm_vcr.wire")
 
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         import uvloop
     except ImportError:
         uvloop = None
+    tune_for_serving()
     try:
         if uvloop is not None:
             return uvloop.run(server.run())

@@ -1,0 +1,22 @@
+"""Garbage-collector settings for a serving process (serve, play).
+
+Streaming allocates many short-lived objects per step (outputs, token lists, SSE chunks) and
+creates few reference cycles, so CPython's default (a young collection every 700 allocations,
+each promoting survivors towards full collections over the whole heap) costs ~10 % of a busy
+server's CPU. Freezing the start-up heap (imports, tokenizer tables, config) takes it out of
+every later collection, as vLLM's engine core does after start-up; a larger young threshold
+makes collections rarer. Reference counting still frees almost everything at once.
+"""
+
+from __future__ import annotations
+
+import gc
+
+YOUNG_THRESHOLD = 50_000
+
+
+def tune_for_serving() -> None:
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
