@@ -412,7 +412,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="vllm-vcr,dynamo,guidellm")
     ap.add_argument("--workloads", default="w1,w2")
-    ap.add_argument("--w1-requests", type=int, default=1024)
+    ap.add_argument("--w1-requests", type=int, default=3000)
     ap.add_argument("--w2-concurrency", default="32,256,1000")
     ap.add_argument("--w2-rounds", type=int, default=4, help="W2 requests = rounds x concurrency (min 320)")
     ap.add_argument("--dynamo-speedup", type=float, default=1000.0,

@@ -45,7 +45,7 @@ from .types import (
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
 TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
-BUSY_SLICE = 0.005  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
+BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
 MAX_BURST = 8  # zero-latency decode steps run as one (see EngineCore._burst)
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 
