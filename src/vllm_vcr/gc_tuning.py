@@ -2,10 +2,11 @@
 
 Streaming allocates many short-lived objects per step (outputs, token lists, SSE chunks) and
 creates few reference cycles, so CPython's default (a young collection every 700 allocations,
-each promoting survivors towards full collections over the whole heap) costs ~10 % of a busy
-server's CPU. Freezing the start-up heap (imports, tokenizer tables, config) takes it out of
-every later collection, as vLLM's engine core does after start-up; a larger young threshold
-makes collections rarer. Reference counting still frees almost everything at once.
+each promoting survivors towards full collections over the whole heap) costs 10-20 % of a busy
+server's CPU (W1 in docs/benchmarks.md). Freezing the start-up heap (imports, tokenizer tables,
+config) takes it out of every later collection, as vLLM's engine core does after start-up; a
+larger young threshold makes collections rarer. Reference counting still frees almost
+everything at once.
 """
 
 from __future__ import annotations
