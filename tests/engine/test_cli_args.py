@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from vllm_vcr.engine.cli_args import add_engine_args, engine_args_from_cli
+from vllm_vcr.engine_cli import add_engine_args, engine_args_from_cli
 from vllm_vcr.engine.config import ConfigError
 
 

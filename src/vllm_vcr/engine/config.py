@@ -106,6 +106,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     response_replay_trace: str | None = None  # JSONL of planned output token ids
     # record/replay: recorded traces that pace or script requests instead of the knobs
     latency_trace: str | None = None
+    latency_trace_model: str = "auto"  # auto | steps | cells: the model fitted from latency_trace
     replay_tokens: str | None = None
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix
@@ -150,6 +151,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                               f"got {self.prefix_caching_hash_algo!r}")
         if self.replay_match not in ("index", "prefix"):
             raise ConfigError(f"--replay-match must be index or prefix, got {self.replay_match!r}")
+        if self.latency_trace_model not in ("auto", "steps", "cells"):
+            raise ConfigError(f"--latency-trace-model must be auto, steps or cells, got {self.latency_trace_model!r}")
         if self.latency_trace:
             knobs = [f for f in LATENCY_FIELDS[:-1] if getattr(self.config, f)]
             if knobs:

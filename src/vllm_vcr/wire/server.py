@@ -362,6 +362,7 @@ class PlayServer:
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
                  kv_events: Any = None, pd_args: Any = None):
         self.args = args
+        self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
         self.engine_count = engine_count
@@ -401,11 +402,12 @@ class PlayServer:
                 pass
         # The control API binds before HELLO: a bad --control-address fails before the frontend
         # has spent its one handshake on us. Until the engines exist it answers "no engine".
-        EngineCore, _ = _import_engine()
         from ..engine.config import ConfigError
+        from ..engine_inputs import engine_inputs
 
         try:
-            EngineCore(self.args)  # loads and checks every input file before the frontend's one handshake
+            # load and check every input file before the frontend's one handshake
+            self.engine_inputs = engine_inputs(self.args)
         except ConfigError as e:
             log.error("%s", e)
             return 2
@@ -475,7 +477,8 @@ class PlayServer:
             for b in self.bridges:
                 eargs = copy.deepcopy(self.args)
                 eargs.engine_id = info_for(b.rank).instance_id
-                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink))
+                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
+                                         **self.engine_inputs))
                 if self.publishers:
                     from ..kv_events import KVEventCollector
 
