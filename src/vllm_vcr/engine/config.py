@@ -119,6 +119,15 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
 
+    def check_injected(self, latency: object, planner: object, replay_table: object) -> None:
+        """The engine loads no files: a trace flag without its built input is a caller's bug."""
+        missing = [flag for flag, needed, given in (
+            ("--latency-trace", self.latency_trace, latency),
+            ("--replay-tokens/--replay-steps", self.replay_tokens or self.replay_steps, planner),
+            ("--response-replay-trace", self.response_replay_trace, replay_table)) if needed and given is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: build the engine's inputs first (vllm_vcr.engine_inputs)")
+
     def validate(self) -> "EngineArgs":
         self.config.validate()
         if self.kv_cache_size < 1:

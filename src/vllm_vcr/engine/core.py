@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections import deque
 from typing import Any, Callable, Iterable, TypeVar
@@ -34,7 +33,7 @@ from .plan import OutputReplayTable, Planner
 from .request import Request, RequestStatus
 from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
 from .stats import EngineStats
-from .step import InputGate, Scheduled, StepInFlight, burst_size, compose
+from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
 from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError, SchedulerStats
 
 logger = logging.getLogger("vllm_vcr.engine")
@@ -59,7 +58,7 @@ class EngineCore:
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
                  token_source_factory: TokenSourceFactory | None = None,
                  replay_table: OutputReplayTable | None = None, planner: Planner | None = None) -> None:
-        _check_injected(args, latency, planner, replay_table)
+        args.check_injected(latency, planner, replay_table)
         self.args = args
         self.engine_index = engine_index
         self.clock = clock or RealClock()
@@ -85,11 +84,8 @@ class EngineCore:
         self._kv_events: tuple[KVEventSink, Callable[[list, float], Any]] | None = None
         self._step_observers: list[StepObserver] = []
         self._step_counter = 0
-        # timed steps (a step-time model): the step in flight, KV pulls waiting for the next step
-        self._step_rng = random.Random(f"steps/{args.seed}/{engine_index}")
-        self._gate = InputGate(lambda rng: self.latency.input_delay(rng), self._step_rng)
-        self._in_flight: StepInFlight | None = None
-        self._last_end: float | None = None  # when the previous timed step ended
+        # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
+        self._timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         self._pulled: list[str] = []
         self._inbox: deque[tuple] = deque()
         self._waiter: asyncio.Future | None = None
@@ -202,13 +198,12 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
+    @property
+    def step_counter(self) -> int:
+        return self._step_counter
+
     def scheduler_stats(self) -> SchedulerStats:
-        sched = self.scheduler
-        n_pre, sched.num_preemptions = sched.num_preemptions, 0
-        return SchedulerStats(
-            num_running_reqs=len(sched.running), num_waiting_reqs=len(sched.waiting),
-            step_counter=self._step_counter, kv_cache_usage=self.block_pool.usage(),
-            prefix_cache_stats=sched.take_prefix_stats(), num_preemptions=n_pre)
+        return self.scheduler.make_stats(self._step_counter, self.block_pool.usage())
 
     # --- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -284,7 +279,7 @@ class EngineCore:
         drain = self._draining_deadline
         if self._frozen_at is not None:
             return drain
-        batch = self._in_flight
+        batch = self._timed.in_flight
         if batch is not None:
             return drain if drain is not None and drain < batch.end else batch.end
         sched = self.scheduler
@@ -338,25 +333,11 @@ class EngineCore:
         rid = req.request_id
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
-        if self._in_flight is not None:
-            self._gate.on_arrival(rid, now)
+        self._timed.on_arrival(rid, now)
         if self._config.log_requests:
             logger.info("request %s queued: prompt=%d max_tokens=%d", rid, req.num_prompt_tokens, req.max_tokens)
         if ecr.abort_immediately:
             self.finish_requests([rid], finished)
-
-    def free_request(self, req: Request) -> None:
-        """A request finished: it leaves the engine (its blocks stay if held for a decode side)."""
-        rid = req.request_id
-        self.requests.pop(rid, None)
-        held = rid in self.kv_transfer.holds
-        self.scheduler.remove(req, free_blocks=not held)
-        req.status = RequestStatus.FINISHED
-        if not held:
-            self.kv_transfer.end_handoff(rid)
-        self.stats.requests_completed += 1
-        if self._config.log_requests:
-            logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)
 
     def finish_requests(self, request_ids: Iterable[str], finished: list, outputs: list | None = None,
                         error: RequestError | None = None) -> None:
@@ -402,11 +383,7 @@ class EngineCore:
             return
         delta, self._frozen_at = now - self._frozen_at, None
         self.scheduler.shift_deadlines(delta)
-        self._gate.shift(delta)
-        if self._in_flight is not None:
-            self._in_flight.end += delta
-        elif self._last_end is not None:
-            self._last_end += delta
+        self._timed.shift(delta)
         for req in self.requests.values():
             if not req.output_token_ids:
                 req.first_due += delta
@@ -437,14 +414,15 @@ class EngineCore:
         expired = kvt.expire_holds(now) if kvt.holds else False
         if kvt.transfers.remaining:
             self._pulled += kvt.pop_pulled(now)
-        batch = self._in_flight
+        timed = self._timed
+        batch = timed.in_flight
         if batch is not None:
             if now < batch.end:
                 if expired:  # a KV hold expired mid-step: keep kv_cache_usage current
                     self.output.emit([], [], with_stats=True)
                 return
-            self._in_flight = None
-            self._last_end = now = batch.end  # back-to-back: the next step starts when this one ends
+            timed.in_flight = None
+            timed.last_end = now = batch.end  # back-to-back: the next step starts when this one ends
             self.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
             if self._stopped:
                 return
@@ -456,7 +434,7 @@ class EngineCore:
         timed = self.latency.times_steps
         if timed:
             pulled = self._complete_pulls()
-            scheduled = self._gate.schedule(self.scheduler, now, bool(pulled))
+            scheduled = self._timed.gate.schedule(self.scheduler, now, bool(pulled))
         else:
             scheduled = self.scheduler.schedule(now)
             pulled = self._complete_pulls() if self._pulled else []
@@ -464,18 +442,18 @@ class EngineCore:
             return False
         self._step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
-            self._log_step(scheduled)
+            log_step(self, scheduled, TRACE_LEVEL)
         if timed:
             scheduled = [e for e in scheduled if e[2] != TRANSFER or self.kv_transfer.schedule_pull(e[0], e[1], now)]
         duration = 0.0
         if timed or self._step_observers:
-            batch = compose(scheduled, pulled, self._last_end is None or now > self._last_end)
+            batch = compose(scheduled, pulled, self._timed.after_idle(now))
             if timed:
-                duration = max(self.latency.step_duration(batch, self._step_rng), 0.0)
+                duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0)
             for observe in self._step_observers:
                 observe(StepRecord(self._step_counter, now, duration, batch))
         if timed:
-            self._in_flight = StepInFlight(now + duration, scheduled, pulled)
+            self._timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
         else:
             burst = burst_size(self, scheduled) if not pulled else 1
             self._step_counter += burst - 1
@@ -538,12 +516,6 @@ class EngineCore:
         if self._draining_deadline is not None and not self.requests:
             self._stopped = True
 
-    def _log_step(self, scheduled: Scheduled) -> None:
-        sched = self.scheduler
-        logger.log(TRACE_LEVEL, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", self.engine_index,
-                   self._step_counter, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
-                   len(sched.running), len(sched.waiting), self.block_pool.usage())
-
 
 def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Future) -> None:
     try:
@@ -559,13 +531,3 @@ def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Fu
 def _wake_up(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-def _check_injected(args: EngineArgs, latency: Any, planner: Any, replay_table: Any) -> None:
-    """The engine loads no files: a trace flag without its built input is a caller's bug."""
-    missing = [flag for flag, needed, given in (
-        ("--latency-trace", args.latency_trace, latency), ("--replay-tokens/--replay-steps",
-         args.replay_tokens or args.replay_steps, planner), ("--response-replay-trace",
-         args.response_replay_trace, replay_table)) if needed and given is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)}: build the engine's inputs first (vllm_vcr.engine_inputs)")

@@ -3,14 +3,17 @@ the step's outputs sent as one `EngineCoreOutputs` batch per client."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
-from .request import Request
+from .request import Request, RequestStatus
 from .tokens import RandomTokens
 from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
 
 if TYPE_CHECKING:
     from .core import EngineCore
+
+logger = logging.getLogger("vllm_vcr.engine")
 
 
 def check_stop(req: Request, num_out: int, new: list[int]) -> FinishReason:
@@ -97,7 +100,7 @@ class OutputProcessor:
             out.stop_reason = stop_reason
             if req.remote_decode:
                 out.kv_transfer_params = self.core.kv_transfer.hold_for_decode(req, now)
-            self.core.free_request(req)
+            self.free_request(req)
             finished.append((req.client_index, req.request_id))
         else:
             pacing = req.pacing
@@ -128,3 +131,17 @@ class OutputProcessor:
             sink(client, EngineCoreOutputs(engine_index=index, outputs=outs, scheduler_stats=stats,
                                            timestamp=ts, finished_requests=fin or None))
             stats = None
+
+    def free_request(self, req: Request) -> None:
+        """A request finished: it leaves the engine (its blocks stay if held for a decode side)."""
+        core = self.core
+        rid = req.request_id
+        core.requests.pop(rid, None)
+        held = rid in core.kv_transfer.holds
+        core.scheduler.remove(req, free_blocks=not held)
+        req.status = RequestStatus.FINISHED
+        if not held:
+            core.kv_transfer.end_handoff(rid)
+        core.stats.requests_completed += 1
+        if core.config.log_requests:
+            logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)

@@ -15,17 +15,19 @@ paused time; KV pulls that complete mid-step join the next step.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
-from .latency import StepBatch
+from .latency import LatencyModel, StepBatch
 from .request import Request
 from .scheduler import DECODE, TRANSFER, Scheduler
 
 if TYPE_CHECKING:
     from .core import EngineCore
 
+logger = logging.getLogger("vllm_vcr.engine")
 MAX_BURST = 8  # zero-latency decode steps run as one (see burst_size)
 Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
 
@@ -58,6 +60,32 @@ class StepInFlight:
         self.end = end
         self.scheduled = scheduled
         self.pulled = pulled
+
+
+class TimedSteps:
+    """The state of timed steps: the step in flight, when the previous one ended, the input gate."""
+
+    def __init__(self, latency: Callable[[], LatencyModel], seed: int, engine_index: int) -> None:
+        self.rng = random.Random(f"steps/{seed}/{engine_index}")
+        self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
+        self.in_flight: StepInFlight | None = None
+        self.last_end: float | None = None
+
+    def after_idle(self, now: float) -> bool:
+        """A step starting at `now` was woken up (nothing ran back to back before it)."""
+        return self.last_end is None or now > self.last_end
+
+    def on_arrival(self, request_id: str, now: float) -> None:
+        if self.in_flight is not None:  # a request arriving mid-step waits for the input path
+            self.gate.on_arrival(request_id, now)
+
+    def shift(self, delta: float) -> None:
+        """The engine was paused for `delta` seconds: the step in flight ends that much later."""
+        self.gate.shift(delta)
+        if self.in_flight is not None:
+            self.in_flight.end += delta
+        elif self.last_end is not None:
+            self.last_end += delta
 
 
 class InputGate:
@@ -122,3 +150,10 @@ def burst_size(core: EngineCore, scheduled: Scheduled) -> int:
     if k < 2 or core.block_pool.num_free_blocks < n * (core.kv.blocks_needed(k) + 1):
         return 1
     return k
+
+
+def log_step(core: EngineCore, scheduled: Scheduled, level: int) -> None:
+    sched = core.scheduler
+    logger.log(level, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", core.engine_index,
+               core.step_counter, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
+               len(sched.running), len(sched.waiting), core.block_pool.usage())
