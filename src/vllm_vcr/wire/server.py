@@ -88,6 +88,11 @@ class EngineBridge:
     def attach_core(self, core: Any) -> None:
         self.core = core
 
+    @property
+    def tasks(self) -> list[asyncio.Task]:
+        """The bridge's own tasks still running (utility calls in flight)."""
+        return list(self._tasks)
+
     # ---- outputs (called synchronously from the engine loop; must not block) ----------------
     def sink(self, client_index: int, outs: EngineCoreOutputs) -> None:
         outs.engine_index = self.rank
@@ -534,7 +539,7 @@ class PlayServer:
             t.cancel()
         await asyncio.gather(*io_tasks, return_exceptions=True)
         for b in self.bridges:
-            for t in list(b._tasks):
+            for t in b.tasks:
                 t.cancel()
             b.send_dead()
         await pd.stop()
