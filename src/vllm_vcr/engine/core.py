@@ -31,7 +31,7 @@ from .latency import KnobLatency, LatencyModel, StepRecord
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
 from .request import Request, RequestStatus
-from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
+from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
 from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError, SchedulerStats
@@ -423,8 +423,8 @@ class EngineCore:
                 return
             timed.in_flight = None
             timed.last_end = now = batch.end  # back-to-back: the next step starts when this one ends
-            self.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
-            if self._stopped:
+            self.output.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
+            if self._drained():
                 return
         if not self._start_step(now) and expired:
             self.output.emit([], [], with_stats=True)
@@ -432,19 +432,24 @@ class EngineCore:
     def _start_step(self, now: float) -> bool:
         """Schedule a step at `now`; apply it at once (untimed) or put it in flight. False: no work."""
         timed = self.latency.times_steps
-        if timed:
-            pulled = self._complete_pulls()
+        kvt = self.kv_transfer
+        if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
+            pulled = kvt.complete_pulls(self._pulled, self.requests)
             scheduled = self._timed.gate.schedule(self.scheduler, now, bool(pulled))
         else:
             scheduled = self.scheduler.schedule(now)
-            pulled = self._complete_pulls() if self._pulled else []
+            pulled = kvt.complete_pulls(self._pulled, self.requests) if self._pulled else []
+        self._pulled = []
         if not scheduled and not pulled:
             return False
         self._step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
             log_step(self, scheduled, TRACE_LEVEL)
-        if timed:
-            scheduled = [e for e in scheduled if e[2] != TRANSFER or self.kv_transfer.schedule_pull(e[0], e[1], now)]
+        if timed:  # KV pulls start now and run beside the steps: the step computes the rest
+            for req, n, kind in scheduled:
+                if kind == TRANSFER:
+                    kvt.schedule_pull(req, n, now)
+            scheduled = [e for e in scheduled if e[2] != TRANSFER]
         duration = 0.0
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self._timed.after_idle(now))
@@ -457,64 +462,15 @@ class EngineCore:
         else:
             burst = burst_size(self, scheduled) if not pulled else 1
             self._step_counter += burst - 1
-            self.update_from_output(scheduled, pulled, now, burst)
+            self.output.update_from_output(scheduled, pulled, now, burst)
+            self._drained()
         return True
 
-    def _complete_pulls(self) -> list[Request]:
-        pulled = []
-        for rid in self._pulled:
-            req = self.requests.get(rid)
-            if req is not None and req.transferring:
-                self.kv_transfer.complete_pull(req)
-                pulled.append(req)
-        self._pulled = []
-        return pulled
-
-    def update_from_output(self, scheduled: Scheduled, pulled: list[Request], now: float, burst: int = 1,
-                           timed: bool = False) -> None:
-        """Apply a step's work at `now` (its end): prefill progress, tokens for the decodes and for
-        every request whose prefill (or KV pull) completed, in one output batch."""
-        if timed:  # requests aborted (or finished by a drain) while the step ran drop out
-            live, running = self.requests, RequestStatus.RUNNING
-            pulled = [r for r in pulled if r.status is running and live.get(r.request_id) is r]
-            scheduled = [e for e in scheduled if e[0].status is running and live.get(e[0].request_id) is e[0]]
-        outputs: list = []
-        finished: list = []
-        sample = self.output.sample
-        for req in pulled:
-            req.first_due = now
-            sample(req, now, outputs, finished)
-        kv = self.kv
-        block_size = kv.block_size
-        push = self.scheduler.push_decode
-        for req, n, kind in scheduled:
-            if kind == DECODE:
-                if n:
-                    req.num_computed_tokens += n
-                    if req.num_computed_tokens // block_size > req.num_hashed_blocks:
-                        kv.cache_computed_blocks(req)
-                sample(req, now, outputs, finished, burst)
-                continue
-            if kind == TRANSFER:
-                self.kv_transfer.schedule_pull(req, n, now)
-                continue
-            req.num_computed_tokens += n  # a prefill chunk
-            kv.cache_computed_blocks(req)
-            if req.is_prefilling:
-                continue
-            if req.output_token_ids:  # resumed after preemption: continue on its own schedule
-                push(req, max(req.next_due, now))
-                continue
-            if timed:
-                req.first_due = now
-            if req.first_due <= now + DUE_SLACK:
-                sample(req, now, outputs, finished)
-            else:
-                push(req, req.first_due)
-        if outputs or finished:
-            self.output.emit(outputs, finished, with_stats=True)
+    def _drained(self) -> bool:
+        """Draining and nothing left: the engine stops."""
         if self._draining_deadline is not None and not self.requests:
             self._stopped = True
+        return self._stopped
 
 
 def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Future) -> None:

@@ -226,6 +226,16 @@ class KVTransfer:
         for listener in self._pulled_listeners:
             listener(req.remote_prefill)
 
+    def complete_pulls(self, request_ids: list[str], requests: dict[str, Request]) -> list[Request]:
+        """The requests (still live and pulling) whose pulls completed: their KV counts as computed."""
+        pulled = []
+        for rid in request_ids:
+            req = requests.get(rid)
+            if req is not None and req.transferring:
+                self.complete_pull(req)
+                pulled.append(req)
+        return pulled
+
     def kv_ready(self, request_id: str, error: str | None, now: float) -> Request | None:
         """A deferred pull may start; returns the request if its handoff failed (the core fails it)."""
         if request_id not in self.waits:

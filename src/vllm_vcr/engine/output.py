@@ -1,5 +1,6 @@
-"""Output handling: a step's tokens for one request (append, check_stop), its next deadline, and
-the step's outputs sent as one `EngineCoreOutputs` batch per client."""
+"""Output handling: a step's work applied at its end (`update_from_output`), each request's tokens
+(append, check_stop) and its next deadline, and the step's outputs sent as one `EngineCoreOutputs`
+batch per client."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import logging
 from typing import TYPE_CHECKING
 
 from .request import Request, RequestStatus
+from .scheduler import DECODE, DUE_SLACK, TRANSFER
 from .tokens import RandomTokens
 from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
 
 if TYPE_CHECKING:
     from .core import EngineCore
+    from .step import Scheduled
 
 logger = logging.getLogger("vllm_vcr.engine")
 
@@ -111,6 +114,51 @@ class OutputProcessor:
             base = req.first_due if idx == 0 else req.next_due
             self._push_decode(req, base + gap)
         outputs.append((req.client_index, out))
+
+    def update_from_output(self, scheduled: Scheduled, pulled: list[Request], now: float, burst: int = 1,
+                           timed: bool = False) -> None:
+        """Apply a step's work at `now` (its end): prefill progress, tokens for the decodes and for
+        every request whose prefill (or KV pull) completed, in one output batch."""
+        if timed:  # requests aborted (or finished by a drain) while the step ran drop out
+            live, running = self.core.requests, RequestStatus.RUNNING
+            pulled = [r for r in pulled if r.status is running and live.get(r.request_id) is r]
+            scheduled = [e for e in scheduled if e[0].status is running and live.get(e[0].request_id) is e[0]]
+        outputs: list = []
+        finished: list = []
+        sample = self.sample
+        for req in pulled:
+            req.first_due = now
+            sample(req, now, outputs, finished)
+        core = self.core
+        kv = core.kv
+        block_size = kv.block_size
+        push = self._push_decode
+        for req, n, kind in scheduled:
+            if kind == DECODE:
+                if n:
+                    req.num_computed_tokens += n
+                    if req.num_computed_tokens // block_size > req.num_hashed_blocks:
+                        kv.cache_computed_blocks(req)
+                sample(req, now, outputs, finished, burst)
+                continue
+            if kind == TRANSFER:
+                core.kv_transfer.schedule_pull(req, n, now)
+                continue
+            req.num_computed_tokens += n  # a prefill chunk
+            kv.cache_computed_blocks(req)
+            if req.is_prefilling:
+                continue
+            if req.output_token_ids:  # resumed after preemption: continue on its own schedule
+                push(req, max(req.next_due, now))
+                continue
+            if timed:
+                req.first_due = now
+            if req.first_due <= now + DUE_SLACK:
+                sample(req, now, outputs, finished)
+            else:
+                push(req, req.first_due)
+        if outputs or finished:
+            self.emit(outputs, finished, with_stats=True)
 
     def emit(self, outputs: list[tuple[int, EngineCoreOutput]], finished: list[tuple[int, str]],
              with_stats: bool) -> None:
