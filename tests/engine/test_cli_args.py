@@ -24,6 +24,13 @@ def test_flags_reach_engine_args(monkeypatch):
     assert a.config.inter_token_latency == 0.25 and a.config.log_requests is False
 
 
+def test_latency_trace_model_flag():
+    assert parse().latency_trace_model == "auto"
+    assert parse("--latency-trace", "t.jsonl", "--latency-trace-model", "cells").latency_trace_model == "cells"
+    with pytest.raises(SystemExit):
+        parse("--latency-trace-model", "fit")  # the §3.2 port is gone
+
+
 def test_log_requests_from_the_environment(monkeypatch):
     monkeypatch.setenv("MOCK_LOG_REQUESTS", "1")
     assert parse().config.log_requests is True

@@ -83,7 +83,7 @@ class EngineCore:
         self.scheduler.on_preempt = self.kv_transfer.cancel_pull
         self._kv_events: tuple[KVEventSink, Callable[[list, float], Any]] | None = None
         self._step_observers: list[StepObserver] = []
-        self._step_counter = 0
+        self.step_counter = 0
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
         self._timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         self._pulled: list[str] = []
@@ -157,10 +157,6 @@ class EngineCore:
         return self._stopped
 
     @property
-    def draining(self) -> bool:
-        return self._draining_deadline is not None
-
-    @property
     def frozen(self) -> bool:
         return self._frozen_at is not None
 
@@ -198,12 +194,8 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
 
-    @property
-    def step_counter(self) -> int:
-        return self._step_counter
-
     def scheduler_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats(self._step_counter, self.block_pool.usage())
+        return self.scheduler.make_stats(self.step_counter, self.block_pool.usage())
 
     # --- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -436,34 +428,35 @@ class EngineCore:
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
             scheduled = self._timed.gate.schedule(self.scheduler, now, bool(pulled))
+            if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
+                for req, n, kind in scheduled:
+                    if kind == TRANSFER:
+                        kvt.schedule_pull(req, n, now)
+                scheduled = [e for e in scheduled if e[2] != TRANSFER]
         else:
             scheduled = self.scheduler.schedule(now)
             pulled = kvt.complete_pulls(self._pulled, self.requests) if self._pulled else []
         self._pulled = []
         if not scheduled and not pulled:
             return False
-        self._step_counter += 1
+        self.step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
             log_step(self, scheduled, TRACE_LEVEL)
-        if timed:  # KV pulls start now and run beside the steps: the step computes the rest
-            for req, n, kind in scheduled:
-                if kind == TRANSFER:
-                    kvt.schedule_pull(req, n, now)
-            scheduled = [e for e in scheduled if e[2] != TRANSFER]
         duration = 0.0
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self._timed.after_idle(now))
             if timed:
                 duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0)
             for observe in self._step_observers:
-                observe(StepRecord(self._step_counter, now, duration, batch))
+                observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:
             self._timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
         else:
-            burst = burst_size(self, scheduled) if not pulled else 1
-            self._step_counter += burst - 1
+            burst = burst_size(self, scheduled, self._draining_deadline is not None) if not pulled else 1
+            self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
-            self._drained()
+            if self._draining_deadline is not None and not self.requests:
+                self._stopped = True
         return True
 
     def _drained(self) -> bool:

@@ -160,11 +160,6 @@ class KVTransfer:
         return self._handoff
 
     # --- the core's side -----------------------------------------------------------------------
-    @property
-    def busy(self) -> bool:
-        """Blocks held or pulls in flight (zero-latency bursts wait for them)."""
-        return bool(self.holds or self.transfers.remaining)
-
     def next_event(self) -> float | None:
         """When a pull completes or a hold expires next."""
         t = self.transfers.next_completion()

@@ -165,7 +165,7 @@ class OutputProcessor:
         """Send this step's outputs, one batch per client; scheduler stats ride on the first."""
         core = self.core
         ts = core.clock.now()
-        stats = core.scheduler_stats() if with_stats else None
+        stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
         by_client: dict[int, tuple[list[EngineCoreOutput], list[str]]] = {}
         for client, o in outputs:
             by_client.setdefault(client, ([], []))[0].append(o)

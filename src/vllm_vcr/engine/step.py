@@ -130,7 +130,7 @@ class InputGate:
         return sched.schedule(now)
 
 
-def burst_size(core: EngineCore, scheduled: Scheduled) -> int:
+def burst_size(core: EngineCore, scheduled: Scheduled, draining: bool) -> int:
     """How many zero-latency decode steps this (untimed) step runs at once (1: just this one).
 
     When every running request decodes with no gap between tokens and nothing else can enter
@@ -140,8 +140,9 @@ def burst_size(core: EngineCore, scheduled: Scheduled) -> int:
     k tokens (as after a recorded chunk), so k is capped by the token budget, and bursts
     stop while free KV blocks could not cover them (preemption stays step by step)."""
     sched = core.scheduler
+    kvt = core.kv_transfer
     n = len(scheduled)
-    if n != len(sched.running) or sched.waiting or core.kv_transfer.busy or core.draining:
+    if n != len(sched.running) or sched.waiting or kvt.holds or kvt.transfers.remaining or draining:
         return 1
     for req, _, kind in scheduled:
         if kind != DECODE or not req.burstable or not req.output_token_ids:
