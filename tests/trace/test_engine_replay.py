@@ -15,7 +15,7 @@ from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParam
 from vllm_vcr.trace.block_hash import prompt_block_hashes
 from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.latency_model import TraceLatency
-from vllm_vcr.trace.replay import build_planner, request_index
+from vllm_vcr.replay.planner import build_planner, request_index
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
 
 FIXTURES = Path(__file__).parent / "fixtures"

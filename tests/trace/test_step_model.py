@@ -176,7 +176,7 @@ def test_a_tap_trace_the_step_model_cannot_fit_falls_back_to_cells(tmp_path, mon
 
 
 def test_calibrate_in_step_mode_reproduces_its_own_synthetic_trace(tmp_path, monkeypatch):
-    from vllm_vcr.trace.calibrate import compare, simulate
+    from vllm_vcr.inspect.calibrate import compare, simulate
     from vllm_vcr.trace.schema import replay_subset
 
     recs = synthetic_trace(200)

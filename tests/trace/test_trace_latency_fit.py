@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vllm_vcr.trace.gen_demo import gen_demo
+from vllm_vcr.inspect.gen_demo import gen_demo
 from vllm_vcr.trace.io import read_trace
 from vllm_vcr.trace.latency_fit import (
     ChunkLaw,

@@ -879,7 +879,7 @@ def _shared_replay_table(path: str) -> ResponseReplayTable:
 @functools.lru_cache(maxsize=8)
 def _shared_trace_planner(tokens: str | None, steps: str | None, match: str, block_size: int):
     # one planner per trace for every engine of the process: consume-once matching stays global
-    from ..trace.replay import build_planner
+    from ..replay.planner import build_planner
 
     return build_planner(tokens, steps, match, block_size)
 

@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from . import aio
+from .. import event_loop as aio
 
 log = logging.getLogger(__name__)
 
