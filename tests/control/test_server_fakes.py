@@ -47,6 +47,9 @@ class FakeCore:
         asyncio.get_running_loop().call_soon(run)
         return fut
 
+    def current_stats(self):
+        return self.stats
+
     def patch_config(self, patch):
         self.calls.append("patch")
         self.config = self.config.patched(patch)

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from .. import event_loop as aio
+from .. import event_loop
 
 from ..trace.schema import SOURCE_REPLAY_ARRIVALS
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     n = min(len(records), args.max_requests or len(records))
     try:
         with task_progress("sending", n, unit="items") as advance:
-            result = aio.run(_replay(records, cfg, meta, args.trace, args.trace_out, advance))
+            result = event_loop.run(_replay(records, cfg, meta, args.trace, args.trace_out, advance))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
