@@ -179,7 +179,7 @@ async def test_put_log_with_a_log_control(serve):
     applied = []
 
     def log_control(spec):
-        from vllm_vcr.control.log_filter import parse_log_filter
+        from vllm_vcr.log_filter import parse_log_filter
 
         s = parse_log_filter(spec).to_string()
         applied.append(s)

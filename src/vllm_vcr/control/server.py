@@ -26,7 +26,7 @@ from starlette.routing import Route
 from ..engine.config import ConfigError, EngineConfig
 from ..engine.core import EngineDeadError, LatencyTraceActive
 from ..listen_socket import bind_listener
-from .log_filter import LogFilterError
+from ..log_filter import LogFilterError
 from .schema import (
     STATS_FIELDS,
     ControlError,
