@@ -156,7 +156,7 @@ class _ServeCommand:
             return
         try:
             control = await start_control_server(self.engine, self.args.control_address)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
             raise CLIError(f"--control-address: {e}") from None
         stack.push_async_callback(control.stop)
 

@@ -345,8 +345,6 @@ class PlayEngines:
     def engines(self) -> list[EngineCore]:  # what control.server reads
         return [b.core for b in self.bridges if b.core is not None]
 
-    cores = engines
-
     @property
     def engine_count(self) -> int:
         return len(self.bridges)
