@@ -15,6 +15,7 @@ Inputs (latency model, planner, replay table) are built by the caller (engine_in
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections import deque
@@ -24,9 +25,11 @@ from .admission import Admission, TokenSourceFactory, reject
 from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
-from .config import LATENCY_FIELDS, EngineArgs, EngineConfig
+from .config import EngineArgs
+from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
+from .lifecycle import EngineLifecycle
 from .latency import KnobLatency, LatencyModel, StepRecord
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
@@ -34,7 +37,7 @@ from .request import Request, RequestStatus
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
-from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError, SchedulerStats
+from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError
 
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
@@ -44,15 +47,17 @@ OutputSink = Callable[[int, EngineCoreOutputs], None]
 StepObserver = Callable[[StepRecord], None]
 
 
-class LatencyTraceActive(Exception):
-    """A latency knob was patched while a recorded trace paces requests (control API: 409)."""
-
-
 class EngineDeadError(RuntimeError):
     """The engine loop is gone (control API: 500)."""
 
 
-class EngineCore:
+class _Turn(enum.Enum):
+    """What a turn of the loop returns instead of a wake-up time."""
+    AGAIN = "inputs arrived during the step: take another turn at once"
+    STOPPED = "the engine stopped"
+
+
+class EngineCore(EngineControls):
     def __init__(self, args: EngineArgs, *, engine_index: int = 0, clock: RealClock | VirtualClock | None = None,
                  output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
@@ -85,13 +90,11 @@ class EngineCore:
         self._step_observers: list[StepObserver] = []
         self.step_counter = 0
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
-        self._timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
+        self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         self._pulled: list[str] = []
         self._inbox: deque[tuple] = deque()
         self._waiter: asyncio.Future | None = None
-        self._draining_deadline: float | None = None
-        self._frozen_at: float | None = None
-        self._stopped = False
+        self.lifecycle = EngineLifecycle(self)  # frozen, draining, stopped
 
     # --- inbox (the only way in) ------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -103,7 +106,7 @@ class EngineCore:
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
         fut = asyncio.get_running_loop().create_future()
-        if self.dead is not None or self._stopped:
+        if self.dead is not None or self.lifecycle.stopped:
             fut.set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
         else:
             self._post(("call", fn, fut))
@@ -143,82 +146,27 @@ class EngineCore:
         if w is not None and not w.done():
             w.set_result(None)
 
-    # --- control helpers (run inside call()) ---------------------------------------------------
-    @property
-    def config(self) -> EngineConfig:
-        return self._config
-
-    @property
-    def latency_source_is_knob(self) -> bool:
-        return self.latency.is_knob
-
     @property
     def stopped(self) -> bool:
-        return self._stopped
+        return self.lifecycle.stopped
 
     @property
     def frozen(self) -> bool:
-        return self._frozen_at is not None
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.requests)
-
-    def check_patch(self, patch: dict[str, Any]) -> EngineConfig:
-        """The config a patch would give (ConfigError if invalid; LatencyTraceActive if it sets
-        latency knobs while a recorded trace paces requests). Applies nothing."""
-        knobs = [k for k in patch if k in LATENCY_FIELDS]
-        if knobs and not self.latency.is_knob:
-            raise LatencyTraceActive(f"{', '.join(knobs)}: a recorded latency trace (--latency-trace) paces "
-                                     "requests, not the latency knobs; patching them would silently do nothing")
-        return self._config.patched(patch)
-
-    def patch_config(self, patch: dict[str, Any]) -> EngineConfig:
-        """Apply a validated patch at this step boundary; new requests see it, in-flight keep theirs."""
-        new = self._config = self.check_patch(patch)
-        self.latency = self.latency.with_config(new)
-        self.output.max_model_len = new.max_model_len
-        return new
-
-    def current_stats(self) -> EngineStats:
-        s = self.stats
-        s.running = len(self.scheduler.running)
-        s.waiting = len(self.scheduler.waiting)
-        return EngineStats(**{f: getattr(s, f) for f in s.__struct_fields__})
-
-    def reset_stats(self) -> None:
-        # requests still in flight finish inside the new window: counting them as received there
-        # keeps received == completed + failed + aborted once idle
-        self.stats = EngineStats(requests_received=len(self.requests))
-
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
-
-    def scheduler_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats(self.step_counter, self.block_pool.usage())
+        return self.lifecycle.frozen_at is not None
 
     # --- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         clock = self.clock
         last_yield = clock.now()
         try:
             while True:
-                if self._inbox:
-                    self._process_inbox()
-                if self._stopped:
+                wake = self._turn()
+                if wake is _Turn.STOPPED:
                     break
-                now = clock.now()
-                self.step(now)
-                if self._stopped:
-                    break
-                if self._inbox:
+                if wake is _Turn.AGAIN:
                     continue
-                wake = self._next_wake()
                 if wake is None:
-                    self._waiter = loop.create_future()
-                    await self._waiter
-                    self._waiter = None
+                    await self._wait_for_input(None)
                     last_yield = clock.now()
                     continue
                 if wake <= clock.now():
@@ -233,11 +181,7 @@ class EngineCore:
                     if not self._inbox:
                         clock.advance_to(wake)
                     continue
-                self._waiter = loop.create_future()
-                handle = loop.call_later(wake - clock.now(), _wake_up, self._waiter)
-                await self._waiter
-                handle.cancel()
-                self._waiter = None
+                await self._wait_for_input(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:
             self.dead = e
@@ -245,21 +189,18 @@ class EngineCore:
                 logger.exception("engine %d loop died", self.engine_index)
             raise
         finally:
-            self._stopped = True
+            self.lifecycle.stopped = True
             self._fail_pending_calls()
 
     def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> None:
         """Synchronous driver for the virtual clock: process inputs and steps, jumping time."""
         assert isinstance(self.clock, VirtualClock), "run_until_idle needs a VirtualClock"
         for _ in range(max_steps):
-            if self._inbox:
-                self._process_inbox()
-            if self._stopped:
+            wake = self._turn()
+            if wake is _Turn.STOPPED:
                 return
-            self.step(self.clock.now())
-            if self._inbox:
+            if wake is _Turn.AGAIN:
                 continue
-            wake = self._next_wake()
             if wake is None or (until is not None and wake > until):
                 if until is not None:
                     self.clock.advance_to(until)
@@ -267,11 +208,38 @@ class EngineCore:
             self.clock.advance_to(wake)
         raise RuntimeError("engine did not become idle")
 
+    def _turn(self) -> float | None | _Turn:
+        """One turn of either driver: apply the inbox, then run the step due now. Returns when to
+        run the next one (None: nothing to do until an input), AGAIN (inputs arrived meanwhile)
+        or STOPPED."""
+        if self._inbox:
+            self._process_inbox()
+        life = self.lifecycle
+        if life.stopped:
+            return _Turn.STOPPED
+        self.step(self.clock.now())
+        if life.stopped:
+            return _Turn.STOPPED
+        if self._inbox:
+            return _Turn.AGAIN
+        return self._next_wake()
+
+    async def _wait_for_input(self, timeout: float | None) -> None:
+        """Sleep until an input is posted (`_post` resolves the waiter) or `timeout` seconds pass."""
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        handle = loop.call_later(timeout, _wake_up, waiter) if timeout is not None else None
+        await waiter
+        if handle is not None:
+            handle.cancel()
+        self._waiter = None
+
     def _next_wake(self) -> float | None:
-        drain = self._draining_deadline
-        if self._frozen_at is not None:
+        life = self.lifecycle
+        drain = life.draining_deadline
+        if life.frozen_at is not None:
             return drain
-        batch = self._timed.in_flight
+        batch = self.timed.in_flight
         if batch is not None:
             return drain if drain is not None and drain < batch.end else batch.end
         sched = self.scheduler
@@ -303,9 +271,9 @@ class EngineCore:
             elif kind == "call":
                 _run_call(self, msg[1], msg[2])
             elif kind == "shutdown":
-                self._begin_shutdown(msg[1], outputs, finished)
+                self.lifecycle.begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
-                self._freeze(msg[1])
+                self.lifecycle.set_frozen(msg[1])
             elif kind == "release_kv":
                 freed = self.kv_transfer.release_hold(msg[1]) or freed
             elif kind == "kv_ready":
@@ -319,13 +287,13 @@ class EngineCore:
     # --- arrival, finish, abort --------------------------------------------------------------------
     def _add_request(self, ecr: EngineCoreRequest, outputs: list, finished: list) -> None:
         now = self.clock.now()
-        req = self.admission.admit(ecr, now, self._draining_deadline is not None, outputs, finished)
+        req = self.admission.admit(ecr, now, self.lifecycle.draining_deadline is not None, outputs, finished)
         if req is None:
             return
         rid = req.request_id
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
-        self._timed.on_arrival(rid, now)
+        self.timed.on_arrival(rid, now)
         if self._config.log_requests:
             logger.info("request %s queued: prompt=%d max_tokens=%d", rid, req.num_prompt_tokens, req.max_tokens)
         if ecr.abort_immediately:
@@ -355,31 +323,6 @@ class EngineCore:
                        error=error)
             self.kv_transfer.end_handoff(rid)
 
-    def _begin_shutdown(self, timeout: float, outputs: list, finished: list) -> None:
-        if timeout > 0 and self._draining_deadline is None:
-            self._draining_deadline = self.clock.now() + timeout
-            logger.info("engine %d draining %d requests for up to %.1fs", self.engine_index, len(self.requests), timeout)
-            if not self.requests:
-                self._stopped = True
-            return
-        self.finish_requests(list(self.requests), finished, outputs)
-        self._stopped = True
-
-    def _freeze(self, frozen: bool) -> None:
-        now = self.clock.now()
-        if frozen:
-            if self._frozen_at is None:
-                self._frozen_at = now
-            return
-        if self._frozen_at is None:
-            return
-        delta, self._frozen_at = now - self._frozen_at, None
-        self.scheduler.shift_deadlines(delta)
-        self._timed.shift(delta)
-        for req in self.requests.values():
-            if not req.output_token_ids:
-                req.first_due += delta
-
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> None:
         """Run the engine at `now`: end the step in flight, start (and, untimed, apply) the next one."""
@@ -393,20 +336,16 @@ class EngineCore:
             publish(collector.drain(), self.clock.now() if self.clock.virtual else time.time())
 
     def _step(self, now: float) -> None:
-        if self._draining_deadline is not None and now >= self._draining_deadline:
-            outputs: list = []
-            finished: list = []
-            self.finish_requests(list(self.requests), finished, outputs)
-            self.output.emit(outputs, finished, with_stats=True)
-            self._stopped = True
+        life = self.lifecycle
+        if life.draining_deadline is not None and life.drain_expired(now):
             return
-        if self._frozen_at is not None:
+        if life.frozen_at is not None:
             return  # paused in place: nothing is scheduled or emitted
         kvt = self.kv_transfer
         expired = kvt.expire_holds(now) if kvt.holds else False
         if kvt.transfers.remaining:
             self._pulled += kvt.pop_pulled(now)
-        timed = self._timed
+        timed = self.timed
         batch = timed.in_flight
         if batch is not None:
             if now < batch.end:
@@ -416,7 +355,7 @@ class EngineCore:
             timed.in_flight = None
             timed.last_end = now = batch.end  # back-to-back: the next step starts when this one ends
             self.output.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
-            if self._drained():
+            if life.drained():
                 return
         if not self._start_step(now) and expired:
             self.output.emit([], [], with_stats=True)
@@ -427,7 +366,7 @@ class EngineCore:
         kvt = self.kv_transfer
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
-            scheduled = self._timed.gate.schedule(self.scheduler, now, bool(pulled))
+            scheduled = self.timed.gate.schedule(self.scheduler, now, bool(pulled))
             if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
                 for req, n, kind in scheduled:
                     if kind == TRANSFER:
@@ -444,26 +383,22 @@ class EngineCore:
             log_step(self, scheduled, TRACE_LEVEL)
         duration = 0.0
         if timed or self._step_observers:
-            batch = compose(scheduled, pulled, self._timed.after_idle(now))
+            batch = compose(scheduled, pulled, self.timed.after_idle(now))
             if timed:
-                duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0)
+                duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0)
             for observe in self._step_observers:
                 observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:
-            self._timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
+            self.timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
         else:
-            burst = burst_size(self, scheduled, self._draining_deadline is not None) if not pulled else 1
+            draining = self.lifecycle.draining_deadline is not None
+            burst = burst_size(self, scheduled, draining) if not pulled else 1
             self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
-            if self._draining_deadline is not None and not self.requests:
-                self._stopped = True
+            if draining:
+                self.lifecycle.drained()
         return True
 
-    def _drained(self) -> bool:
-        """Draining and nothing left: the engine stops."""
-        if self._draining_deadline is not None and not self.requests:
-            self._stopped = True
-        return self._stopped
 
 
 def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Future) -> None:
