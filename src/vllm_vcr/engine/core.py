@@ -18,7 +18,6 @@ import asyncio
 import enum
 import logging
 import time
-from collections import deque
 from typing import Any, Callable, Iterable, TypeVar
 
 from .admission import Admission, TokenSourceFactory, reject
@@ -28,6 +27,7 @@ from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
 from .kv_cache_manager import KVCacheManager
+from .inbox import Inbox, run_call
 from .kv_transfer import KVTransfer
 from .lifecycle import EngineLifecycle
 from .latency import KnobLatency, LatencyModel, StepRecord
@@ -92,16 +92,16 @@ class EngineCore(EngineControls):
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
         self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         self._pulled: list[str] = []
-        self._inbox: deque[tuple] = deque()
-        self._waiter: asyncio.Future | None = None
+        self.inbox = Inbox()
+        self._inbox = self.inbox.messages  # read every turn
         self.lifecycle = EngineLifecycle(self)  # frozen, draining, stopped
 
     # --- inbox (the only way in) ------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._post(("add", request))
+        self.inbox.post(("add", request))
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
-        self._post(("abort", list(request_ids)))
+        self.inbox.post(("abort", list(request_ids)))
 
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
@@ -109,7 +109,7 @@ class EngineCore(EngineControls):
         if self.dead is not None or self.lifecycle.stopped:
             fut.set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
         else:
-            self._post(("call", fn, fut))
+            self.inbox.post(("call", fn, fut))
         return fut
 
     def attach_kv_events(self, collector: KVEventSink, publish: Callable[[list, float], Any]) -> None:
@@ -127,24 +127,18 @@ class EngineCore(EngineControls):
         """Stop (or restart) scheduling while keeping every request in place (vLLM's pause "keep").
 
         Deadlines move by the frozen time, so requests resume at their own pace without a burst."""
-        self._post(("freeze", frozen))
+        self.inbox.post(("freeze", frozen))
 
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
-        self._post(("release_kv", request_id))
+        self.inbox.post(("release_kv", request_id))
 
     def kv_ready(self, request_id: str, error: str | None = None) -> None:
         """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
-        self._post(("kv_ready", request_id, error))
+        self.inbox.post(("kv_ready", request_id, error))
 
     def shutdown(self, timeout: float | None = None) -> None:
-        self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
-
-    def _post(self, msg: tuple) -> None:
-        self._inbox.append(msg)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        self.inbox.post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
 
     @property
     def stopped(self) -> bool:
@@ -166,7 +160,7 @@ class EngineCore(EngineControls):
                 if wake is _Turn.AGAIN:
                     continue
                 if wake is None:
-                    await self._wait_for_input(None)
+                    await self.inbox.wait(None)
                     last_yield = clock.now()
                     continue
                 if wake <= clock.now():
@@ -181,7 +175,7 @@ class EngineCore(EngineControls):
                     if not self._inbox:
                         clock.advance_to(wake)
                     continue
-                await self._wait_for_input(wake - clock.now())
+                await self.inbox.wait(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:
             self.dead = e
@@ -190,7 +184,7 @@ class EngineCore(EngineControls):
             raise
         finally:
             self.lifecycle.stopped = True
-            self._fail_pending_calls()
+            self.inbox.fail_calls(lambda: EngineDeadError(f"engine {self.engine_index} loop is gone"))
 
     def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> None:
         """Synchronous driver for the virtual clock: process inputs and steps, jumping time."""
@@ -224,16 +218,6 @@ class EngineCore(EngineControls):
             return _Turn.AGAIN
         return self._next_wake()
 
-    async def _wait_for_input(self, timeout: float | None) -> None:
-        """Sleep until an input is posted (`_post` resolves the waiter) or `timeout` seconds pass."""
-        loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
-        handle = loop.call_later(timeout, _wake_up, waiter) if timeout is not None else None
-        await waiter
-        if handle is not None:
-            handle.cancel()
-        self._waiter = None
-
     def _next_wake(self) -> float | None:
         life = self.lifecycle
         drain = life.draining_deadline
@@ -251,12 +235,6 @@ class EngineCore(EngineControls):
                 wake = t
         return wake
 
-    def _fail_pending_calls(self) -> None:
-        while self._inbox:
-            msg = self._inbox.popleft()
-            if msg[0] == "call" and not msg[2].done():
-                msg[2].set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
-
     def _process_inbox(self) -> None:
         outputs: list = []
         finished: list = []
@@ -269,7 +247,7 @@ class EngineCore(EngineControls):
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
             elif kind == "call":
-                _run_call(self, msg[1], msg[2])
+                run_call(self, msg[1], msg[2])
             elif kind == "shutdown":
                 self.lifecycle.begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
@@ -398,20 +376,3 @@ class EngineCore(EngineControls):
             if draining:
                 self.lifecycle.drained()
         return True
-
-
-
-def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Future) -> None:
-    try:
-        result = fn(core)
-    except Exception as e:  # the caller gets the error; the engine goes on
-        if not fut.done():
-            fut.set_exception(e)
-    else:
-        if not fut.done():
-            fut.set_result(result)
-
-
-def _wake_up(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
