@@ -94,17 +94,25 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[tuple[Request, int, int]]:
-        cfg = self._config()
-        budget = cfg.max_num_batched_tokens
-        threshold = self.long_prefill_token_threshold
-        kv = self.kv
+        """This step's work: (request, tokens, PREFILL | DECODE | TRANSFER), running requests first."""
         scheduled: list[tuple[Request, int, int]] = []
         preemptions_before = self.total_preemptions
+        cfg = self._config()
+        budget = self._schedule_running(now, cfg.max_num_batched_tokens, scheduled)
+        if self.total_preemptions != preemptions_before:
+            # victims may have been scheduled earlier in this step; their blocks are gone
+            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]  # no admissions, as vLLM
+        if self.waiting:
+            self._schedule_waiting(now, budget, cfg.max_num_seqs, scheduled)
+        return scheduled
 
-        # 1. running requests whose next token is due (earliest first)
+    def _schedule_running(self, now: float, budget: int, scheduled: list[tuple[Request, int, int]]) -> int:
+        """Running requests: due decodes (earliest deadline first), then unfinished prefills
+        (admission order). Returns the token budget left."""
+        threshold = self.long_prefill_token_threshold
         heap = self.decode_heap
         horizon = now + DUE_SLACK
-        block_size = kv.block_size
+        block_size = self.kv.block_size
         running_status = RequestStatus.RUNNING
         heappop = heapq.heappop
         while heap and budget > 0 and heap[0][0] <= horizon:
@@ -120,7 +128,6 @@ class Scheduler:
             scheduled.append((req, need, DECODE))
             budget -= need or 1
 
-        # 2. running requests still in prefill (admission order)
         if self.prefilling:
             self.prefilling = [r for r in self.prefilling if r.status is running_status and r.is_prefilling]
         for req in list(self.prefilling):
@@ -135,14 +142,14 @@ class Scheduler:
                 continue
             scheduled.append((req, n, PREFILL))
             budget -= n
+        return budget
 
-        if self.total_preemptions != preemptions_before:
-            # victims may have been scheduled earlier in this step; their blocks are gone
-            scheduled = [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
-            return scheduled  # no admissions in a step that had to preempt, as vLLM
-
-        # 3. admit waiting requests
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+    def _schedule_waiting(self, now: float, budget: int, max_num_seqs: int,
+                          scheduled: list[tuple[Request, int, int]]) -> None:
+        """Admit waiting requests (policy order) while the budget, `max_num_seqs` and free blocks allow."""
+        threshold = self.long_prefill_token_threshold
+        kv = self.kv
+        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             req = self._peek_waiting()
             resumed = req.status is RequestStatus.PREEMPTED
             hits = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
@@ -176,7 +183,6 @@ class Scheduler:
                 budget -= n
             else:  # nothing left to prefill (resumed with a full prefix hit)
                 scheduled.append((req, 0, PREFILL))
-        return scheduled
 
     def _peek_waiting(self) -> Request:
         if self.policy == "priority":
