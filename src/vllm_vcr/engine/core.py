@@ -8,7 +8,8 @@ simulation).
 
 A step: schedule (scheduler.py), time it (the latency model's timing interface,
 latency/base.py), apply its work and sample its tokens (`update_from_output`, output.py).
-Admission is in admission.py, P/D state in kv_transfer.py, the step in flight in step.py.
+Admission is in admission.py, P/D state in kv_transfer.py, the step in flight in step.py; the
+inbox, pause/drain and the control surface in inbox.py, lifecycle.py and controls.py.
 Inputs (latency model, planner, replay table) are built by the caller (engine_inputs.py).
 """
 
