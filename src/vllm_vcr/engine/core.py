@@ -27,11 +27,11 @@ from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
-from .kv_cache_manager import KVCacheManager
 from .inbox import Inbox, run_call
+from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
-from .lifecycle import EngineLifecycle
 from .latency import KnobLatency, LatencyModel, StepRecord
+from .lifecycle import EngineLifecycle
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
 from .request import Request, RequestStatus
