@@ -106,6 +106,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     response_replay_trace: str | None = None  # JSONL of planned output token ids
     # record/replay: recorded traces that pace or script requests instead of the knobs
     latency_trace: str | None = None
+    perf_model: dict[str, Any] | None = None  # --perf-model: perf/aic.py AicTarget fields
     replay_tokens: str | None = None
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix

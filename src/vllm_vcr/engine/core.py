@@ -78,6 +78,10 @@ class EngineCore:
         self._config = args.config
         if latency is None and args.latency_trace:
             latency = _load_input("--latency-trace", _shared_trace_latency, args.latency_trace, args.time_scale)
+        if latency is None and args.perf_model:  # --perf-model: GPU step times (perf/, optional extra)
+            from ..perf.aic import shared_step_latency
+
+            latency = shared_step_latency(args.perf_model, args.time_scale)
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         # a step-time model runs the engine step by step (step_timing.py) instead of by deadlines
         self.step_timer = StepTimer(self, self.latency) if is_step_model(self.latency) else None

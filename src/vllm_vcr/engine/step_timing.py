@@ -48,6 +48,7 @@ class StepBatch(NamedTuple):
     num_first_tokens: int  # of those, the ones whose prefill completes (they sample a token)
     decode_context: int  # tokens of context the decodes attend to (sum of their lengths)
     after_idle: bool = False  # the engine had nothing to do before this step (it was woken up)
+    prefill_context: int = 0  # tokens the prefill chunks' requests had computed before (prefix hits, chunks)
 
 
 class StepTimeModel(Protocol):
@@ -171,7 +172,7 @@ class StepTimer:
         self._pulled = []
         scheduled = self._schedule(now, bool(pulled))
         decodes = len(pulled)
-        prefill_tokens = prefills = firsts = context = 0
+        prefill_tokens = prefills = firsts = context = prefill_context = 0
         compute = []
         for entry in scheduled:
             req, n, kind = entry
@@ -187,6 +188,7 @@ class StepTimer:
             else:
                 prefills += 1
                 prefill_tokens += n
+                prefill_context += req.num_computed_tokens
                 if not req.output_token_ids and req.num_computed_tokens + n >= req.prefill_target:
                     firsts += 1
         if not compute and not pulled:
@@ -194,7 +196,7 @@ class StepTimer:
         core._step_counter += 1
         self.num_steps += 1
         batch = StepBatch(decodes, prefill_tokens, prefills, firsts, context,
-                          after_idle=self._last_end is None or now > self._last_end)
+                          after_idle=self._last_end is None or now > self._last_end, prefill_context=prefill_context)
         self.batch = _Batch(now + max(self.model.step_duration(batch, self._rng), 0.0), compute, pulled)
         return True
 

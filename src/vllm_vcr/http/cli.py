@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from ..engine.cli_args import add_engine_args
+from ..perf.cli import add_perf_args
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -133,6 +134,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="model name, or a local directory with tokenizer.json (served under this name)")
     add_engine_args(p)
+    add_perf_args(p)
     try:  # vLLM's --kv-events-config / --enable-kv-cache-events (the kv_events package)
         from ..kv_events import add_kv_events_args
     except ImportError:

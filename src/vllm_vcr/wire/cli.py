@@ -10,6 +10,7 @@ import sys
 
 from ..engine.cli_args import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError
+from ..perf.cli import add_perf_args
 from ..gc_tuning import tune_for_serving
 
 log = logging.getLogger("vllm_vcr.wire")
@@ -54,6 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
     s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
     add_engine_args(p)
+    add_perf_args(p, vllm_gpu_flags=True)
     try:  # vLLM's --kv-events-config / --enable-kv-cache-events
         from ..kv_events import add_kv_events_args
     except ImportError:
