@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "inspect": "vllm_vcr.trace.inspect_cli",
     "replay-arrivals": "vllm_vcr.trace.arrivals_cli",
     "pd-proxy": "vllm_vcr.pd.cli",
+    "simulate": "vllm_vcr.simulate.cli",
 }
 
 
