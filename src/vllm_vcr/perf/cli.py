@@ -117,8 +117,7 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     """Turn the perf model on in `args`: compile the estimator now (a bad model/GPU fails at
     start-up, listing what is supported) and size the KV cache from the GPU unless the user
     gave a size."""
-    blocks_override = _vllm_flag(ns, "num_gpu_blocks_override", int)
-    util = _vllm_flag(ns, "gpu_memory_utilization", float)
+    blocks_override = _vllm_flag(ns, "num_gpu_blocks_override", int)  # vLLM's flag: honoured always
     target = perf_target(ns)
     if blocks_override is not None:
         if blocks_override < 1:
@@ -135,6 +134,7 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     from .aic import AicTarget, compile_target, describe
     from .kv_sizing import estimate_kv_capacity
 
+    util = _vllm_flag(ns, "gpu_memory_utilization", float)
     t = AicTarget.from_dict(target)
     compile_target(t)
     args.perf_model = target
