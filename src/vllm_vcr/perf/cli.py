@@ -22,11 +22,11 @@ logger = logging.getLogger(__name__)
 
 PERF_MODELS = ("none", "aic")
 _IGN = "ignored__"  # serve keeps vLLM's GPU flags under this prefix (http/cli.py)
-_VLLM_GPU_FLAGS = {  # vLLM flag -> (dest, type); added to parsers that do not have them yet
-    "--tensor-parallel-size": ("tensor_parallel_size", int),
-    "--gpu-memory-utilization": ("gpu_memory_utilization", float),
-    "--num-gpu-blocks-override": ("num_gpu_blocks_override", int),
-    "--kv-cache-dtype": ("kv_cache_dtype", str),
+_VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not have them yet
+    ("--tensor-parallel-size", "-tp"): ("tensor_parallel_size", int),
+    ("--gpu-memory-utilization",): ("gpu_memory_utilization", float),
+    ("--num-gpu-blocks-override",): ("num_gpu_blocks_override", int),
+    ("--kv-cache-dtype",): ("kv_cache_dtype", str),
 }
 
 
@@ -62,9 +62,9 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
     kv = parser._option_string_actions.get("--kv-cache-size")
     parser.set_defaults(_kv_cache_size_default=kv.default if kv is not None else None)
     if vllm_gpu_flags:
-        for flag, (dest, typ) in _VLLM_GPU_FLAGS.items():
-            if flag not in parser._option_string_actions:
-                g.add_argument(flag, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
+        for flags, (dest, typ) in _VLLM_GPU_FLAGS.items():
+            if flags[0] not in parser._option_string_actions:
+                g.add_argument(*flags, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
 
 
 def _vllm_flag(ns: argparse.Namespace, dest: str, typ: type) -> Any:
