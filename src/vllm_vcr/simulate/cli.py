@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from .runner import run_simulation
 
     try:
-        eargs = engine_args_from_cli(args)
+        eargs = engine_args_from_cli(args, advertised_max_model_len=args.max_model_len or 1 << 20)
         workload = _workload(args)
     except (ConfigError, ValueError, OSError) as e:
         print(f"vllm-vcr simulate: error: {e}", file=sys.stderr)
