@@ -20,7 +20,7 @@ pytestmark = needs_aic
 def model():
     from vllm_vcr.perf.aic import AicStepLatency, AicTarget
 
-    return AicStepLatency(AicTarget(LLAMA_8B, "h100_sxm"))
+    return AicStepLatency(AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0))  # the estimator's own times
 
 
 def test_served_names_map_onto_the_estimators_models():
@@ -47,6 +47,14 @@ def test_prefill_context_and_decodes_make_a_step_longer(model):
     assert chunk < mixed  # decodes ride along a prefill chunk, and cost
 
 
+def test_host_overhead_is_added_to_every_step(model):
+    from vllm_vcr.perf.aic import DEFAULT_STEP_OVERHEAD_MS, AicStepLatency, AicTarget
+
+    default = AicStepLatency(AicTarget(LLAMA_8B, "h100_sxm"))
+    b = StepBatch(8, 0, 0, 0, 8 * 512)
+    assert default.step_ms(b) == pytest.approx(model.step_ms(b) + DEFAULT_STEP_OVERHEAD_MS)
+
+
 def test_time_scale_divides_the_step(model):
     from vllm_vcr.perf.aic import AicStepLatency
 
@@ -59,7 +67,7 @@ def _closed_loop(concurrency: int, isl: int = 512, osl: int = 64, n: int | None 
                  **engine):
     from vllm_vcr.perf.aic import AicTarget
 
-    target = AicTarget(LLAMA_8B, "h100_sxm").resolved().to_dict()
+    target = AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0).resolved().to_dict()
     args = EngineArgs(config=EngineConfig(max_num_seqs=engine.pop("max_num_seqs", 256), max_num_batched_tokens=8192),
                       perf_model=target, advertised_max_model_len=isl + osl + 16, **engine).validate()
     wl = SyntheticWorkload(num_requests=n or 2 * concurrency, isl=LengthDist("fixed", isl),
