@@ -52,7 +52,8 @@ class Timeline:
     running: array = field(default_factory=lambda: array("i"))
     waiting: array = field(default_factory=lambda: array("i"))
     kv_usage: array = field(default_factory=lambda: array("d"))
-    preemptions: list[int] = field(default_factory=list)
+    preemptions: list[int] = field(default_factory=list)  # per engine
+    steps: list[int] = field(default_factory=list)  # per engine: its step counter
 
 
 class Simulation:
@@ -67,6 +68,7 @@ class Simulation:
         self.done: list[RequestRecord] = []
         self.timeline = Timeline()
         self.timeline.preemptions = [0] * num_engines
+        self.timeline.steps = [0] * num_engines
         self._progress = progress
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i))
                       for i in range(num_engines)]
@@ -91,6 +93,7 @@ class Simulation:
             tl.waiting.append(stats.num_waiting_reqs)
             tl.kv_usage.append(stats.kv_cache_usage)
             tl.preemptions[engine] += stats.num_preemptions
+            tl.steps[engine] = stats.step_counter
         for o in outs.outputs:
             rec = self.records.get(o.request_id)
             if rec is None:

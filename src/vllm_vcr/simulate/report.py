@@ -87,7 +87,7 @@ def _engine_summary(sim: Simulation) -> list[dict[str, Any]]:
         rows.append({"engine": i, "requests": sum(1 for r in sim.done if r.engine == i),
                      "kv_cache_blocks": core.args.kv_cache_size, "max_kv_usage": float(kv.max()),
                      "max_waiting": int(wait.max()), "preemptions": tl.preemptions[i],
-                     "steps": core._step_counter})
+                     "steps": tl.steps[i]})
     return rows
 
 
