@@ -7,7 +7,7 @@ import random
 import pytest
 
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
-from vllm_vcr.engine.step_timing import StepBatch
+from vllm_vcr.engine.latency import StepBatch
 from vllm_vcr.simulate.runner import simulate
 from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
 
@@ -18,9 +18,9 @@ pytestmark = needs_aic
 
 @pytest.fixture(scope="module")
 def model():
-    from vllm_vcr.perf.aic import AicStepLatency, AicTarget
+    from vllm_vcr.perf.aic import AicTarget, step_latency
 
-    return AicStepLatency(AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0))  # the estimator's own times
+    return step_latency(AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0))  # the estimator's own times
 
 
 def test_served_names_map_onto_the_estimators_models():
@@ -48,17 +48,17 @@ def test_prefill_context_and_decodes_make_a_step_longer(model):
 
 
 def test_host_overhead_is_added_to_every_step(model):
-    from vllm_vcr.perf.aic import DEFAULT_STEP_OVERHEAD_MS, AicStepLatency, AicTarget
+    from vllm_vcr.perf.aic import DEFAULT_STEP_OVERHEAD_MS, AicTarget, step_latency
 
-    default = AicStepLatency(AicTarget(LLAMA_8B, "h100_sxm"))
+    default = step_latency(AicTarget(LLAMA_8B, "h100_sxm"))
     b = StepBatch(8, 0, 0, 0, 8 * 512)
     assert default.step_ms(b) == pytest.approx(model.step_ms(b) + DEFAULT_STEP_OVERHEAD_MS)
 
 
 def test_time_scale_divides_the_step(model):
-    from vllm_vcr.perf.aic import AicStepLatency
+    from vllm_vcr.engine.latency import AicStepLatency
 
-    fast = AicStepLatency(model.target, time_scale=10.0)
+    fast = AicStepLatency(model.pricer, time_scale=10.0)
     b = StepBatch(8, 0, 0, 0, 8 * 512)
     assert fast.step_duration(b, random.Random(0)) == pytest.approx(model.step_duration(b, random.Random(0)) / 10)
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from vllm_vcr.cli import build_parser
-from vllm_vcr.engine.cli_args import engine_args_from_cli
+from vllm_vcr.engine_cli import engine_args_from_cli
 from vllm_vcr.perf.errors import PerfModelError
 
 from .conftest import LLAMA_8B, needs_aic

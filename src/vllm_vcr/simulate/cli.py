@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..engine.cli_args import add_engine_args
+from ..engine_cli import add_engine_args
 from ..perf.cli import add_perf_args
 from .router import ROUTERS
 
@@ -70,7 +70,7 @@ def _workload(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.cli_args import engine_args_from_cli
+    from ..engine_cli import engine_args_from_cli
     from ..engine.config import ConfigError
     from .runner import run_simulation
 

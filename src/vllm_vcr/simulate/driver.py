@@ -21,6 +21,7 @@ from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from ..replay.inputs import engine_inputs
 from .router import Router
 from .workload import SimRequest
 
@@ -70,7 +71,8 @@ class Simulation:
         self.timeline.preemptions = [0] * num_engines
         self.timeline.steps = [0] * num_engines
         self._progress = progress
-        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i))
+        inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
+        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i), **inputs)
                       for i in range(num_engines)]
         self._arrivals: list[tuple[float, int, SimRequest]] = []
         self._seq = 0
