@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The perf model against measured silicon: every vLLM aggregated row of aiconfigurator-core's
 systems/silicon_sample.csv that the estimator can price, simulated closed-loop through the
-engine (vllm_vcr.perf.silicon), TTFT/TPOT compared with the measured values, next to the
+engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values, next to the
 estimator's own static estimate (run_static, batch = concurrency).
 
 One global correction, the engine's host overhead per step (ms), is fitted on the declared
@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vllm_vcr.perf.silicon import SiliconRow, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
+from vllm_vcr.simulate.silicon import SiliconRow, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"

@@ -17,9 +17,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .aic import AicTarget, compile_target
-from .catalog import package_root
-from .errors import PerfModelError
+from ..perf.aic import AicTarget, compile_target
+from ..perf.catalog import package_root
+from ..perf.errors import PerfModelError
 
 GIB = 1 << 30
 
@@ -119,9 +119,9 @@ def request_lifetime_s(row: SiliconRow) -> float:
 def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, max_tokens: int = 400_000) -> dict[str, Any]:
     """Simulate the row's closed-loop benchmark; TTFT/TPOT means in ms."""
     from ..engine.config import EngineArgs, EngineConfig
-    from ..simulate.runner import simulate
-    from ..simulate.workload import LengthDist, SyntheticWorkload
-    from .kv_sizing import estimate_kv_capacity
+    from ..perf.kv_sizing import estimate_kv_capacity
+    from .runner import simulate
+    from .workload import LengthDist, SyntheticWorkload
 
     target = row.target(step_overhead_ms).resolved()
     compile_target(target)
