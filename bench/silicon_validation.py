@@ -10,7 +10,8 @@ per-row tuning. Results go to a JSONL (resumable) and the table into docs/fideli
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 300000] [--limit N] [--write-docs]
+                                          [--max-tokens 200000] [--budget-s 4200] [--limit N]
+                                          [--render-only] [--write-docs]
 """
 
 from __future__ import annotations
@@ -144,9 +145,11 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, front
     for r in rows:
         why = done.get(r.id, {}).get("unsupported")
         if why:
-            k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split(': ', 1)[-1][:110]}"
+            k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}"
             unsupported[k] = unsupported.get(k, 0) + 1
     n_sim = sum(1 for r in rows if "sim" in done.get(r.id, {}))
+    n_train = sum(1 for r in train if "sim" in done.get(r.id, {}))
+    n_held = sum(1 for r in held if "sim" in done.get(r.id, {}))
     n_left = sum(1 for r in rows if r.id not in done)
     out = [BEGIN, "", f"Made by `{command}`.", "",
            f"{len(rows)} vLLM aggregated rows in the sample; {n_sim} simulated, "
@@ -154,10 +157,10 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, front
            f"costliest: concurrency × OSL; none of them were looked at). Errors are |predicted − measured| / "
            f"measured, median and p90 over the rows. *sim* = the closed-loop workload through the engine with "
            f"`--perf-model aic`; *static* = the estimator's `run_static` with batch = concurrency.", "",
-           f"Fitted on the {len(train)} training rows: host overhead **{overhead:.2f} ms per step** (simulated) "
-           f"and a frontend first-token overhead of **{frontend:.0f} ms** (added to the simulated TTFT: `serve` "
-           f"and `play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}), simulated "
-           f"with them:", "",
+           f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
+           f"**{overhead:.2f} ms per step** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
+           f"(added to the simulated TTFT: `serve` and `play` have a real frontend, `simulate` has none). "
+           f"Held-out rows ({len(held)}; {n_held} simulated with them):", "",
            *table(held, done, lambda r: r.gpu, "GPU", frontend), "",
            *table(held, done, lambda r: r.model, "model", frontend), "",
            "Training rows, simulated without the correction (host overhead 0):", "",
@@ -172,8 +175,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=300_000, help="output tokens simulated per row, at most")
-    ap.add_argument("--budget-s", type=float, default=math.inf,
+    ap.add_argument("--max-tokens", type=int, default=200_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--budget-s", type=float, default=4200.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
     ap.add_argument("--overhead", type=float, default=None, help="skip the fit: use this host overhead (ms)")
