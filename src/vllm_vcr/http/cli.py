@@ -17,6 +17,7 @@ from typing import Any
 
 from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
+from ..perf.cli import add_perf_args
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 
 DEFAULT_PORT = 8000
@@ -136,6 +137,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     if "--kv-events-config" not in p._option_string_actions:  # vLLM's KV cache events flags
         add_kv_events_args(p)
+    add_perf_args(p)
     g = _Group(p, "vLLM server")
     g.add("--model", dest="model_opt", default=None, help="same as MODEL")
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
