@@ -219,6 +219,11 @@ class EngineCore(EngineControls):
             return _Turn.AGAIN
         return self._next_wake()
 
+    def next_wake(self) -> float | None:
+        """When this engine next has work on its clock (now while inputs wait; None: idle until one
+        arrives). For drivers of several engines on one virtual clock (simulate)."""
+        return self.clock.now() if self._inbox else self._next_wake()
+
     def _next_wake(self) -> float | None:
         life = self.lifecycle
         drain = life.draining_deadline

@@ -159,10 +159,7 @@ class Simulation:
         while True:
             t = arrivals[0][0] if arrivals else math.inf
             for core in cores:
-                if core._inbox:
-                    t = min(t, clock.now())
-                    continue
-                w = core._next_wake()
+                w = core.next_wake()
                 if w is not None and w < t:
                     t = w
             if t == math.inf:
@@ -172,10 +169,7 @@ class Simulation:
             while arrivals and arrivals[0][0] <= now:
                 self._deliver(heapq.heappop(arrivals)[2], now)
             for core in cores:
-                if core._inbox:
-                    core.run_until_idle(until=now)
-                    continue
-                w = core._next_wake()
+                w = core.next_wake()
                 if w is not None and w <= now:
                     core.run_until_idle(until=now)
         self.wall_s = time.perf_counter() - wall
