@@ -100,6 +100,8 @@ def _decode_object(body: bytes) -> dict[str, Any]:
         obj = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise ControlError(422, f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ControlError(422, "body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ControlError(422, f"body must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -155,3 +157,14 @@ def latency_knobs_in(patch: dict[str, Any]) -> list[str]:
 
 def empty_stats() -> dict[str, int]:
     return {name: 0 for name in STATS_FIELDS}
+
+
+def refuse_browser_post(headers: Any) -> None:
+    """A POST a web page could send without the browser asking first (a CORS "simple" request):
+    a form content type, or any Origin header. `curl -X POST URL` (no body, no content type) and
+    JSON clients pass; everything else is refused, so a page cannot reset the counters."""
+    ctype = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if ctype and ctype != "application/json":
+        raise ControlError(415, f"content-type {ctype!r} not accepted; send no body or application/json")
+    if headers.get("origin") is not None:
+        raise ControlError(403, "requests from a web page (an Origin header) are refused")

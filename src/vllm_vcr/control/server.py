@@ -33,6 +33,7 @@ from .schema import (
     latency_knobs_in,
     parse_config_patch,
     parse_log_request,
+    refuse_browser_post,
 )
 
 logger = logging.getLogger("vllm_vcr.control")
@@ -211,6 +212,7 @@ def build_control_app(
         return _json(_sum_stats(await eng.call_all(_read_stats)))
 
     async def reset_stats(request: Request) -> Response:
+        refuse_browser_post(request.headers)
         async with eng.lock:
             per_engine = await eng.call_all(_reset_stats)
         logger.info("control: stats reset on %d engine(s)", len(per_engine))

@@ -219,7 +219,9 @@ class OpenAIApp:
             if chunk:
                 size += len(chunk)
                 if size > _MAX_BODY:
-                    raise HTTPError(413, "Request body too large", "RequestEntityTooLarge")
+                    # the rest of the body is never read: the connection cannot carry another request
+                    raise HTTPError(413, "Request body too large", "RequestEntityTooLarge",
+                                    headers=[(b"connection", b"close")])
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -270,7 +272,7 @@ class OpenAIApp:
         self.completions.check_model(req.model)
         tok = self.tokenizer
         if is_chat:
-            _, ids = self.chat.render_prompt(
+            _, ids = await self.chat.render_prompt_async(
                 req.messages, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message, chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)

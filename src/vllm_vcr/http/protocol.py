@@ -73,7 +73,7 @@ class _SamplingFields(_Base):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=_INT64_MAX)] | None = None
     priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
     request_id: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
@@ -111,6 +111,7 @@ class ChatCompletionRequest(_SamplingFields):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
 
 class TokenizeCompletionRequest(_Base):
@@ -200,3 +201,23 @@ def stop_list(stop: StopParam) -> list[str]:
         return [stop]
     return list(stop)
 
+
+
+def check_prompt_logprobs_field(value: int | None, stream: bool | None) -> None:
+    """The request model's own check of prompt_logprobs (vLLM runs it while parsing)."""
+    if value is None:
+        return
+    if stream and (value > 0 or value == -1):
+        raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    if value < 0 and value != -1:
+        raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", value)
+
+
+def check_prompt_logprobs_limit(value: int | None, vocab_size: int) -> None:
+    """SamplingParams' check against --max-logprobs (-1 means the whole vocabulary)."""
+    if not value:
+        return
+    num = vocab_size if value == -1 else value
+    if num > MAX_LOGPROBS:
+        raise RequestValueError(f"Requested prompt logprobs of {num}, which is greater than max allowed: "
+                                f"{MAX_LOGPROBS}", "prompt_logprobs", num)

@@ -25,6 +25,8 @@ from .protocol import (
     CompletionRequest,
     RequestValueError,
     check_logprobs_limit,
+    check_prompt_logprobs_field,
+    check_prompt_logprobs_limit,
     check_sampling,
     stop_list,
 )
@@ -73,8 +75,9 @@ class CompletionServing(ServingBase):
         # the request model's own validators first (vLLM runs them while parsing)
         if req.stream_options is not None and not req.stream:
             raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        check_prompt_logprobs_field(req.prompt_logprobs, req.stream)
         p = req.prompt
-        if (p is None or p == "") and not req.prompt_embeds:
+        if (p is None or p == "") and (req.prompt_embeds is None or req.prompt_embeds == []):
             raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
             raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
@@ -82,9 +85,10 @@ class CompletionServing(ServingBase):
                                     "environment variable.", "prompt")
         if req.logprobs is not None and req.logprobs < 0 and req.logprobs != -1:
             raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", req.logprobs)
-        if req.prompt_embeds:
-            raise RequestValueError("prompt_embeds are not supported by vllm-vcr.", "prompt_embeds")
         model = self.check_model(req.model)
+        if req.prompt_embeds is not None and req.prompt_embeds != []:
+            # vLLM without --enable-prompt-embeds (which needs a real model's hidden size)
+            raise RequestValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
         if req.suffix is not None:
             raise RequestValueError("suffix is not currently supported")
         max_len = self.settings.max_model_len
@@ -99,6 +103,7 @@ class CompletionServing(ServingBase):
         limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
         check_sampling(req, None if echo_only else min(limits))
         check_logprobs_limit(self.tokenizer.vocab_size if req.logprobs == -1 else req.logprobs)
+        check_prompt_logprobs_limit(req.prompt_logprobs, self.tokenizer.vocab_size)
         for pr in prompts:
             self.check_token_ids(pr.ids)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
