@@ -107,9 +107,20 @@ def _decode_object(body: bytes) -> dict[str, Any]:
     return obj
 
 
+def split_config_patch(body: bytes, extra_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(engine patch, patch of `extra_fields`): the frontend's own fields (HTTP faults) are taken
+    out before the engine's layers 1-3 check the rest."""
+    obj = _decode_object(body)
+    extra = {k: obj.pop(k) for k in list(obj) if k in extra_fields}
+    return (parse_config_object(obj) if obj or not extra else {}), extra
+
+
 def parse_config_patch(body: bytes) -> dict[str, Any]:
     """Layers 1-3 above; returns the patch as a dict of JSON-able values (only the named fields)."""
-    obj = _decode_object(body)
+    return parse_config_object(_decode_object(body))
+
+
+def parse_config_object(obj: dict[str, Any]) -> dict[str, Any]:
     fixed = [k for k in obj if k not in CONFIG_FIELDS and k in NOT_PATCHABLE]
     unknown = [k for k in obj if k not in CONFIG_FIELDS and k not in NOT_PATCHABLE]
     if unknown:

@@ -31,10 +31,11 @@ from .schema import (
     ControlError,
     empty_stats,
     latency_knobs_in,
-    parse_config_patch,
     parse_log_request,
     refuse_browser_post,
+    split_config_patch,
 )
+from .faults_routes import RATE_FIELDS, apply_rates, fault_routes
 
 logger = logging.getLogger("vllm_vcr.control")
 
@@ -163,15 +164,25 @@ def build_control_app(
     log_control: LogControl | None = None,
     *,
     call_timeout: float = ENGINE_CALL_TIMEOUT,
+    faults: Any = None,
 ) -> Starlette:
-    """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501."""
+    """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501.
+    `faults` (a FaultController, `serve` only) adds its fields to /config and /stats and the
+    /faults and /gauges routes (control/faults_routes.py)."""
     eng = _Engines(engines, call_timeout)
+    fault_fields = RATE_FIELDS if faults is not None else ()
+
+    def with_faults(config: dict[str, Any]) -> dict[str, Any]:
+        return {**config, **faults.rates_dict()} if faults is not None else config
 
     async def get_config(request: Request) -> Response:
-        return _json(await eng.call_first(_read_config))
+        return _json(with_faults(await eng.call_first(_read_config)))
 
     async def patch_config(request: Request) -> Response:
-        patch = parse_config_patch(await request.body())
+        patch, fault_patch = split_config_patch(await request.body(), fault_fields)
+        if fault_patch and not patch:
+            apply_rates(faults, fault_patch)
+            return _json(with_faults(await eng.call_first(_read_config)))
         knobs = latency_knobs_in(patch)
 
         def dry_run(core: Any) -> None:
@@ -195,6 +206,8 @@ def build_control_app(
                 raise ControlError(409, str(e)) from None
             except ConfigError as e:
                 raise ControlError(400, str(e)) from None
+            if fault_patch:
+                apply_rates(faults, fault_patch)
             configs = []
             for i, core in enumerate(eng.cores()):
                 try:
@@ -206,17 +219,22 @@ def build_control_app(
                     raise ControlError(status, f"{e} ({done}; the engines' configs may differ)") from None
         logger.info("control: config patched on %d engine(s): %s", len(configs),
                     msgspec.json.encode(patch).decode())
-        return _json(configs[0])
+        return _json(with_faults(configs[0]))
+
+    def with_fault_stats(stats: dict[str, Any]) -> dict[str, Any]:
+        return {**stats, **faults.stats()} if faults is not None else stats
 
     async def get_stats(request: Request) -> Response:
-        return _json(_sum_stats(await eng.call_all(_read_stats)))
+        return _json(with_fault_stats(_sum_stats(await eng.call_all(_read_stats))))
 
     async def reset_stats(request: Request) -> Response:
         refuse_browser_post(request.headers)
         async with eng.lock:
             per_engine = await eng.call_all(_reset_stats)
+            if faults is not None:
+                faults.reset_stats()
         logger.info("control: stats reset on %d engine(s)", len(per_engine))
-        return _json(_sum_stats(per_engine))
+        return _json(with_fault_stats(_sum_stats(per_engine)))
 
     async def put_log(request: Request) -> Response:
         if log_control is None:
@@ -240,7 +258,9 @@ def build_control_app(
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
-            message = f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, POST /stats/reset, PUT /log"
+            extra = ", GET/PUT/DELETE /faults, GET/PUT/DELETE /gauges" if faults is not None else ""
+            message = (f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, POST /stats/reset, "
+                       f"PUT /log{extra}")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
         else:
@@ -260,6 +280,7 @@ def build_control_app(
         Route("/stats", get_stats, methods=["GET"]),
         Route("/stats/reset", reset_stats, methods=["POST"]),
         Route("/log", put_log, methods=["PUT"]),
+        *(fault_routes(faults) if faults is not None else []),
     ]
     app = Starlette(
         routes=routes,
@@ -341,6 +362,7 @@ async def start_control_server(
     *,
     log_control: LogControl | None | str = "auto",
     call_timeout: float = ENGINE_CALL_TIMEOUT,
+    faults: Any = None,
 ) -> ControlServer:
     """Serve the control API on `address` (HOST:PORT) in the running event loop.
 
@@ -353,7 +375,7 @@ async def start_control_server(
         from ..logging_setup import reloadable_logging_installed
 
         log_control = _auto_log_control if reloadable_logging_installed() else None
-    app = build_control_app(engines, log_control, call_timeout=call_timeout)  # type: ignore[arg-type]
+    app = build_control_app(engines, log_control, call_timeout=call_timeout, faults=faults)  # type: ignore[arg-type]
     sock = _bind(host, port, address)
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(

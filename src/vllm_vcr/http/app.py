@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import __version__
 from .errors import HTTPError, error_body
+from .faults_adapter import FaultEnded
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
@@ -58,8 +59,9 @@ def _load_metrics(settings: ServeSettings) -> Any:
 class OpenAIApp:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None = None):
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None, faults: Any = None):
         self.engine = engine
+        self.faults = faults  # a FaultGate (http/faults_adapter.py), or None
         self.tokenizer = tokenizer
         self.settings = settings
         self.metrics = metrics if metrics is not None else _load_metrics(settings)
@@ -140,6 +142,10 @@ class OpenAIApp:
         except HTTPError as e:
             await send_bytes(send, e.status, e.body(), e.headers)
             return
+        if watch and self.faults is not None:
+            send = await self.faults.admit(scope, body, send)
+            if send is None:
+                return  # answered with an injected failure
         ctx = RequestContext(scope, receive, send, body)
         try:
             if watch:
@@ -152,6 +158,8 @@ class OpenAIApp:
             await self._send_error(send, 400, error_body(str(e), "BadRequestError", 400, e.param))
         except asyncio.CancelledError:
             raise
+        except FaultEnded:
+            pass  # an injected fault ended the response on purpose
         except Exception:
             logger.exception("unhandled error in %s %s", scope["method"], path)
             await self._send_error(send, 500, error_body("Internal server error", "InternalServerError", 500))

@@ -30,6 +30,9 @@ from ..gc_tuning import tune_for_serving  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
 from .app import OpenAIApp, build_app  # noqa: E402
 from .cli import env_api_key, ignored_flags  # noqa: E402
+from .faults_adapter import FaultGate, install_gauges  # noqa: E402
+from ..faults import FaultController, FaultSpecError  # noqa: E402
+from ..faults.cli_args import rates_from_args  # noqa: E402
 from .serving_base import VLLM_API_VERSION, ServeSettings  # noqa: E402
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer  # noqa: E402
 
@@ -298,6 +301,7 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         sock.close()
         raise CLIError(str(e)) from None
     publishers = _attach_kv_events(engine, kv_config)
+    faults = _fault_controller(args, settings)
     await engine.start()
     control = None
     if getattr(args, "control_address", None):
@@ -307,7 +311,7 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
             logger.warning("--control-address given but the control API is not available in this build")
         else:
             try:
-                control = await start_control_server(engine, args.control_address)
+                control = await start_control_server(engine, args.control_address, faults=faults)
             except Exception as e:
                 await engine.stop(0)
                 sock.close()
@@ -324,7 +328,8 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         sock.close()
         raise CLIError(str(e)) from None
     sock.listen(2048)
-    app: OpenAIApp = build_app(engine, tok, settings)
+    app: OpenAIApp = build_app(engine, tok, settings, faults=FaultGate(faults))
+    install_gauges(app.metrics, faults)
 
     stop_task: list[asyncio.Task] = []
 
@@ -391,6 +396,15 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         with contextlib.suppress(OSError):
             sock.close()
     return exit_code
+
+
+def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> FaultController:
+    try:
+        rates = rates_from_args(args)
+    except FaultSpecError as e:
+        raise CLIError(str(e)) from None
+    return FaultController(rates, model=settings.model_name, max_model_len=settings.max_model_len,
+                           seed=getattr(args, "seed", None))
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:
