@@ -85,7 +85,9 @@ class OpenAIApp:
             "/metrics": {"GET": (self._metrics, False)},
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
+            "/openapi.json": {"GET": (self._openapi, False)},
         }
+        self._openapi_body: bytes | None = None
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -272,6 +274,13 @@ class OpenAIApp:
             body, content_type = m.render()
         await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
                          if isinstance(content_type, str) else content_type)
+
+    async def _openapi(self, ctx: RequestContext) -> None:
+        if self._openapi_body is None:  # built once, from the routes as they are by then
+            from .openapi import build_openapi
+
+            self._openapi_body = encode(build_openapi(self.routes))
+        await send_bytes(ctx.send, 200, self._openapi_body)
 
     async def _tokenize(self, ctx: RequestContext) -> None:
         raw = ctx.body

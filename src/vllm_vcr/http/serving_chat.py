@@ -190,7 +190,8 @@ class ChatServing(ServingBase):
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id))
-        role = self.settings.response_role if req.add_generation_prompt else req.messages[-1].get("role", "assistant")
+        role = (self.settings.response_role if req.add_generation_prompt or not req.messages
+                else req.messages[-1].get("role", "assistant"))
         echo_text = ""
         if req.echo and req.messages and req.messages[-1].get("role") == role:
             last = normalize_messages([req.messages[-1]])[0].get("content")
