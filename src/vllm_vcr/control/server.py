@@ -146,6 +146,11 @@ def _read_stats(core: Any) -> dict[str, int]:
     return {name: int(getattr(stats, name)) for name in STATS_FIELDS}
 
 
+def _read_kv_blocks(core: Any) -> tuple[int, int]:
+    pool = core.block_pool
+    return int(pool.num_blocks), int(pool.num_free_blocks)
+
+
 def _reset_stats(core: Any) -> dict[str, int]:
     core.reset_stats()
     return _read_stats(core)
@@ -227,6 +232,11 @@ def build_control_app(
     async def get_stats(request: Request) -> Response:
         return _json(with_fault_stats(_sum_stats(await eng.call_all(_read_stats))))
 
+    async def get_kv_stats(request: Request) -> Response:
+        # for leak checks: every block of an idle engine is free (prefix-cached blocks count as free)
+        per_engine = await eng.call_all(_read_kv_blocks)
+        return _json({"blocks_total": sum(t for t, _ in per_engine), "blocks_free": sum(f for _, f in per_engine)})
+
     async def reset_stats(request: Request) -> Response:
         refuse_browser_post(request.headers)
         async with eng.lock:
@@ -259,7 +269,8 @@ def build_control_app(
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
             extra = ", GET/PUT/DELETE /faults, GET/PUT/DELETE /gauges" if faults is not None else ""
-            message = (f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, POST /stats/reset, "
+            message = (f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, GET /stats/kv, "
+                       "POST /stats/reset, "
                        f"PUT /log{extra}")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
@@ -279,6 +290,7 @@ def build_control_app(
         Route("/config", config, methods=["GET", "PATCH"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/stats/reset", reset_stats, methods=["POST"]),
+        Route("/stats/kv", get_kv_stats, methods=["GET"]),
         Route("/log", put_log, methods=["PUT"]),
         *(fault_routes(faults) if faults is not None else []),
     ]
