@@ -61,25 +61,23 @@ def _run_soak(sp, requests: int, warmup: int) -> dict:
             **kv}
 
 
-def test_soak_short(serve_harness, tmp_path_factory):
+def _soak_and_check(serve_harness, tmp_path_factory, requests: int, warmup: int) -> None:
     sp = _start(serve_harness, tmp_path_factory)
     try:
-        figures = _run_soak(sp, requests=1000, warmup=400)
-        print("soak short:", figures)
+        figures = _run_soak(sp, requests=requests, warmup=warmup)
+        print(f"soak {requests}:", figures)
         assert figures["rss_after_mb"] - figures["rss_before_mb"] < 40, figures
     finally:
         assert sp.stop() == 0
+
+
+def test_soak_short(serve_harness, tmp_path_factory):
+    _soak_and_check(serve_harness, tmp_path_factory, requests=1000, warmup=400)
 
 
 @pytest.mark.long
 def test_soak_long(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory)
-    try:
-        figures = _run_soak(sp, requests=10_000, warmup=2000)
-        print("soak long:", figures)
-        assert figures["rss_after_mb"] - figures["rss_before_mb"] < 40, figures
-    finally:
-        assert sp.stop() == 0
+    _soak_and_check(serve_harness, tmp_path_factory, requests=10_000, warmup=2000)
 
 
 async def _stream(url: str, results: list) -> None:
