@@ -89,14 +89,15 @@ class ChatServing(ServingBase):
             chat_template = chat_template_kwargs.pop("chat_template")
         if chat_template is None:
             return self.render_prompt(messages, chat_template=None, chat_template_kwargs=chat_template_kwargs, **kw)
-        try:
+
+        def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
             template = compile_request_template(chat_template)
-        except ChatTemplateError as e:
-            raise RequestValueError(str(e)) from None
+            return self.render_prompt(messages, chat_template=template, chat_template_kwargs=chat_template_kwargs,
+                                      **kw)
+
         try:
-            return await render_bounded(lambda: self.render_prompt(
-                messages, chat_template=template, chat_template_kwargs=chat_template_kwargs, **kw))
-        except ChatTemplateError as e:  # the time bound
+            return await render_bounded(compile_and_render)
+        except ChatTemplateError as e:  # a bad template, or the time bound
             raise RequestValueError(str(e)) from None
 
     def render_prompt(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
