@@ -90,6 +90,20 @@ def test_endless_template_is_stopped_and_the_server_keeps_answering(trusting):
     assert worst < 2.0, worst
 
 
+def test_sigterm_while_a_template_renders(serve_process):
+    import signal
+
+    sp = serve_process("--inter-token-latency", "0", "--trust-request-chat-template")
+    th = threading.Thread(target=lambda: httpx.post(sp.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": MSGS, "chat_template": NESTED_LOOPS}, timeout=30), daemon=True)
+    th.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    sp.proc.send_signal(signal.SIGTERM)
+    assert sp.proc.wait(20) == 0
+    assert time.monotonic() - t0 < 10
+
+
 @pytest.mark.parametrize("template", [
     "{{ 'a' * 300000000 }}",
     "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",

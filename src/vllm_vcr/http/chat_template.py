@@ -21,7 +21,7 @@ import json
 import operator
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -222,8 +222,8 @@ def compile_request_template(source: Any) -> ChatTemplate:
     return ChatTemplate(source)
 
 
-_pool: ThreadPoolExecutor | None = None
 _MAX_RENDER_THREADS = 2
+_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its Semaphore
 
 
 class _RenderState:
@@ -260,23 +260,45 @@ def _interrupt(state: _RenderState) -> bool:
         return True
 
 
+def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
 async def render_bounded(fn: Any, timeout: float | None = None) -> Any:
-    """Run `fn()` (a render) in a worker thread; stop it `timeout` seconds after it starts."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=_MAX_RENDER_THREADS, thread_name_prefix="chat-template")
+    """Run `fn()` (a render) in a daemon thread (at most two at once); stop it `timeout` seconds
+    after it starts. Daemon: a render can never keep the process from exiting on SIGTERM."""
     loop = asyncio.get_running_loop()
+    slots = _slots.get(loop)
+    if slots is None:
+        slots = _slots[loop] = asyncio.Semaphore(_MAX_RENDER_THREADS)
     delay = RENDER_TIMEOUT if timeout is None else timeout
     state = _RenderState(delay)
-    fut = loop.run_in_executor(_pool, _render_in_thread, fn, state)
-    timer: list[asyncio.TimerHandle] = []
+    fut: asyncio.Future = loop.create_future()
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = _render_in_thread(fn, state)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            error = e
+        try:
+            loop.call_soon_threadsafe(_settle, fut, result, error)
+        except RuntimeError:
+            pass  # the loop is gone (shutdown): nobody waits for this render
 
     def expire() -> None:
         if not fut.done() and not _interrupt(state):
-            timer[0] = loop.call_later(delay, expire)  # still queued behind another render
+            timer[0] = loop.call_later(0.05, expire)  # the thread has not started yet
 
-    timer.append(loop.call_later(delay, expire))
-    try:
-        return await fut
-    finally:
-        timer[0].cancel()
+    async with slots:
+        threading.Thread(target=run, name="chat-template", daemon=True).start()
+        timer = [loop.call_later(delay, expire)]
+        try:
+            return await fut
+        finally:
+            timer[0].cancel()
