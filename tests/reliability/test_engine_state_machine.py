@@ -1,7 +1,8 @@
 """A hypothesis state machine over one EngineCore on the virtual clock, through its public API only
 (add_request, abort_requests, call, run_until_idle, stats): whatever the order of arrivals, aborts,
 config patches and time, every request the engine received ends exactly once (completed, failed
-or aborted), nothing runs after it ended, and no KV block is left held."""
+or aborted), nothing runs after it ended, no KV block is left held, and a prompt a patched
+max_model_len leaves no room for fails (it is not "completed" with no tokens)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig, FailureType
 from vllm_vcr.engine.core import EngineCore
-from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 
 SHARED = [(7 * i) % 3000 + 1 for i in range(200)]
 
@@ -36,6 +37,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.added: dict[str, int] = {}  # id -> max_tokens
         self.ended: Counter[str] = Counter()  # times each id was reported finished
         self.tokens: Counter[str] = Counter()
+        self.reasons: dict[str, object] = {}  # id -> its finish_reason, when it had a finish output
+        self.no_room: set[str] = set()  # prompts the patched max_model_len leaves no room for
+        self.max_model_len = 0
         self.next_id = 0
 
     def teardown(self) -> None:
@@ -61,6 +65,8 @@ class EngineMachine(RuleBasedStateMachine):
             for o in batch.outputs:
                 assert self.ended[o.request_id] == 0, f"{o.request_id} produced output after it ended"
                 self.tokens[o.request_id] += len(o.new_token_ids)
+                if o.finish_reason is not None:
+                    self.reasons[o.request_id] = o.finish_reason
             # finished_requests names every request that left the engine, aborted ones included
             for rid in batch.finished_requests or ():
                 self.ended[rid] += 1
@@ -74,6 +80,8 @@ class EngineMachine(RuleBasedStateMachine):
         free, total = self._call(lambda c: (c.block_pool.num_free_blocks, c.block_pool.num_blocks))
         assert free == total, f"{total - free} KV blocks leaked"
         assert set(self.ended) == set(self.added) and all(n == 1 for n in self.ended.values())
+        for rid in self.no_room:  # failed on arrival (vLLM's context check), never "completed" with 0 tokens
+            assert self.reasons.get(rid) == FinishReason.ERROR and self.tokens[rid] == 0, (rid, self.reasons.get(rid))
 
     # ---- rules ---------------------------------------------------------------------------------
     @rule(plen=st.integers(1, 150), max_tokens=st.integers(1, 40), share=st.booleans(), prio=st.integers(-2, 2))
@@ -84,6 +92,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.core.add_request(EngineCoreRequest(request_id=rid, prompt_token_ids=prompt, priority=prio,
                                                 sampling_params=SamplingParams(max_tokens=max_tokens)))
         self.added[rid] = max_tokens
+        if self.max_model_len and plen >= self.max_model_len:
+            self.no_room.add(rid)
 
     @precondition(lambda self: self.added)
     @rule(data=st.data())
@@ -105,6 +115,7 @@ class EngineMachine(RuleBasedStateMachine):
         cfg = self._call(lambda c: c.patch_config({"max_num_seqs": seqs, "failure_injection_rate": fail,
                                                    "max_model_len": max_model_len}) or c.config)
         assert cfg.max_num_seqs == seqs
+        self.max_model_len = max_model_len
 
     @rule()
     def drain(self):

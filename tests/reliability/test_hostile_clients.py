@@ -274,3 +274,23 @@ def _cpu_seconds(pid: int) -> float:
 
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_patched_max_model_len_without_room_fails_the_request(plain):
+    """Defect 6: a prompt that a patched (smaller) max_model_len leaves no room for is failed by
+    the engine with vLLM's words, and counted failed, not completed."""
+    ctl = plain.control_url
+    httpx.patch(ctl + "/config", json={"max_model_len": 16})
+    try:
+        httpx.post(ctl + "/stats/reset")
+        prompt = list(range(1, 21))  # 20 token ids: fits the advertised 4096, not the patched 16
+        r = httpx.post(plain.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4})
+        err = _error(r, 400)
+        assert "is longer than the maximum model length of 16" in err["message"]
+        exact = httpx.post(plain.url + "/v1/completions", json={"model": MODEL, "prompt": prompt[:16],
+                                                                 "max_tokens": 4})
+        assert "plus the number of requested output tokens (at least 1)" in _error(exact, 400)["message"]
+        s = httpx.get(ctl + "/stats").json()
+        assert (s["requests_received"], s["requests_completed"], s["requests_failed"]) == (2, 0, 2)
+    finally:
+        httpx.patch(ctl + "/config", json={"max_model_len": 0})
