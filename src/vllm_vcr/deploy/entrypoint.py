@@ -20,9 +20,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ..engine.cli_args import control_address_from_env
+
 SERVE, PLAY = "serve", "play"
 BOTH = (SERVE, PLAY)
-DEFAULT_CONTROL_HOST = "0.0.0.0"
 DEFAULT_KV_EVENTS_ENDPOINT = "tcp://*:5556"  # the Rust image's default (its binary says 5557)
 DEFAULT_HANDSHAKE_PORT = 29550
 
@@ -100,16 +101,13 @@ def _get(env: Mapping[str, str], name: str) -> str | None:
 
 
 def control_address(env: Mapping[str, str]) -> str | None:
-    """MOCK_CONTROL_ADDRESS (HOST:PORT) wins; else MOCK_CONTROL_PORT on all interfaces; `off` disables."""
-    address = _get(env, "MOCK_CONTROL_ADDRESS")
-    if address is not None:
-        return None if address.lower() == "off" else address
+    """The CLI's own reading of MOCK_CONTROL_ADDRESS / MOCK_CONTROL_PORT, with the port checked here
+    so that a typo stops the container with the variable's name."""
     port = _get(env, "MOCK_CONTROL_PORT")
-    if port is None or port.lower() == "off":
-        return None
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if _get(env, "MOCK_CONTROL_ADDRESS") is None and port is not None and port.lower() != "off" \
+            and not (port.isdigit() and 0 < int(port) < 65536):
         raise EntrypointError(f"MOCK_CONTROL_PORT must be a port number or 'off', got {port!r}")
-    return f"{DEFAULT_CONTROL_HOST}:{port}"
+    return control_address_from_env(env)
 
 
 def _pd_role(env: Mapping[str, str]) -> str | None:
