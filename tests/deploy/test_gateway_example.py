@@ -13,6 +13,8 @@ from openai import AsyncOpenAI
 
 from vllm_vcr import MockServer
 
+SESSION = web.AppKey("session", ClientSession)
+
 
 def retrying_gateway(backends: list[str]) -> web.Application:
     """The code under test: round-robin over backends, retry a 5xx on the next one."""
@@ -22,7 +24,7 @@ def retrying_gateway(backends: list[str]) -> web.Application:
         body, first = await request.read(), next(turn)
         for attempt in range(len(backends)):
             backend = backends[(first + attempt) % len(backends)]
-            async with request.app["session"].post(backend + request.path, data=body,
+            async with request.app[SESSION].post(backend + request.path, data=body,
                                                    headers={"content-type": "application/json"}) as resp:
                 if resp.status >= 500 and attempt < len(backends) - 1:
                     continue
@@ -30,9 +32,9 @@ def retrying_gateway(backends: list[str]) -> web.Application:
         raise AssertionError("unreachable")
 
     async def session(app: web.Application):
-        app["session"] = ClientSession()
+        app[SESSION] = ClientSession()
         yield
-        await app["session"].close()
+        await app[SESSION].close()
 
     app = web.Application()
     app.cleanup_ctx.append(session)
