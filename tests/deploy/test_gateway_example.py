@@ -25,7 +25,7 @@ def retrying_gateway(backends: list[str]) -> web.Application:
         for attempt in range(len(backends)):
             backend = backends[(first + attempt) % len(backends)]
             async with request.app[SESSION].post(backend + request.path, data=body,
-                                                   headers={"content-type": "application/json"}) as resp:
+                                                 headers={"content-type": "application/json"}) as resp:
                 if resp.status >= 500 and attempt < len(backends) - 1:
                     continue
                 return web.Response(status=resp.status, body=await resp.read(), content_type="application/json")

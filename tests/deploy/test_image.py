@@ -8,9 +8,11 @@ Skipped with the reason where podman cannot run containers (`VLLM_VCR_IMAGE=0` s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -171,3 +173,48 @@ def test_sigterm_lets_the_running_stream_finish(image):
         assert elapsed < 20, f"took {elapsed:.1f}s to stop"
     finally:
         c.remove()
+
+
+@pytest.mark.conformance
+def test_play_in_the_image_behind_a_real_vllm_frontend(image, tmp_path):
+    """docs/deploy.md's "play next to a real vLLM frontend": the frontend (here the real vLLM 0.32
+    from the peers cache, on the host) and the image's `play` share the network namespace, as two
+    containers of one pod share localhost."""
+    from tests.conformance import peers
+
+    reason = peers.missing_reason("0.32")
+    if reason:
+        pytest.skip(reason)
+    http_port, rpc_port, control_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
+    env.update(HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
+               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"), PYTHONUNBUFFERED="1")
+    frontend = peers._spawn("vllm 0.32 frontend", [
+        str(peers.venv("0.32") / "bin" / "vllm"), "serve", str(peers.MODEL_DIR), "--host", "127.0.0.1",
+        "--port", str(http_port), "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
+        "--data-parallel-rpc-port", str(rpc_port), "--max-model-len", "1024"], env, tmp_path / "frontend.log",
+        cwd=tmp_path)
+    name = f"vllm-vcr-play-{uuid.uuid4().hex[:8]}"
+    _podman("run", "-d", "--network", "host", "--name", name, "-e", f"MOCK_HANDSHAKE_PORT={rpc_port}",
+            "-e", f"MOCK_CONTROL_PORT={control_port}", "-e", "MOCK_ITL_MS=2", "-e", "MODEL=tiny",
+            "-e", f"MOCK_EXTRA_ARGS=--vocab-size {peers.VOCAB_SIZE}", image, "play")
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert frontend.alive(), frontend.tail()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, frontend.tail() + _podman("logs", name, check=False).stderr
+            time.sleep(0.5)
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="none")
+        out = client.completions.create(model=str(peers.MODEL_DIR), prompt="hello", max_tokens=6)
+        assert out.usage.completion_tokens == 6
+        assert httpx.get(f"http://127.0.0.1:{control_port}/stats", timeout=5).json()["requests_completed"] == 1
+        health = _podman("healthcheck", "run", name, check=False)  # play: asked through its control API
+        assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        _podman("rm", "-f", "-t", "5", name, check=False)
+        frontend.stop(signal.SIGTERM, grace=15)

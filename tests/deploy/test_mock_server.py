@@ -92,3 +92,10 @@ def test_plugin_is_declared_as_a_pytest11_entry_point(request):
     plugin = request.config.pluginmanager.get_plugin("vllm_vcr") or \
         request.config.pluginmanager.get_plugin("vllm_vcr.testing.pytest_plugin")
     assert plugin is not None and plugin.__name__ == "vllm_vcr.testing.pytest_plugin"
+
+
+def test_docs_show_the_gateway_test_as_it_is():
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    test = (ROOT / "tests" / "deploy" / "test_gateway_example.py").read_text()
+    code = test[test.index("import itertools"):]
+    assert "```python\n" + code + "```" in doc
