@@ -34,7 +34,7 @@ VALUE_SETS = {
     "everything-off": {"control": {"enabled": False}, "engine": {"logRequests": True, "extraArgs": ["--mode", "echo"]},
                        "roles": {"aggregated": {"env": [{"name": "MOCK_SEED", "value": "9"}],
                                                 "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}}},
-    "kv-events-bind": {"kvEvents": {"enabled": True}, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+    "kv-events-bind": {"kvEvents": {"enabled": True}, "engine": {"dataParallelSize": 4}, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
                        "replay": {"configMap": {"name": "my-traces"}, "latencyTrace": "cap.jsonl.gz"}},
 }
 # CRDs: kubernetes-validate has only the built-in kinds, so these are checked by the fields they must have
@@ -112,7 +112,7 @@ def test_llm_d_example_publishes_where_the_router_listens():
     docs = render(example("llm-d"))
     (deployment,) = kinds(docs, "Deployment")
     args = _engine_args(deployment)
-    assert args.block_size == 64 and args.engine_count == 2
+    assert args.block_size == 64 and args.engine_count == 1
     assert args.kv_events_config == (
         '{"enable_kv_cache_events": true, "publisher": "zmq", '
         '"endpoint": "tcp://sim-epp.default.svc.cluster.local:5557", "topic": "kv@10.1.2.3:8000@Qwen/Qwen3-0.6B"}')

@@ -57,8 +57,10 @@ class Container:
         self.control_port = free_port()
         env = {"VLLM_PORT": str(self.port), "MOCK_CONTROL_PORT": str(self.control_port), **env}
         flags = [f"--env={k}={v}" for k, v in env.items()]
-        # --network host: this machine kind has no container networking to rely on
-        _podman("run", "-d", "--network", "host", "--name", self.name, *flags, image, "serve", "--host", "127.0.0.1")
+        # --network host: this machine kind has no container networking to rely on; --read-only
+        # as the chart's readOnlyRootFilesystem (podman mounts a tmpfs on /tmp, the chart an emptyDir)
+        _podman("run", "-d", "--network", "host", "--read-only", "--name", self.name, *flags, image,
+                "serve", "--host", "127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         self.control = f"http://127.0.0.1:{self.control_port}"
 

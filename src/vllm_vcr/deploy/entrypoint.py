@@ -180,9 +180,10 @@ def build_argv(args: list[str], env: Mapping[str, str], warn: Callable[[str], No
     argv = [command]
     if command in BOTH:
         argv += _derived_flags(command, env)
+        overridden = {"MOCK_ENGINE_ID"} if _get(env, "POD_NAME") else set()  # POD_NAME is the engine id
         for item in ENV_FLAGS:
             value = _get(env, item.env)
-            if value is not None and command in item.commands and not (item.env == "MOCK_ENGINE_ID" and env.get("POD_NAME")):
+            if value is not None and command in item.commands and item.env not in overridden:
                 argv += item.argv(value)
         for name, why in UNSUPPORTED.items():
             if _get(env, name) is not None:
