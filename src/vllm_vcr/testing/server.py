@@ -45,11 +45,13 @@ def _free_port(host: str) -> int:
 
 
 class MockServer:
+    """A `vllm-vcr serve` for one test or fixture: start()/stop(), or a (async) context manager."""
+
     def __init__(self, config: MockServerConfig | None = None, *, mode: Mode = "thread",
                  host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, **fields: Any):
         if mode not in ("thread", "subprocess"):
             raise ValueError(f"mode must be 'thread' or 'subprocess', got {mode!r}")
-        self.config = (config or MockServerConfig()).replace(**fields) if fields else (config or MockServerConfig())
+        self.config = (config or MockServerConfig()).replace(**fields)
         self.mode = mode
         self.host = host
         self.port = port
