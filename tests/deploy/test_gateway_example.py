@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import pytest_asyncio
 from aiohttp import ClientSession, web
 from openai import AsyncOpenAI
 
@@ -42,7 +43,7 @@ def retrying_gateway(backends: list[str]) -> web.Application:
     return app
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def gateway_url(unused_tcp_port, vllm_vcr_server):
     async with MockServer(failure_injection_rate=1.0, failure_types=["error"]) as broken:
         runner = web.AppRunner(retrying_gateway([broken.url, vllm_vcr_server.url]))
@@ -52,6 +53,7 @@ async def gateway_url(unused_tcp_port, vllm_vcr_server):
         await runner.cleanup()
 
 
+@pytest.mark.asyncio
 @pytest.mark.vllm_vcr(inter_token_latency=1, max_num_seqs=8)
 async def test_gateway_retries_engine_errors_exactly_once(gateway_url, vllm_vcr_server):
     url, broken = gateway_url

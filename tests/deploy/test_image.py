@@ -14,9 +14,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -220,3 +222,25 @@ def test_play_in_the_image_behind_a_real_vllm_frontend(image, tmp_path):
     finally:
         _podman("rm", "-f", "-t", "5", name, check=False)
         frontend.stop(signal.SIGTERM, grace=15)
+
+
+def test_installed_wheel_provides_the_fixture(image, tmp_path):
+    """The wheel the image was built from, installed in a fresh virtual environment: pytest finds
+    the vllm_vcr_server fixture by the package's entry point alone, for a test outside this repo."""
+    cache = Path(os.environ.get("VLLM_VCR_IMAGE_CACHE") or Path.home() / ".cache" / "vllm-vcr" / "image")
+    (wheel,) = (cache / "context" / "dist").glob("vllm_vcr-*.whl")
+    venv = tmp_path / "venv"
+    # the dependencies (and pytest) come from this interpreter's site-packages; no pip in the venv
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120, capture_output=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "tests" / "deploy" / "test_gateway_example.py", project)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "test_gateway_example.py"], cwd=project, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "1 passed" in run.stdout
