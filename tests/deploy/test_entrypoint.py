@@ -11,7 +11,7 @@ import pytest
 from vllm_vcr.cli import build_parser
 from vllm_vcr.deploy import healthcheck
 from vllm_vcr.deploy.entrypoint import ENV_FLAGS, EntrypointError, build_argv
-from vllm_vcr.engine.cli_args import control_address_from_env
+from vllm_vcr.engine_cli import control_address_from_env
 from tests.conftest import free_port
 
 # a value each variable accepts, and the parsed attribute it must land in

@@ -13,9 +13,9 @@ from tests.conftest import ROOT
 
 
 def chat(server: MockServer, **kwargs):
-    client = server.openai_client(max_retries=0)
-    return client.chat.completions.create(model="vllm-vcr/sim", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+    with server.openai_client(max_retries=0) as client:
+        return client.chat.completions.create(model="vllm-vcr/sim", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
 
 
 @pytest.mark.parametrize("mode", ["thread", "subprocess"])
@@ -62,10 +62,10 @@ def test_a_bad_patch_reports_the_control_apis_error():
 
 async def test_async_context_manager_and_client():
     async with MockServer(model="m", inter_token_latency=1) as server:
-        client = server.async_openai_client()
-        stream = await client.chat.completions.create(model="m", stream=True, max_tokens=5,
-                                                      messages=[{"role": "user", "content": "x"}])
-        chunks = [c async for c in stream]
+        async with server.async_openai_client() as client:
+            stream = await client.chat.completions.create(model="m", stream=True, max_tokens=5,
+                                                          messages=[{"role": "user", "content": "x"}])
+            chunks = [c async for c in stream]
         assert chunks[-1].choices[0].finish_reason == "length"
         async with httpx.AsyncClient() as http:
             assert (await http.get(server.url + "/health")).status_code == 200
@@ -74,7 +74,8 @@ async def test_async_context_manager_and_client():
 @pytest.mark.vllm_vcr(model="marked", max_num_seqs=3)
 def test_fixture_from_marker(vllm_vcr_server):
     assert vllm_vcr_server.config_now()["max_num_seqs"] == 3
-    assert [m.id for m in vllm_vcr_server.openai_client().models.list().data] == ["marked"]
+    with vllm_vcr_server.openai_client() as client:
+        assert [m.id for m in client.models.list().data] == ["marked"]
 
 
 @pytest.mark.vllm_vcr(max_num_seqs=3, inter_token_latency=1)

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..engine.cli_args import control_address_from_env
+from ..engine_cli import control_address_from_env
 
 SERVE, PLAY = "serve", "play"
 BOTH = (SERVE, PLAY)
