@@ -5,9 +5,11 @@ _TESTING = ("MockServer", "MockServerConfig", "MockServerError")
 
 
 def __getattr__(name: str):
-    # `from vllm_vcr import MockServer` without importing httpx & co. for every `vllm-vcr` command
+    # `from vllm_vcr import MockServer`: a re-export resolved on first access, so that no
+    # `vllm-vcr` command imports httpx & co., and importing the package runs no submodule
+    # (every module imports __version__ from here; an import statement would read as a cycle)
     if name in _TESTING:
-        from . import testing
+        import importlib
 
-        return getattr(testing, name)
+        return getattr(importlib.import_module("vllm_vcr.testing"), name)
     raise AttributeError(f"module 'vllm_vcr' has no attribute {name!r}")
