@@ -128,9 +128,15 @@ main() {
   local base=${BASE:-$BASE_TAG} index_args="--no-index"
   [[ -n $BASE ]] && index_args=""
   log "podman build $TAG (FROM $base)"
+  local previous
+  previous=$(podman image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)
   podman build --quiet --format docker --network host --layers \
     --build-arg BASE="$base" --build-arg PIP_INDEX_ARGS="$index_args" \
     -f "$HERE/Containerfile" -t "$TAG" "$ctx" >/dev/null
+  # the image this tag named before: untagged now, it would pile up run after run (the layer cache stays)
+  if [[ -n $previous && $previous != $(podman image inspect --format '{{.Id}}' "$TAG") ]]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+  fi
   log "built $TAG: $(podman image inspect --format '{{.Size}}' "$TAG" | numfmt --to=iec) "\
 "(base $(podman image inspect --format '{{.Size}}' "$base" | numfmt --to=iec))"
 }
