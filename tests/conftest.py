@@ -28,6 +28,18 @@ except ImportError:
     sys.path.insert(0, str(SRC))
 
 
+def _plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "vllm_vcr.testing.pytest_plugin" for ep in entry_points(group="pytest11"))
+
+
+# The vllm_vcr_server fixture comes from the package's pytest11 entry point once it is installed;
+# a checkout whose installed metadata predates the plugin loads it here instead.
+if not _plugin_installed():
+    pytest_plugins = ["vllm_vcr.testing.pytest_plugin"]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -96,8 +96,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                     help="prefill worker: serve Dynamo-style bootstrap handoffs on this port")
     pd.add_argument("--handoff-session-timeout-ms", type=float, default=300000.0,
                     help="bootstrap handoff: longest wait for the other side (divided by --time-scale)")
-    g.add_argument("--control-address", default=os.environ.get("MOCK_CONTROL_ADDRESS"),
-                   help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS); off unless set")
+    g.add_argument("--control-address", default=control_address_from_env(os.environ),
+                   help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS, or MOCK_CONTROL_PORT "
+                        "for 0.0.0.0:PORT); off unless set")
+
+
+def control_address_from_env(env) -> str | None:
+    """MOCK_CONTROL_ADDRESS, else all interfaces on MOCK_CONTROL_PORT (how the container image turns
+    the API on, at 8001); `off` in either disables it. The control server validates the value."""
+    address = env.get("MOCK_CONTROL_ADDRESS") or None
+    if address is None and (env.get("MOCK_CONTROL_PORT") or "off").lower() != "off":
+        address = f"0.0.0.0:{env['MOCK_CONTROL_PORT']}"
+    return None if address is None or address.lower() == "off" else address
 
 
 def parse_failure_types(value: str | list[str]) -> list[FailureType]:

@@ -61,8 +61,9 @@ def test_vllm_command_line_accepted_and_sigterm_exits_0(serve_harness, tmp_path)
     assert sp.stop(signal.SIGTERM) == 0
 
 
-def test_api_key(serve_harness, serve_process):
-    sp = serve_process("--api-key", "sekrit", "--inter-token-latency", "0")
+@pytest.mark.vllm_vcr(api_key="sekrit", inter_token_latency=0)
+def test_api_key(vllm_vcr_server):
+    sp = vllm_vcr_server
     r = httpx.get(sp.url + "/v1/models")
     assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
     r = httpx.get(sp.url + "/v1/models", headers={"Authorization": "Bearer wrong"})
@@ -72,8 +73,9 @@ def test_api_key(serve_harness, serve_process):
     assert httpx.get(sp.url + "/health").status_code == 200  # only /v1 is guarded, as in vLLM
 
 
-def test_engine_error_is_500(serve_process):
-    sp = serve_process("--failure-injection-rate", "1", "--failure-types", "error")
+@pytest.mark.vllm_vcr(failure_injection_rate=1, failure_types=["error"])
+def test_engine_error_is_500(vllm_vcr_server):
+    sp = vllm_vcr_server
     r = httpx.post(sp.url + "/v1/chat/completions",
                    json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
     assert r.status_code == 500
@@ -86,8 +88,9 @@ def test_engine_error_is_500(serve_process):
     assert httpx.get(sp.url + "/health").status_code == 200
 
 
-def test_injected_length_failure_is_a_normal_finish(serve_process):
-    sp = serve_process("--failure-injection-rate", "1", "--failure-types", "length")
+@pytest.mark.vllm_vcr(failure_injection_rate=1, failure_types=["length"])
+def test_injected_length_failure_is_a_normal_finish(vllm_vcr_server):
+    sp = vllm_vcr_server
     r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 3})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 

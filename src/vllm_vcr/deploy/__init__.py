@@ -1,0 +1,1 @@
+"""Running vllm-vcr in a container: the entrypoint's environment mapping and the health check."""

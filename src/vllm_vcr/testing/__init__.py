@@ -1,0 +1,8 @@
+"""vllm-vcr for tests: MockServer (a real `vllm-vcr serve`, in-process or a child process) and
+the pytest plugin with the `vllm_vcr_server` fixture (installed with the package, entry point
+`pytest11`). See docs/testing.md."""
+
+from .config import MockServerConfig
+from .server import MockServer, MockServerError
+
+__all__ = ["MockServer", "MockServerConfig", "MockServerError"]

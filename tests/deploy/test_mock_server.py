@@ -1,0 +1,105 @@
+"""MockServer (in-process and subprocess) and the vllm_vcr_server fixture's configuration paths."""
+
+from __future__ import annotations
+
+import socket
+import tomllib
+
+import httpx
+import pytest
+
+from vllm_vcr import MockServer, MockServerConfig, MockServerError
+from tests.conftest import ROOT
+
+
+def chat(server: MockServer, **kwargs):
+    with server.openai_client(max_retries=0) as client:
+        return client.chat.completions.create(model="vllm-vcr/sim", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["thread", "subprocess"])
+def test_both_modes_serve_count_and_patch(mode):
+    with MockServer(mode=mode, inter_token_latency=1, max_num_seqs=5) as server:
+        assert server.config_now()["max_num_seqs"] == 5
+        assert chat(server).choices[0].finish_reason == "length"
+        assert server.stats()["requests_completed"] == 1
+        assert server.reset_stats()["requests_received"] == 0
+        patched = server.patch_config(failure_injection_rate=1.0, failure_types=["length"])
+        assert patched["failure_injection_rate"] == 1.0
+        assert chat(server, max_tokens=50).usage.completion_tokens < 50  # the injected failure ends it early
+        port = server.port
+    with pytest.raises(OSError):  # stopped: the port is closed
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_the_command_line_is_the_clis():
+    cfg = MockServerConfig(model="acme/m", served_model_name=["a", "b"], failure_types=["error", "length"],
+                           log_requests=False, time_to_first_token=7, extra_args=["--mode", "echo"])
+    assert cfg.to_argv() == ["acme/m", "--served-model-name", "a", "b", "--time-to-first-token", "7",
+                             "--failure-types", "error,length", "--no-log-requests", "--mode", "echo"]
+    server = MockServer(cfg, seed=3)
+    assert server.config.seed == 3 and server.config.model == "acme/m"
+    assert server.argv()[:2] == ["serve", "acme/m"]
+
+
+def test_bad_configuration_is_a_clear_error():
+    with pytest.raises(MockServerError, match="--max-num-seqs: must be >= 1"):
+        MockServer(max_num_seqs=0).start()
+    with pytest.raises(MockServerError, match="unrecognized arguments: --bogus"):
+        MockServer(extra_args=["--bogus"], mode="subprocess").start()
+    with pytest.raises(MockServerError, match="did not start.*--served-model-name"):
+        MockServer(served_model_name=[""]).start()
+    with pytest.raises(MockServerError, match="not running"):
+        MockServer().stats()
+
+
+def test_a_bad_patch_reports_the_control_apis_error():
+    with MockServer() as server:
+        with pytest.raises(MockServerError, match="400"):
+            server.patch_config(failure_injection_rate=2.0)
+
+
+async def test_async_context_manager_and_client():
+    async with MockServer(model="m", inter_token_latency=1) as server:
+        async with server.async_openai_client() as client:
+            stream = await client.chat.completions.create(model="m", stream=True, max_tokens=5,
+                                                          messages=[{"role": "user", "content": "x"}])
+            chunks = [c async for c in stream]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(server.url + "/health")).status_code == 200
+
+
+@pytest.mark.vllm_vcr(model="marked", max_num_seqs=3)
+def test_fixture_from_marker(vllm_vcr_server):
+    assert vllm_vcr_server.config_now()["max_num_seqs"] == 3
+    with vllm_vcr_server.openai_client() as client:
+        assert [m.id for m in client.models.list().data] == ["marked"]
+
+
+@pytest.mark.vllm_vcr(max_num_seqs=3, inter_token_latency=1)
+@pytest.mark.parametrize("vllm_vcr_server", [{"max_num_seqs": 9}, MockServerConfig(max_num_seqs=11)],
+                         indirect=True, ids=["dict", "config"])
+def test_fixture_from_parameter_over_marker(vllm_vcr_server):
+    config = vllm_vcr_server.config_now()
+    assert config["max_num_seqs"] in (9, 11) and config["inter_token_latency"] == 1.0
+
+
+def test_plugin_is_declared_as_a_pytest11_entry_point(request):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"]["vllm_vcr"] == "vllm_vcr.testing.pytest_plugin"
+    assert project["scripts"]["vllm-vcr-entrypoint"] == "vllm_vcr.deploy.entrypoint:main"
+    from importlib.metadata import entry_points
+
+    installed = any(ep.name == "vllm_vcr" for ep in entry_points(group="pytest11"))
+    # installed: pytest loaded it by the entry point's name; a stale install: tests/conftest.py did
+    plugin = request.config.pluginmanager.get_plugin("vllm_vcr" if installed else "vllm_vcr.testing.pytest_plugin")
+    assert plugin is not None and plugin.__name__ == "vllm_vcr.testing.pytest_plugin"
+
+
+def test_docs_show_the_gateway_test_as_it_is():
+    doc = (ROOT / "docs" / "testing.md").read_text()
+    test = (ROOT / "tests" / "deploy" / "test_gateway_example.py").read_text()
+    code = test[test.index("import itertools"):]
+    assert "```python\n" + code + "```" in doc
