@@ -81,6 +81,7 @@ class _SamplingFields(_Base):
     vllm_xargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
     use_beam_search: bool = False
+    structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object
 
 
 class CompletionRequest(_SamplingFields):
@@ -102,7 +103,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = "none"
-    parallel_tool_calls: bool | None = False
+    parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     # vLLM extras
     echo: bool = False

@@ -30,8 +30,10 @@ from ..gc_tuning import tune_for_serving  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
 from .app import OpenAIApp, build_app  # noqa: E402
 from .cli import env_api_key, ignored_flags  # noqa: E402
+from .planned_output import planned_token_source  # noqa: E402
 from .serving_base import VLLM_API_VERSION, ServeSettings  # noqa: E402
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer  # noqa: E402
+from .tools.calls import ToolSettings  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -190,12 +192,21 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         reasoning_parser=reasoning_parser,
         reasoning_ids=reasoning_ids,
+        tools=_tool_settings(args),
         system_fingerprint=fingerprint,
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,
         enable_prefix_caching=engine_args.enable_prefix_caching,
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
+
+
+def _tool_settings(args: argparse.Namespace) -> ToolSettings:
+    enable = bool(getattr(args, "enable_auto_tool_choice", False))
+    parser = getattr(args, "tool_call_parser", None)
+    if enable and parser is None:
+        raise CLIError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    return ToolSettings(parser, enable, getattr(args, "auto_tool_call_probability", 1.0))
 
 
 def _fingerprint(args: argparse.Namespace, model: str, max_model_len: int, engine_args: EngineArgs) -> str | None:
@@ -292,7 +303,8 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
     from ..engine.config import ConfigError
 
     try:
-        engine = AsyncEngine(engine_args, engine_count=engine_count)
+        engine = AsyncEngine(engine_args, engine_count=engine_count,
+                             token_source_factory=planned_token_source(engine_args.vocab_size))
     except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
         sock.close()
         raise CLIError(str(e)) from None

@@ -14,6 +14,7 @@ from .errors import INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not
 from .generation import OutputStream
 from .sse import send_bytes
 from .tokenizer import Tokenizer
+from .tools.calls import ToolSettings
 
 logger = logging.getLogger("vllm_vcr.http")
 
@@ -44,6 +45,8 @@ class ServeSettings:
     # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
     reasoning_parser: str | None = None
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+    # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
+    tools: ToolSettings = field(default_factory=ToolSettings)
 
     @property
     def model_name(self) -> str:

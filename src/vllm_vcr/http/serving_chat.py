@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from .chat_outputs import ChatOutputPlan
 from .chat_template import ChatTemplateError
 from .errors import bad_request
 from .generation import (
@@ -21,6 +22,7 @@ from .generation import (
     random_hex,
 )
 from .logprobs import chat_logprobs
+from .planned_output import attach_planned_ids
 from .protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -125,7 +127,10 @@ class ChatServing(ServingBase):
                 raise RequestValueError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
         if req.add_generation_prompt and req.continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        plan = ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
+        if plan is not None:
+            plan.check()
         max_len = self.settings.max_model_len
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
@@ -168,20 +173,22 @@ class ChatServing(ServingBase):
         if req.echo and req.messages and req.messages[-1].get("role") == role:
             last = normalize_messages([req.messages[-1]])[0].get("content")
             echo_text = last or ""
+        if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
+            await plan_engine_outputs(plan, self.tokenizer, req.seed, engine_reqs)
         metrics_arrival(self.metrics, ctx, engine_reqs, req.n, rid)
         try:
             if req.stream:
                 await self._stream(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
-                                   engine_reqs)
+                                   engine_reqs, plan)
             else:
                 await self._full(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
-                                 engine_reqs)
+                                 engine_reqs, plan)
         finally:
             metrics_end(self.metrics, engine_reqs, states)
 
     async def _full(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
                     role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
-                    engine_reqs: list[EngineCoreRequest]) -> None:
+                    engine_reqs: list[EngineCoreRequest], plan: ChatOutputPlan | None = None) -> None:
         prompt_len = len(prompt_ids)
         rti = bool(req.return_token_ids)
         if not await self.run_to_end(ctx, states, engine_reqs):
@@ -192,13 +199,22 @@ class ChatServing(ServingBase):
             if req.logprobs:
                 lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0)
             # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
-            content: str | None = echo_text + st.full_text()
+            content: str | None = st.full_text()
             reasoning = "".join(st.reasoning) if st.think else None
+            tool_calls, finish_reason = [], st.finish_reason
+            if plan is not None:
+                content, tool_calls, auto_called = plan.message_parts(content)
+                finish_reason = plan.finish_reason(finish_reason, auto_called)
+            if echo_text:
+                content = echo_text + (content or "")
             if st.think and not content:
                 content = None  # a reasoning parser reports no content as null
             message = {"role": role, "content": content, "refusal": None, "annotations": None,
                        "audio": None, "function_call": None, "reasoning": reasoning or None}
-            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": st.finish_reason,
+            if tool_calls:  # vLLM's serializer leaves an empty list out
+                message = {**{k: message[k] for k in list(message)[:-1]}, "tool_calls": tool_calls,
+                           "reasoning": message["reasoning"]}
+            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish_reason,
                             "stop_reason": st.stop_reason, "token_ids": st.token_ids if rti else None,
                             "routed_experts": None})
         completion_tokens = sum(s.num_tokens for s in states)
@@ -224,9 +240,24 @@ class ChatServing(ServingBase):
 
     async def _stream(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
                       role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
-                      engine_reqs: list[EngineCoreRequest]) -> None:
-        renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
+                      engine_reqs: list[EngineCoreRequest], plan: ChatOutputPlan | None = None) -> None:
+        if plan is not None and plan.uses_tools:
+            from .tools.streaming import ToolChatStream
+
+            renderer: ChatStream = ToolChatStream(self, req, rid, created, model, role, echo_text, prompt_ids,
+                                                  states, engine_reqs, plan)
+        else:
+            renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
         await stream_response(ctx, self.engine, engine_reqs, renderer)
+
+
+async def plan_engine_outputs(plan: ChatOutputPlan, tokenizer: Any, seed: int | None,
+                              engine_reqs: list[EngineCoreRequest]) -> None:
+    """Tell the engine what each choice generates (choice j draws with seed + j, as vLLM seeds n)."""
+    for j, er in enumerate(engine_reqs):
+        ids = await plan.output_ids(tokenizer, None if seed is None else seed + j)
+        if ids is not None:
+            attach_planned_ids(er, ids)
 
 
 class ChatStream(ChoiceStream):
