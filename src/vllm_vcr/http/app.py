@@ -20,6 +20,7 @@ from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest,
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
 from .serving_completion import CompletionServing
+from .extra_routes import add_generative_routes, match_route
 from .sse import send_bytes
 from .tokenizer import Tokenizer
 
@@ -84,6 +85,8 @@ class OpenAIApp:
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
         }
+        # /v1/responses, /v1/messages, ...: what else vLLM serves for a generative model
+        self.prefix_routes = add_generative_routes(self)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -121,7 +124,7 @@ class OpenAIApp:
                 await self._preflight(scope, send)
                 return
             send = _with_cors(send)
-        methods = self.routes.get(path)
+        methods = self.routes.get(path) or match_route(self.prefix_routes, path)
         if methods is None:
             await send_bytes(send, 404, _NOT_FOUND)
             return

@@ -19,17 +19,57 @@ from .calls import extract_calls, make_tool_call_id
 from .formats import Llama3JsonFormat, PartialCall
 
 
-class _ChoiceCalls:
-    """What one choice has sent so far."""
+class ToolDeltas:
+    """One choice's streamed tool calls: feed it the text as it grows, get what is new to send
+    (content, then per call a header delta and argument fragments)."""
 
-    __slots__ = ("text", "content_sent", "names", "args_sent", "streamed")
+    __slots__ = ("plan", "text", "content_sent", "names", "args_sent", "streamed")
 
-    def __init__(self) -> None:
+    def __init__(self, plan: ChatOutputPlan) -> None:
+        self.plan = plan
         self.text = ""
         self.content_sent = 0
         self.names: list[str] = []  # names of the calls whose header went out
         self.args_sent: list[str] = []
         self.streamed = False
+
+    def _partial(self) -> tuple[str, list[PartialCall]]:
+        plan, text = self.plan, self.text
+        if plan.fmt.json_for_forced and plan.named is not None:
+            return "", [PartialCall(plan.named, text, False)]
+        if plan.fmt.json_for_forced and plan.tool_choice == "required":
+            return "", Llama3JsonFormat().partial(text.lstrip().lstrip("["))[1]
+        return plan.fmt.partial(text)
+
+    def advance(self, delta_text: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(new content, tool-call deltas) once `delta_text` is added."""
+        self.text += delta_text
+        content, partial = self._partial()
+        if finished:
+            done = extract_calls(self.plan.fmt, self.text, self.plan.tool_choice)
+            if done is not None and done[1]:
+                partial = [PartialCall(c.name, c.arguments, True) for c in done[1]]
+            elif not self.names:
+                content = self.text  # no call after all: everything is content
+        new_content = content[self.content_sent:] if len(content) > self.content_sent else ""
+        self.content_sent = max(self.content_sent, len(content))
+        deltas: list[dict[str, Any]] = []
+        for k, call in enumerate(partial):
+            if k >= len(self.names):
+                if call.name is None:
+                    break
+                self.names.append(call.name)
+                self.args_sent.append("")
+                deltas.append({"id": make_tool_call_id(), "type": "function", "index": k,
+                               "function": {"name": call.name}})
+            sent = self.args_sent[k]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                deltas.append({"index": k, "function": {"arguments": call.arguments[len(sent):]}})
+                self.args_sent[k] = call.arguments
+        if self.plan.req.parallel_tool_calls is False:
+            deltas = [d for d in deltas if d["index"] == 0]
+        self.streamed = self.streamed or bool(deltas)
+        return new_content, deltas
 
 
 class ToolChatStream(ChatStream):
@@ -37,44 +77,8 @@ class ToolChatStream(ChatStream):
         *base, plan = args
         super().__init__(*base)
         self.plan: ChatOutputPlan = plan
-        self.calls = [_ChoiceCalls() for _ in range(self.total)]
+        self.calls = [ToolDeltas(plan) for _ in range(self.total)]
         self.plain = False
-
-    def _partial(self, text: str) -> tuple[str, list[PartialCall]]:
-        plan = self.plan
-        if plan.fmt.json_for_forced and plan.named is not None:
-            return "", [PartialCall(plan.named, text, False)]
-        if plan.fmt.json_for_forced and plan.tool_choice == "required":
-            return "", Llama3JsonFormat().partial(text.lstrip().lstrip("["))[1]
-        return plan.fmt.partial(text)
-
-    def _tool_deltas(self, cc: _ChoiceCalls, finished: bool) -> tuple[str, list[dict[str, Any]]]:
-        content, partial = self._partial(cc.text)
-        if finished:
-            done = extract_calls(self.plan.fmt, cc.text, self.plan.tool_choice)
-            if done is not None and done[1]:
-                partial = [PartialCall(c.name, c.arguments, True) for c in done[1]]
-            elif not cc.names:
-                content = cc.text  # no call after all: everything is content
-        new_content = content[cc.content_sent:] if len(content) > cc.content_sent else ""
-        cc.content_sent = max(cc.content_sent, len(content))
-        deltas: list[dict[str, Any]] = []
-        for k, call in enumerate(partial):
-            if k >= len(cc.names):
-                if call.name is None:
-                    break
-                cc.names.append(call.name)
-                cc.args_sent.append("")
-                deltas.append({"id": make_tool_call_id(), "type": "function", "index": k,
-                               "function": {"name": call.name}})
-            sent = cc.args_sent[k]
-            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
-                deltas.append({"index": k, "function": {"arguments": call.arguments[len(sent):]}})
-                cc.args_sent[k] = call.arguments
-        if self.plan.req.parallel_tool_calls is False:
-            deltas = [d for d in deltas if d["index"] == 0]
-        cc.streamed = cc.streamed or bool(deltas)
-        return new_content, deltas
 
     def feed(self, out: EngineCoreOutput) -> bytes:
         applied = self.apply(out)
@@ -91,8 +95,7 @@ class ToolChatStream(ChatStream):
             return pre
         finished = st.finished
         cc = self.calls[i]
-        cc.text += text
-        content, deltas = self._tool_deltas(cc, finished)
+        content, deltas = cc.advance(text, finished)
         reasoning = st.reasoning_delta if self.think else ""
         if not content and not deltas and not reasoning and not finished and not self.want_lp and not self.rti:
             return pre
