@@ -13,9 +13,13 @@ def add_generative_routes(app: Any) -> list[tuple[str, str, Methods]]:
     """Adds exact routes to `app.routes`; returns the (prefix, suffix, methods) routes with an id
     in the path, for `match_route`."""
     from .responses.serving import ResponsesServing
+    from .serving_messages import MessagesServing
 
     app.responses = ResponsesServing(app.chat)
+    app.messages = MessagesServing(app.chat)
     app.routes["/v1/responses"] = {"POST": (app.responses.create, True)}
+    app.routes["/v1/messages"] = {"POST": (app.messages.create, True)}
+    app.routes["/v1/messages/count_tokens"] = {"POST": (app.messages.count_tokens, False)}
     return [
         ("/v1/responses/", "/cancel", {"POST": (app.responses.cancel, False)}),
         ("/v1/responses/", "", {"GET": (app.responses.retrieve, False)}),
