@@ -47,6 +47,7 @@ class ServeSettings:
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
     # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
     tools: ToolSettings = field(default_factory=ToolSettings)
+    scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
 
     @property
     def model_name(self) -> str:
