@@ -222,7 +222,7 @@ class ChatServing(ServingBase):
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
-            "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last),
+            "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last, wants_cache_details(req)),
                                 {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
                                 if self.settings.reasoning_parser else None),
             "prompt_logprobs": None, "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
@@ -231,9 +231,10 @@ class ChatServing(ServingBase):
         ctx.finishing = True
         await send_bytes(ctx.send, 200, encode(body))
 
-    def prompt_details(self, st: SequenceState) -> dict[str, Any] | None:
-        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM."""
-        if not self.settings.prompt_tokens_details:
+    def prompt_details(self, st: SequenceState, force: bool = False) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM (or for
+        an adapter that always reports the cache, like the Responses API)."""
+        if not self.settings.prompt_tokens_details and not force:
             return None
         return {"cached_tokens": st.cached_tokens, "created_cache_tokens": st.cache_created,
                 "multimodal_tokens": None}
@@ -249,6 +250,13 @@ class ChatServing(ServingBase):
         else:
             renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
         await stream_response(ctx, self.engine, engine_reqs, renderer)
+
+
+CACHE_DETAILS_KEY = "vllm_vcr_cache_details"  # set by adapters (chat_bridge) that always need cached_tokens
+
+
+def wants_cache_details(req: ChatCompletionRequest) -> bool:
+    return bool(req.model_extra and req.model_extra.get(CACHE_DETAILS_KEY))
 
 
 async def plan_engine_outputs(plan: ChatOutputPlan, tokenizer: Any, seed: int | None,
@@ -286,6 +294,7 @@ class ChatStream(ChoiceStream):
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
         super().__init__(states, engine_reqs, b',"system_fingerprint":' + encode(fp)
                          if (fp is not None and not self.include_usage) else b"")
+        self.req = req
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
@@ -365,7 +374,8 @@ class ChatStream(ChoiceStream):
         states = self.states
         completion_tokens = sum(s.num_tokens for s in states)
         usage = usage_dict(self.prompt_len, completion_tokens,
-                           self.serving.prompt_details(self.first_state or states[0]))
+                           self.serving.prompt_details(self.first_state or states[0],
+                                                       wants_cache_details(self.req)))
         if self.settings.reasoning_parser:
             usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
         return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,

@@ -17,6 +17,7 @@ from ..chat_bridge import run_chat
 from ..errors import HTTPError
 from ..protocol import RequestValueError
 from ..serving_base import RequestContext, encode, parse_request
+from ..serving_chat import CACHE_DETAILS_KEY
 from ..sse import SSEWriter, send_bytes
 from .events import EventStream, output_items
 from .protocol import ResponsesRequest, chat_tools, input_messages, response_format
@@ -93,7 +94,9 @@ class ResponsesServing:
                          "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "priority",
                          "cache_salt", "vllm_xargs", "kv_transfer_params", "chat_template_kwargs",
                          "parallel_tool_calls", "structured_outputs", "logit_bias")}
-        body.update(model=model, messages=messages, stream=bool(req.stream), request_id=req.request_id)
+        # the Responses renderer tokenizes with the tokenizer's special tokens (chat does not)
+        body.update(model=model, messages=messages, stream=bool(req.stream), request_id=req.request_id,
+                    add_special_tokens=True, **{CACHE_DETAILS_KEY: True})
         if req.max_output_tokens is not None:
             body["max_tokens"] = req.max_output_tokens
         rf = response_format(req)
@@ -251,7 +254,8 @@ def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     cached = details.get("cached_tokens") or 0
     reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {"input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": usage["prompt_tokens"] - cached,
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": details.get(
+                "created_cache_tokens", usage["prompt_tokens"] - cached),
                                      "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": reasoning, "tool_output_tokens": 0,
