@@ -360,8 +360,9 @@ def _import_engine():
 class PlayServer:
     def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
-                 kv_events: Any = None, pd_args: Any = None):
+                 kv_events: Any = None, pd_args: Any = None, token_source_factory: Any = None):
         self.args = args
+        self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
         self.engine_count = engine_count
@@ -475,7 +476,8 @@ class PlayServer:
             for b in self.bridges:
                 eargs = copy.deepcopy(self.args)
                 eargs.engine_id = info_for(b.rank).instance_id
-                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink))
+                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
+                                         token_source_factory=self.token_source_factory))
                 if self.publishers:
                     from ..kv_events import KVEventCollector
 
