@@ -263,6 +263,11 @@ SURFACE_KNOWN = [
     # xgrammar's own compiler messages cannot be reproduced without xgrammar
     r"rf_bad_schema: \$\.error\.message: ",
 ]
+# serve reproduces 0.32; what 0.33 changed on this surface (documented in docs/serve-api.md)
+SURFACE_KNOWN_033 = [
+    r"^responses(_stream)?: ",  # 0.33: response.incomplete event, prompt_cache_* / safety_identifier fields
+    r"^messages_tools_gate: \$\.error\.type: 'invalid_request_error' in real",
+]
 
 
 def request(base: str, path: str, body: dict | None) -> tuple[int, object]:
@@ -309,7 +314,8 @@ def test_generative_surface_same_answers(real, sim):
         else:
             findings += [f"{name}: {d}" for d in diff(a, b)]
     norm = sorted({re.sub(r"\[\d+\]", "[*]", f) for f in findings})
-    new = [f for f in norm if not any(re.search(k, f) for k in KNOWN + SURFACE_KNOWN)]
+    allowed = KNOWN + SURFACE_KNOWN + (SURFACE_KNOWN_033 if real.version == "0.33" else [])
+    new = [f for f in norm if not any(re.search(k, f) for k in allowed)]
     known = [f for f in norm if f not in new]
     if known:
         warnings.warn("known differences of serve from the real frontend:\n" + "\n".join(known), stacklevel=2)

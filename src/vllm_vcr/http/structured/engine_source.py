@@ -42,8 +42,10 @@ def _tags(node: Any) -> list[dict[str, Any]]:
 
 
 def _schema_of(content: dict[str, Any]) -> Any:
+    """The tag's argument schema; a free one (`true`: the tool is not strict) is written as a
+    small object, as a model writes arguments."""
     for key in ("json_schema", "schema"):
-        if key in content:
+        if isinstance(content.get(key), dict):
             return content[key]
     return {"type": "object"}
 
