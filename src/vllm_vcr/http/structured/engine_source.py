@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -64,9 +65,28 @@ def structural_tag_text(tag_json: str, seed: int) -> str | None:
     return tag["begin"] + dump_json(value) + tag["end"]
 
 
+_LITERAL = r'"(?:[^"\\]|\\.)*"'
+_CHOICE_GRAMMAR = re.compile(rf"\s*root\s*::=\s*({_LITERAL}(?:\s*\|\s*{_LITERAL})*)\s*")
+
+
+def grammar_choices(grammar: str) -> list[str] | None:
+    """The literals of `root ::= "a" | "b"`: the grammar vLLM's frontend makes of a `choice`."""
+    m = _CHOICE_GRAMMAR.fullmatch(grammar)
+    if m is None:
+        return None
+    try:
+        return [json.loads(lit) for lit in re.findall(_LITERAL, m.group(1))]
+    except ValueError:
+        return None
+
+
 def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
     if structured.get("structural_tag"):
         return structural_tag_text(structured["structural_tag"], seed)
+    if structured.get("grammar") and structured.get("choice") is None:
+        choices = grammar_choices(structured["grammar"])
+        if choices:
+            structured = {"choice": choices}
     fields = {k: structured.get(k) for k in ("json", "regex", "choice", "grammar", "json_object")
               if structured.get(k) is not None}
     constraint = request_constraint(None, fields) if fields else None
