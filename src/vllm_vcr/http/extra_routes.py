@@ -1,10 +1,22 @@
 """The generative routes beyond completions and chat, registered on the app in one place:
-the Responses API, Anthropic Messages, the Cohere-compatible routes, /invocations, and the
-tokens-in/tokens-out endpoints of --enable-scale-out / --tokens-only."""
+the Responses API, Anthropic Messages, /invocations, and the tokens-in/tokens-out endpoints of
+--enable-scale-out / --tokens-only. (vLLM's Cohere v2 chat is opt-in there and not offered.)"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import HTTPError, bad_request
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses.serving import ResponsesServing
+from .serving_messages import MessagesServing
+from .serving_render import RenderServing
+from .serving_tokens import SCALE_OUT_ROUTES, TokensServing, scale_out_disabled
+
+# imported with the app, not when it is built: the listening socket is already bound by then
 
 Methods = dict[str, tuple[Any, bool]]
 
@@ -12,9 +24,6 @@ Methods = dict[str, tuple[Any, bool]]
 def add_generative_routes(app: Any) -> list[tuple[str, str, Methods]]:
     """Adds exact routes to `app.routes`; returns the (prefix, suffix, methods) routes with an id
     in the path, for `match_route`."""
-    from .responses.serving import ResponsesServing
-    from .serving_messages import MessagesServing
-
     app.responses = ResponsesServing(app.chat)
     app.messages = MessagesServing(app.chat)
     app.routes["/v1/responses"] = {"POST": (app.responses.create, True)}
@@ -29,9 +38,6 @@ def add_generative_routes(app: Any) -> list[tuple[str, str, Methods]]:
 
 
 def _add_scale_out(app: Any) -> None:
-    from .serving_render import RenderServing
-    from .serving_tokens import SCALE_OUT_ROUTES, TokensServing, scale_out_disabled
-
     if not app.settings.scale_out:
         for path in SCALE_OUT_ROUTES:
             app.routes[path] = {"POST": (scale_out_disabled, False)}
@@ -47,12 +53,6 @@ def _add_scale_out(app: Any) -> None:
 def _invocations(app: Any) -> Any:
     """SageMaker's /invocations: the body is a chat request or else a completion request (the
     first request model that validates it wins, as in vLLM)."""
-    from pydantic import ValidationError
-
-    import json
-
-    from .errors import HTTPError, bad_request
-    from .protocol import ChatCompletionRequest, CompletionRequest
 
     async def invocations(ctx: Any) -> None:
         try:
