@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -18,15 +17,11 @@ TOOLS = [{"name": "get_weather", "description": "Weather in a city",
 HI = [{"role": "user", "content": "hi"}]
 
 
-def _start(harness, tmp_path_factory, name, *args):
-    log = Path(tmp_path_factory.mktemp(name)) / "serve.log"
-    return harness.ServeProcess(["--inter-token-latency", "0", "--time-to-first-token", "0", *args],
-                                log_path=log).wait_ready()
 
 
 @pytest.fixture(scope="module")
 def server(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "anthropic", "--enable-auto-tool-choice",
+    sp = serve_harness.start_fast(tmp_path_factory, "anthropic", "--enable-auto-tool-choice",
                 "--tool-call-parser", "hermes")
     yield sp
     sp.stop()
@@ -34,7 +29,7 @@ def server(serve_harness, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "anthropic-plain")
+    sp = serve_harness.start_fast(tmp_path_factory, "anthropic-plain")
     yield sp
     sp.stop()
 

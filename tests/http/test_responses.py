@@ -5,7 +5,6 @@ cancel) and its absence (vLLM's default)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -17,15 +16,11 @@ TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather in 
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 
 
-def _start(harness, tmp_path_factory, name, *args, env=None):
-    log = Path(tmp_path_factory.mktemp(name)) / "serve.log"
-    return harness.ServeProcess(["--inter-token-latency", "0", "--time-to-first-token", "0", *args], env=env,
-                                log_path=log).wait_ready()
 
 
 @pytest.fixture(scope="module")
 def stored(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "stored", "--enable-auto-tool-choice", "--tool-call-parser",
+    sp = serve_harness.start_fast(tmp_path_factory, "stored", "--enable-auto-tool-choice", "--tool-call-parser",
                 "hermes", "--inter-token-latency", "5", env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"})
     yield sp
     sp.stop()
@@ -33,7 +28,7 @@ def stored(serve_harness, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def default(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "default")
+    sp = serve_harness.start_fast(tmp_path_factory, "default")
     yield sp
     sp.stop()
 

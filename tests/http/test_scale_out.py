@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,22 +15,18 @@ DISABLED = {"error": {"message": "Scale-out endpoints are disabled. Restart vllm
                                  "enable them.", "type": "PermissionDeniedError", "param": None, "code": 403}}
 
 
-def _start(harness, tmp_path_factory, name, *args):
-    log = Path(tmp_path_factory.mktemp(name)) / "serve.log"
-    return harness.ServeProcess(["--inter-token-latency", "0", "--time-to-first-token", "0", *args],
-                                log_path=log).wait_ready()
 
 
 @pytest.fixture(scope="module")
 def scale_out(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "scale-out", "--enable-scale-out")
+    sp = serve_harness.start_fast(tmp_path_factory, "scale-out", "--enable-scale-out")
     yield sp
     sp.stop()
 
 
 @pytest.fixture(scope="module")
 def plain(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "no-scale-out")
+    sp = serve_harness.start_fast(tmp_path_factory, "no-scale-out")
     yield sp
     sp.stop()
 

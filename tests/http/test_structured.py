@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -25,11 +24,7 @@ SCHEMA = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def server(serve_harness, tmp_path_factory):
-    control = serve_harness.free_port()
-    log = Path(tmp_path_factory.mktemp("structured")) / "serve.log"
-    sp = serve_harness.ServeProcess(["--inter-token-latency", "0", "--time-to-first-token", "0",
-                                     "--control-address", f"127.0.0.1:{control}"], log_path=log).wait_ready()
-    sp.control = f"http://127.0.0.1:{control}"
+    sp = serve_harness.start_fast(tmp_path_factory, "structured")
     yield sp
     sp.stop()
 

@@ -5,7 +5,6 @@ nothing reaching the engine for a refused request."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -13,7 +12,6 @@ import openai
 import pytest
 
 MODEL = "vllm-vcr/sim"
-FAST = ["--inter-token-latency", "0", "--time-to-first-token", "0"]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string"},
@@ -30,17 +28,11 @@ MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 PARSERS = ["hermes", "llama3_json", "mistral", "pythonic"]
 
 
-def _start(harness, tmp_path_factory, name, *args):
-    control = harness.free_port()
-    log = Path(tmp_path_factory.mktemp(name)) / "serve.log"
-    sp = harness.ServeProcess([*FAST, "--control-address", f"127.0.0.1:{control}", *args], log_path=log)
-    sp.control = f"http://127.0.0.1:{control}"
-    return sp.wait_ready()
 
 
 @pytest.fixture(scope="module", params=PARSERS)
 def tool_server(request, serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, request.param, "--enable-auto-tool-choice",
+    sp = serve_harness.start_fast(tmp_path_factory, request.param, "--enable-auto-tool-choice",
                 "--tool-call-parser", request.param)
     sp.parser = request.param
     yield sp
@@ -49,7 +41,7 @@ def tool_server(request, serve_harness, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_server(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "plain")
+    sp = serve_harness.start_fast(tmp_path_factory, "plain")
     yield sp
     sp.stop()
 
@@ -173,7 +165,7 @@ def test_refused_as_vllm_refuses(plain_server, body, message, param):
 
 
 def test_auto_probability_zero_never_calls(serve_harness, tmp_path_factory):
-    sp = _start(serve_harness, tmp_path_factory, "p0", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+    sp = serve_harness.start_fast(tmp_path_factory, "p0", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                 "--auto-tool-call-probability", "0")
     try:
         for seed in range(3):
