@@ -16,11 +16,11 @@ from typing import Any, Awaitable, Callable
 
 from .. import __version__
 from .errors import HTTPError, error_body
+from .extra_routes import add_generative_routes, match_route
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
 from .serving_completion import CompletionServing
-from .extra_routes import add_generative_routes, match_route
 from .sse import send_bytes
 from .tokenizer import Tokenizer
 

@@ -210,10 +210,10 @@ class ChatServing(ServingBase):
             if st.think and not content:
                 content = None  # a reasoning parser reports no content as null
             message = {"role": role, "content": content, "refusal": None, "annotations": None,
-                       "audio": None, "function_call": None, "reasoning": reasoning or None}
+                       "audio": None, "function_call": None}
             if tool_calls:  # vLLM's serializer leaves an empty list out
-                message = {**{k: message[k] for k in list(message)[:-1]}, "tool_calls": tool_calls,
-                           "reasoning": message["reasoning"]}
+                message["tool_calls"] = tool_calls
+            message["reasoning"] = reasoning or None
             choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish_reason,
                             "stop_reason": st.stop_reason, "token_ids": st.token_ids if rti else None,
                             "routed_experts": None})
