@@ -64,6 +64,11 @@ SCHEMAS = [
      "type": "object", "properties": {"people": {"type": "array", "items": {"$ref": "#/$defs/p"}}},
      "required": ["people"]},
     {"anyOf": [{"type": "string", "pattern": "^x+$"}, {"type": "integer"}]},
+    # vLLM's schema for tool_choice "required" (get_json_schema_from_tools): keys longer than a free object's
+    {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [{"properties": {
+        "name": {"type": "string", "enum": ["get_weather"]},
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "required": ["name", "parameters"]}]}},
 ]
 
 

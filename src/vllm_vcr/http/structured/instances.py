@@ -17,7 +17,10 @@ _WORD = "^[a-z][a-z0-9 _-]{0,14}$"
 _MAX_ITEMS = 3
 _MAX_PROPERTIES = 3
 _NUMBER_BOUND = 1000
-_EXAMPLES = 4  # hypothesis tries the simplest value first; a later example varies with the seed
+_EXAMPLES = 4
+# keywords that already shape an object's keys (directly or through sub-schemas)
+_SHAPING = frozenset({"additionalProperties", "patternProperties", "propertyNames", "required", "anyOf", "oneOf",
+                      "allOf", "not", "$ref", "dependentRequired", "dependentSchemas", "if"})  # hypothesis tries the simplest value first; a later example varies with the seed
 
 
 class InstanceError(ValueError):
@@ -41,7 +44,7 @@ def narrow_schema(schema: Any) -> Any:
     if "object" in kinds or "properties" in out:
         if "additionalProperties" not in out and "properties" in out:
             out["additionalProperties"] = False
-        elif "additionalProperties" not in out and "patternProperties" not in out:
+        elif not (_SHAPING & out.keys()):  # a free object: a few short keys with simple values
             out.setdefault("maxProperties", max(_MAX_PROPERTIES, int(out.get("minProperties", 0))))
             out.setdefault("propertyNames", {"pattern": "^[a-z]{1,8}$"})
             out["additionalProperties"] = {"type": ["string", "integer", "boolean"], "pattern": _WORD,
@@ -77,24 +80,26 @@ def _draw(strategy: Any, seed: int) -> Any:
 
 
 @lru_cache(maxsize=256)
-def _schema_strategy(schema_json: str) -> Any:
+def _schema_strategy(schema_json: str, narrowed: bool) -> Any:
     from hypothesis_jsonschema import from_schema
 
     schema = json.loads(schema_json)
-    try:
+    if narrowed:
         return from_schema(narrow_schema(schema), codec="ascii")
-    except Exception:
-        return from_schema(schema)
+    return from_schema(schema)
 
 
 def json_instance(schema: dict[str, Any] | bool, seed: int) -> Any:
-    """A JSON value valid for `schema` (draft 4-7 and 2019/2020 keywords hypothesis-jsonschema knows)."""
+    """A JSON value valid for `schema` (draft 4-7 and 2019/2020 keywords hypothesis-jsonschema knows):
+    from the narrowed schema when it has instances, else from the schema itself."""
     key = json.dumps(schema, sort_keys=True)
-    try:
-        strategy = _schema_strategy(key)
-    except Exception as e:
-        raise InstanceError(f"cannot generate an instance: {e}") from None
-    return _draw(strategy, seed)
+    error: Exception | None = None
+    for narrowed in (True, False):
+        try:
+            return _draw(_schema_strategy(key, narrowed), seed)
+        except Exception as e:  # InstanceError, or a schema hypothesis-jsonschema cannot build
+            error = e
+    raise InstanceError(f"cannot generate an instance: {error}")
 
 
 @lru_cache(maxsize=256)
