@@ -21,8 +21,9 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 MSGS = [{"role": "user", "content": "Weather in Paris?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
           "required": ["name", "n"]}
-# mistral's parser needs a tokenizer with its [TOOL_CALLS] token: the tiny model has none
-PARSERS = ["hermes", "llama3_json", "pythonic"]
+# The real frontend refuses to start llama3_json (no <|python_tag|> token) and mistral (no
+# [TOOL_CALLS] token) with the tiny model's tokenizer; their formats are covered in tests/http.
+PARSERS = ["hermes", "pythonic"]
 
 
 @pytest.fixture(scope="module", params=PARSERS)
