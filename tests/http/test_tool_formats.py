@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import keyword
 import re
 
 import jsonschema
@@ -14,7 +15,7 @@ from vllm_vcr.http.structured.instances import json_instance, narrow_schema, reg
 from vllm_vcr.http.tools.calls import extract_calls, render_calls
 from vllm_vcr.http.tools.formats import get_format
 
-NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
+NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))
 SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8)
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
                       | st.dictionaries(st.text(min_size=1, max_size=5), inner, max_size=3), max_leaves=6)

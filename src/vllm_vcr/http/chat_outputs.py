@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .protocol import ChatCompletionRequest
-from .structured.constraints import Constraint, request_constraint
+from .structured.constraints import Constraint, check_request_constraints, request_constraint
 from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
 from .tools.calls import (
     ToolSettings,
     check_tool_gates,
+    check_tool_usage,
     effective_tool_choice,
     extract_calls,
     make_tool_call_id,
@@ -46,8 +47,11 @@ def instance_text(constraint: Constraint, seed: int) -> str | None:
 
 class ChatOutputPlan:
     def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None):
-        # the request's own checks ran as its model validators (protocol.py)
-        self.tool_choice = effective_tool_choice("tool_choice" in req.model_fields_set, req.tools, req.tool_choice)
+        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage)
+        has_choice = "tool_choice" in req.model_fields_set
+        self.tool_choice = effective_tool_choice(has_choice, req.tools, req.tool_choice)
+        check_request_constraints(req, self.tool_choice)
+        check_tool_usage(req.tools, req.tool_choice, has_choice)
         self.req = req
         self.settings = tools
         self.reasoning_ids = reasoning_ids

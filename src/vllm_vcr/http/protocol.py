@@ -148,21 +148,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         return self
 
-    @model_validator(mode="after")
-    def _check_tools_and_constraints(self) -> ChatCompletionRequest:
-        """check_structured_outputs_count, check_tool_usage and validate_response_format (vLLM's
-        own words: http/tools/calls.py, http/structured/constraints.py)."""
-        has_choice = "tool_choice" in self.model_fields_set
-        if self.tools is None and self.response_format is None and self.structured_outputs is None \
-                and not has_choice:
-            return self
-        from .structured.constraints import check_request_constraints
-        from .tools.calls import check_tool_usage, effective_tool_choice
-
-        check_request_constraints(self, effective_tool_choice(has_choice, self.tools, self.tool_choice))
-        check_tool_usage(self.tools, self.tool_choice, has_choice)
-        return self
-
 
 class TokenizeCompletionRequest(_Base):
     model: str | None = None

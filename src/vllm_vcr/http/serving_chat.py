@@ -35,6 +35,7 @@ from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, 
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
 from .sse import send_bytes
 from .streaming import ChoiceStream, stream_response
+from .tools.streaming import ToolCallStreamMixin
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 _MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
@@ -233,8 +234,6 @@ class ChatServing(ServingBase):
                       role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
                       engine_reqs: list[EngineCoreRequest], plan: ChatOutputPlan | None = None) -> None:
         if plan is not None and plan.uses_tools:
-            from .tools.streaming import ToolChatStream
-
             renderer: ChatStream = ToolChatStream(self, req, rid, created, model, role, echo_text, prompt_ids,
                                                   states, engine_reqs, plan)
         else:
@@ -370,3 +369,7 @@ class ChatStream(ChoiceStream):
             usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
         return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,
                                                     usage, self.fp)) + b"\n\n"
+
+
+class ToolChatStream(ToolCallStreamMixin, ChatStream):
+    """A chat stream whose deltas carry tool calls (only requests with tools use it)."""

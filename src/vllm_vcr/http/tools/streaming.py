@@ -3,7 +3,8 @@ them: content until a call starts, then per call one delta with its id, type and
 argument fragments as the text arrives; what is left of the arguments goes out with the last
 token. The finish reason is "tool_calls" when calls went out (except for a named tool_choice).
 
-Only requests with tools take this path: the plain chat stream (ChatStream) is untouched.
+Only requests with tools take this path: the plain chat stream (ChatStream) is untouched; its
+per-token `feed` stays inline there, which is why this one repeats its first lines.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from ...engine.types import EngineCoreOutput
 from ..chat_outputs import ChatOutputPlan
 from ..logprobs import chat_logprobs
 from ..serving_base import encode
-from ..serving_chat import ChatStream
 from .calls import extract_calls, make_tool_call_id
 from .formats import Llama3JsonFormat, PartialCall
 
@@ -72,7 +72,9 @@ class ToolDeltas:
         return new_content, deltas
 
 
-class ToolChatStream(ChatStream):
+class ToolCallStreamMixin:
+    """Mixed into serving_chat.ChatStream (as ToolChatStream): its `feed` for tool requests."""
+
     def __init__(self, *args: Any) -> None:
         *base, plan = args
         super().__init__(*base)
