@@ -125,6 +125,16 @@ class _Harness:
     free_port = staticmethod(free_port)
     subprocess_env = staticmethod(subprocess_env)
 
+    @staticmethod
+    def start_fast(tmp_path_factory, name: str, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
+        """A zero-latency `serve` with a control API (`.control` is its URL), ready."""
+        control = free_port()
+        log = Path(tmp_path_factory.mktemp(name)) / "serve.log"
+        sp = ServeProcess(["--inter-token-latency", "0", "--time-to-first-token", "0",
+                           "--control-address", f"127.0.0.1:{control}", *args], env=env, log_path=log)
+        sp.control = f"http://127.0.0.1:{control}"
+        return sp.wait_ready()
+
 
 @pytest.fixture(scope="session")
 def serve_harness() -> type[_Harness]:

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 from .. import __version__
 from .errors import HTTPError, error_body
 from .faults_adapter import FaultEnded
+from .extra_routes import add_generative_routes, match_route
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
@@ -88,6 +89,8 @@ class OpenAIApp:
             "/openapi.json": {"GET": (self._openapi, False)},
         }
         self._openapi_body: bytes | None = None
+        # /v1/responses, /v1/messages, ...: what else vLLM serves for a generative model
+        self.prefix_routes = add_generative_routes(self)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -125,7 +128,7 @@ class OpenAIApp:
                 await self._preflight(scope, send)
                 return
             send = _with_cors(send)
-        methods = self.routes.get(path)
+        methods = self.routes.get(path) or match_route(self.prefix_routes, path)
         if methods is None:
             await send_bytes(send, 404, _NOT_FOUND)
             return

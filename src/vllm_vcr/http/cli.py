@@ -31,7 +31,7 @@ _IGNORED_VALUE_FLAGS = [
     ("--gpu-memory-utilization",), ("--dtype",), ("--kv-cache-dtype",), ("--quantization", "-q"),
     ("--swap-space",), ("--cpu-offload-gb",), ("--download-dir",), ("--load-format",), ("--tokenizer-mode",),
     ("--revision",), ("--code-revision",), ("--tokenizer-revision",), ("--max-logprobs",),
-    ("--max-seq-len-to-capture",), ("--distributed-executor-backend",), ("--tool-call-parser",),
+    ("--max-seq-len-to-capture",), ("--distributed-executor-backend",),
     ("--tool-parser-plugin",), ("--generation-config",),
     ("--override-generation-config",), ("--hf-overrides",), ("--compilation-config", "-O"),
     ("--speculative-config",), ("--max-num-partial-prefills",), ("--max-long-partial-prefills",),
@@ -58,7 +58,7 @@ _IGNORED_VALUE_FLAGS = [
 # Boolean vLLM flags: `--x` and `--no-x` (BooleanOptionalAction), accepted and ignored.
 _IGNORED_BOOL_FLAGS = [
     "--trust-remote-code", "--enforce-eager",
-    "--enable-auto-tool-choice", "--enable-server-load-tracking", "--enable-request-id-headers",
+    "--enable-server-load-tracking", "--enable-request-id-headers",
     "--enable-lora", "--enable-sleep-mode", "--skip-tokenizer-init", "--enable-log-outputs",
     "--return-tokens-as-token-ids", "--headless", "--enable-expert-parallel", "--enable-eplb",
     "--disable-cascade-attn", "--enable-tokenizer-info-endpoint",
@@ -169,6 +169,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add("--fingerprint-value", default=None, help="system_fingerprint with --fingerprint-mode custom")
     g.add("--reasoning-parser", default=None,
           help="any name: chat answers split `reasoning` from `content` at the --reasoning markers")
+    g.add("--enable-auto-tool-choice", action="store_true",
+          help="let chat requests use tool_choice auto (needs --tool-call-parser), as vLLM")
+    g.add("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_PARSERS),
+          help="the format simulated tool calls are written in and parsed from")
+    g.add("--auto-tool-call-probability", type=_probability, default=1.0,
+          help='how often tool_choice "auto" calls a tool (default 1.0)')
+    g.add("--enable-scale-out", action="store_true",
+          help="serve /inference/v1/generate and the render endpoints (else vLLM's 403)")
+    g.add("--tokens-only", action="store_true", help="same routes as --enable-scale-out")
     g.add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
     g.add("--enable-access-log", action="store_true", help="log every HTTP request (off: it costs)")
     from ..faults.cli_args import add_fault_arguments
@@ -186,6 +195,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.set_defaults(_serve_parser=p)
     return p
+
+
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic")
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -83,6 +83,7 @@ class _SamplingFields(_Base):
     vllm_xargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
     use_beam_search: bool = False
+    structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -124,7 +125,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = "none"
-    parallel_tool_calls: bool | None = False
+    parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     # vLLM extras
     echo: bool = False

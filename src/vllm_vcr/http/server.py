@@ -42,6 +42,7 @@ from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
 from .faults_adapter import FaultGate, install_gauges  # noqa: E402
 from .serving_base import ServeSettings  # noqa: E402
+from .planned_output import planned_token_source  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
@@ -139,6 +140,7 @@ class _ServeCommand:
     def create_engines(self) -> None:
         try:
             self.engine = AsyncEngine(self.engine_args, engine_count=self.engine_count,
+                                      token_source_factory=planned_token_source(self.engine_args.vocab_size),
                                       **engine_inputs(self.engine_args))
         except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
             raise CLIError(str(e)) from None

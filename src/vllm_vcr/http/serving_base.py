@@ -16,6 +16,7 @@ from .generation import OutputStream
 from .protocol import RequestValueError
 from .sse import send_bytes
 from .tokenizer import Tokenizer
+from .tools.calls import ToolSettings
 
 logger = logging.getLogger("vllm_vcr.http")
 
@@ -48,6 +49,9 @@ class ServeSettings:
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
     # --trust-request-chat-template: a `chat_template` in the request is rendered (else a 400, as vLLM)
     trust_request_chat_template: bool = False
+    # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
 
     @property
     def model_name(self) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .chat_template import ChatTemplateError, check_request_template, compile_request_template, render_bounded
+from .chat_outputs import ChatOutputPlan
 from .errors import bad_request
 from .generation import (
     SequenceState,
@@ -21,6 +22,7 @@ from .generation import (
     random_hex,
 )
 from .logprobs import chat_logprobs
+from .planned_output import attach_planned_ids
 from .protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -34,6 +36,7 @@ from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, 
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
 from .sse import send_bytes
 from .streaming import ChoiceStream, stream_response
+from .tools.streaming import ToolCallStreamMixin
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
 _MID = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
@@ -140,7 +143,10 @@ class ChatServing(ServingBase):
 
     async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
         top = req.top_logprobs
+        plan = ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
+        if plan is not None:
+            plan.check()
         max_len = self.settings.max_model_len
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
@@ -185,20 +191,22 @@ class ChatServing(ServingBase):
         if req.echo and req.messages and req.messages[-1].get("role") == role:
             last = normalize_messages([req.messages[-1]])[0].get("content")
             echo_text = last or ""
+        if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
+            await plan_engine_outputs(plan, self.tokenizer, req.seed, engine_reqs)
         metrics_arrival(self.metrics, ctx, engine_reqs, req.n, rid)
         try:
             if req.stream:
                 await self._stream(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
-                                   engine_reqs)
+                                   engine_reqs, plan)
             else:
                 await self._full(ctx, req, rid, created, model, role, echo_text, prompt_ids, states,
-                                 engine_reqs)
+                                 engine_reqs, plan)
         finally:
             metrics_end(self.metrics, engine_reqs, states)
 
     async def _full(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
                     role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
-                    engine_reqs: list[EngineCoreRequest]) -> None:
+                    engine_reqs: list[EngineCoreRequest], plan: ChatOutputPlan | None = None) -> None:
         prompt_len = len(prompt_ids)
         rti = bool(req.return_token_ids)
         if not await self.run_to_end(ctx, states, engine_reqs):
@@ -209,13 +217,22 @@ class ChatServing(ServingBase):
             if req.logprobs:
                 lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0)
             # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
-            content: str | None = echo_text + st.full_text()
+            content: str | None = st.full_text()
             reasoning = "".join(st.reasoning) if st.think else None
+            tool_calls, finish_reason = [], st.finish_reason
+            if plan is not None:
+                content, tool_calls, auto_called = plan.message_parts(content)
+                finish_reason = plan.finish_reason(finish_reason, auto_called)
+            if echo_text:
+                content = echo_text + (content or "")
             if st.think and not content:
                 content = None  # a reasoning parser reports no content as null
             message = {"role": role, "content": content, "refusal": None, "annotations": None,
-                       "audio": None, "function_call": None, "reasoning": reasoning or None}
-            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": st.finish_reason,
+                       "audio": None, "function_call": None}
+            if tool_calls:  # vLLM's serializer leaves an empty list out
+                message["tool_calls"] = tool_calls
+            message["reasoning"] = reasoning or None
+            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish_reason,
                             "stop_reason": st.stop_reason, "token_ids": st.token_ids if rti else None,
                             "routed_experts": None})
         completion_tokens = sum(s.num_tokens for s in states)
@@ -223,7 +240,7 @@ class ChatServing(ServingBase):
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
-            "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last),
+            "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last, wants_cache_details(req)),
                                 {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
                                 if self.settings.reasoning_parser else None),
             "prompt_logprobs": None, "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
@@ -232,18 +249,39 @@ class ChatServing(ServingBase):
         ctx.finishing = True
         await send_bytes(ctx.send, 200, encode(body))
 
-    def prompt_details(self, st: SequenceState) -> dict[str, Any] | None:
-        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM."""
-        if not self.settings.prompt_tokens_details:
+    def prompt_details(self, st: SequenceState, force: bool = False) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details: only with --enable-prompt-tokens-details, as in vLLM (or for
+        an adapter that always reports the cache, like the Responses API)."""
+        if not self.settings.prompt_tokens_details and not force:
             return None
         return {"cached_tokens": st.cached_tokens, "created_cache_tokens": st.cache_created,
                 "multimodal_tokens": None}
 
     async def _stream(self, ctx: RequestContext, req: ChatCompletionRequest, rid: str, created: int, model: str,
                       role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
-                      engine_reqs: list[EngineCoreRequest]) -> None:
-        renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
+                      engine_reqs: list[EngineCoreRequest], plan: ChatOutputPlan | None = None) -> None:
+        if plan is not None and plan.uses_tools:
+            renderer: ChatStream = ToolChatStream(self, req, rid, created, model, role, echo_text, prompt_ids,
+                                                  states, engine_reqs, plan)
+        else:
+            renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
         await stream_response(ctx, self.engine, engine_reqs, renderer)
+
+
+CACHE_DETAILS_KEY = "vllm_vcr_cache_details"  # set by adapters (chat_bridge) that always need cached_tokens
+
+
+def wants_cache_details(req: ChatCompletionRequest) -> bool:
+    return bool(req.model_extra and req.model_extra.get(CACHE_DETAILS_KEY))
+
+
+async def plan_engine_outputs(plan: ChatOutputPlan, tokenizer: Any, seed: int | None,
+                              engine_reqs: list[EngineCoreRequest]) -> None:
+    """Tell the engine what each choice generates (choice j draws with seed + j, as vLLM seeds n)."""
+    for j, er in enumerate(engine_reqs):
+        ids = await plan.output_ids(tokenizer, None if seed is None else seed + j)
+        if ids is not None:
+            attach_planned_ids(er, ids)
 
 
 class ChatStream(ChoiceStream):
@@ -272,6 +310,7 @@ class ChatStream(ChoiceStream):
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
         super().__init__(states, engine_reqs, b',"system_fingerprint":' + encode(fp)
                          if (fp is not None and not self.include_usage) else b"")
+        self.req = req
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
@@ -351,8 +390,13 @@ class ChatStream(ChoiceStream):
         states = self.states
         completion_tokens = sum(s.num_tokens for s in states)
         usage = usage_dict(self.prompt_len, completion_tokens,
-                           self.serving.prompt_details(self.first_state or states[0]))
+                           self.serving.prompt_details(self.first_state or states[0],
+                                                       wants_cache_details(self.req)))
         if self.settings.reasoning_parser:
             usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
         return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,
                                                     usage, self.fp)) + b"\n\n"
+
+
+class ToolChatStream(ToolCallStreamMixin, ChatStream):
+    """A chat stream whose deltas carry tool calls (only requests with tools use it)."""

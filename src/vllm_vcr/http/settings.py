@@ -14,6 +14,7 @@ from ..engine.config import ConfigError, EngineArgs
 from .ignored_flags import ignored_flags
 from .serving_base import VLLM_API_VERSION, ServeSettings
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
+from .tools.calls import ToolSettings
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -171,6 +172,8 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         reasoning_parser=reasoning_parser,
         reasoning_ids=reasoning_ids,
+        tools=_tool_settings(args),
+        scale_out=bool(getattr(args, "enable_scale_out", False) or getattr(args, "tokens_only", False)),
         system_fingerprint=fingerprint,
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,
@@ -178,6 +181,14 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
+
+
+def _tool_settings(args: argparse.Namespace) -> ToolSettings:
+    enable = bool(getattr(args, "enable_auto_tool_choice", False))
+    parser = getattr(args, "tool_call_parser", None)
+    if enable and parser is None:
+        raise CLIError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    return ToolSettings(parser, enable, getattr(args, "auto_tool_call_probability", 1.0))
 
 
 def _fingerprint(args: argparse.Namespace, model: str, max_model_len: int, engine_args: EngineArgs) -> str | None:

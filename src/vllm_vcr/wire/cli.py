@@ -43,6 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="instance_id reported to the frontend (rank i > 0 gets '-i' appended)")
     w.add_argument("--vllm-version", default="0.33.0",
                    help="vllm_version in the ready payload (informational; default %(default)s)")
+    w.add_argument("--tokenizer", default=None,
+                   help="the served model's tokenizer directory: outputs then satisfy the requests' structured "
+                        "outputs (json/regex/choice, and the structural tags tool parsers send)")
     w.add_argument("--dtype", default="bfloat16", help="dtype reported to the frontend (default %(default)s)")
     w.add_argument("--model-name", default=os.environ.get("MODEL", ""),
                    help="model name used in logs (the frontend serves its own --served-model-name)")
@@ -98,9 +101,20 @@ def run(args: argparse.Namespace) -> int:
         instance_id=args.engine_id,
         max_loras=args.max_loras,
     )
+    factory = None
+    if args.tokenizer:
+        from ..http.structured.engine_source import constrained_token_source
+        from ..http.tokenizer import TokenizerError, load_tokenizer
+
+        try:
+            factory = constrained_token_source(load_tokenizer(args.tokenizer), eargs.vocab_size)
+        except (TokenizerError, OSError) as e:
+            print(f"error: --tokenizer: {e}", file=sys.stderr)
+            return 2
     server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
                         ready=ready, handshake_timeout=args.handshake_timeout,
-                        control_address=args.control_address, kv_events=kv_events, pd_args=args)
+                        control_address=args.control_address, kv_events=kv_events, pd_args=args,
+                        token_source_factory=factory)
     tune_for_serving()
     try:
         return event_loop.run(server.run())

@@ -372,8 +372,10 @@ class PlayServer:
 
     def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
-                 kv_events: KVEventsConfig | None = None, pd_args: Any = None):
+                 kv_events: KVEventsConfig | None = None, pd_args: Any = None,
+                 token_source_factory: Any = None):
         self.args = args
+        self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
         self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
@@ -515,7 +517,7 @@ class PlayServer:
                 eargs = copy.deepcopy(self.args)
                 eargs.engine_id = self._ready_info(b.rank).instance_id
                 b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
-                                         **self.engine_inputs))
+                                         token_source_factory=self.token_source_factory, **self.engine_inputs))
                 if self.publishers:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
         except Exception:

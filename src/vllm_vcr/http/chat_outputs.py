@@ -1,0 +1,124 @@
+"""What a chat request with tools or an output constraint generates, and how its text reads back.
+
+`ChatOutputPlan.for_request` returns None for plain requests (they never come here). Otherwise
+it runs vLLM's request checks, then plans each choice's output ids (a tool call in the parser's
+format, an instance of the constraint, optionally after a thinking span) and turns the text the
+engine produced back into `content` / `tool_calls` the way vLLM's parsers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .protocol import ChatCompletionRequest
+from .structured.constraints import Constraint, check_request_constraints, request_constraint
+from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .tools.calls import (
+    ToolSettings,
+    check_tool_gates,
+    check_tool_usage,
+    effective_tool_choice,
+    extract_calls,
+    make_tool_call_id,
+    named_choice,
+    plan_calls,
+    render_calls,
+)
+from .tools.formats import ToolCallFormat, get_format
+
+# instance generation (hypothesis) runs off the event loop, one at a time
+_GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
+
+
+def instance_text(constraint: Constraint, seed: int) -> str | None:
+    """Text satisfying the constraint; None for kinds no generator covers (grammar, structural tags)."""
+    kind = constraint.kind
+    if kind in ("json", "json_object"):
+        return dump_json(json_instance(constraint.value, seed))
+    if kind == "regex":
+        return regex_instance(constraint.value, seed)
+    if kind == "choice":
+        return choice_instance(constraint.value, seed)
+    return None
+
+
+class ChatOutputPlan:
+    def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None):
+        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage)
+        has_choice = "tool_choice" in req.model_fields_set
+        self.tool_choice = effective_tool_choice(has_choice, req.tools, req.tool_choice)
+        check_request_constraints(req, self.tool_choice)
+        check_tool_usage(req.tools, req.tool_choice, has_choice)
+        self.req = req
+        self.settings = tools
+        self.reasoning_ids = reasoning_ids
+        self.constraint: Constraint | None = None
+        self.fmt: ToolCallFormat | None = get_format(tools.parser) if tools.available else None
+
+    @classmethod
+    def for_request(cls, req: ChatCompletionRequest, tools: ToolSettings,
+                    reasoning_ids: tuple[int, int] | None) -> ChatOutputPlan | None:
+        if req.tools is None and req.response_format is None and req.structured_outputs is None \
+                and "tool_choice" not in req.model_fields_set:
+            return None
+        return cls(req, tools, reasoning_ids)
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.fmt is not None and bool(self.req.tools) and self.tool_choice not in (None, "none")
+
+    @property
+    def named(self) -> str | None:
+        return named_choice(self.tool_choice)
+
+    def check(self) -> None:
+        """The renderer's tool gates, then the engine-side constraint checks (after the model check)."""
+        check_tool_gates(self.tool_choice, self.settings)
+        self.constraint = request_constraint(self.req.response_format, self.req.structured_outputs)
+
+    async def output_ids(self, tokenizer: Any, seed: int | None) -> list[int] | None:
+        """The ids this choice generates; None leaves the engine's own source (free text)."""
+        seed = secrets.randbits(32) if seed is None else seed
+        try:
+            text = await asyncio.get_running_loop().run_in_executor(_GENERATOR, self._text, seed)
+        except InstanceError:
+            return None  # a schema the generator cannot sample: the output is free text
+        if text is None:
+            return None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if self.reasoning_ids is not None:
+            start, end = self.reasoning_ids
+            ids = [start, *tokenizer.encode(self._thought(), add_special_tokens=False), end, *ids]
+        eos = tokenizer.eos_token_id
+        return ids + [eos] if eos is not None else ids
+
+    def _thought(self) -> str:
+        return "The user needs a tool for this." if self.uses_tools else "Let me write the answer."
+
+    def _text(self, seed: int) -> str | None:
+        if self.uses_tools:
+            calls = plan_calls(self.req.tools, self.tool_choice, self.req.parallel_tool_calls, seed, self.settings)
+            if calls:
+                return render_calls(self.fmt, calls, self.tool_choice)
+        return instance_text(self.constraint, seed) if self.constraint is not None else None
+
+    def message_parts(self, text: str | None) -> tuple[str | None, list[dict[str, Any]], bool]:
+        """(content, tool_calls, auto tools called) as vLLM's chat serving builds the message."""
+        if not self.uses_tools:
+            return text, [], False
+        content, calls = extract_calls(self.fmt, text or "", self.tool_choice) or (text, [])
+        if self.req.parallel_tool_calls is False:
+            calls = calls[:1]
+        tool_calls = [{"id": make_tool_call_id(), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        if self.tool_choice != "auto":
+            return content or "", tool_calls, False
+        return content, tool_calls, bool(tool_calls)
+
+    def finish_reason(self, finish_reason: str | None, auto_called: bool) -> str | None:
+        if auto_called or (self.tool_choice == "required" and finish_reason == "stop" and self.uses_tools):
+            return "tool_calls"
+        return finish_reason

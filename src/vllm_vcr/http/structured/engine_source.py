@@ -1,0 +1,116 @@
+"""Constrained output on the engine side (`vllm-vcr play` behind a real vLLM frontend).
+
+The real frontend sends its constraint in `sampling_params.structured_outputs` (json / regex /
+choice / json_object, or a structural tag: how tool parsers force and shape calls). This
+`token_source_factory` turns it into the ids of a text that satisfies it, with the model's
+tokenizer, then EOS; requests without a constraint keep the engine's own source.
+
+Structural tags are read generically: every tag with a `begin`, a JSON-schema `content` and an
+`end` is a call the model may write (e.g. hermes' `<tool_call>\\n{"name": "f", "arguments": ` ...
+`}\\n</tool_call>`); one of them is written, filled with an instance of its schema.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ...engine.tokens import RandomTokens, ScriptedTokens, TokenSource
+from .constraints import request_constraint
+from .instances import InstanceError, dump_json, json_instance
+from ..chat_outputs import instance_text
+
+logger = logging.getLogger("vllm_vcr.structured")
+
+
+def _tags(node: Any) -> list[dict[str, Any]]:
+    """Tags with begin / JSON-schema content / end anywhere in a structural-tag document."""
+    found = []
+    if isinstance(node, dict):
+        content = node.get("content")
+        if isinstance(node.get("begin"), str) and isinstance(node.get("end"), str) and isinstance(content, dict):
+            found.append(node)
+        for v in node.values():
+            found += _tags(v)
+    elif isinstance(node, list):
+        for v in node:
+            found += _tags(v)
+    return found
+
+
+def _schema_of(content: dict[str, Any]) -> Any:
+    """The tag's argument schema; a free one (`true`: the tool is not strict) is written as a
+    small object, as a model writes arguments."""
+    for key in ("json_schema", "schema"):
+        if isinstance(content.get(key), dict):
+            return content[key]
+    return {"type": "object"}
+
+
+def structural_tag_text(tag_json: str, seed: int) -> str | None:
+    """A text that one tag of the structural tag accepts; None when no tag can be filled."""
+    try:
+        doc = json.loads(tag_json)
+    except ValueError:
+        return None
+    tags = _tags(doc)
+    if not tags:
+        return None
+    tag = tags[random.Random(seed).randrange(len(tags))]
+    value = json_instance(_schema_of(tag["content"]), seed)
+    return tag["begin"] + dump_json(value) + tag["end"]
+
+
+_LITERAL = r'"(?:[^"\\]|\\.)*"'
+_CHOICE_GRAMMAR = re.compile(rf"\s*root\s*::=\s*({_LITERAL}(?:\s*\|\s*{_LITERAL})*)\s*")
+
+
+def grammar_choices(grammar: str) -> list[str] | None:
+    """The literals of `root ::= "a" | "b"`: the grammar vLLM's frontend makes of a `choice`."""
+    m = _CHOICE_GRAMMAR.fullmatch(grammar)
+    if m is None:
+        return None
+    try:
+        return [json.loads(lit) for lit in re.findall(_LITERAL, m.group(1))]
+    except ValueError:
+        return None
+
+
+def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
+    if structured.get("structural_tag"):
+        return structural_tag_text(structured["structural_tag"], seed)
+    if structured.get("grammar") and structured.get("choice") is None:
+        choices = grammar_choices(structured["grammar"])
+        if choices:
+            structured = {"choice": choices}
+    fields = {k: structured.get(k) for k in ("json", "regex", "choice", "grammar", "json_object")
+              if structured.get(k) is not None}
+    constraint = request_constraint(None, fields) if fields else None
+    return instance_text(constraint, seed) if constraint is not None else None
+
+
+def constrained_token_source(tokenizer: Any, vocab_size: int) -> Callable[[Any, random.Random], TokenSource | None]:
+    """An EngineCore `token_source_factory` for requests carrying `structured_outputs`."""
+    eos = tokenizer.eos_token_id
+
+    def factory(req: Any, rng: random.Random) -> TokenSource | None:
+        sp = req.sampling_params
+        structured = getattr(sp, "structured_outputs", None) if sp is not None else None
+        if not structured:
+            return None
+        seed = sp.seed if sp.seed is not None else rng.getrandbits(32)
+        try:
+            text = constrained_text(structured, seed)
+        except (InstanceError, ValueError) as e:
+            logger.warning("request %s: cannot satisfy its structured outputs (%s); free text", req.request_id, e)
+            return None
+        if text is None:
+            return None
+        ids = tokenizer.encode(text, add_special_tokens=False) + ([eos] if eos is not None else [])
+        return ScriptedTokens(ids, RandomTokens(rng, vocab_size, frozenset({eos} if eos is not None else ())))
+
+    return factory

@@ -1,0 +1,125 @@
+"""Streaming tool calls: chat chunks whose deltas carry tool-call pieces, as vLLM's parsers send
+them: content until a call starts, then per call one delta with its id, type and name, then
+argument fragments as the text arrives; what is left of the arguments goes out with the last
+token. The finish reason is "tool_calls" when calls went out (except for a named tool_choice).
+
+Only requests with tools take this path: the plain chat stream (ChatStream) is untouched; its
+per-token `feed` stays inline there, which is why this one repeats its first lines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...engine.types import EngineCoreOutput
+from ..chat_outputs import ChatOutputPlan
+from ..logprobs import chat_logprobs
+from ..serving_base import encode
+from .calls import extract_calls, make_tool_call_id
+from .formats import Llama3JsonFormat, PartialCall
+
+
+class ToolDeltas:
+    """One choice's streamed tool calls: feed it the text as it grows, get what is new to send
+    (content, then per call a header delta and argument fragments)."""
+
+    __slots__ = ("plan", "text", "content_sent", "names", "args_sent", "streamed")
+
+    def __init__(self, plan: ChatOutputPlan) -> None:
+        self.plan = plan
+        self.text = ""
+        self.content_sent = 0
+        self.names: list[str] = []  # names of the calls whose header went out
+        self.args_sent: list[str] = []
+        self.streamed = False
+
+    def _partial(self) -> tuple[str, list[PartialCall]]:
+        plan, text = self.plan, self.text
+        if plan.fmt.json_for_forced and plan.named is not None:
+            return "", [PartialCall(plan.named, text, False)]
+        if plan.fmt.json_for_forced and plan.tool_choice == "required":
+            return "", Llama3JsonFormat().partial(text.lstrip().lstrip("["))[1]
+        return plan.fmt.partial(text)
+
+    def advance(self, delta_text: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(new content, tool-call deltas) once `delta_text` is added."""
+        self.text += delta_text
+        content, partial = self._partial()
+        if finished:
+            done = extract_calls(self.plan.fmt, self.text, self.plan.tool_choice)
+            if done is not None and done[1]:
+                partial = [PartialCall(c.name, c.arguments, True) for c in done[1]]
+            elif not self.names:
+                content = self.text  # no call after all: everything is content
+        new_content = content[self.content_sent:] if len(content) > self.content_sent else ""
+        self.content_sent = max(self.content_sent, len(content))
+        deltas: list[dict[str, Any]] = []
+        for k, call in enumerate(partial):
+            if k >= len(self.names):
+                if call.name is None:
+                    break
+                self.names.append(call.name)
+                self.args_sent.append("")
+                deltas.append({"id": make_tool_call_id(), "type": "function", "index": k,
+                               "function": {"name": call.name}})
+            sent = self.args_sent[k]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                deltas.append({"index": k, "function": {"arguments": call.arguments[len(sent):]}})
+                self.args_sent[k] = call.arguments
+        if self.plan.req.parallel_tool_calls is False:
+            deltas = [d for d in deltas if d["index"] == 0]
+        self.streamed = self.streamed or bool(deltas)
+        return new_content, deltas
+
+
+class ToolCallStreamMixin:
+    """Mixed into serving_chat.ChatStream (as ToolChatStream): its `feed` for tool requests."""
+
+    def __init__(self, *args: Any) -> None:
+        *base, plan = args
+        super().__init__(*base)
+        self.plan: ChatOutputPlan = plan
+        self.calls = [ToolDeltas(plan) for _ in range(self.total)]
+        self.plain = False
+
+    def feed(self, out: EngineCoreOutput) -> bytes:
+        applied = self.apply(out)
+        if applied is None:
+            return b""
+        i, st, before, text, ids = applied
+        pre = b""
+        if self.first:
+            self.first = False
+            self.first_state = st
+            pre = self.opening()
+        if st.finish_reason == "error":
+            self.error = self.done = True
+            return pre
+        finished = st.finished
+        cc = self.calls[i]
+        content, deltas = cc.advance(text, finished)
+        reasoning = st.reasoning_delta if self.think else ""
+        if not content and not deltas and not reasoning and not finished and not self.want_lp and not self.rti:
+            return pre
+        delta: dict[str, Any] = {}
+        if content or deltas:
+            delta["content"] = content or None
+        if reasoning:
+            delta["reasoning"] = reasoning
+        if deltas:
+            delta["tool_calls"] = deltas
+        chunk = [pre, self.head_idx[i], encode(delta), b',"logprobs":',
+                 encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before))
+                 if self.want_lp else b"null"]
+        ids_part = encode(list(ids)) if self.rti else b"null"
+        if finished:
+            reason = st.finish_reason
+            if cc.streamed and self.plan.named is None and reason == "stop":
+                reason = "tool_calls"
+            chunk += [b',"finish_reason":', encode(reason), b',"stop_reason":', encode(st.stop_reason),
+                      b',"token_ids":', ids_part, b"}]"]
+        else:
+            chunk += [b',"finish_reason":null,"token_ids":', ids_part, b"}]"]
+        if self.continuous:
+            chunk.append(self.usage_part(st.num_tokens, st))
+        return self.close_chunk(i, out, chunk, finished)
