@@ -133,6 +133,10 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self._post(("abort", list(request_ids)))
 
+    def abort_all(self) -> None:
+        """Abort every request, each with a final ABORT output (vLLM's pause/sleep mode "abort")."""
+        self._post(("abort_all",))
+
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
         fut = asyncio.get_running_loop().create_future()
@@ -327,6 +331,8 @@ class EngineCore:
                 self._begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
                 self._freeze(msg[1])
+            elif kind == "abort_all":
+                self._abort_all(outputs, finished, self.clock.now())
             elif kind == "release_kv":
                 freed = self._release_hold(msg[1]) or freed
             elif kind == "kv_ready":

@@ -58,11 +58,14 @@ def _load_metrics(settings: ServeSettings) -> Any:
 class OpenAIApp:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None = None):
-        self.engine = engine
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None, extensions: Any = None):
         self.tokenizer = tokenizer
         self.settings = settings
         self.metrics = metrics if metrics is not None else _load_metrics(settings)
+        self.extensions = extensions  # http/extensions.py: LoRA, sleep, operator routes, pooling
+        if extensions is not None:
+            engine = extensions.wrap_engine(engine, settings.served_model_names, self.metrics)
+        self.engine = engine
         if self.metrics is not None and hasattr(self.metrics, "on_engine_outputs") \
                 and hasattr(engine, "add_output_listener"):
             engine.add_output_listener(self.metrics.on_engine_outputs)
@@ -84,6 +87,8 @@ class OpenAIApp:
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
         }
+        if extensions is not None:
+            extensions.install(self)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -237,6 +242,8 @@ class OpenAIApp:
         data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": root,
                  "parent": None, "max_model_len": s.max_model_len, "permission": [perm]}
                 for name in s.served_model_names]
+        if s.lora_adapters is not None:
+            data += s.lora_adapters.model_cards(now, perm)
         await send_bytes(ctx.send, 200, encode({"object": "list", "data": data}))
 
     async def _health(self, ctx: RequestContext) -> None:

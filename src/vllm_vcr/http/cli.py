@@ -171,6 +171,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
           help="any name: chat answers split `reasoning` from `content` at the --reasoning markers")
     g.add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
     g.add("--enable-access-log", action="store_true", help="log every HTTP request (off: it costs)")
+    from .extension_args import add_extension_args
+
+    add_extension_args(_Group(p, "LoRA adapters, sleep mode, pooling runner"))
     ig = _Group(p, "accepted for compatibility with `vllm serve`, ignored")
     for names in _IGNORED_VALUE_FLAGS:
         ig.add(*names, dest=_IGN + names[0][2:].replace("-", "_"), default=argparse.SUPPRESS,

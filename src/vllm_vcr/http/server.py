@@ -279,6 +279,14 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
     t0 = time.perf_counter()
     settings, engine_args, tok, engine_count, ignored = build_settings_and_args(args)
     from ..engine.async_engine import AsyncEngine
+    from .extensions import ServeExtensions
+
+    try:
+        extensions = ServeExtensions.from_cli(args)
+        extensions.load_static_adapters(settings.served_model_names)  # a bad --lora-modules stops here
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    extensions.engine_args = engine_args
 
     host = args.host or "0.0.0.0"
     if sock is None:
@@ -323,7 +331,11 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         sock.close()
         raise CLIError(str(e)) from None
     sock.listen(2048)
-    app: OpenAIApp = build_app(engine, tok, settings)
+    app: OpenAIApp = build_app(engine, tok, settings, extensions=extensions)
+    if control is not None:
+        from ..control.loras import add_lora_route
+
+        add_lora_route(control.app, extensions.lora_report)
 
     stop_task: list[asyncio.Task] = []
 

@@ -44,6 +44,7 @@ class ServeSettings:
     # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
     reasoning_parser: str | None = None
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+    lora_adapters: Any = None  # http/lora.py LoRAAdapters with --enable-lora (models by adapter name)
 
     @property
     def model_name(self) -> str:
@@ -131,7 +132,14 @@ class ServingBase:
             return self.settings.model_name
         if model in self._names:
             return model
+        if self.settings.lora_adapters is not None and model in self.settings.lora_adapters.requests:
+            return model
         raise model_not_found(model, self.settings.served_model_names)
+
+    def lora_request(self, model: str | None) -> Any:
+        """The LoRARequest a request naming an adapter runs with (None for the base model)."""
+        adapters = self.settings.lora_adapters
+        return adapters.get(model) if adapters is not None else None
 
     @staticmethod
     def base_request_id(ctx: RequestContext, body_id: str | None) -> str:
