@@ -172,7 +172,7 @@ class SleepControl:
     async def _drained(self) -> None:
         """mode=wait: until no engine holds a request (new ones already wait at the gate)."""
         while True:
-            counts = await self.engine.call_all(lambda core: core.num_unfinished())
+            counts = await self.engine.call_all(lambda core: core.num_unfinished)
             if not any(counts):
                 return
             await asyncio.sleep(DRAIN_POLL_S)

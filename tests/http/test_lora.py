@@ -1,0 +1,131 @@
+"""LoRA adapters through `vllm-vcr serve`'s HTTP interface (vLLM 0.32's routes, bodies and errors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_vcr.http.extension_args import parse_lora_modules
+
+FAST = ["--inter-token-latency", "1", "--time-to-first-token", "2"]
+RUNTIME = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "0"}
+
+
+def make_adapter(root: Path, name: str, rank: int = 8, **extra) -> str:
+    """A PEFT adapter directory as `peft` writes it (the config is what vLLM checks first)."""
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"],
+              "bias": "none", "task_type": "CAUSAL_LM", **extra}
+    (d / "adapter_config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def post(url: str, body: dict) -> httpx.Response:
+    return httpx.post(url, json=body, timeout=10)
+
+
+@pytest.fixture
+def adapters(tmp_path):
+    return {"sql": make_adapter(tmp_path, "sql"), "chat": make_adapter(tmp_path, "chat"),
+            "wide": make_adapter(tmp_path, "wide", rank=32), "dora": make_adapter(tmp_path, "dora", use_dora=True)}
+
+
+def test_lora_modules_forms():
+    mods = parse_lora_modules(["a=/x", '{"name": "b", "path": "/y", "base_model_name": "base"}', ""])
+    assert [(m.name, m.path, m.base_model_name) for m in mods] == [("a", "/x", None), ("b", "/y", "base")]
+    with pytest.raises(ValueError, match="Invalid JSON format for --lora-modules"):
+        parse_lora_modules(["{not json"])
+    with pytest.raises(ValueError, match="Invalid fields for --lora-modules"):
+        parse_lora_modules(['{"name": "a", "path": "/x", "rank": 3}'])
+
+
+def test_static_adapters_listed_and_served(serve_process, adapters):
+    sp = serve_process(*FAST, "--enable-lora", "--lora-modules", f"sql={adapters['sql']}",
+                       json.dumps({"name": "chat", "path": adapters["chat"], "base_model_name": "vllm-vcr/sim"}),
+                       "--max-loras", "2", env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"})
+    cards = {m["id"]: m for m in httpx.get(sp.url + "/v1/models").json()["data"]}
+    assert cards["sql"]["parent"] == "vllm-vcr/sim" and cards["sql"]["root"] == adapters["sql"]
+    assert cards["sql"]["max_model_len"] is None and cards["vllm-vcr/sim"]["parent"] is None
+    assert cards["chat"]["root"] == adapters["chat"]
+    client = OpenAI(base_url=sp.url + "/v1", api_key="none")
+    out = client.completions.create(model="sql", prompt="select", max_tokens=3)
+    assert out.model == "sql" and out.usage.completion_tokens == 3
+    chat = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert chat.model == "chat"
+    # runtime updating is off: the routes do not exist, as in vLLM
+    assert post(sp.url + "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": adapters["sql"]}).status_code == 404
+    metrics = {s.labels["running_lora_adapters"]: s for f in text_string_to_metric_families(
+        httpx.get(sp.url + "/metrics").text) if f.name == "vllm:lora_requests_info" for s in f.samples}
+    assert "sql" in metrics and metrics["sql"].labels["max_lora"] == "2"
+    assert metrics["sql"].labels["waiting_lora_adapters"] == "sql"
+
+
+def test_runtime_load_unload_and_errors(serve_process, adapters):
+    sp = serve_process(*FAST, "--enable-lora", env=RUNTIME)
+    url = sp.url
+    r = post(url + "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": adapters["sql"]})
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' added successfully."
+    dup = post(url + "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": adapters["sql"]})
+    assert dup.status_code == 400 and dup.json()["error"] == {
+        "message": "The lora adapter 'sql' has already been loaded. If you want to load the adapter in place, "
+                   "set 'load_inplace' to True.", "type": "InvalidUserInput", "param": None, "code": 400}
+    inplace = post(url + "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": adapters["chat"],
+                                                   "load_inplace": True})
+    assert inplace.status_code == 200
+    missing = post(url + "/v1/load_lora_adapter", {"lora_name": "gone", "lora_path": "/nonexistent/adapter"})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == "Loading lora gone failed: No adapter found for /nonexistent/adapter"
+    hidden = post(url + "/v1/load_lora_adapter", {"lora_name": "gone", "lora_path": adapters["sql"] + "-no"})
+    assert hidden.json()["error"]["message"] == "Loading lora gone failed: No adapter found for <path>"  # /tmp/...
+    wide = post(url + "/v1/load_lora_adapter", {"lora_name": "wide", "lora_path": adapters["wide"]})
+    assert wide.status_code == 500 and wide.json()["error"]["message"] == (
+        "Call to add_lora method failed: LoRA rank 32 is greater than max_lora_rank 16.")
+    dora = post(url + "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": adapters["dora"]})
+    assert "vLLM does not yet support DoRA." in dora.json()["error"]["message"]
+    base = post(url + "/v1/load_lora_adapter", {"lora_name": "vllm-vcr/sim", "lora_path": adapters["sql"]})
+    assert base.json()["error"]["message"] == "The lora adapter 'vllm-vcr/sim' conflicts with a served base model."
+    empty = post(url + "/v1/load_lora_adapter", {"lora_name": "", "lora_path": adapters["sql"]})
+    assert empty.json()["error"]["message"] == "Both 'lora_name' and 'lora_path' must be provided."
+    not_json = httpx.post(url + "/v1/load_lora_adapter", content=b'{"lora_name": "a", "lora_path": "b"}')
+    assert not_json.status_code == 400 and "Unsupported Media Type" in not_json.json()["error"]["message"]
+    ids = {m["id"]: m["root"] for m in httpx.get(url + "/v1/models").json()["data"]}
+    assert ids["sql"] == adapters["chat"]  # reloaded in place from the new path
+    gen = post(url + "/v1/completions", {"model": "sql", "prompt": "x", "max_tokens": 2})
+    assert gen.status_code == 200 and gen.json()["model"] == "sql"
+    r = post(url + "/v1/unload_lora_adapter", {"lora_name": "sql"})
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'sql' removed successfully."
+    again = post(url + "/v1/unload_lora_adapter", {"lora_name": "sql"})
+    assert again.status_code == 404 and again.json()["error"]["message"] == "The lora adapter 'sql' cannot be found."
+    gone = post(url + "/v1/completions", {"model": "sql", "prompt": "x", "max_tokens": 2})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
+
+
+def test_control_api_lists_adapters(serve_process, adapters, serve_harness):
+    control = serve_harness.free_port()
+    sp = serve_process(*FAST, "--enable-lora", "--lora-modules", f"sql={adapters['sql']}",
+                       "--control-address", f"127.0.0.1:{control}", env=RUNTIME)
+    for _ in range(3):
+        assert post(sp.url + "/v1/completions", {"model": "sql", "prompt": "q", "max_tokens": 2}).status_code == 200
+    report = httpx.get(f"http://127.0.0.1:{control}/loras").json()
+    assert report["enabled"] and report["max_loras"] == 1
+    (sql,) = report["adapters"]
+    assert sql["name"] == "sql" and sql["id"] == 1 and sql["requests_total"] == 3
+    assert sql["running"] == 0 and sql["waiting"] == 0
+    assert httpx.get(f"http://127.0.0.1:{control}/stats").json()["requests_completed"] == 3
+
+
+def test_lora_flag_errors(serve_process, adapters):
+    for args, needle in (
+            (["--lora-modules", f"sql={adapters['sql']}"], "--lora-modules needs --enable-lora"),
+            (["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "max_cpu_loras (2) must be >= max_loras (4)"),
+            (["--enable-lora", "--lora-modules", f"w={adapters['wide']}"], "LoRA rank 32 is greater than max_lora_rank"),
+            (["--enable-lora", "--max-lora-rank", "7"], "--max-lora-rank")):
+        sp = serve_process(*args, wait=False)
+        assert sp.proc.wait(20) == 2, sp.log()
+        assert needle in sp.log()
