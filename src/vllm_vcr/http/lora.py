@@ -90,8 +90,8 @@ def check_adapter(lora: LoRARequest, max_lora_rank: int) -> None:
         with open(config_path, encoding="utf-8") as f:
             config = json.load(f)
     except FileNotFoundError:
-        raise HTTPError(404, sanitize(f"Loading lora {lora.lora_name} failed: No adapter found for "
-                                      f"{lora.lora_path}"), "NotFoundError") from None
+        raise _user_error(404, f"Loading lora {lora.lora_name} failed: No adapter found for {lora.lora_path}",
+                          "NotFoundError") from None
     except (OSError, ValueError) as e:
         raise _add_lora_failed(f"{type(e).__name__}: {e}") from None
     problems = []
@@ -108,6 +108,10 @@ def check_adapter(lora: LoRARequest, max_lora_rank: int) -> None:
         problems.append("Adapter bias is not supported.")
     if problems:
         raise _add_lora_failed(" ".join(problems))
+
+
+def _user_error(status: int, message: str, err_type: str = "InvalidUserInput") -> HTTPError:
+    return HTTPError(status, sanitize(message), err_type)  # vLLM hides server paths in every message
 
 
 def _add_lora_failed(message: str) -> HTTPError:
@@ -137,12 +141,12 @@ class LoRAAdapters:
     def load(self, req: LoadLoRAAdapterRequest, base_model_name: str | None = None) -> str:
         name = req.lora_name
         if not name or not req.lora_path:
-            raise HTTPError(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+            raise _user_error(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
         if name in self.base_model_names:
-            raise HTTPError(400, f"The lora adapter '{name}' conflicts with a served base model.",
+            raise _user_error(400, f"The lora adapter '{name}' conflicts with a served base model.",
                             "InvalidUserInput")
         if not req.load_inplace and name in self.requests:
-            raise HTTPError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
+            raise _user_error(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
                                  "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
         previous = self.requests.get(name)
         if previous is not None:
@@ -160,9 +164,9 @@ class LoRAAdapters:
     def unload(self, req: UnloadLoRAAdapterRequest) -> str:
         name = req.lora_name
         if not name:
-            raise HTTPError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+            raise _user_error(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
         if name not in self.requests:
-            raise HTTPError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+            raise _user_error(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
         del self.requests[name]
         self.parents.pop(name, None)
         logger.info("Removed LoRA adapter: name '%s'", name)
