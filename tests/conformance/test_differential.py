@@ -83,6 +83,8 @@ KNOWN = [
     # error texts
     r"too_long: \$\.error\.message: ",
     r"unknown_model: \$\.error\.message: ",
+    # vLLM 0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32
+    r"is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
 ]
 
 

@@ -129,3 +129,49 @@ def test_lora_flag_errors(serve_process, adapters):
         sp = serve_process(*args, wait=False)
         assert sp.proc.wait(20) == 2, sp.log()
         assert needle in sp.log()
+
+
+def test_adapter_keys_prefix_cache_and_kv_events(serve_process, adapters, tmp_path):
+    """The adapter is part of the prefix-cache key (no hit across adapters) and of the BlockStored
+    events (lora_name, lora_id, extra keys), as vLLM's block hashes and events carry it."""
+    import zmq
+
+    from vllm_vcr.kv_events import BlockStored, decode_batch
+
+    endpoint = f"ipc://{tmp_path}/kv-events"
+    sp = serve_process(*FAST, "--enable-lora", "--lora-modules", f"sql={adapters['sql']}",
+                       "--enable-prompt-tokens-details", "--block-size", "16", "--kv-events-config",
+                       json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                   "endpoint": endpoint, "topic": "kv"}))
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        prompt = list(range(10, 74))  # 4 full blocks
+
+        def cached(model: str) -> int:
+            r = post(sp.url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1})
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        assert cached("vllm-vcr/sim") == 0
+        assert cached("vllm-vcr/sim") > 0
+        assert cached("sql") == 0  # same tokens, another adapter: another key
+        assert cached("sql") > 0
+        # the subscriber joins asynchronously: store fresh blocks until a batch with them arrives
+        stored: list = []
+        for i in range(50):
+            post(sp.url + "/v1/completions", {"model": "sql", "prompt": [200 + i] * 32, "max_tokens": 1})
+            while sub.poll(100):
+                stored += [ev for ev in decode_batch(sub.recv_multipart()[-1]).events if isinstance(ev, BlockStored)]
+            if any(ev.lora_name for ev in stored):
+                break
+        with_lora = [ev for ev in stored if ev.lora_name is not None]
+        assert with_lora, f"no BlockStored event of the adapter reached the subscriber: {stored[:2]}"
+        ev = with_lora[0]
+        assert ev.lora_name == "sql" and ev.lora_id == 1
+        assert ev.extra_keys[0][0] == "sql"  # vLLM's untagged extra keys: the adapter's name per block
+    finally:
+        sub.close()
+        ctx.term()

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .cli import _positive_int
+
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 
 
@@ -62,25 +64,15 @@ def _lora_rank(value: str) -> int:
     return v
 
 
-def _positive(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def add_lora_args(group: Any) -> None:
     """vLLM's LoRA flags plus the simulated load time (`group.add` skips flags already taken)."""
     group.add("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
               help="serve LoRA adapters (--lora-modules, /v1/load_lora_adapter)")
     group.add("--lora-modules", nargs="+", action=_LoRAModulesAction, default=None, metavar="NAME=PATH|JSON",
               help='adapters loaded at start-up: name=path, or {"name":..,"path":..,"base_model_name":..}')
-    group.add("--max-loras", type=_positive, default=1, help="distinct adapters in one batch (vLLM default 1)")
+    group.add("--max-loras", type=_positive_int, default=1, help="distinct adapters in one batch (vLLM default 1)")
     group.add("--max-lora-rank", type=_lora_rank, default=16, help="largest adapter rank accepted (default 16)")
-    group.add("--max-cpu-loras", type=_positive, default=None,
+    group.add("--max-cpu-loras", type=_positive_int, default=None,
               help="adapters kept in the CPU pool (>= --max-loras; default --max-loras)")
     group.add("--lora-load-time", type=float, default=0.0, metavar="MS",
               help="simulated time to load an adapter on first use or on swap-in from the CPU pool (ms)")
@@ -101,7 +93,7 @@ def add_pooling_args(group: Any) -> None:
               help="generate (default) or pooling: /v1/embeddings, /pooling, /score, /rerank")
     group.add("--convert", choices=["auto", "none", "embed", "classify"], default="auto",
               help="with --runner pooling: the pooling task (embed; classify is not simulated)")
-    group.add("--embedding-size", type=_positive, default=None, metavar="N",
+    group.add("--embedding-size", type=_positive_int, default=None, metavar="N",
               help="dimensions of the simulated embeddings (default: hidden_size of MODEL/config.json, else 1024)")
     group.add("--is-matryoshka", action=argparse.BooleanOptionalAction, default=None,
               help="accept the `dimensions` request field (default: the model's config.json says)")
