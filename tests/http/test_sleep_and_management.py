@@ -135,3 +135,30 @@ def test_dev_cache_and_server_info(serve_process):
     as_json = httpx.get(sp.url + "/server_info", params={"config_format": "json"}).json()
     assert as_json["vllm_config"]["max_model_len"] == 4096
     assert httpx.get(sp.url + "/server_info", params={"config_format": "yaml"}).status_code == 400
+
+
+def test_release_kv_cache_memory(serve_process):
+    sp = serve_process(*FAST, env=DEV)
+    r = httpx.post(sp.url + "/release_kv_cache_memory")
+    assert r.status_code == 500 and r.json()["error"]["message"] == \
+        "release_kv_cache_memory() requires a completed pause first"
+    assert httpx.post(sp.url + "/pause").json() == {"status": "paused"}
+    assert httpx.post(sp.url + "/release_kv_cache_memory").json() == {"status": "kv_cache_released"}
+    assert sleep_state(sp.url)["awake"] == 0.0
+    assert httpx.post(sp.url + "/wake_up", params={"tags": "kv_cache"}).json() == {"status": "awake",
+                                                                                  "tags": ["kv_cache"]}
+    assert httpx.get(sp.url + "/is_sleeping").json() == {"is_sleeping": False}
+
+
+async def test_server_load_tracking(serve_process):
+    plain = serve_process(*FAST)
+    assert httpx.get(plain.url + "/load").json() == {"server_load": 0}
+    sp = serve_process(*FAST, "--enable-server-load-tracking")
+    async with httpx.AsyncClient(timeout=30) as c:
+        running = [asyncio.ensure_future(_complete(c, sp.url, 100)) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while (await c.get(sp.url + "/load")).json()["server_load"] < 3:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*running)
+        assert (await c.get(sp.url + "/load")).json() == {"server_load": 0}

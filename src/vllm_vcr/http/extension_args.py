@@ -100,6 +100,8 @@ def add_pooling_args(group: Any) -> None:
 
 
 def add_extension_args(group: Any) -> None:
+    group.add("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
+              help="count in-flight generation/pooling requests for GET /load, as vLLM")
     add_lora_args(group)
     add_sleep_args(group)
     add_pooling_args(group)

@@ -34,6 +34,8 @@ class ServeExtensions:
     sleep: SleepConfig = field(default_factory=SleepConfig)
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE
+    load_tracking: bool = False  # --enable-server-load-tracking
+    server_load: int = 0  # GET /load: in-flight requests of the tracked routes
     engine_args: Any = None  # for /server_info
     adapters: LoRAAdapters | None = None
     lora_states: LoRARequestStates | None = None
@@ -44,7 +46,8 @@ class ServeExtensions:
         """ValueError (naming the flag) for a bad combination."""
         env = os.environ if environ is None else environ
         return cls(lora=LoRAConfig.from_cli(args, env), sleep=SleepConfig.from_cli(args),
-                   pooling=PoolingConfig.from_cli(args), dev_mode=env_flag(env, "VLLM_SERVER_DEV_MODE"))
+                   pooling=PoolingConfig.from_cli(args), dev_mode=env_flag(env, "VLLM_SERVER_DEV_MODE"),
+                   load_tracking=bool(getattr(args, "enable_server_load_tracking", False)))
 
     @property
     def generate(self) -> bool:
@@ -83,6 +86,25 @@ class ServeExtensions:
             for path in GENERATE_ROUTES:
                 app.routes.pop(path, None)
             register_pooling_routes(app, self)
+        if self.load_tracking:
+            self._track_load(app)
+
+    def _track_load(self, app: "OpenAIApp") -> None:
+        """vLLM's load_aware_call: the generation and pooling routes (the watched ones) count
+        themselves in `server_load` while they run."""
+        for methods in app.routes.values():
+            for method, (handler, watch) in list(methods.items()):
+                if watch:
+                    methods[method] = (self._counted(handler), watch)
+
+    def _counted(self, handler: Callable) -> Callable:
+        async def counted(ctx: Any) -> None:
+            self.server_load += 1
+            try:
+                await handler(ctx)
+            finally:
+                self.server_load -= 1
+        return counted
 
     def server_config(self, app: "OpenAIApp") -> dict[str, Any]:
         from .management import plain

@@ -101,6 +101,16 @@ class Management:
         await self.ext.sleep_control.resume()
         await send_bytes(ctx.send, 200, encode({"status": "resumed"}))
 
+    async def release_kv_cache_memory(self, ctx: RequestContext) -> None:
+        try:
+            await self.ext.sleep_control.release_kv_cache_memory()
+        except RuntimeError as e:  # vLLM's catch-all handler: 500 with the engine's words
+            raise HTTPError(500, str(e), "InternalServerError") from None
+        await send_bytes(ctx.send, 200, encode({"status": "kv_cache_released"}))
+
+    async def load(self, ctx: RequestContext) -> None:
+        await send_bytes(ctx.send, 200, encode({"server_load": self.ext.server_load}))
+
     async def is_paused(self, ctx: RequestContext) -> None:
         await send_bytes(ctx.send, 200, encode({"is_paused": self.ext.sleep_control.paused}))
 
@@ -181,13 +191,14 @@ def plain(obj: Any) -> Any:
 def register(app: "OpenAIApp", ext: "ServeExtensions") -> None:
     m = Management(app, ext)
     routes = app.routes
+    routes["/load"] = {"GET": (m.load, False)}
     if ext.lora.enabled and ext.lora.runtime_updating:
         routes["/v1/load_lora_adapter"] = {"POST": (m.load_lora_adapter, False)}
         routes["/v1/unload_lora_adapter"] = {"POST": (m.unload_lora_adapter, False)}
     if ext.dev_mode:
         for path, method, handler in (
                 ("/sleep", "POST", m.sleep), ("/wake_up", "POST", m.wake_up), ("/is_sleeping", "GET", m.is_sleeping),
-                ("/pause", "POST", m.pause), ("/resume", "POST", m.resume), ("/is_paused", "GET", m.is_paused),
+                ("/release_kv_cache_memory", "POST", m.release_kv_cache_memory), ("/pause", "POST", m.pause), ("/resume", "POST", m.resume), ("/is_paused", "GET", m.is_paused),
                 ("/reset_prefix_cache", "POST", m.reset_prefix_cache), ("/reset_mm_cache", "POST", m.reset_nothing),
                 ("/reset_encoder_cache", "POST", m.reset_nothing), ("/server_info", "GET", m.server_info)):
             routes[path] = {method: (handler, False)}

@@ -118,6 +118,19 @@ class SleepControl:
                 self._set_metric(sleeping=False, level=0)
             return fully_awake
 
+    async def release_kv_cache_memory(self) -> None:
+        """vLLM's /release_kv_cache_memory: after a completed pause, drop the KV cache (waking
+        the `kv_cache` tag brings it back); RuntimeError with vLLM's words otherwise."""
+        async with self._operation("release_kv_cache_memory"):
+            counts = await self.engine.call_all(lambda core: core.num_unfinished)
+            if not self.paused or any(counts):
+                raise RuntimeError("release_kv_cache_memory() requires a completed pause first")
+            if self.sleeping_tags:
+                raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")
+            await self.engine.call_all(lambda core: core.reset_prefix_cache())
+            self.sleeping_tags = {"kv_cache"}
+            self._set_metric(sleeping=True, level=0)
+
     async def pause(self, mode: str, clear_cache: bool) -> None:
         """vLLM's /pause (pause_generation): scheduling stops until /resume; weights stay."""
         async with self._lock:
