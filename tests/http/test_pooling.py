@@ -91,6 +91,10 @@ def test_pooling_score_rerank(pooling_server):
     pooled = httpx.post(url + "/pooling", json={"input": "the cat sat"}).json()
     assert pooled["id"].startswith("pooling-") and pooled["data"][0]["object"] == "pooling"
     assert len(pooled["data"][0]["data"]) == 256
+    bad_task = httpx.post(url + "/pooling", json={"input": "x", "task": "classify"}).json()["error"]
+    assert bad_task["message"] == ("Unsupported task: 'classify' Supported tasks: ('embed', 'token_embed') "
+                                   "(parameter=task)") and bad_task["param"] == "task"
+    assert httpx.post(url + "/pooling", json={"input": "x", "dimensions": 8}).status_code == 400
     for path in ("/score", "/v1/score"):
         s = httpx.post(url + path, json={"text_1": "the cat sat", "text_2": ["the cat sat down", "bond yields rose"]})
         data = s.json()["data"]

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .extensions import ServeExtensions
 
 DEFAULT_EMBEDDING_SIZE = 1024
+SUPPORTED_TASKS = ("embed", "token_embed")  # what vLLM reports for a model converted to embedding
 MAX_POOLING_INPUTS = 10_000  # a bound on one request's fan-out into engine requests
 
 
@@ -287,8 +288,13 @@ class PoolingServing(ServingBase):
 
     async def pooling(self, ctx: RequestContext) -> None:
         req = parse_request(ctx.body, EmbeddingRequest)
-        if req.task not in (None, "embed"):
-            raise RequestValueError(f"Unsupported task: {req.task!r} Supported tasks: ['embed']", "task")
+        if req.dimensions is not None:
+            raise RequestValueError("dimensions is currently not supported", "dimensions")
+        if req.task not in (None, self.config.task):
+            if req.task not in SUPPORTED_TASKS:
+                raise RequestValueError(f"Unsupported task: {req.task!r} Supported tasks: {SUPPORTED_TASKS}", "task")
+            raise RequestValueError(f"Try switching the model's pooling_task via --pooler-config.task {req.task}.",
+                                    "task")
         await self._embed_like(ctx, req, "pooling", "pooling", "data")
 
     async def _embed_like(self, ctx: RequestContext, req: EmbeddingRequest, prefix: str, obj: str, key: str) -> None:
