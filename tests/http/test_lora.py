@@ -106,6 +106,16 @@ def test_runtime_load_unload_and_errors(serve_process, adapters):
     assert gone.status_code == 404 and gone.json()["error"]["param"] == "model"
 
 
+def test_runtime_updating_without_enable_lora(serve_process, adapters):
+    sp = serve_process(*FAST, env=RUNTIME)
+    r = post(sp.url + "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": adapters["sql"]})
+    assert r.status_code == 500 and r.json()["error"]["message"] == (
+        "Call to add_lora method failed: LoRA is not enabled. Use --enable-lora to enable LoRA.")
+    assert post(sp.url + "/v1/unload_lora_adapter", {"lora_name": "sql"}).status_code == 404
+    assert [m["id"] for m in httpx.get(sp.url + "/v1/models").json()["data"]] == ["vllm-vcr/sim"]
+    assert "lora_requests_info" not in httpx.get(sp.url + "/metrics").text
+
+
 def test_control_api_lists_adapters(serve_process, adapters, serve_harness):
     control = serve_harness.free_port()
     sp = serve_process(*FAST, "--enable-lora", "--lora-modules", f"sql={adapters['sql']}",

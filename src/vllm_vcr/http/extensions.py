@@ -55,15 +55,17 @@ class ServeExtensions:
 
     def load_static_adapters(self, served_model_names: list[str]) -> None:
         """--lora-modules, once; ValueError names the flag (vLLM fails its start-up)."""
-        if self.lora.enabled and self.adapters is None:
+        # with runtime updating the registry exists even without --enable-lora: vLLM's load route
+        # is there and the engine refuses the adapter
+        if (self.lora.enabled or self.lora.runtime_updating) and self.adapters is None:
             adapters = LoRAAdapters(self.lora, served_model_names)
             adapters.load_static()
             self.adapters = adapters
 
     def wrap_engine(self, engine: Any, served_model_names: list[str], metrics: Any) -> Any:
         """The engine as every endpoint sees it (requests wait while asleep; LoRA use is counted)."""
+        self.load_static_adapters(served_model_names)
         if self.lora.enabled:
-            self.load_static_adapters(served_model_names)
             self.lora_states = LoRARequestStates(self.lora.max_loras)
             if hasattr(engine, "add_output_listener"):
                 engine.add_output_listener(self.lora_states.on_engine_outputs)
@@ -118,7 +120,7 @@ class ServeExtensions:
 
     def lora_report(self) -> dict[str, Any]:
         """The control API's view: loaded adapters with their running/waiting/total requests."""
-        if self.adapters is None:
+        if self.adapters is None or not self.lora.enabled:
             return {"enabled": False, "max_loras": None, "max_cpu_loras": None, "adapters": []}
         counts = self.lora_states.counts() if self.lora_states else {}
         totals = self.lora_states.totals if self.lora_states else {}

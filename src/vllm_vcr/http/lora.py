@@ -155,6 +155,8 @@ class LoRAAdapters:
             self._next_id += 1
             lora_id = self._next_id
         lora = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=req.lora_path)
+        if not self.config.enabled:
+            raise _add_lora_failed("LoRA is not enabled. Use --enable-lora to enable LoRA.")
         check_adapter(lora, self.config.max_lora_rank)
         self.requests[name] = lora
         self.parents[name] = base_model_name

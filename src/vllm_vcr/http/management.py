@@ -192,7 +192,7 @@ def register(app: "OpenAIApp", ext: "ServeExtensions") -> None:
     m = Management(app, ext)
     routes = app.routes
     routes["/load"] = {"GET": (m.load, False)}
-    if ext.lora.enabled and ext.lora.runtime_updating:
+    if ext.lora.runtime_updating:
         routes["/v1/load_lora_adapter"] = {"POST": (m.load_lora_adapter, False)}
         routes["/v1/unload_lora_adapter"] = {"POST": (m.unload_lora_adapter, False)}
     if ext.dev_mode:
