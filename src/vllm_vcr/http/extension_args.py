@@ -75,7 +75,9 @@ def add_lora_args(group: Any) -> None:
     group.add("--max-cpu-loras", type=_positive_int, default=None,
               help="adapters kept in the CPU pool (>= --max-loras; default --max-loras)")
     group.add("--lora-load-time", type=float, default=0.0, metavar="MS",
-              help="simulated time to load an adapter on first use or on swap-in from the CPU pool (ms)")
+              help="simulated time to read an adapter from disk: first use, or after the CPU pool dropped it (ms)")
+    group.add("--lora-swap-in-time", type=float, default=0.0, metavar="MS",
+              help="simulated time to copy an adapter from the CPU pool into one of the --max-loras slots (ms)")
 
 
 def add_sleep_args(group: Any) -> None:

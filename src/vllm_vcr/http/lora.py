@@ -36,6 +36,7 @@ class LoRAConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int = 1
     load_time_ms: float = 0.0
+    swap_in_time_ms: float = 0.0
     runtime_updating: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING
 
     @classmethod
@@ -53,11 +54,13 @@ class LoRAConfig:
         elif max_cpu < max_loras:
             raise ValueError(f"--max-cpu-loras: max_cpu_loras ({max_cpu}) must be >= max_loras ({max_loras}).")
         load_time = float(getattr(args, "lora_load_time", 0.0) or 0.0)
-        if load_time < 0:
-            raise ValueError(f"--lora-load-time must be >= 0, got {load_time}")
+        swap_in_time = float(getattr(args, "lora_swap_in_time", 0.0) or 0.0)
+        for flag, v in (("--lora-load-time", load_time), ("--lora-swap-in-time", swap_in_time)):
+            if v < 0:
+                raise ValueError(f"{flag} must be >= 0, got {v}")
         return cls(enabled=enabled, modules=modules, max_loras=max_loras,
                    max_lora_rank=int(getattr(args, "max_lora_rank", 16) or 16), max_cpu_loras=int(max_cpu),
-                   load_time_ms=load_time,
+                   load_time_ms=load_time, swap_in_time_ms=swap_in_time,
                    runtime_updating=env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
                    in ("1", "true"))
 
