@@ -185,3 +185,60 @@ def test_adapter_keys_prefix_cache_and_kv_events(serve_process, adapters, tmp_pa
     finally:
         sub.close()
         ctx.term()
+
+
+async def test_max_loras_defers_another_adapter(serve_process, adapters, serve_harness):
+    """With --max-loras 1 a request of a second adapter waits (deferred) until the first adapter's
+    request has left the batch, as vLLM's scheduler skips it."""
+    import asyncio
+
+    control = serve_harness.free_port()
+    sp = serve_process("--inter-token-latency", "5", "--time-to-first-token", "2", "--enable-lora",
+                       "--max-loras", "1", "--lora-modules", f"sql={adapters['sql']}", f"chat={adapters['chat']}",
+                       "--control-address", f"127.0.0.1:{control}", env=RUNTIME)
+    done: list[str] = []
+
+    async def run(c: httpx.AsyncClient, model: str, n: int) -> None:
+        r = await c.post(sp.url + "/v1/completions", json={"model": model, "prompt": "q", "max_tokens": n,
+                                                          "ignore_eos": True})
+        assert r.status_code == 200
+        done.append(model)
+
+    async def deferred(c: httpx.AsyncClient) -> float:  # the engine's skipped waiting requests ("deferred")
+        text = (await c.get(sp.url + "/metrics")).text
+        return sum(s.value for f in text_string_to_metric_families(text)
+                   if f.name == "vllm:num_requests_waiting_by_reason" for s in f.samples
+                   if s.labels["reason"] == "deferred")
+
+    async def running(c: httpx.AsyncClient, name: str) -> int:
+        loras = (await c.get(f"http://127.0.0.1:{control}/loras")).json()["adapters"]
+        return next(a["running"] for a in loras if a["name"] == name)
+
+    async with httpx.AsyncClient(timeout=30) as c:
+        first = asyncio.ensure_future(run(c, "sql", 400))
+        while await running(c, "sql") < 1:
+            await asyncio.sleep(0.02)
+        second = asyncio.ensure_future(run(c, "chat", 2))
+        deferred_seen = False
+        while not first.done():
+            deferred_seen = deferred_seen or await deferred(c) == 1
+            await asyncio.sleep(0.02)
+        await asyncio.gather(first, second)
+    assert done == ["sql", "chat"] and deferred_seen
+
+
+def test_lora_load_and_swap_in_time(serve_process, adapters):
+    import time
+
+    sp = serve_process(*FAST, "--enable-lora", "--max-loras", "1", "--max-cpu-loras", "2",
+                       "--lora-load-time", "400", "--lora-swap-in-time", "100",
+                       "--lora-modules", f"sql={adapters['sql']}", f"chat={adapters['chat']}")
+
+    def timed(model: str) -> float:
+        t0 = time.monotonic()
+        assert post(sp.url + "/v1/completions", {"model": model, "prompt": "q", "max_tokens": 1}).status_code == 200
+        return time.monotonic() - t0
+
+    assert timed("sql") >= 0.5  # first use: disk, then into the GPU slot
+    assert timed("chat") >= 0.5  # the only slot goes to chat; sql stays in the CPU pool
+    assert timed("sql") >= 0.1  # swap-in from the CPU pool

@@ -122,3 +122,20 @@ async def test_pooling_runs_through_the_engine(pooling_server):
     assert stats["requests_completed"] - before == 10  # one prefill-only engine request per input
     metrics = httpx.get(pooling_server.url + "/metrics").text
     assert "vllm:request_success_total" in metrics and json.loads(json.dumps(stats))["running"] == 0
+
+
+def test_pooling_is_prefill_only(pooling_server):
+    """A pooling request ends after its prefill: no generated token, finished_reason stop."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples() -> dict:
+        text = httpx.get(pooling_server.url + "/metrics").text
+        return {(s.name, s.labels.get("finished_reason")): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name in ("vllm:generation_tokens_total", "vllm:request_success_total")}
+
+    before = samples()
+    r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": ["a b", "c d e"]})
+    assert r.status_code == 200
+    after = samples()
+    assert after[("vllm:generation_tokens_total", None)] == before[("vllm:generation_tokens_total", None)]
+    assert after[("vllm:request_success_total", "stop")] - before[("vllm:request_success_total", "stop")] == 2

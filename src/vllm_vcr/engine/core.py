@@ -72,6 +72,7 @@ class EngineCore:
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
                                    args.long_prefill_token_threshold)
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
+        self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
@@ -452,7 +453,7 @@ class EngineCore:
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self._timed.after_idle(now))
             if timed:
-                duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0)
+                duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0) + self.admission.take_lora_time()
             for observe in self._step_observers:
                 observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:

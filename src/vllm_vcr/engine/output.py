@@ -60,7 +60,10 @@ class OutputProcessor:
         out_ids = req.output_token_ids
         all_ids = req.all_token_ids
         count = burst if burst > 1 else req.chunk
-        if type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+        if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
+            new = []
+            reason = FinishReason.STOP
+        elif type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
             limit = req.max_tokens - idx
             if max_len:
                 limit = min(limit, max_len - len(all_ids))

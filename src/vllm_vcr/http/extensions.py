@@ -53,6 +53,14 @@ class ServeExtensions:
     def generate(self) -> bool:
         return not self.pooling.enabled
 
+    def configure_engine(self, engine_args: Any) -> None:
+        """What the engine simulates of these features: the LoRA batch limit and load times."""
+        if self.lora.enabled:
+            engine_args.max_loras = self.lora.max_loras
+            engine_args.max_cpu_loras = self.lora.max_cpu_loras
+            engine_args.lora_load_time = self.lora.load_time_ms / 1000.0
+            engine_args.lora_swap_in_time = self.lora.swap_in_time_ms / 1000.0
+
     def load_static_adapters(self, served_model_names: list[str]) -> None:
         """--lora-modules, once; ValueError names the flag (vLLM fails its start-up)."""
         # with runtime updating the registry exists even without --enable-lora: vLLM's load route

@@ -126,6 +126,7 @@ class _ServeCommand:
         except ValueError as e:
             raise CLIError(str(e)) from None
         self.extensions.engine_args = self.engine_args
+        self.extensions.configure_engine(self.engine_args)
 
     def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
         """Claim the port at once, so a clash is reported before anything starts."""
