@@ -43,9 +43,10 @@ def test_dev_routes_absent_without_dev_mode(serve_process):
     assert httpx.post(sp.url + "/is_scaling_elastic_ep").json() == {"is_scaling_elastic_ep": False}
 
 
-async def test_sleep_aborts_running_holds_new_and_wakes(serve_process):
-    sp = serve_process(*FAST, env=DEV)
-    url = sp.url
+async def test_sleep_aborts_running_holds_new_and_wakes(serve_process, serve_harness):
+    port = serve_harness.free_port()
+    sp = serve_process(*FAST, "--control-address", f"127.0.0.1:{port}", env=DEV)
+    url, control = sp.url, f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=30) as c:
         assert (await c.get(url + "/is_sleeping")).json() == {"is_sleeping": False}
         running = asyncio.ensure_future(_complete(c, url, 2000))
@@ -57,7 +58,8 @@ async def test_sleep_aborts_running_holds_new_and_wakes(serve_process):
         assert sleep_state(url) == {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}
         waiting = asyncio.ensure_future(_complete(c, url, 3))
         await asyncio.sleep(0.5)
-        assert not waiting.done()  # held while asleep
+        assert not waiting.done()  # held while asleep: queued in the engine, not admitted
+        assert (await c.get(control + "/stats")).json()["waiting"] == 1
         partial = await c.post(url + "/wake_up", params={"tags": "weights"})
         assert partial.json() == {"status": "sleeping", "tags": ["weights"]}
         assert not waiting.done()

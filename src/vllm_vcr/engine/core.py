@@ -131,6 +131,11 @@ class EngineCore:
         Deadlines move by the frozen time, so requests resume at their own pace without a burst."""
         self._post(("freeze", frozen))
 
+    def set_paused(self, paused: bool) -> None:
+        """Admit no waiting request (new ones queue and count as waiting) until unpaused, while the
+        running ones go on: vLLM's PAUSED_NEW, the state of a sleeping or paused engine."""
+        self._post(("pause", paused))
+
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
         self._post(("release_kv", request_id))
@@ -311,6 +316,8 @@ class EngineCore:
                 self._begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
                 self._freeze(msg[1])
+            elif kind == "pause":
+                self.scheduler.paused_new = msg[1]
             elif kind == "abort_all":
                 self.finish_requests(list(self.requests), finished, outputs)
             elif kind == "release_kv":

@@ -48,6 +48,7 @@ class Scheduler:
         self.admission_blocked = False
         self.max_loras = 0  # > 0: at most this many distinct LoRA adapters in the batch (vLLM's max_loras)
         self.num_skipped_waiting = 0  # waiting requests the last step deferred (their adapter did not fit)
+        self.paused_new = False  # sleep/pause: admit nothing until resumed
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
@@ -81,7 +82,7 @@ class Scheduler:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
         if any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
-        return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked
+        return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked and not self.paused_new
                 and len(self.running) < self._config().max_num_seqs)
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
@@ -144,6 +145,9 @@ class Scheduler:
             # victims may have been scheduled earlier in this step; their blocks are gone
             scheduled = [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
             return scheduled  # no admissions in a step that had to preempt, as vLLM
+
+        if self.paused_new:
+            return scheduled  # paused (vLLM's PAUSED_NEW): new requests queue, running ones go on
 
         # 3. admit waiting requests (a request whose adapter would exceed max_loras is skipped,
         # and keeps its place in the queue, as vLLM's scheduler does)

@@ -71,7 +71,7 @@ class ServeExtensions:
             self.adapters = adapters
 
     def wrap_engine(self, engine: Any, served_model_names: list[str], metrics: Any) -> Any:
-        """The engine as every endpoint sees it (requests wait while asleep; LoRA use is counted)."""
+        """The engine as every endpoint sees it (LoRA use is counted)."""
         self.load_static_adapters(served_model_names)
         if self.lora.enabled:
             self.lora_states = LoRARequestStates(self.lora.max_loras)
@@ -82,9 +82,9 @@ class ServeExtensions:
                 registry.register(self.lora_states)
         if self.dev_mode:
             self.sleep_control = SleepControl(engine, self.sleep, metrics)
-        if self.sleep_control is None and self.lora_states is None:
+        if self.lora_states is None:
             return engine
-        return FrontendEngine(engine, self.sleep_control, self.lora_states)
+        return FrontendEngine(engine, self.lora_states)
 
     def install(self, app: "OpenAIApp") -> None:
         from . import management
@@ -145,23 +145,18 @@ class ServeExtensions:
 
 
 class FrontendEngine:
-    """An AsyncEngine seen through the frontend's gates: while the engine sleeps (or is paused) a
-    new request waits before it reaches the engine, as vLLM queues adds while paused; every
-    submitted request is announced to the LoRA request states."""
+    """An AsyncEngine whose submitted requests are announced to the LoRA request states (which
+    adapter each request id runs with, as vLLM's output processor knows it)."""
 
-    def __init__(self, engine: Any, sleep: SleepControl | None, lora_states: LoRARequestStates | None):
+    def __init__(self, engine: Any, lora_states: LoRARequestStates):
         self._engine = engine
-        self._sleep = sleep
         self._lora_states = lora_states
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
     async def _admit(self, request: EngineCoreRequest) -> None:
-        if self._sleep is not None:
-            await self._sleep.wait_awake()
-        if self._lora_states is not None:
-            self._lora_states.on_submit(request)
+        self._lora_states.on_submit(request)
 
     async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
         await self._admit(request)

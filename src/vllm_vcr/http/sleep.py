@@ -3,8 +3,8 @@
 vLLM 0.32 serves them only with `VLLM_SERVER_DEV_MODE=1`. `POST /sleep?level=0|1|2&mode=abort|
 wait|keep` pauses scheduling first (abort: every request ends with finish_reason "abort"; wait:
 running requests finish first; keep: they stay where they are, producing nothing), then at level
->= 1 drops the prefix cache and puts the weights and the KV cache to sleep. New requests wait
-until the engine is awake again. `POST /wake_up[?tags=weights&tags=kv_cache&tags=scheduling]`
+>= 1 drops the prefix cache and puts the weights and the KV cache to sleep. New requests queue in
+the engine (counted as waiting) until it is awake again. `POST /wake_up[?tags=weights&tags=kv_cache&tags=scheduling]`
 wakes the named parts (all without tags); scheduling resumes only once nothing is asleep, and
 the answer says whether the engine is fully awake. `vllm:engine_sleep_state` follows.
 
@@ -69,7 +69,8 @@ def parse_sleep_query(scope: dict[str, Any]) -> SleepQuery:
 
 
 class SleepControl:
-    """The engine's sleep state as the frontend drives it; requests wait at `wait_awake()`."""
+    """Sleep and pause of the engines, driven through their public inbox (`set_paused`,
+    `abort_all`, `set_frozen`, `call`); the executor's tags (weights, kv_cache) live here."""
 
     def __init__(self, engine: Any, config: SleepConfig, metrics: Any = None):
         self.engine = engine
@@ -80,17 +81,11 @@ class SleepControl:
         self.sleeping_tags: set[str] = set()
         self.level = 0
         self._frozen = False
-        self._awake = asyncio.Event()
-        self._awake.set()
         self._lock = asyncio.Lock()
 
     @property
     def is_sleeping(self) -> bool:
         return self.paused or bool(self.sleeping_tags)
-
-    async def wait_awake(self) -> None:
-        if not self._awake.is_set():
-            await self._awake.wait()
 
     async def sleep(self, level: int, mode: str) -> None:
         async with self._operation("sleep"):
@@ -142,8 +137,9 @@ class SleepControl:
 
     async def _pause(self, mode: str, *, clear_cache: bool) -> None:
         self.paused = True
-        self._awake.clear()
         cores = list(self.engine.engines)
+        for core in cores:  # from here new requests queue in the engine (and count as waiting)
+            core.set_paused(True)
         if mode == "abort":
             for core in cores:
                 core.abort_all()
@@ -157,12 +153,12 @@ class SleepControl:
             await self.engine.call_all(lambda core: core.reset_prefix_cache())
 
     def _resume(self) -> None:
-        if self._frozen:
-            for core in self.engine.engines:
+        for core in self.engine.engines:
+            if self._frozen:
                 core.set_frozen(False)
-            self._frozen = False
+            core.set_paused(False)
+        self._frozen = False
         self.paused = False
-        self._awake.set()
 
     async def _wake_executor(self, tags: list[str] | None) -> None:
         if not self.sleeping_tags:
@@ -183,9 +179,9 @@ class SleepControl:
             await asyncio.sleep(ms / 1000.0)
 
     async def _drained(self) -> None:
-        """mode=wait: until no engine holds a request (new ones already wait at the gate)."""
+        """mode=wait: until no engine runs a request (new ones already queue, unadmitted)."""
         while True:
-            counts = await self.engine.call_all(lambda core: core.num_unfinished)
+            counts = await self.engine.call_all(lambda core: len(core.scheduler.running))
             if not any(counts):
                 return
             await asyncio.sleep(DRAIN_POLL_S)
