@@ -58,11 +58,6 @@ class LoRAResidency:
         self._evict(self.cpu, self.max_cpu_loras, keep=set(self.gpu))
         return cost
 
-    def remove(self, lora_id: int) -> None:
-        """The adapter was unloaded: it leaves both caches."""
-        self.gpu.pop(lora_id, None)
-        self.cpu.pop(lora_id, None)
-
     @staticmethod
     def _evict(cache: OrderedDict[int, None], capacity: int, keep: set[int]) -> None:
         for lid in list(cache):
