@@ -10,8 +10,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .cli import _positive_int
-
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 
 
@@ -61,6 +59,17 @@ def _lora_rank(value: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
     if v not in MAX_LORA_RANKS:
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, MAX_LORA_RANKS))}, got {v}")
+    return v
+
+
+def _positive_int(value: str) -> int:
+    # not http/cli.py's: that module imports this one (no import cycle)
+    try:
+        v = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
     return v
 
 
