@@ -150,13 +150,15 @@ class Stack:
 
 
 def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | None = None,
-                play_args: list[str] = (), frontend_args: list[str] = (), timeout: float = 240.0) -> Stack:
+                play_args: list[str] = (), frontend_args: list[str] = (), timeout: float = 240.0,
+                frontend_env: dict[str, str] | None = None) -> Stack:
     workdir = _new_workdir(version)
     st = Stack(version, free_port(), free_port(), free_port(), workdir, engine_count=engine_count)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
                VLLM_SERVER_DEV_MODE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+    env.update(frontend_env or {})
     fe_cmd = [str(venv(version) / "bin" / "vllm"), "serve", str(MODEL_DIR),
               "--host", "127.0.0.1", "--port", str(st.http_port),
               "--data-parallel-size", str(engine_count), "--data-parallel-size-local", "0",

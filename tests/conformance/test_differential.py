@@ -38,15 +38,15 @@ def real(vllm_version):
     st.stop()
 
 
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory):
+def _start_sim(tmp_path_factory, extra_args: list[str] = (), extra_env: dict[str, str] | None = None) -> dict:
     port, control = peers.free_port(), peers.free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_")}
     env["PYTHONPATH"] = os.pathsep.join([str(peers.REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "vllm_vcr", "serve", str(peers.MODEL_DIR), "--host", "127.0.0.1",
            "--port", str(port), "--max-model-len", "1024", "--tokenizer", str(peers.MODEL_DIR),
-           "--control-address", f"127.0.0.1:{control}", *ENGINE_FLAGS]
+           "--control-address", f"127.0.0.1:{control}", *ENGINE_FLAGS, *extra_args]
     proc = peers._spawn("vllm-vcr serve", cmd, env, log, cwd=peers.REPO)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -60,8 +60,14 @@ def sim(tmp_path_factory):
     else:
         proc.stop(signal.SIGKILL)
         pytest.fail("vllm-vcr serve never became healthy\n" + proc.tail())
-    yield {"base_url": f"http://127.0.0.1:{port}", "control_url": f"http://127.0.0.1:{control}", "proc": proc}
-    proc.stop()
+    return {"base_url": f"http://127.0.0.1:{port}", "control_url": f"http://127.0.0.1:{control}", "proc": proc}
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    st = _start_sim(tmp_path_factory)
+    yield st
+    st["proc"].stop()
 
 
 # Reported differences of `vllm-vcr serve` from the real 0.32/0.33 frontends (regexes over findings).
@@ -78,6 +84,8 @@ KNOWN = [
     # error texts
     r"too_long: \$\.error\.message: ",
     r"unknown_model: \$\.error\.message: ",
+    # vLLM 0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32
+    r"is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
 ]
 
 
@@ -320,3 +328,126 @@ def test_generative_surface_same_answers(real, sim):
     if known:
         warnings.warn("known differences of serve from the real frontend:\n" + "\n".join(known), stacklevel=2)
     assert not new, "serve differs from the real frontend:\n" + "\n".join(new)
+
+
+# --- LoRA, sleep and the operator endpoints (issue 14) ---------------------------------------------
+
+OPS_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+
+
+@pytest.fixture(scope="module")
+def lora_dirs(tmp_path_factory):
+    sys.path.insert(0, str(peers.REPO / "scripts"))
+    try:
+        from make_tiny_adapter import make_adapter
+    finally:
+        sys.path.pop(0)
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: str(make_adapter(root / name, peers.MODEL_DIR)) for name in ("sql", "extra")}
+
+
+def _ops_args(lora_dirs) -> list[str]:
+    return ["--enable-lora", "--max-loras", "2", "--lora-modules", f"sql={lora_dirs['sql']}"]
+
+
+@pytest.fixture(scope="module")
+def real_ops(vllm_version, lora_dirs):
+    st = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=_ops_args(lora_dirs),
+                           frontend_env=OPS_ENV)
+    yield st
+    st.stop()
+
+
+@pytest.fixture(scope="module")
+def sim_ops(tmp_path_factory, lora_dirs):
+    st = _start_sim(tmp_path_factory, _ops_args(lora_dirs), OPS_ENV)
+    yield st
+    st["proc"].stop()
+
+
+def _call(base: str, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    if method == "METRIC":  # {label set: value} of one series, without model_name (a path vs the same path)
+        return 200, {json.dumps({k: v for k, v in sorted(lab) if k != "model_name"}): value
+                     for (name, lab), value in peers.metrics(base).items() if name == path}
+    r = httpx.request(method, base + path, json=body, timeout=60)
+    try:
+        return r.status_code, r.json()
+    except ValueError:
+        return r.status_code, r.text
+
+
+def _ops_steps(lora_dirs) -> list[tuple[str, str, str, dict | None]]:
+    """(name, method, path, body) in order: each step leaves both servers in the same state.
+    Not here: loading a missing or too-wide adapter (the real engine's worker checks the files; `play`
+    accepts any LoRARequest, so the real frontend in front of it says 200) and partial /wake_up tags
+    (`play`'s wake_up always reports fully awake) — tests/http/test_lora.py and
+    test_sleep_and_management.py check those against vLLM's code instead."""
+    sql = lora_dirs["sql"]
+    return [
+        ("models", "GET", "/v1/models", None),
+        ("load_duplicate", "POST", "/v1/load_lora_adapter", {"lora_name": "sql", "lora_path": sql}),
+        ("load_base_name", "POST", "/v1/load_lora_adapter", {"lora_name": str(peers.MODEL_DIR), "lora_path": sql}),
+        ("load_empty", "POST", "/v1/load_lora_adapter", {"lora_name": "", "lora_path": sql}),
+        ("load_new", "POST", "/v1/load_lora_adapter", {"lora_name": "extra", "lora_path": lora_dirs["extra"]}),
+        ("models_after_load", "GET", "/v1/models", None),
+        ("completion_on_adapter", "POST", "/v1/completions", {"model": "extra", "prompt": "select 1", "max_tokens": 4}),
+        ("unload", "POST", "/v1/unload_lora_adapter", {"lora_name": "extra"}),
+        ("unload_unknown", "POST", "/v1/unload_lora_adapter", {"lora_name": "extra"}),
+        ("completion_after_unload", "POST", "/v1/completions", {"model": "extra", "prompt": "x", "max_tokens": 2}),
+        ("is_sleeping", "GET", "/is_sleeping", None),
+        ("sleep", "POST", "/sleep?level=1", None),
+        ("is_sleeping_asleep", "GET", "/is_sleeping", None),
+        ("sleep_state_asleep", "METRIC", "vllm:engine_sleep_state", None),
+        ("wake_up", "POST", "/wake_up", None),
+        ("is_sleeping_awake", "GET", "/is_sleeping", None),
+        ("sleep_state_awake", "METRIC", "vllm:engine_sleep_state", None),
+        ("sleep_bad_level", "POST", "/sleep?level=5", None),
+        ("sleep_bad_mode", "POST", "/sleep?mode=soon", None),
+        ("pause", "POST", "/pause?mode=abort", None),
+        ("is_paused", "GET", "/is_paused", None),
+        ("resume", "POST", "/resume", None),
+        ("reset_prefix_cache", "POST", "/reset_prefix_cache", None),
+        ("reset_mm_cache", "POST", "/reset_mm_cache", None),
+        ("reset_encoder_cache", "POST", "/reset_encoder_cache", None),
+        ("scale_same", "POST", "/scale_elastic_ep", {"new_data_parallel_size": 1}),
+        ("scale_up", "POST", "/scale_elastic_ep", {"new_data_parallel_size": 2}),
+        ("scale_zero", "POST", "/scale_elastic_ep", {"new_data_parallel_size": 0}),
+        ("scale_missing", "POST", "/scale_elastic_ep", {}),
+        ("is_scaling", "POST", "/is_scaling_elastic_ep", None),
+    ]
+
+
+# values of the model list and server info that differ by construction
+OPS_VOLATILE_STEPS = {"models", "models_after_load"}
+
+
+def test_operator_routes_match(real_ops, sim_ops, lora_dirs):
+    findings: list[str] = []
+    for name, method, path, body in _ops_steps(lora_dirs):
+        if body is not None and path == "/v1/completions":
+            body = {**body}
+        sa, a = _call(real_ops.base_url, method, path, body)
+        sb, b = _call(sim_ops["base_url"], method, path, body)
+        if sa != sb:
+            findings.append(f"{name}: HTTP {sa} in real, {sb} in serve ({str(a)[:200]} vs {str(b)[:200]})")
+            continue
+        if name in OPS_VOLATILE_STEPS:  # permission ids differ; compare the cards without them
+            a = [{k: v for k, v in m.items() if k != "permission"} for m in a["data"]]
+            b = [{k: v for k, v in m.items() if k != "permission"} for m in b["data"]]
+        findings += [f"{name}: {d}" for d in diff(a, b)]
+    ia, ib = _call(real_ops.base_url, "GET", "/server_info")[1], _call(sim_ops["base_url"], "GET", "/server_info")[1]
+    if sorted(ia) != sorted(ib) or type(ia["vllm_config"]) is not type(ib["vllm_config"]):
+        findings.append(f"server_info: keys {sorted(ia)} in real, {sorted(ib)} in serve")
+    labels = [sorted({k for (n, lab), _ in peers.metrics(url).items() if n == "vllm:lora_requests_info"
+                      for k, _ in lab}) for url in (real_ops.base_url, sim_ops["base_url"])]
+    if labels[0] != labels[1] or not labels[0]:
+        findings.append(f"lora_requests_info: labels {labels[0]} in real, {labels[1]} in serve")
+    _check(findings)
+
+
+@pytest.mark.skip(reason="the real frontend cannot serve the pooling routes in front of `vllm-vcr play`: play "
+                         "answers get_supported_tasks with ['generate'] and produces no pooling outputs, so "
+                         "`vllm serve --runner pooling` has no pooling task to serve; tests/http/test_pooling.py "
+                         "checks the routes against vLLM 0.32's code instead")
+def test_pooling_routes_match():
+    pass

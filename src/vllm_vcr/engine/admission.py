@@ -11,6 +11,7 @@ from .config import FailureType
 from .kv_transfer import has_handoff_metadata
 from .latency import RequestPacing
 from .plan import RequestPlan, ScriptedPacing
+from .lora import LoRAResidency
 from .request import Request
 from .tokens import EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens, ScriptedTokens, TokenSource
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
@@ -68,6 +69,11 @@ class Admission:
         if self.reasoning is not None:
             avoid |= {self.reasoning.start_id, self.reasoning.end_id}
         self.avoid_tokens: frozenset[int] = frozenset(avoid)
+        # LoRA adapters' residency (GPU slots, CPU pool) and the loading time not yet charged to a step
+        self.lora = LoRAResidency(args.max_loras, max(args.max_cpu_loras, args.max_loras),
+                                  args.lora_load_time / args.time_scale,
+                                  args.lora_swap_in_time / args.time_scale) if args.max_loras else None
+        self.lora_time = 0.0
 
     # --- on arrival ------------------------------------------------------------------------------
     def admit(self, ecr: EngineCoreRequest, now: float, draining: bool, outputs: list,
@@ -205,8 +211,24 @@ class Admission:
         req.pacing = pacing
         req.chunk = pacing.first_chunk
         req.first_due = now + pacing.ttft
+        if self.lora is not None and req.lora_id:
+            self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
         req.token_source = self._token_source(req, rng)
+
+    def _load_adapter(self, req: Request) -> None:
+        """Make the request's adapter resident beside the batch's; loading delays its first token
+        (untimed) or the step (timed, charged by `take_lora_time`)."""
+        batch = {r.lora_id for r in self.core.scheduler.running if r.lora_id}
+        cost = self.lora.activate([*batch, req.lora_id])
+        if cost > 0 and self.core.latency.times_steps:
+            self.lora_time += cost
+        else:
+            req.first_due += cost
+
+    def take_lora_time(self) -> float:
+        t, self.lora_time = self.lora_time, 0.0
+        return t
 
     def _token_source(self, req: Request, rng: random.Random) -> TokenSource:
         args = self.core.args

@@ -119,6 +119,12 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     kv_hold_timeout: float = 480.0  # s a prefill keeps blocks for a decode that never pulls
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
+    # LoRA (serve --enable-lora): max_loras > 0 limits the distinct adapters of a batch; an adapter
+    # read from disk / copied in from the CPU pool of max_cpu_loras delays its request (seconds)
+    max_loras: int = 0
+    max_cpu_loras: int = 0
+    lora_load_time: float = 0.0
+    lora_swap_in_time: float = 0.0
 
     def check_injected(self, latency: object, planner: object, replay_table: object) -> None:
         """The engine loads no files: a trace flag without its built input is a caller's bug."""

@@ -78,6 +78,7 @@ class EngineCore(EngineControls):
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
                                    args.long_prefill_token_threshold)
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
+        self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
@@ -104,6 +105,10 @@ class EngineCore(EngineControls):
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.inbox.post(("abort", list(request_ids)))
 
+    def abort_all(self) -> None:
+        """Abort every request, each with a final ABORT output (vLLM's pause/sleep mode "abort")."""
+        self._post(("abort_all",))
+
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
         fut = asyncio.get_running_loop().create_future()
@@ -129,6 +134,11 @@ class EngineCore(EngineControls):
 
         Deadlines move by the frozen time, so requests resume at their own pace without a burst."""
         self.inbox.post(("freeze", frozen))
+
+    def set_paused(self, paused: bool) -> None:
+        """Admit no waiting request (new ones queue and count as waiting) until unpaused, while the
+        running ones go on: vLLM's PAUSED_NEW, the state of a sleeping or paused engine."""
+        self._post(("pause", paused))
 
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
@@ -258,6 +268,10 @@ class EngineCore(EngineControls):
                 self.lifecycle.begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
                 self.lifecycle.set_frozen(msg[1])
+            elif kind == "pause":
+                self.scheduler.paused_new = msg[1]
+            elif kind == "abort_all":
+                self.finish_requests(list(self.requests), finished, outputs)
             elif kind == "release_kv":
                 freed = self.kv_transfer.release_hold(msg[1]) or freed
             elif kind == "kv_ready":
@@ -369,7 +383,7 @@ class EngineCore(EngineControls):
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self.timed.after_idle(now))
             if timed:
-                duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0)
+                duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0) + self.admission.take_lora_time()
             for observe in self._step_observers:
                 observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:

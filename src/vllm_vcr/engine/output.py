@@ -86,7 +86,10 @@ class OutputProcessor:
         max_len = self.max_model_len
         source = req.token_source
         count = burst if burst > 1 else req.chunk
-        if type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+        if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
+            new = []
+            reason, stop_reason = FinishReason.STOP, None
+        elif type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
             reason = stop_reason = None
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids

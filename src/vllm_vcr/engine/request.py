@@ -27,7 +27,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
-        "burstable",
+        "burstable", "pooling",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -46,6 +46,7 @@ class Request:
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id
+        self.pooling = req.pooling_params is not None  # prefill-only: finishes after its prefill, no token
         self.cache_salt = req.cache_salt
         self.client_index = req.client_index
         self.trace_headers = req.trace_headers

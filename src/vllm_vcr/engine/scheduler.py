@@ -19,6 +19,7 @@ from typing import Callable
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
+from .lora import admissible
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
 PREFILL, DECODE, TRANSFER = 0, 1, 2
@@ -45,6 +46,9 @@ class Scheduler:
         self.chunked_prefill = True
         # the head of the waiting queue found no free blocks; retry only once blocks are freed
         self.admission_blocked = False
+        self.max_loras = 0  # > 0: at most this many distinct LoRA adapters in the batch (vLLM's max_loras)
+        self.num_skipped_waiting = 0  # waiting requests the last step deferred (their adapter did not fit)
+        self.paused_new = False  # sleep/pause: admit nothing until resumed
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
@@ -78,13 +82,14 @@ class Scheduler:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
         if any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
-        return (bool(self.waiting) and not self.admission_blocked
+        return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked and not self.paused_new
                 and len(self.running) < self._config().max_num_seqs)
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         """Take a request out of whichever queue holds it (finish or abort)."""
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
+            self.num_skipped_waiting = 0  # its adapter may have left the batch: retry the deferred
         elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(req)
         req.heap_gen += 1
@@ -102,7 +107,7 @@ class Scheduler:
         if self.total_preemptions != preemptions_before:
             # victims may have been scheduled earlier in this step; their blocks are gone
             return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]  # no admissions, as vLLM
-        if self.waiting:
+        if self.waiting and not self.paused_new:  # paused (vLLM's PAUSED_NEW): new requests queue
             self._schedule_waiting(now, budget, cfg.max_num_seqs, scheduled)
         return scheduled
 
@@ -146,11 +151,28 @@ class Scheduler:
 
     def _schedule_waiting(self, now: float, budget: int, max_num_seqs: int,
                           scheduled: list[tuple[Request, int, int]]) -> None:
-        """Admit waiting requests (policy order) while the budget, `max_num_seqs` and free blocks allow."""
+        """Admit waiting requests (policy order) while the budget, `max_num_seqs` and free blocks
+        allow. A request whose adapter would exceed max_loras is skipped and keeps its place in
+        the queue, as vLLM's scheduler does."""
+        loras = {r.lora_id for r in self.running if r.lora_id} if self.max_loras else None
+        skipped: list[Request] = []
+        try:
+            self._admit(now, budget, max_num_seqs, scheduled, loras, skipped)
+        finally:
+            if skipped:
+                self.waiting.extendleft(reversed(skipped))
+            self.num_skipped_waiting = len(skipped)
+
+    def _admit(self, now: float, budget: int, max_num_seqs: int, scheduled: list,
+               loras: set[int] | None, skipped: list[Request]) -> None:
         threshold = self.long_prefill_token_threshold
         kv = self.kv
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             req = self._peek_waiting()
+            if loras is not None and not admissible(req.lora_id, loras, self.max_loras):
+                self.waiting.remove(req)
+                skipped.append(req)
+                continue
             resumed = req.status is RequestStatus.PREEMPTED
             hits = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
             num_hit_tokens = len(hits) * kv.block_size
@@ -175,6 +197,8 @@ class Scheduler:
                 req.num_cached_tokens = num_hit_tokens
             if self.on_admit is not None:
                 self.on_admit(req, now)
+            if loras is not None and req.lora_id:
+                loras.add(req.lora_id)
             if pull:
                 scheduled.append((req, n, TRANSFER))
             elif n > 0:
@@ -224,6 +248,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         self.admission_blocked = False
+        self.num_skipped_waiting = 0
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.heap_gen += 1
@@ -236,7 +261,9 @@ class Scheduler:
     def make_stats(self, step_counter: int, kv_cache_usage: float) -> SchedulerStats:
         """The stats a step reports (preemptions and prefix-cache counts since the last report)."""
         n_pre, self.num_preemptions = self.num_preemptions, 0
-        return SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+        deferred = min(self.num_skipped_waiting, len(self.waiting))
+        return SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting) - deferred,
+                              num_skipped_waiting_reqs=deferred,
                               step_counter=step_counter, kv_cache_usage=kv_cache_usage,
                               prefix_cache_stats=self.take_prefix_stats(), num_preemptions=n_pre)
 

@@ -60,12 +60,17 @@ def _load_metrics(settings: ServeSettings) -> Any:
 class OpenAIApp:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None = None, faults: Any = None):
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None, faults: Any = None,
+                 extensions: Any = None):
         self.engine = engine
         self.faults = faults  # a FaultGate (http/faults_adapter.py), or None
         self.tokenizer = tokenizer
         self.settings = settings
         self.metrics = metrics if metrics is not None else _load_metrics(settings)
+        self.extensions = extensions  # http/extensions.py: LoRA, sleep, operator routes, pooling
+        if extensions is not None:
+            engine = extensions.wrap_engine(engine, settings.served_model_names, self.metrics)
+        self.engine = engine
         if self.metrics is not None and hasattr(self.metrics, "on_engine_outputs") \
                 and hasattr(engine, "add_output_listener"):
             engine.add_output_listener(self.metrics.on_engine_outputs)
@@ -91,6 +96,8 @@ class OpenAIApp:
         self._openapi_body: bytes | None = None
         # /v1/responses, /v1/messages, ...: what else vLLM serves for a generative model
         self.prefix_routes = add_generative_routes(self)
+        if extensions is not None:
+            extensions.install(self)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -252,6 +259,8 @@ class OpenAIApp:
         data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": root,
                  "parent": None, "max_model_len": s.max_model_len, "permission": [perm]}
                 for name in s.served_model_names]
+        if s.lora_adapters is not None:
+            data += s.lora_adapters.model_cards(now, perm)
         await send_bytes(ctx.send, 200, encode({"object": "list", "data": data}))
 
     async def _health(self, ctx: RequestContext) -> None:

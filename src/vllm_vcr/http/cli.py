@@ -183,6 +183,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from ..faults.cli_args import add_fault_arguments
 
     add_fault_arguments(p)
+    from .extension_args import add_extension_args
+
+    add_extension_args(_Group(p, "LoRA adapters, sleep mode, pooling runner"))
     ig = _Group(p, "accepted for compatibility with `vllm serve`, ignored")
     for names in _IGNORED_VALUE_FLAGS:
         ig.add(*names, dest=_IGN + names[0][2:].replace("-", "_"), default=argparse.SUPPRESS,

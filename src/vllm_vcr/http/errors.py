@@ -98,14 +98,14 @@ def _summarize_input(value: Any) -> Any:
     return text if len(text) <= _MAX_INPUT_CHARS else text[:_MAX_INPUT_CHARS] + "...[truncated]"
 
 
-def validation_error(errors: list[dict[str, Any]]) -> HTTPError:
+def validation_error(errors: list[dict[str, Any]], where: str = "body") -> HTTPError:
     """A schema error, in the words of vLLM's RequestValidationError handler: type "Bad Request",
     "N validation error(s):" and one line per error (at most 10), `param` the first error's field."""
     count = len(errors)
     lines = []
     param = None
     for k, e in enumerate(errors):
-        loc = _clean_loc(("body", *e.get("loc", ())))
+        loc = _clean_loc((where, *e.get("loc", ())))  # "query" for a query parameter
         if k == 0:
             param = loc
         if k >= _MAX_REPORTED:

@@ -100,6 +100,7 @@ def build_engine_request(
     tokenizer: Tokenizer,
     dp_rank: int | None,
     replay_id: str | None = None,
+    lora_request: Any = None,
 ) -> EngineCoreRequest:
     eos = tokenizer.eos_token_id
     stop_ids = list(req.stop_token_ids or [])
@@ -137,6 +138,7 @@ def build_engine_request(
         data_parallel_rank=dp_rank,
         priority=int(req.priority),
         external_req_id=external_id,
+        lora_request=lora_request,
     )
 
 

@@ -309,9 +309,13 @@ class FrontendMetrics:
         eng = self._ensure_engine(r.engine if engine_index is None else engine_index)
         self._finish(eng, r, _reason_index(finish_reason), time.time())
 
-    def set_sleep_state(self, engine_index: int | None = None, level: int = 0) -> None:
-        """level 0 = awake, 1 = weights offloaded, 2 = discard all; None = every engine."""
-        state = (1, 0, 0) if level == 0 else ((0, 1, 0) if level == 1 else (0, 0, 1))
+    def set_sleep_state(self, engine_index: int | None = None, level: int = 0, *,
+                        sleeping: bool | None = None) -> None:
+        """level 0 = awake, 1 = weights offloaded, 2 = discard all; None = every engine.
+        `sleeping=True` with level 0 is vLLM's level-0 sleep (scheduling paused): awake = 0 only."""
+        if sleeping is None:
+            sleeping = level > 0
+        state = (1, 0, 0) if not sleeping else ((0, 1, 0) if level == 1 else (0, 0, 1) if level == 2 else (0, 0, 0))
         targets = self._engines if engine_index is None else [self._ensure_engine(engine_index)]
         for e in targets:
             e.sleep_state = state

@@ -124,6 +124,15 @@ class _ServeCommand:
          self.ignored) = build_settings_and_args(self.args)
         self.kv_config = _kv_events_config(self.args)
         self.faults = _fault_controller(self.args, self.settings)
+        from .extensions import ServeExtensions  # LoRA, sleep, operator routes, pooling
+
+        try:
+            self.extensions = ServeExtensions.from_cli(self.args)
+            self.extensions.load_static_adapters(self.settings.served_model_names)  # a bad --lora-modules stops here
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        self.extensions.engine_args = self.engine_args
+        self.extensions.configure_engine(self.engine_args)
 
     def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
         """Claim the port at once, so a clash is reported before anything starts."""
@@ -168,6 +177,9 @@ class _ServeCommand:
         except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
             raise CLIError(f"--control-address: {e}") from None
         stack.push_async_callback(control.stop)
+        from ..control.loras import add_lora_route
+
+        add_lora_route(control.app, self.extensions.lora_report)
 
     async def start_pd_services(self, stack: contextlib.AsyncExitStack) -> None:
         try:
@@ -178,7 +190,8 @@ class _ServeCommand:
 
     def build_server(self) -> _Server:
         self.sock.listen(BACKLOG)
-        app = build_app(self.engine, self.tokenizer, self.settings, faults=FaultGate(self.faults))
+        app = build_app(self.engine, self.tokenizer, self.settings, faults=FaultGate(self.faults),
+                        extensions=self.extensions)
         install_gauges(app.metrics, self.faults)
         config = uvicorn.Config(
             app,

@@ -52,6 +52,7 @@ class ServeSettings:
     # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
     tools: ToolSettings = field(default_factory=ToolSettings)
     scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
+    lora_adapters: Any = None  # http/lora.py LoRAAdapters with --enable-lora (models by adapter name)
 
     @property
     def model_name(self) -> str:
@@ -145,7 +146,14 @@ class ServingBase:
             return self.settings.model_name
         if model in self._names:
             return model
+        if self.settings.lora_adapters is not None and model in self.settings.lora_adapters.requests:
+            return model
         raise model_not_found(model, self.settings.served_model_names)
+
+    def lora_request(self, model: str | None) -> Any:
+        """The LoRARequest a request naming an adapter runs with (None for the base model)."""
+        adapters = self.settings.lora_adapters
+        return adapters.get(model) if adapters is not None else None
 
     @staticmethod
     def base_request_id(ctx: RequestContext, body_id: str | None) -> str:
