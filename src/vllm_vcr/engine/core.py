@@ -107,7 +107,7 @@ class EngineCore(EngineControls):
 
     def abort_all(self) -> None:
         """Abort every request, each with a final ABORT output (vLLM's pause/sleep mode "abort")."""
-        self._post(("abort_all",))
+        self.inbox.post(("abort_all",))
 
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
@@ -138,7 +138,7 @@ class EngineCore(EngineControls):
     def set_paused(self, paused: bool) -> None:
         """Admit no waiting request (new ones queue and count as waiting) until unpaused, while the
         running ones go on: vLLM's PAUSED_NEW, the state of a sleeping or paused engine."""
-        self._post(("pause", paused))
+        self.inbox.post(("pause", paused))
 
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
