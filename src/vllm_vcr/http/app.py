@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import __version__
 from .errors import HTTPError, error_body
+from .middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
@@ -29,6 +30,9 @@ _NOT_FOUND = encode({"detail": "Not Found"})
 _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
+_GUARDED = "/v1"  # vLLM's AuthenticationMiddleware guards only this prefix
+# routes whose body must be application/json (vLLM's validate_json_request)
+_JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
 
 
 def _load_metrics(settings: ServeSettings) -> Any:
@@ -83,7 +87,11 @@ class OpenAIApp:
             "/metrics": {"GET": (self._metrics, False)},
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
+            "/load": {"GET": (self._load, False)},
+            "/reset_prefix_cache": {"POST": (self._reset_prefix_cache, False)},
         }
+        self.server_load = 0
+        self._cors = cors_middleware(self._route, settings)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -114,23 +122,32 @@ class OpenAIApp:
                 return
 
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        path = scope["path"]
+        # vLLM's middleware order, outermost first: X-Request-Id, API key, CORS, router
+        scope["vllm_vcr.send"] = send  # the server's own send: streams write to its transport directly
+        if self.settings.request_id_headers:
+            send = with_request_id(scope, send)
+        if self._api_keys and scope["path"].startswith(_GUARDED) and not self._authorized(scope):
+            await send_bytes(send, 401, _UNAUTHORIZED)
+            return
         if _has_header(scope, b"origin"):
-            # vLLM serves CORS with allowed origins "*" by default (Starlette's CORSMiddleware)
-            if scope["method"] == "OPTIONS" and _has_header(scope, b"access-control-request-method"):
-                await self._preflight(scope, send)
-                return
-            send = _with_cors(send)
+            await self._cors(scope, receive, send)
+            return
+        await self._route(scope, receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        path = scope["path"]
         methods = self.routes.get(path)
         if methods is None:
+            if path != "/" and path.endswith("/") and path.rstrip("/") in self.routes:
+                # Starlette's redirect_slashes: 307 to the path without the slash, any method
+                await send_bytes(send, 307, b"", [(b"location", redirect_location(scope, path.rstrip("/")))],
+                                 content_type=None)
+                return
             await send_bytes(send, 404, _NOT_FOUND)
             return
         entry = methods.get(scope["method"])
         if entry is None:
             await send_bytes(send, 405, _NOT_ALLOWED, [(b"allow", ", ".join(methods).encode())])
-            return
-        if self._api_keys and path.startswith("/v1") and not self._authorized(scope):
-            await send_bytes(send, 401, _UNAUTHORIZED)
             return
         handler, watch = entry
         try:
@@ -142,6 +159,8 @@ class OpenAIApp:
             return
         ctx = RequestContext(scope, receive, send, body)
         try:
+            if path in _JSON_ROUTES:
+                check_json_content_type(ctx.headers)
             if watch:
                 await self._run_watched(handler, ctx)
             else:
@@ -164,6 +183,16 @@ class OpenAIApp:
             pass  # the response had already started (or the client is gone): nothing more to say
 
     async def _run_watched(self, handler: Handler, ctx: RequestContext) -> None:
+        if not self.settings.server_load_tracking:
+            await self._watched(handler, ctx)
+            return
+        self.server_load += 1  # GET /load: generation requests in flight, as vLLM's load_aware_call
+        try:
+            await self._watched(handler, ctx)
+        finally:
+            self.server_load -= 1
+
+    async def _watched(self, handler: Handler, ctx: RequestContext) -> None:
         task = asyncio.ensure_future(handler(ctx))
         receive = ctx.receive
         disconnected = False
@@ -186,15 +215,6 @@ class OpenAIApp:
                 raise
         finally:
             watcher.cancel()
-
-    async def _preflight(self, scope: dict[str, Any], send: Callable) -> None:
-        requested = dict(scope.get("headers") or ()).get(b"access-control-request-headers", b"")
-        headers = [(b"access-control-allow-origin", b"*"),
-                   (b"access-control-allow-methods", b"DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"),
-                   (b"access-control-max-age", b"600"), (b"vary", b"Origin")]
-        if requested:
-            headers.append((b"access-control-allow-headers", requested))
-        await send_bytes(send, 200, b"OK", headers, content_type=b"text/plain; charset=utf-8")
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         if scope["method"] == "OPTIONS":
@@ -246,6 +266,15 @@ class OpenAIApp:
         else:
             await send_bytes(ctx.send, 503, error_body("Engine is not running", "ServiceUnavailableError", 503))
 
+    async def _load(self, ctx: RequestContext) -> None:
+        await send_bytes(ctx.send, 200, encode({"server_load": self.server_load}))
+
+    async def _reset_prefix_cache(self, ctx: RequestContext) -> None:
+        """vLLM's dev endpoint: {"success": false} while blocks are in use (every engine is asked)."""
+        logger.info("Resetting prefix cache...")
+        results = await self.engine.call_all(lambda core: core.reset_prefix_cache())
+        await send_bytes(ctx.send, 200, encode({"success": all(bool(r) for r in results)}))
+
     async def _version(self, ctx: RequestContext) -> None:
         # the vLLM release whose API is reproduced (clients compare it); vllm-vcr's own version beside it
         await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
@@ -284,10 +313,10 @@ class OpenAIApp:
     async def _detokenize(self, ctx: RequestContext) -> None:
         req = parse_request(ctx.body, DetokenizeRequest)
         self.completions.check_model(req.model)
-        for t in req.tokens:
-            if t < 0 or t >= self.tokenizer.vocab_size:
-                raise HTTPError(400, f"Token id {t} is out of vocabulary", "BadRequestError", "tokens")
-        text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        try:  # as vLLM's tokenizer: ids outside the vocabulary decode to nothing
+            text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        except OverflowError as e:  # an id beyond the tokenizer's integer type
+            raise HTTPError(400, str(e), "BadRequestError") from None
         await send_bytes(ctx.send, 200, encode({"prompt": text}))
 
 
@@ -297,15 +326,6 @@ class _Disconnected(Exception):
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
     return any(k == name for k, _ in scope.get("headers") or ())
-
-
-def _with_cors(send: Callable) -> Callable:
-    async def cors_send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"access-control-allow-origin", b"*")]}
-        await send(message)
-
-    return cors_send
 
 
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:

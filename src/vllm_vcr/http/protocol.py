@@ -81,6 +81,8 @@ class _SamplingFields(_Base):
     vllm_xargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
     use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+    stream_interval: Annotated[int, Field(ge=1)] | None = None  # raises --stream-interval for this request
 
 
 class CompletionRequest(_SamplingFields):
@@ -91,7 +93,6 @@ class CompletionRequest(_SamplingFields):
     max_tokens: int | None = 16  # vLLM's (and OpenAI's) completions default
     suffix: str | None = None
     add_special_tokens: bool = True
-    prompt_logprobs: int | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -133,7 +134,7 @@ class TokenizeChatRequest(_Base):
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def _finite(x: float) -> bool:

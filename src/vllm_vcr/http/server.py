@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -54,6 +55,50 @@ def _hf_cache_dir(repo_id: str) -> Path | None:
     except OSError:
         return None
     return None
+
+
+_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]+\b$")
+
+
+def check_model_path(model: str | None) -> Path | None:
+    """MODEL as a local directory (or a snapshot in the HF cache), None for a bare model name; a
+    path that does not exist is an error worded as vLLM's (huggingface_hub's) is."""
+    if not model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
+            raise CLIError(f"Invalid repository ID or local directory specified: '{model}'. A local directory "
+                           "must contain a recognized configuration file ('config.json').")
+        return path
+    if path.exists():
+        raise CLIError(f"MODEL: {model!r} is a file, not a model directory")
+    if model.count("/") > 1:
+        raise CLIError(f"MODEL: no such directory, and not a model id: Repo id must be in the form 'repo_name' "
+                       f"or 'namespace/repo_name': '{model}'. Use `repo_type` argument if needed.")
+    if not _REPO_ID.match(model) or "--" in model or ".." in model or len(model) > 96:
+        raise CLIError(f"MODEL: no such directory, and not a model id: Repo id must use alphanumeric chars, "
+                       f"'-', '_' or '.'. The name cannot start or end with '-' or '.' and the maximum length is "
+                       f"96: '{model}'.")
+    return _hf_cache_dir(model)
+
+
+def resolve_max_model_len(args: argparse.Namespace, model_dir: Path | None) -> int:
+    """--max-model-len, or the length vLLM derives from MODEL's config.json (else the default)."""
+    from .cli import DEFAULT_MAX_MODEL_LEN
+    from .model_config import ModelConfigError, read_hf_config, resolve_max_model_len as derive
+
+    requested = args.max_model_len
+    if requested is not None and requested != -1 and requested < 1:
+        raise CLIError(f"--max-model-len must be >= 1 (or -1), got {requested}")
+    try:
+        config = read_hf_config(model_dir) if model_dir is not None else None
+        if config is not None:
+            return derive(config, requested, disable_sliding_window=bool(getattr(args, "disable_sliding_window",
+                                                                                  False)))
+    except ModelConfigError as e:
+        raise CLIError(f"--max-model-len: {e}") from None
+    return DEFAULT_MAX_MODEL_LEN if requested in (None, -1) else requested
 
 
 def resolve_tokenizer(model: str | None, tokenizer: str | None) -> Tokenizer:
@@ -120,10 +165,10 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
     names = args.served_model_name or [model or DEFAULT_MODEL_NAME]
     if any(not n for n in names):
         raise CLIError("--served-model-name: names must not be empty")
-    max_model_len = args.max_model_len
-    if max_model_len < 1:
-        raise CLIError(f"--max-model-len must be >= 1, got {max_model_len}")
-    tok = resolve_tokenizer(model, args.tokenizer)
+    model_dir = check_model_path(model)
+    max_model_len = resolve_max_model_len(args, model_dir)
+    args.max_model_len = max_model_len  # the engine's arrival check uses it too
+    tok = resolve_tokenizer(str(model_dir) if model_dir is not None else model, args.tokenizer)
     template = _chat_template_source(args.chat_template)
     if template is not None:
         from .chat_template import ChatTemplate, ChatTemplateError
@@ -194,6 +239,13 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,
         enable_prefix_caching=engine_args.enable_prefix_caching,
+        request_id_headers=bool(getattr(args, "enable_request_id_headers", False)),
+        allowed_origins=list(getattr(args, "allowed_origins", None) or []),
+        allowed_methods=list(getattr(args, "allowed_methods", None) or ["*"]),
+        allowed_headers=list(getattr(args, "allowed_headers", None) or ["*"]),
+        allow_credentials=bool(getattr(args, "allow_credentials", False)),
+        server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
+        stream_interval=int(getattr(args, "stream_interval", 1) or 1),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 
@@ -236,9 +288,10 @@ class _Server(uvicorn.Server):
     (drain up to --shutdown-timeout, then abort) next to uvicorn's; no signal is re-raised, so
     the process exits 0."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Any):
+    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None):
         super().__init__(config)
         self._on_exit = on_exit
+        self._on_ready = on_ready
         self._exit_started = False
 
     @contextlib.contextmanager
@@ -265,6 +318,8 @@ class _Server(uvicorn.Server):
             factory = functools.partial(self.config.http_protocol_class, config=self.config,
                                         server_state=self.server_state, app_state=self.lifespan.state)
             self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
+        if self.started and self._on_ready is not None:
+            self._on_ready()  # "ready" only once connections are taken
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self._exit_started:
@@ -322,63 +377,35 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
                 await control.stop()
         sock.close()
         raise CLIError(str(e)) from None
-    sock.listen(2048)
-    app: OpenAIApp = build_app(engine, tok, settings)
-
-    stop_task: list[asyncio.Task] = []
-
-    def begin_shutdown() -> None:
-        # drain/abort the engines while uvicorn stops accepting and waits for open streams
-        stop_task.append(asyncio.ensure_future(engine.stop()))
-
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        http="httptools" if _has("httptools") else "h11",
-        loop="none",
-        log_config=None,
-        log_level=args.uvicorn_log_level,
-        access_log=bool(args.enable_access_log),
-        server_header=True,  # "server: uvicorn", as vLLM's responses carry
-        date_header=True,
-        timeout_keep_alive=5,
-        timeout_graceful_shutdown=max(float(engine_args.shutdown_timeout), 0.0) + 5.0,
-        backlog=2048,
-        proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
-    )
-    server = _Server(config, begin_shutdown)
-    exit_code = 0
-    loading: asyncio.Task | None = None
-    if engine_args.startup_time > 0 or engine_args.startup_failure:
-        # simulated model loading: the port is open, /health answers 503 and requests wait;
-        # a loading failure fails every waiting request with its message, then the process exits 1
-        logger.info("simulating model loading for %.1fs", engine_args.startup_time)
-
-        async def watch_loading() -> None:
-            nonlocal exit_code
-            try:
-                await engine.wait_ready()
-            except Exception as e:
-                logger.error("engine start-up failed: %s", e)
-                exit_code = 1
-                await asyncio.sleep(0.5)  # let the woken requests' error responses go out
-                server.should_exit = True
-
-        loading = asyncio.ensure_future(watch_loading())
-    if ignored:
-        logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(ignored))
-    port = sock.getsockname()[1]
-    logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
-                "listening on http://%s:%d (ready in %.0f ms)",
-                ", ".join(settings.served_model_names), tok.source, tok.vocab_size, engine_count,
-                settings.max_model_len, host, port, (time.perf_counter() - t0) * 1000)
     try:
+        if engine_args.startup_time > 0 or engine_args.startup_failure:
+            # simulated model loading: like vLLM, nothing listens on the port until it is over, and a
+            # loading failure ends the process with status 1
+            stopped = await _simulate_loading(engine, engine_args)
+            if stopped is not None:
+                return stopped
+        sock.listen(2048)
+        app: OpenAIApp = build_app(engine, tok, settings)
+        stop_task: list[asyncio.Task] = []
+
+        def begin_shutdown() -> None:
+            # drain/abort the engines while uvicorn stops accepting and waits for open streams
+            stop_task.append(asyncio.ensure_future(engine.stop()))
+
+        def ready() -> None:
+            if ignored:
+                logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(ignored))
+            logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
+                        "listening on http://%s:%d (ready in %.0f ms)",
+                        ", ".join(settings.served_model_names), tok.source, tok.vocab_size, engine_count,
+                        settings.max_model_len, host, sock.getsockname()[1], (time.perf_counter() - t0) * 1000)
+
+        server = _Server(_uvicorn_config(app, args, engine_args), begin_shutdown, ready)
         await server.serve(sockets=[sock])
-    finally:
-        if loading is not None:
-            loading.cancel()
         if stop_task:
             await asyncio.gather(*stop_task, return_exceptions=True)
+        return 0
+    finally:
         await engine.stop()
         await pd.stop()
         if control is not None:
@@ -389,7 +416,53 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
                 pub.close()
         with contextlib.suppress(OSError):
             sock.close()
-    return exit_code
+
+
+async def _simulate_loading(engine: Any, engine_args: EngineArgs) -> int | None:
+    """Wait out --startup-time; None when the engine is ready, else the exit status (1: the
+    simulated loading failed, 0: a signal stopped it)."""
+    logger.info("simulating model loading for %.1fs", engine_args.startup_time)
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.ensure_future(engine.wait_ready())
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, waiting.cancel)
+            installed.append(sig)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            raise
+        logger.info("received a signal while loading: shutting down")
+        return 0
+    except Exception as e:
+        logger.error("engine start-up failed: %s", e)
+        return 1
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    return None
+
+
+def _uvicorn_config(app: Any, args: argparse.Namespace, engine_args: EngineArgs) -> uvicorn.Config:
+    level = getattr(args, "uvicorn_log_level", None)
+    return uvicorn.Config(
+        app,
+        lifespan="off",
+        http="httptools" if _has("httptools") else "h11",
+        loop="none",
+        log_config=None,
+        # None leaves uvicorn's loggers to VLLM_VCR_LOG / RUST_LOG (target `uvicorn`)
+        log_level=level,
+        access_log=bool(args.enable_access_log),
+        server_header=True,  # "server: uvicorn", as vLLM's responses carry
+        date_header=True,
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=max(float(engine_args.shutdown_timeout), 0.0) + 5.0,
+        backlog=2048,
+        proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
+    )
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:

@@ -44,6 +44,15 @@ class ServeSettings:
     # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
     reasoning_parser: str | None = None
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+    # vLLM's frontend flags: X-Request-Id headers, CORS (vLLM's defaults: no origin allowed),
+    # GET /load counting, tokens per SSE event
+    request_id_headers: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    server_load_tracking: bool = False
+    stream_interval: int = 1
 
     @property
     def model_name(self) -> str:

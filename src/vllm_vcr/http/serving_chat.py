@@ -20,7 +20,7 @@ from .generation import (
     parse_dp_rank,
     random_hex,
 )
-from .logprobs import chat_logprobs
+from .logprobs import chat_logprobs, prompt_logprobs
 from .protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -28,6 +28,14 @@ from .protocol import (
     check_logprobs_limit,
     check_sampling,
     stop_list,
+)
+from .request_checks import (
+    check_conversation,
+    check_greedy_n,
+    check_prompt_logprobs_field,
+    check_prompt_logprobs_limit,
+    effective_prompt_logprobs,
+    is_greedy,
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
@@ -80,6 +88,7 @@ class ChatServing(ServingBase):
                       tools: Any = None) -> tuple[str, list[int]]:
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        check_conversation(messages)
         conv = normalize_messages(messages)
         kwargs = dict(chat_template_kwargs or {})
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
@@ -117,6 +126,7 @@ class ChatServing(ServingBase):
         # the request model's own validators first (vLLM runs them while parsing)
         if req.stream_options is not None and not req.stream:
             raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        check_prompt_logprobs_field(req)
         top = req.top_logprobs
         if top is not None:
             if top < 0 and top != -1:
@@ -142,10 +152,12 @@ class ChatServing(ServingBase):
             raise RequestValueError(f"n must be at most {MAX_CHOICES}, got {req.n}.", "n")
         limit = effective_max_tokens(len(prompt_ids), max_len, max_tokens)
         check_sampling(req, limit)
+        check_greedy_n(req)
         want_lp = None
         if req.logprobs:
             want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
             check_logprobs_limit(want_lp)
+        check_prompt_logprobs_limit(effective_prompt_logprobs(req, top), self.tokenizer.vocab_size)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
 
@@ -190,7 +202,7 @@ class ChatServing(ServingBase):
         for i, st in enumerate(states):
             lp = None
             if req.logprobs:
-                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0)
+                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0, greedy=is_greedy(req))
             # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
             content: str | None = echo_text + st.full_text()
             reasoning = "".join(st.reasoning) if st.think else None
@@ -203,13 +215,15 @@ class ChatServing(ServingBase):
                             "routed_experts": None})
         completion_tokens = sum(s.num_tokens for s in states)
         last = states[-1]
+        plp_k = effective_prompt_logprobs(req, req.top_logprobs)
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
             "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last),
                                 {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
                                 if self.settings.reasoning_parser else None),
-            "prompt_logprobs": None, "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
+            "prompt_logprobs": None if plp_k is None else prompt_logprobs(self.tokenizer, prompt_ids, plp_k),
+            "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
             "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None, "metrics": None,
         }
         ctx.finishing = True
@@ -226,7 +240,8 @@ class ChatServing(ServingBase):
                       role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
                       engine_reqs: list[EngineCoreRequest]) -> None:
         renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
-        await stream_response(ctx, self.engine, engine_reqs, renderer)
+        await stream_response(ctx, self.engine, engine_reqs, renderer,
+                              max(req.stream_interval or 1, self.settings.stream_interval))
 
 
 class ChatStream(ChoiceStream):
@@ -257,6 +272,7 @@ class ChatStream(ChoiceStream):
                          if (fp is not None and not self.include_usage) else b"")
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
+        self.greedy = is_greedy(req)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
@@ -316,7 +332,8 @@ class ChatStream(ChoiceStream):
         else:
             first_part = self.heads[i] + encode(text) + b"}"
         chunk = [pre, first_part, b',"logprobs":']
-        chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before))
+        chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before,
+                                          greedy=self.greedy))
                      if self.want_lp else b"null")
         ids_part = encode(list(ids)) if self.rti else b"null"
         if finished:
