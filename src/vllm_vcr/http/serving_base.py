@@ -166,18 +166,20 @@ def metrics_arrival(metrics: Any, ctx: RequestContext, engine_reqs: list[Any], n
     for k, r in enumerate(engine_reqs):
         metrics.on_request_arrival(r.request_id, ctx.arrival, n=n, max_tokens=r.sampling_params.max_tokens,
                                    num_prompt_tokens=len(r.prompt_token_ids),
-                                   parent_id=f"{parent}-p{k // n}" if n > 1 else None)
+                                   parent_id=f"{parent}-p{k // n}" if n > 1 else None,
+                                   frontend_finishes=bool(r.sampling_params.stop))
 
 
 def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None:
-    """Requests the frontend ended itself: stop strings (finished) and client disconnects (aborted)."""
+    """Requests whose end the frontend decides: with stop strings (finished as the detokenizer saw
+    them, "stop" when a string matched, as vLLM counts them) and client disconnects (aborted)."""
     if metrics is None:
         return
     for r, st in zip(engine_reqs, states):
         if not st.finished:
             metrics.on_request_aborted(r.request_id)
-        elif st.by_frontend:
-            metrics.on_request_finished(r.request_id, "stop", num_generation_tokens=st.num_tokens)
+        elif st.by_frontend or r.sampling_params.stop:
+            metrics.on_request_finished(r.request_id, st.finish_reason or "stop", num_generation_tokens=st.num_tokens)
 
 
 class EngineFailed(Exception):
