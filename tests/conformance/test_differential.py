@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -355,4 +356,34 @@ def test_injected_error_same_status(real, sim, vllm_version):
     finally:
         for url in (real.control_url, sim["control_url"]):
             httpx.patch(f"{url}/config", json={"failure_injection_rate": 0.0}, timeout=10)
+    _check(findings, vllm_version)
+
+
+def _start_up_error(cmd: list[str], env: dict[str, str]) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0, f"{cmd[0]} started with a bad configuration"
+    return r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("case,args,message", [
+    ("max_model_len above the model's", [str(peers.MODEL_DIR), "--max-model-len", "4096"],
+     "User-specified max_model_len (4096) is greater than the derived max_model_len "
+     "(max_position_embeddings=2048.0 or model_max_length=None in model's config.json). To allow overriding "
+     "this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used "
+     "with extreme caution."),
+    ("model path that does not exist", ["/no/such/model/dir"],
+     "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/no/such/model/dir'. Use `repo_type` "
+     "argument if needed."),
+])
+def test_same_start_up_errors(vllm_version, tmp_path, case, args, message):
+    """What `vllm serve` says about the model configuration, `serve` says too (and exits)."""
+    port = str(peers.free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
+               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    real = _start_up_error([str(peers.venv(vllm_version) / "bin" / "vllm"), "serve", *args, "--port", port], env)
+    env["PYTHONPATH"] = os.pathsep.join([str(peers.REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    ours = _start_up_error([sys.executable, "-m", "vllm_vcr", "serve", *args, "--port", port], env)
+    findings = [f"{case}: {side} does not say {message!r}" for side, text in (("real", real), ("serve", ours))
+                if message not in " ".join(text.split())]
     _check(findings, vllm_version)

@@ -26,6 +26,12 @@ NO_KEY_DEFAULT = 2048  # vLLM's assumption when config.json names no length
 _PRESCALED_ROPE = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 
+_LONG_WARNING = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
+                 "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
+                 "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
+                 "array out-of-bounds error.")
+
+
 class ModelConfigError(ValueError):
     """The model's config.json is unreadable, or --max-model-len exceeds what it allows."""
 
@@ -115,8 +121,8 @@ def resolve_max_model_len(config: dict[str, Any], requested: int | None, *,
             msg = (f"User-specified max_model_len ({requested}) is greater than the derived max_model_len "
                    f"({key}={derived} or model_max_length={limit} in model's config.json).")
             if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
-                logger.warning("%s", msg)
+                logger.warning("%s %s", msg, _LONG_WARNING)
             else:
                 raise ModelConfigError(f"{msg} To allow overriding this maximum, set the env var "
-                                       "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+                                       f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. {_LONG_WARNING}")
     return int(requested)
