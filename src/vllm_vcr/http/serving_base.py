@@ -70,7 +70,7 @@ class RequestContext:
         self.send = send
         self.headers: dict[bytes, bytes] = dict(scope.get("headers") or ())
         self.body = body
-        self.arrival = time.time()
+        self.arrival = scope.get("vllm_vcr.arrival") or time.time()  # when the request's head arrived
         # set just before the last body message: from then on a disconnect is the normal end
         self.finishing = False
 

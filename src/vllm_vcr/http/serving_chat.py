@@ -174,7 +174,7 @@ class ChatServing(ServingBase):
                 internal_id=f"{rid}-{j}-{random_hex(8)}", external_id=rid, prompt_ids=prompt_ids, req=req,
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
-                replay_id=replay_id))
+                replay_id=replay_id, arrival_time=ctx.arrival))
         role = self.settings.response_role if req.add_generation_prompt else req.messages[-1].get("role", "assistant")
         echo_text = ""
         if req.echo and req.messages and req.messages[-1].get("role") == role:

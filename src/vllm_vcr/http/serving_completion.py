@@ -130,7 +130,7 @@ class CompletionServing(ServingBase):
                     internal_id=f"{rid}-{flat}-{random_hex(8)}", external_id=rid, prompt_ids=pr.ids, req=req,
                     max_tokens=limits[pi], seed=None if req.seed is None else req.seed + j,
                     logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
-                replay_id=replay_id))
+                replay_id=replay_id, arrival_time=ctx.arrival))
         if echo_only:
             await self._echo_only(ctx, req, rid, created, model, prompts)
             return
