@@ -30,7 +30,7 @@ _NOT_FOUND = encode({"detail": "Not Found"})
 _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
-_GUARDED = "/v1"  # vLLM's AuthenticationMiddleware guards only this prefix
+_GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's AuthenticationMiddleware guards
 # routes whose body must be application/json (vLLM's validate_json_request)
 _JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -126,3 +127,43 @@ def resolve_max_model_len(config: dict[str, Any], requested: int | None, *,
                 raise ModelConfigError(f"{msg} To allow overriding this maximum, set the env var "
                                        f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. {_LONG_WARNING}")
     return int(requested)
+
+
+_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]+\b$")  # huggingface_hub's repo id rule
+
+
+def check_model_path(model: str | None, hf_cache_dir: Callable[[str], Path | None]) -> Path | None:
+    """MODEL as a local directory (or a snapshot in the HF cache), None for a bare model name; a
+    path that does not exist is an error worded as vLLM's (huggingface_hub's) is."""
+    if not model:
+        return None
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
+            raise ModelConfigError(f"Invalid repository ID or local directory specified: '{model}'. A local "
+                                   "directory must contain a recognized configuration file ('config.json').")
+        return path
+    if path.exists():
+        raise ModelConfigError(f"MODEL: {model!r} is a file, not a model directory")
+    if model.count("/") > 1:
+        raise ModelConfigError(f"MODEL: no such directory, and not a model id: Repo id must be in the form "
+                               f"'repo_name' or 'namespace/repo_name': '{model}'. Use `repo_type` argument if needed.")
+    if not _REPO_ID.match(model) or "--" in model or ".." in model or len(model) > 96:
+        raise ModelConfigError(f"MODEL: no such directory, and not a model id: Repo id must use alphanumeric "
+                               f"chars, '-', '_' or '.'. The name cannot start or end with '-' or '.' and the "
+                               f"maximum length is 96: '{model}'.")
+    return hf_cache_dir(model)
+
+
+def max_model_len_for(requested: int | None, model_dir: Path | None, default: int, *,
+                      disable_sliding_window: bool = False) -> int:
+    """--max-model-len, or the length vLLM derives from MODEL's config.json (else `default`)."""
+    if requested is not None and requested != -1 and requested < 1:
+        raise ModelConfigError(f"--max-model-len must be >= 1 (or -1), got {requested}")
+    config = read_hf_config(model_dir) if model_dir is not None else None
+    if config is None:
+        return default if requested in (None, -1) else requested
+    try:
+        return resolve_max_model_len(config, requested, disable_sliding_window=disable_sliding_window)
+    except ModelConfigError as e:
+        raise ModelConfigError(f"--max-model-len: {e}") from None

@@ -13,7 +13,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import signal
 import socket
 import time
@@ -30,7 +29,9 @@ from ..engine.config import ConfigError, EngineArgs  # noqa: E402
 from ..gc_tuning import tune_for_serving  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
 from .app import OpenAIApp, build_app  # noqa: E402
-from .cli import env_api_key, ignored_flags  # noqa: E402
+from .cli import DEFAULT_MAX_MODEL_LEN, env_api_key, ignored_flags  # noqa: E402
+from .loading import simulate_loading  # noqa: E402
+from .model_config import ModelConfigError, check_model_path, max_model_len_for  # noqa: E402
 from .serving_base import VLLM_API_VERSION, ServeSettings  # noqa: E402
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer  # noqa: E402
 
@@ -55,50 +56,6 @@ def _hf_cache_dir(repo_id: str) -> Path | None:
     except OSError:
         return None
     return None
-
-
-_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]+\b$")
-
-
-def check_model_path(model: str | None) -> Path | None:
-    """MODEL as a local directory (or a snapshot in the HF cache), None for a bare model name; a
-    path that does not exist is an error worded as vLLM's (huggingface_hub's) is."""
-    if not model:
-        return None
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file() and not (path / "tokenizer.json").is_file():
-            raise CLIError(f"Invalid repository ID or local directory specified: '{model}'. A local directory "
-                           "must contain a recognized configuration file ('config.json').")
-        return path
-    if path.exists():
-        raise CLIError(f"MODEL: {model!r} is a file, not a model directory")
-    if model.count("/") > 1:
-        raise CLIError(f"MODEL: no such directory, and not a model id: Repo id must be in the form 'repo_name' "
-                       f"or 'namespace/repo_name': '{model}'. Use `repo_type` argument if needed.")
-    if not _REPO_ID.match(model) or "--" in model or ".." in model or len(model) > 96:
-        raise CLIError(f"MODEL: no such directory, and not a model id: Repo id must use alphanumeric chars, "
-                       f"'-', '_' or '.'. The name cannot start or end with '-' or '.' and the maximum length is "
-                       f"96: '{model}'.")
-    return _hf_cache_dir(model)
-
-
-def resolve_max_model_len(args: argparse.Namespace, model_dir: Path | None) -> int:
-    """--max-model-len, or the length vLLM derives from MODEL's config.json (else the default)."""
-    from .cli import DEFAULT_MAX_MODEL_LEN
-    from .model_config import ModelConfigError, read_hf_config, resolve_max_model_len as derive
-
-    requested = args.max_model_len
-    if requested is not None and requested != -1 and requested < 1:
-        raise CLIError(f"--max-model-len must be >= 1 (or -1), got {requested}")
-    try:
-        config = read_hf_config(model_dir) if model_dir is not None else None
-        if config is not None:
-            return derive(config, requested, disable_sliding_window=bool(getattr(args, "disable_sliding_window",
-                                                                                  False)))
-    except ModelConfigError as e:
-        raise CLIError(f"--max-model-len: {e}") from None
-    return DEFAULT_MAX_MODEL_LEN if requested in (None, -1) else requested
 
 
 def resolve_tokenizer(model: str | None, tokenizer: str | None) -> Tokenizer:
@@ -165,8 +122,12 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
     names = args.served_model_name or [model or DEFAULT_MODEL_NAME]
     if any(not n for n in names):
         raise CLIError("--served-model-name: names must not be empty")
-    model_dir = check_model_path(model)
-    max_model_len = resolve_max_model_len(args, model_dir)
+    try:
+        model_dir = check_model_path(model, _hf_cache_dir)
+        max_model_len = max_model_len_for(args.max_model_len, model_dir, DEFAULT_MAX_MODEL_LEN,
+                                          disable_sliding_window=bool(getattr(args, "disable_sliding_window", False)))
+    except ModelConfigError as e:
+        raise CLIError(str(e)) from None
     args.max_model_len = max_model_len  # the engine's arrival check uses it too
     tok = resolve_tokenizer(str(model_dir) if model_dir is not None else model, args.tokenizer)
     template = _chat_template_source(args.chat_template)
@@ -381,7 +342,7 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         if engine_args.startup_time > 0 or engine_args.startup_failure:
             # simulated model loading: like vLLM, nothing listens on the port until it is over, and a
             # loading failure ends the process with status 1
-            stopped = await _simulate_loading(engine, engine_args)
+            stopped = await simulate_loading(engine, engine_args.startup_time)
             if stopped is not None:
                 return stopped
         sock.listen(2048)
@@ -416,33 +377,6 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
                 pub.close()
         with contextlib.suppress(OSError):
             sock.close()
-
-
-async def _simulate_loading(engine: Any, engine_args: EngineArgs) -> int | None:
-    """Wait out --startup-time; None when the engine is ready, else the exit status (1: the
-    simulated loading failed, 0: a signal stopped it)."""
-    logger.info("simulating model loading for %.1fs", engine_args.startup_time)
-    loop = asyncio.get_running_loop()
-    waiting = asyncio.ensure_future(engine.wait_ready())
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, waiting.cancel)
-            installed.append(sig)
-    try:
-        await waiting
-    except asyncio.CancelledError:
-        if asyncio.current_task().cancelling():
-            raise
-        logger.info("received a signal while loading: shutting down")
-        return 0
-    except Exception as e:
-        logger.error("engine start-up failed: %s", e)
-        return 1
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-    return None
 
 
 def _uvicorn_config(app: Any, args: argparse.Namespace, engine_args: EngineArgs) -> uvicorn.Config:
