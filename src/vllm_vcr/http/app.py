@@ -332,10 +332,3 @@ def _has_header(scope: dict[str, Any], name: bytes) -> bool:
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:
     """The ASGI app serving the OpenAI API for `engine` (an AsyncEngine, already started)."""
     return OpenAIApp(engine, tokenizer, settings, **kwargs)
-
-
-async def serve(args: Any) -> int:
-    """The whole `vllm-vcr serve` command as a coroutine (`args` from the vllm-vcr parser)."""
-    from .server import serve as _serve
-
-    return await _serve(args)

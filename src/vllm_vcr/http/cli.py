@@ -15,7 +15,9 @@ import re
 import sys
 from typing import Any
 
-from ..engine.cli_args import add_engine_args
+from ..engine_cli import add_engine_args
+from ..kv_events.config import add_kv_events_args
+from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -71,7 +73,6 @@ _IGNORED_SWITCHES = [
     "--disable-fastapi-docs", "--disable-uvicorn-access-log", "--disable-async-output-proc",
 ]
 
-_IGN = "ignored__"
 
 
 def _human_int(value: str) -> int:
@@ -153,13 +154,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="model name, or a local directory with tokenizer.json (served under this name)")
     add_engine_args(p)
-    try:  # vLLM's --kv-events-config / --enable-kv-cache-events (the kv_events package)
-        from ..kv_events import add_kv_events_args
-    except ImportError:
-        pass
-    else:
-        if "--kv-events-config" not in p._option_string_actions:
-            add_kv_events_args(p)
+    if "--kv-events-config" not in p._option_string_actions:  # vLLM's KV cache events flags
+        add_kv_events_args(p)
     g = _Group(p, "vLLM server")
     g.add("--model", dest="model_opt", default=None, help="same as MODEL")
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
@@ -250,17 +246,9 @@ def expand_argv(argv: list[str]) -> list[str]:
         raise  # pragma: no cover
 
 
-def ignored_flags(args: argparse.Namespace) -> list[str]:
-    out = []
-    for key, value in sorted(vars(args).items()):
-        if key.startswith(_IGN):
-            flag = "--" + key[len(_IGN):].replace("_", "-")
-            out.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag}={value}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from .server import CLIError, run_server
+    from .server import run_server
+    from .settings import CLIError
 
     try:
         return run_server(args)
@@ -269,8 +257,3 @@ def run(args: argparse.Namespace) -> int:
         prog = parser.prog if parser is not None else "vllm-vcr serve"
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-
-
-def env_api_key() -> list[str]:
-    key = os.environ.get("VLLM_API_KEY")
-    return [key] if key else []

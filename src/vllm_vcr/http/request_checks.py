@@ -1,5 +1,6 @@
-"""vLLM 0.32 request checks that completions and chat share, in its words (see protocol.py for
-the SamplingParams ones): prompt logprobs, greedy sampling with n > 1, empty conversations.
+"""vLLM 0.32 request checks that completions and chat share, in its words, made after parsing
+(protocol.py has the request models' own and SamplingParams' checks): the prompt logprobs limit,
+greedy sampling with n > 1, empty conversations.
 """
 
 from __future__ import annotations
@@ -9,17 +10,6 @@ from typing import Any
 from .protocol import MAX_LOGPROBS, RequestValueError
 
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy
-
-
-def check_prompt_logprobs_field(req: Any) -> None:
-    """The request model's own validator (runs while parsing, before anything else)."""
-    plp = req.prompt_logprobs
-    if plp is None:
-        return
-    if req.stream and (plp > 0 or plp == -1):
-        raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
-    if plp < 0 and plp != -1:
-        raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", plp)
 
 
 def check_prompt_logprobs_limit(num: int | None, vocab_size: int) -> None:

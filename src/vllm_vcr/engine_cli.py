@@ -1,0 +1,158 @@
+"""The simulator's own command-line flags, shared by `serve` and `play`.
+
+Names are the Config fields of the control API, dash-separated (`--time-to-first-token`), so a
+flag, its control-API field and its `MOCK_*` environment variable always say the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .engine.config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
+
+
+def _env(name: str, default):
+    return os.environ.get(name, default)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("simulated engine")
+    ms = "milliseconds"
+    g.add_argument("--time-to-first-token", type=float, default=_env("MOCK_TTFT_MS", 0.0),
+                   help=f"TTFT mean ({ms}); 0 with its std dev 0 selects the prefill model")
+    g.add_argument("--time-to-first-token-std-dev", type=float, default=_env("MOCK_TTFT_STDDEV_MS", 0.0))
+    g.add_argument("--inter-token-latency", type=float, default=_env("MOCK_ITL_MS", 0.0),
+                   help=f"inter-token latency mean ({ms})")
+    g.add_argument("--inter-token-latency-std-dev", type=float, default=_env("MOCK_ITL_STDDEV_MS", 0.0))
+    g.add_argument("--prefill-overhead", type=float, default=_env("MOCK_PREFILL_OVERHEAD_MS", 0.0),
+                   help=f"fixed prefill cost ({ms}) when TTFT is 0")
+    g.add_argument("--prefill-time-per-token", type=float, default=_env("MOCK_PREFILL_TIME_PER_TOKEN_MS", 0.0),
+                   help=f"prefill cost per uncached prompt token ({ms})")
+    g.add_argument("--prefill-time-std-dev", type=float, default=_env("MOCK_PREFILL_TIME_STDDEV_MS", 0.0))
+    g.add_argument("--time-factor-under-load", type=float, default=_env("MOCK_TIME_FACTOR_UNDER_LOAD", 1.0),
+                   help="latency multiplier reached at max-num-seqs running requests (>= 1.0)")
+    g.add_argument("--kv-cache-size", type=int, default=_env("MOCK_KV_CACHE_SIZE", 1024),
+                   help="KV cache capacity in blocks")
+    g.add_argument("--tokens-per-block", type=int, default=None,
+                   help="tokens per KV block (alias of --block-size)")
+    g.add_argument("--long-prefill-token-threshold", type=int,
+                   default=_env("MOCK_LONG_PREFILL_TOKEN_THRESHOLD", 0),
+                   help="cap on one prefill's chunk per step; 0 = off")
+    g.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
+                   default=_env("MOCK_SCHEDULING_POLICY", "fcfs"))
+    g.add_argument("--failure-injection-rate", type=float, default=_env("MOCK_FAILURE_INJECTION_RATE", 0.0),
+                   help="probability in [0, 1] that a request fails on arrival")
+    g.add_argument("--failure-types", default=_env("MOCK_FAILURE_TYPES", "error"),
+                   help="comma list of error,length,repetition")
+    g.add_argument("--time-scale", type=float, default=1.0, help="divide every delay by this")
+    g.add_argument("--mode", choices=["random", "echo"], default="random",
+                   help="output tokens: random ids, or echo the prompt")
+    g.add_argument("--seed", type=int, default=0, help="base seed for token and failure draws")
+    g.add_argument("--vocab-size", type=int, default=None, help="random tokens are drawn from [0, vocab)")
+    g.add_argument("--shutdown-timeout", type=float, default=0.0,
+                   help="seconds to drain on SIGTERM/SIGINT; 0 aborts everything at once")
+    g.add_argument("--engine-count", type=int, default=1, help="engines (DP ranks) in this process")
+    g.add_argument("--log-requests", dest="log_requests", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("MOCK_LOG_REQUESTS", "0") == "1",
+                   help="log each request's arrival and finish (off by default, as in vLLM)")
+    g.add_argument("--response-replay-trace", default=None, metavar="FILE",
+                   help="JSONL of planned output token ids, selected per request by an output-replay id")
+    g.add_argument("--reasoning", default=None, metavar="START_ID,END_ID,RATIO",
+                   help="make the first RATIO of each output a thinking span between two token ids")
+    r = parser.add_argument_group("record / replay")
+    r.add_argument("--latency-trace", default=None, metavar="TRACE",
+                   help="pace requests with a latency model fitted from a recorded trace (excludes the latency knobs)")
+    r.add_argument("--latency-trace-model", choices=["auto", "steps", "cells"], default="auto",
+                   help="the model --latency-trace fits: auto = the step-time model for an engine tap trace, "
+                        "the cell model otherwise")
+    r.add_argument("--replay-steps", default=None, metavar="TRACE",
+                   help="replay each matched request's recorded TTFT, gaps and chunk sizes verbatim")
+    r.add_argument("--replay-tokens", default=None, metavar="TRACE",
+                   help="replay each matched request's recorded output token ids and finish reason")
+    r.add_argument("--replay-match", choices=["index", "prefix"], default="index",
+                   help="match requests to records by the trailing -<i> of the request id, or by prompt prefix")
+    g.add_argument("--startup-time", type=float, default=0.0,
+                   help="seconds of simulated model loading before the engine serves")
+    g.add_argument("--startup-failure", default=None, metavar="MESSAGE",
+                   help="after --startup-time, fail model loading with MESSAGE (for orchestration tests)")
+    pd = parser.add_argument_group("prefill/decode disaggregation")
+    pd.add_argument("--worker-type", choices=["aggregated", "prefill", "decode"], default="aggregated",
+                    help="prefill workers finish after the first token and hold KV for the decode side")
+    pd.add_argument("--kv-bytes-per-token", type=int, default=131072, help="KV bytes one token occupies")
+    pd.add_argument("--kv-transfer-bandwidth", type=float, default=25.0,
+                    help="GB/s of the KV link, shared by concurrent transfers")
+    pd.add_argument("--kv-hold-timeout", type=float, default=480.0,
+                    help="seconds a prefill holds KV blocks for a decode side that never pulls them "
+                         "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+    pd.add_argument("--side-channel-host", default=_env("MOCK_SIDE_CHANNEL_HOST", "127.0.0.1"),
+                    help="host of the KV side channel: advertised as remote_host, bound by the release "
+                         "listener and the bootstrap server")
+    pd.add_argument("--side-channel-port", type=int, default=_env("MOCK_SIDE_CHANNEL_PORT", None),
+                    help="base port of the release listener (engine i listens on port+i; advertised as "
+                         "remote_port); default 5600, listened on by prefill workers, and by aggregated "
+                         "workers only when given")
+    pd.add_argument("--bootstrap-port", type=int, default=None,
+                    help="prefill worker: serve Dynamo-style bootstrap handoffs on this port")
+    pd.add_argument("--handoff-session-timeout-ms", type=float, default=300000.0,
+                    help="bootstrap handoff: longest wait for the other side (divided by --time-scale)")
+    g.add_argument("--control-address", default=os.environ.get("MOCK_CONTROL_ADDRESS"),
+                   help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS); off unless set")
+
+
+def parse_failure_types(value: str | list[str]) -> list[FailureType]:
+    items = value if isinstance(value, list) else [v.strip() for v in value.split(",") if v.strip()]
+    try:
+        return [FailureType(v) for v in items]
+    except ValueError:
+        raise ConfigError(f"--failure-types: unknown value in {value!r}; choose from error, length, repetition") from None
+
+
+def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
+    """Build validated EngineArgs; raises ConfigError whose message names the flag."""
+    cfg_fields = {f: float(getattr(ns, f)) for f in LATENCY_FIELDS}
+    try:
+        config = EngineConfig(
+            **cfg_fields,
+            max_num_seqs=int(getattr(ns, "max_num_seqs", 128) or 128),
+            max_num_batched_tokens=int(getattr(ns, "max_num_batched_tokens", None) or 2048),
+            max_model_len=int(getattr(ns, "max_model_len", 0) or 0),
+            failure_injection_rate=float(ns.failure_injection_rate),
+            failure_types=parse_failure_types(ns.failure_types),
+            log_requests=bool(ns.log_requests),
+        )
+        config.validate()
+    except ConfigError as e:
+        field = str(e).split(" ", 1)[0]
+        raise ConfigError(f"--{field.replace('_', '-')}: {e}") from None
+    tokens_per_block = ns.tokens_per_block or getattr(ns, "block_size", None) or int(_env("MOCK_TOKENS_PER_BLOCK", 16))
+    args = EngineArgs(
+        config=config,
+        kv_cache_size=int(ns.kv_cache_size),
+        tokens_per_block=int(tokens_per_block),
+        long_prefill_token_threshold=int(ns.long_prefill_token_threshold),
+        scheduling_policy=ns.scheduling_policy,
+        time_scale=float(ns.time_scale),
+        seed=int(ns.seed),
+        mode=ns.mode,
+        shutdown_timeout=float(ns.shutdown_timeout),
+        response_replay_trace=ns.response_replay_trace,
+        reasoning=ns.reasoning,
+        worker_type=ns.worker_type,
+        kv_bytes_per_token=int(ns.kv_bytes_per_token),
+        kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
+        kv_hold_timeout=float(ns.kv_hold_timeout),
+        side_channel_host=str(getattr(ns, "side_channel_host", None) or "127.0.0.1"),
+        side_channel_port=int(getattr(ns, "side_channel_port", None) or 5600),
+        startup_time=float(ns.startup_time),
+        latency_trace=ns.latency_trace,
+        latency_trace_model=getattr(ns, "latency_trace_model", None) or "auto",
+        replay_tokens=ns.replay_tokens,
+        replay_steps=ns.replay_steps,
+        replay_match=ns.replay_match,
+        startup_failure=ns.startup_failure,
+        **overrides,
+    )
+    if ns.vocab_size is not None:
+        args.vocab_size = int(ns.vocab_size)
+    return args.validate()

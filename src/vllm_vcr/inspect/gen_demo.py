@@ -1,0 +1,64 @@
+"""`inspect gen-demo`: a synthetic trace with heavy-tailed (lognormal) TTFT and ITL.
+
+Same request groups as the Rust tool's demo generator, so calibration thresholds carry over:
+each group is (prompt tokens, concurrency, ln-TTFT mu/sigma, ln-ITL mu/sigma, output range).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.schema import SOURCE_GEN_DEMO, SOURCE_GEN_DEMO_FAST, TraceMeta, TraceRecord
+
+
+@dataclass(frozen=True)
+class Group:
+    prompt: int
+    concurrency: int
+    ttft_mu: float
+    ttft_sigma: float
+    itl_mu: float
+    itl_sigma: float
+    out_lo: int
+    out_hi: int
+
+
+REALISTIC = (
+    Group(64, 1, 3.2, 0.9, 1.8, 0.8, 8, 24),
+    Group(256, 4, 3.8, 0.9, 2.0, 0.8, 10, 32),
+    Group(512, 4, 4.0, 0.85, 2.2, 0.75, 12, 28),
+    Group(1024, 16, 4.3, 0.95, 2.3, 0.8, 8, 20),
+)
+FAST = (
+    Group(32, 1, 2.7, 0.5, 1.1, 0.5, 4, 8),
+    Group(64, 4, 3.0, 0.5, 1.4, 0.5, 4, 8),
+    Group(128, 4, 3.2, 0.4, 1.6, 0.4, 4, 8),
+    Group(256, 16, 3.5, 0.5, 1.8, 0.5, 4, 8),
+)
+MIN_TTFT_MS = 1.0
+MIN_ITL_MS = 0.5
+
+
+def gen_demo(records: int = 200, seed: int = 0, fast: bool = False,
+             mean_gap_ms: float | None = None) -> tuple[TraceMeta, list[TraceRecord]]:
+    rng = np.random.default_rng(seed)
+    groups = FAST if fast else REALISTIC
+    gap = mean_gap_ms if mean_gap_ms is not None else (20.0 if fast else 100.0)
+    out: list[TraceRecord] = []
+    t = 0.0
+    for i in range(records):
+        g = groups[int(rng.integers(len(groups)))]
+        n_out = int(rng.integers(g.out_lo, g.out_hi + 1))
+        ttft = max(float(rng.lognormal(g.ttft_mu, g.ttft_sigma)), MIN_TTFT_MS)
+        itl = [round(max(float(x), MIN_ITL_MS), 3)
+               for x in rng.lognormal(g.itl_mu, g.itl_sigma, size=n_out - 1)]
+        out.append(TraceRecord(
+            prompt_tokens=g.prompt, output_tokens=n_out, ttft_ms=round(ttft, 3), itl_ms=itl,
+            concurrency=g.concurrency, arrival_ms=round(t, 3), finish_reason="length",
+        ))
+        t += float(rng.exponential(gap)) if i + 1 < records else 0.0
+    meta = TraceMeta(model="gen-demo", source=SOURCE_GEN_DEMO_FAST if fast else SOURCE_GEN_DEMO,
+                     max_num_seqs=64)
+    return meta, out
