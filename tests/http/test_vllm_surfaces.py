@@ -222,3 +222,19 @@ def test_stream_interval_batches_tokens_per_event(serve_process):
     events = [json.loads(b[6:]) for b in r.text.split("\n\n") if b.startswith("data: {")]
     sizes = [len(e["choices"][0]["token_ids"]) for e in events if e["choices"] and e["choices"][0]["token_ids"]]
     assert sum(sizes) == 14 and all(s >= 6 for s in sizes[1:-1]) and len(sizes) <= 4
+
+
+def _token_events(text: str) -> list[int]:
+    events = [json.loads(b[6:]) for b in text.split("\n\n") if b.startswith("data: {")]
+    return [len(e["choices"][0]["token_ids"]) for e in events if e["choices"] and e["choices"][0].get("token_ids")]
+
+
+def test_one_sse_event_per_token_at_the_defaults(serve_process):
+    """Latency 0, --stream-interval 1: every token its own event, as a real engine's steps give."""
+    echo_server = serve_process("--mode", "echo")
+    words = " ".join(f"w{i}" for i in range(40))
+    for path, body in (("/v1/completions", {"prompt": words}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": words}]})):
+        r = httpx.post(echo_server.url + path, timeout=30, json={
+            "model": MODEL, **body, "max_tokens": 12, "ignore_eos": True, "stream": True, "return_token_ids": True})
+        assert _token_events(r.text) == [1] * 12

@@ -146,6 +146,8 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         engine_args.enable_chunked_prefill = bool(args.enable_chunked_prefill)
     if getattr(args, "prefix_caching_hash_algo", None) is not None:
         engine_args.prefix_caching_hash_algo = args.prefix_caching_hash_algo
+    # zero-latency bursts only where they are invisible: SSE events of N tokens anyway
+    engine_args.max_burst = max(1, int(getattr(args, "stream_interval", 1) or 1))
     try:
         engine_args.validate()
     except ConfigError as e:
