@@ -457,3 +457,29 @@ def test_same_logprob_shapes_as_the_real_engine(real_engine, sim, vllm_version):
             continue
         findings += [f"{name}: {d}" for d in diff(shape(collapse_token_keys(a)), shape(collapse_token_keys(b)))]
     _check(findings, vllm_version)
+
+
+def test_one_token_per_engine_step_at_the_defaults(real, sim, vllm_version):
+    """Latency 0 and the defaults on both sides. The engine emits one token per request per step:
+    the frontends' vllm:iteration_tokens_total counts a step per token (play's engine-core messages
+    as a real engine's), and serve streams a 12-token answer as 12 SSE events."""
+    words = " ".join(f"w{i}" for i in range(40))
+    findings = []
+    for path, body in (("/v1/completions", {"prompt": words}), ("/v1/chat/completions", {"messages": [
+            {"role": "user", "content": words}]})):
+        body = {"model": real.model, **body, "max_tokens": 12, "ignore_eos": True, "stream": True,
+                "return_token_ids": True}
+        for side, base in (("real", real.base_url), ("serve", sim["base_url"])):
+            before = peers.metrics(base)
+            status, events = post(base, path, body)
+            assert status == 200, events
+            time.sleep(1.0)  # the real frontend records its stats after the response
+            steps = (peers.metric_sum(peers.metrics(base), "vllm:iteration_tokens_total_count")
+                     - peers.metric_sum(before, "vllm:iteration_tokens_total_count"))
+            if steps < 12:
+                findings.append(f"{path}: {side} saw {steps:.0f} engine steps for 12 tokens")
+            sizes = [len(e["choices"][0]["token_ids"]) for e in events
+                     if e != "[DONE]" and e.get("choices") and e["choices"][0].get("token_ids")]
+            if side == "serve" and sizes != [1] * 12:
+                findings.append(f"{path}: serve streamed 12 tokens as {sizes}")
+    _check(findings, vllm_version)
