@@ -171,3 +171,21 @@ async def test_leaving_a_push_stream_early_aborts_in_the_engine(engine):
     await asyncio.sleep(0.01)
     stats = (await engine.call_all(lambda c: c.current_stats()))[0]
     assert (stats.requests_aborted, stats.requests_completed) == (1, 0)
+
+
+async def test_ttft_counts_from_the_frontends_arrival_time():
+    """vLLM's arrival_time: time the frontend spent before the engine got the request is inside the
+    configured TTFT (2 s here; the request arrived 1.9 s before the engine saw it)."""
+    import time
+
+    e = AsyncEngine(EngineArgs(config=EngineConfig(time_to_first_token=2000, log_requests=False)))
+    await e.start()
+    try:
+        late = req("late", 2)
+        late.arrival_time = time.time() - 1.9
+        t0 = time.monotonic()
+        outs = [o async for o in e.generate(late)]
+        assert sum(len(o.new_token_ids) for o in outs) == 2
+        assert time.monotonic() - t0 < 1.0  # not the full 2 s again
+    finally:
+        await e.stop(0)

@@ -191,7 +191,11 @@ class Admission:
             pacing = ScriptedPacing(plan, pacing, args.time_scale)
         req.pacing = pacing
         req.chunk = pacing.first_chunk
-        req.first_due = now + pacing.ttft
+        ttft = pacing.ttft
+        if type(pacing) is RequestPacing and not core.clock.virtual:
+            # vLLM counts TTFT from the request's arrival: the frontend's own delay is inside it
+            ttft = max(0.0, ttft - req.frontend_delay)
+        req.first_due = now + ttft
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
         req.token_source = self._token_source(req, rng)
 
