@@ -121,3 +121,15 @@ def test_one_token_per_request_per_step_by_default(harness):
     h.run()
     for i in range(4):
         assert [len(o.new_token_ids) for _, o in h.outputs(f"r{i}")] == [1] * 12
+
+
+def test_greedy_requests_repeat_their_tokens(harness):
+    # temperature 0 is deterministic: the same prompt gives the same tokens, whatever the request id
+    h = harness()
+    prompt = list(range(1, 20))
+    for rid in ("g1", "g2"):
+        h.add(rid, prompt=prompt, max_tokens=8, temperature=0.0)
+    h.add("sampled", prompt=prompt, max_tokens=8)
+    h.run()
+    assert h.tokens("g1") == h.tokens("g2") and len(h.tokens("g1")) == 8
+    assert h.tokens("sampled") != h.tokens("g1")
