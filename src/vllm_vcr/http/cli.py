@@ -18,9 +18,9 @@ from typing import Any
 from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
+from .model_config import DEFAULT_MAX_MODEL_LEN
 
 DEFAULT_PORT = 8000
-DEFAULT_MAX_MODEL_LEN = 4096
 
 # vLLM flags that take a value and mean nothing without a GPU or a model (accepted, ignored).
 _IGNORED_VALUE_FLAGS = [

@@ -23,6 +23,7 @@ logger = logging.getLogger("vllm_vcr.serve")
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 NO_KEY_DEFAULT = 2048  # vLLM's assumption when config.json names no length
+DEFAULT_MAX_MODEL_LEN = 4096  # serve's context length when there is no config.json to derive it from
 # rope types whose max_position_embeddings is already the scaled length
 _PRESCALED_ROPE = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 

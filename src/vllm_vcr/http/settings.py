@@ -11,9 +11,8 @@ from pathlib import Path
 
 from ..engine_cli import engine_args_from_cli
 from ..engine.config import ConfigError, EngineArgs
-from .cli import DEFAULT_MAX_MODEL_LEN
 from .ignored_flags import ignored_flags
-from .model_config import ModelConfigError, check_model_path, max_model_len_for
+from .model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
 from .serving_base import VLLM_API_VERSION, ServeSettings
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
 
