@@ -111,9 +111,13 @@ class Server:
         self.procs.clear()
 
 
+# `serve` as the peers stream (one token per SSE event), and with 16 tokens per event
+VCR_VARIANTS = {"vllm-vcr": [], "vllm-vcr-si16": ["--stream-interval", "16"]}
+
+
 def start_vllm_vcr(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float, model_dir: Path,
-                   extra: list[str]) -> Server:
-    s = Server("vllm-vcr", port, run_dir)
+                   extra: list[str], name: str = "vllm-vcr") -> Server:
+    s = Server(name, port, run_dir)
     py = os.environ.get("VLLM_VCR_PYTHON", sys.executable)
     cmd = [py, "-m", "vllm_vcr", "serve", str(model_dir), "--served-model-name", MODEL_NAME,
            "--host", "127.0.0.1", "--port", str(port),
@@ -246,7 +250,7 @@ def run_client(server: Server, *, label: str, osl: int, conc: int, n: int, model
            "--requests", str(n), "--pids", ",".join(map(str, server.pids)), "--label", label,
            "--timeout", "300", "--out", str(out), *extra]
     busy_before = wait_quiet()
-    m0 = scrape(server) if server.name == "vllm-vcr" else None
+    m0 = scrape(server) if server.name in VCR_VARIANTS else None
     t0 = time.monotonic()
     p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
     srv_metrics = server_side(m0, scrape(server) if m0 else None)
@@ -335,20 +339,21 @@ def fmt(v, nd=1):
 
 
 def table_w1(rows: list[dict]) -> str:
-    out = ["| server | req/s | output tok/s | TTFT p50 / p99 ms | ITL chunk p50 / p99 ms | TPOT p50 ms "
-           "| tokens per SSE chunk | server CPU % | server CPU µs/token | client CPU % | others CPU % "
-           "| server peak RSS MB | errors |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| server | req/s | output tok/s | SSE events/s | TTFT p50 / p99 ms | ITL chunk p50 / p99 ms "
+           "| TPOT p50 ms | tokens per SSE chunk | server CPU % | server CPU µs/event | server CPU µs/token "
+           "| client CPU % | others CPU % | server peak RSS MB | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            out.append(f"| {r['label']} | failed | | | | | | | | | | | |")
+            out.append(f"| {r['label']} | failed | | | | | | | | | | | | | |")
             continue
         out.append(
             f"| {r['label']} | {fmt(r['req_per_s'])} | {fmt(r['output_tok_per_s'], 0)} "
+            f"| {fmt(r.get('events_per_s'), 0)} "
             f"| {fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p99'])} "
             f"| {fmt(r['itl_chunk_ms']['p50'], 2)} / {fmt(r['itl_chunk_ms']['p99'], 2)} "
             f"| {fmt(r['tpot_ms']['p50'], 3)} | {r['output_tokens'] / max(1, r['content_events']):.2f} "
-            f"| {fmt(r.get('server_cpu_pct'))} "
+            f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r.get('server_cpu_us_per_event'))} "
             f"| {fmt(r.get('server_cpu_us_per_token'))} | {fmt(r['client_cpu_pct'])} "
             f"| {fmt(r.get('other_cpu_pct'))} | {fmt(r.get('server_peak_rss_mb'), 0)} | {r['errors']} |")
     return "\n".join(out)
@@ -357,11 +362,12 @@ def table_w1(rows: list[dict]) -> str:
 def table_w2(rows: list[dict]) -> str:
     out = ["| server | C | N | tok/s | TTFT p50 / p99 ms (cfg 100) | TTFT p50 / p99 after the first C "
            "| ITL chunk p50 / p99 ms (cfg 20) | ITL 1-token chunks p50 / p99 | TPOT p50 / p99 ms "
-           "| tokens per chunk | errors | server CPU % | server µs/token | client CPU % | others CPU % |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| tokens per chunk | errors | server CPU % | server µs/event | server µs/token | client CPU % "
+           "| others CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            out.append(f"| {r['label']} | | | failed | | | | | | | | | | | |")
+            out.append(f"| {r['label']} | | | failed | | | | | | | | | | | | |")
             continue
         t1 = r.get("itl_1tok_ms") or {}
         ts = r.get("ttft_steady_ms") or {}
@@ -372,7 +378,8 @@ def table_w2(rows: list[dict]) -> str:
             f"| {fmt(t1.get('p50'), 2)} / {fmt(t1.get('p99'), 2)} "
             f"| {fmt(r['tpot_ms']['p50'], 2)} / {fmt(r['tpot_ms']['p99'], 2)} "
             f"| {r['output_tokens'] / max(1, r['content_events']):.2f} | {r['errors']} "
-            f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r.get('server_cpu_us_per_token'))} "
+            f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r.get('server_cpu_us_per_event'))} "
+            f"| {fmt(r.get('server_cpu_us_per_token'))} "
             f"| {fmt(r['client_cpu_pct'])} | {fmt(r.get('other_cpu_pct'))} |")
     return "\n".join(out)
 
@@ -410,7 +417,8 @@ def machine_info() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="vllm-vcr,dynamo,guidellm")
+    ap.add_argument("--servers", default="vllm-vcr,vllm-vcr-si16,dynamo,guidellm",
+                    help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys)")
     ap.add_argument("--workloads", default="w1,w2")
     ap.add_argument("--w1-requests", type=int, default=3000)
     ap.add_argument("--w2-concurrency", default="32,256,1000")
@@ -450,9 +458,9 @@ def main() -> int:
     def start(name: str, ttft: float, itl: float) -> Server:
         nonlocal port
         port += 1
-        if name == "vllm-vcr":
+        if name in VCR_VARIANTS:
             return start_vllm_vcr(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir,
-                                  extra=a.vcr_args.split())
+                                  extra=VCR_VARIANTS[name] + a.vcr_args.split(), name=name)
         if name == "dynamo":
             return start_dynamo(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir,
                                 speedup=a.dynamo_speedup)

@@ -612,6 +612,7 @@ async def run(a: argparse.Namespace) -> dict:
         "wall_s": round(wall, 3),
         "req_per_s": round(res["ok"] / wall, 2),
         "output_tok_per_s": round(res["output_tokens"] / wall, 1),
+        "events_per_s": round(res["content_events"] / wall, 1),  # SSE content events, whatever they carry
         **res,
         "client_cpu_pct": round(
             100 * ((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)) / wall, 1
@@ -627,6 +628,7 @@ async def run(a: argparse.Namespace) -> dict:
         out["server_cpu_s"] = round(server_cpu, 3)
         out["server_cpu_pct"] = round(100 * server_cpu / wall, 1)
         out["server_cpu_us_per_token"] = round(1e6 * server_cpu / max(1, res["output_tokens"]), 2)
+        out["server_cpu_us_per_event"] = round(1e6 * server_cpu / max(1, res["content_events"]), 2)
         out["server_peak_rss_mb"] = round(mon.peak_rss / 2**20, 1)
     return out
 

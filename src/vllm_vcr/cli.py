@@ -39,6 +39,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"] and "serve" in modules:  # vLLM's --config file.yaml
+        argv = modules["serve"].expand_argv(argv)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

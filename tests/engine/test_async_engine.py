@@ -114,9 +114,10 @@ async def test_a_dropped_stream_frees_its_id_for_immediate_reuse(engine):
 
 # --- push(): outputs handed to a callback while the reader stays parked ----------------------------
 
-async def test_push_delivers_every_token_and_merges_back_to_back_steps():
+@pytest.mark.parametrize("max_burst", [1, 8])
+async def test_push_delivers_every_token_and_merges_back_to_back_steps(max_burst):
     e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=0, time_to_first_token=0,
-                                                   log_requests=False)))
+                                                   log_requests=False), max_burst=max_burst))
     await e.start()
     got: list[EngineCoreOutput] = []
 
@@ -129,7 +130,10 @@ async def test_push_delivers_every_token_and_merges_back_to_back_steps():
         wakes += 1
     assert sum(len(o.new_token_ids) for o in got) == 300
     assert got[-1].finish_reason is FinishReason.LENGTH and wakes == 1  # only the end wakes the reader
-    assert len(got) < 300  # steps run back to back merge into fewer deliveries
+    if max_burst == 1:  # the default: every step's output is delivered before the next step runs
+        assert [len(o.new_token_ids) for o in got] == [1] * 300
+    else:  # bursts allowed (serve with --stream-interval > 1): back-to-back steps merge
+        assert len(got) < 300
     stats = (await e.call_all(lambda c: c.current_stats()))[0]
     assert (stats.requests_completed, stats.requests_aborted) == (1, 0)
     await e.stop(0)
@@ -167,3 +171,21 @@ async def test_leaving_a_push_stream_early_aborts_in_the_engine(engine):
     await asyncio.sleep(0.01)
     stats = (await engine.call_all(lambda c: c.current_stats()))[0]
     assert (stats.requests_aborted, stats.requests_completed) == (1, 0)
+
+
+async def test_ttft_counts_from_the_frontends_arrival_time():
+    """vLLM's arrival_time: time the frontend spent before the engine got the request is inside the
+    configured TTFT (2 s here; the request arrived 1.9 s before the engine saw it)."""
+    import time
+
+    e = AsyncEngine(EngineArgs(config=EngineConfig(time_to_first_token=2000, log_requests=False)))
+    await e.start()
+    try:
+        late = req("late", 2)
+        late.arrival_time = time.time() - 1.9
+        t0 = time.monotonic()
+        outs = [o async for o in e.generate(late)]
+        assert sum(len(o.new_token_ids) for o in outs) == 2
+        assert time.monotonic() - t0 < 1.0  # not the full 2 s again
+    finally:
+        await e.stop(0)

@@ -26,7 +26,7 @@ request_st = st.tuples(
 
 def _run(monkeypatch, burst: int, reqs, **engine):
     monkeypatch.setattr(step_mod, "MAX_BURST", burst)
-    h = Harness(**engine)
+    h = Harness(max_burst=burst, **engine)
     late = []
     for i, (plen, max_tokens, min_tokens, stop, at) in enumerate(reqs):
         prompt = Harness.prompt_of(f"r{i}", plen)
@@ -65,7 +65,7 @@ def test_bursts_change_batching_only(monkeypatch, reqs, kv_blocks, block, budget
 
 def test_a_decoding_batch_bursts_and_the_first_token_comes_alone(monkeypatch, harness):
     monkeypatch.setattr(step_mod, "MAX_BURST", 8)
-    h = harness(max_num_batched_tokens=2048)
+    h = harness(max_num_batched_tokens=2048, max_burst=8)
     for i in range(4):
         h.add(f"r{i}", max_tokens=20)
     h.run()
@@ -93,7 +93,7 @@ def test_no_burst_with_a_gap_between_tokens_or_a_request_waiting(harness):
 def test_bursts_stop_when_free_blocks_could_not_cover_them(monkeypatch, harness):
     monkeypatch.setattr(step_mod, "MAX_BURST", 8)
     # 3 blocks of 4: the prompt takes 1, the 8-token answer the rest: too few to burst safely
-    h = harness(kv_cache_size=3, tokens_per_block=4)
+    h = harness(kv_cache_size=3, tokens_per_block=4, max_burst=8)
     h.add("r", prompt_len=4, max_tokens=8)
     h.run()
     assert h.tokens("r") and max(len(o.new_token_ids) for _, o in h.outputs("r")) == 1
@@ -111,3 +111,25 @@ def test_random_tokens_do_not_depend_on_how_many_are_taken_at_once(avoid):
         mixed += many.take(k) if k > 1 else [many.next_token(len(mixed))]
     assert mixed[:300] == singles
     assert not avoid.intersection(singles)
+
+
+def test_one_token_per_request_per_step_by_default(harness):
+    # what an engine-core client sees must not depend on internal batching: no bursts by default
+    h = harness(max_num_batched_tokens=2048)
+    for i in range(4):
+        h.add(f"r{i}", max_tokens=12)
+    h.run()
+    for i in range(4):
+        assert [len(o.new_token_ids) for _, o in h.outputs(f"r{i}")] == [1] * 12
+
+
+def test_greedy_requests_repeat_their_tokens(harness):
+    # temperature 0 is deterministic: the same prompt gives the same tokens, whatever the request id
+    h = harness()
+    prompt = list(range(1, 20))
+    for rid in ("g1", "g2"):
+        h.add(rid, prompt=prompt, max_tokens=8, temperature=0.0)
+    h.add("sampled", prompt=prompt, max_tokens=8)
+    h.run()
+    assert h.tokens("g1") == h.tokens("g2") and len(h.tokens("g1")) == 8
+    assert h.tokens("sampled") != h.tokens("g1")

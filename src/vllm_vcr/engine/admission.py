@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .core import EngineCore
 
 logger = logging.getLogger("vllm_vcr.engine")
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy sampling
 TokenSourceFactory = Callable[[Request, random.Random], "TokenSource | None"]
 _FAILURE_REASONS = {
     FailureType.ERROR: FinishReason.ERROR,
@@ -201,7 +202,10 @@ class Admission:
             return
         core = self.core
         args = core.args
-        seed = req.sampling_params.seed
+        sp = req.sampling_params
+        seed = sp.seed
+        if seed is None and sp.temperature is not None and sp.temperature < GREEDY_EPS:
+            seed = hash((args.seed, tuple(req.prompt_token_ids)))  # greedy: same prompt, same tokens
         rng = random.Random(seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}")
         pacing = core.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                      len(core.scheduler.running), self.latency_rng)
@@ -210,7 +214,11 @@ class Admission:
             pacing = ScriptedPacing(plan, pacing, args.time_scale)
         req.pacing = pacing
         req.chunk = pacing.first_chunk
-        req.first_due = now + pacing.ttft
+        ttft = pacing.ttft
+        if type(pacing) is RequestPacing and not core.clock.virtual:
+            # vLLM counts TTFT from the request's arrival: the frontend's own delay is inside it
+            ttft = max(0.0, ttft - req.frontend_delay)
+        req.first_due = now + ttft
         if self.lora is not None and req.lora_id:
             self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0

@@ -96,6 +96,11 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     vocab_size: int = 32000
     eos_token_id: int | None = None  # what the token source may emit to end a request
     shutdown_timeout: float = 0.0
+    # zero-latency decode steps that may run as one multi-token output. 1 (the default): one token
+    # per request per step, every step's outputs delivered before the next step runs, so what a
+    # client sees never depends on internal batching; serve raises it with --stream-interval N,
+    # where tokens leave N to an SSE event anyway
+    max_burst: int = 1
     advertised_max_model_len: int = 4096  # what the frontend is told; the arrival check uses config
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
@@ -177,6 +182,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                                   f"with {flags}")
         if self.startup_time < 0:
             raise ConfigError(f"--startup-time must be >= 0, got {self.startup_time}")
+        if self.max_burst < 1:
+            raise ConfigError(f"max_burst must be >= 1, got {self.max_burst}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, got {self.shutdown_timeout}")
         return self

@@ -163,6 +163,7 @@ class EngineCore(EngineControls):
     async def run(self) -> None:
         clock = self.clock
         last_yield = clock.now()
+        busy_slice = BUSY_SLICE if self.args.max_burst > 1 else 0.0
         try:
             while True:
                 wake = self._turn()
@@ -175,9 +176,10 @@ class EngineCore(EngineControls):
                     last_yield = clock.now()
                     continue
                 if wake <= clock.now():
-                    # back-to-back steps (zero latency or catching up): yield to I/O every
-                    # BUSY_SLICE so outputs coalesce instead of costing a wake-up per token
-                    if clock.now() - last_yield >= BUSY_SLICE:
+                    # back-to-back steps (zero latency or catching up): with bursts allowed, yield
+                    # to I/O every BUSY_SLICE so outputs coalesce; else after every step, so each
+                    # step's outputs reach their readers as they would from a real engine
+                    if clock.now() - last_yield >= busy_slice:
                         await asyncio.sleep(0)
                         last_yield = clock.now()
                     continue

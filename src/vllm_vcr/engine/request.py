@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any
 
 from .block_pool import BlockHash, KVCacheBlock
@@ -27,7 +28,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
-        "burstable", "pooling",
+        "burstable", "pooling", "frontend_delay",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
@@ -43,6 +44,9 @@ class Request:
         self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
         self.priority = req.priority
         self.arrival_time = req.arrival_time
+        # wall-clock seconds between the frontend's arrival_time and the engine getting the request
+        # (the server's parsing, templating, tokenizing): the configured TTFT absorbs them
+        self.frontend_delay = max(0.0, time.time() - req.arrival_time) if req.arrival_time > 0 else 0.0
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id

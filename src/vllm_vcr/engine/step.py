@@ -131,7 +131,8 @@ class InputGate:
 
 
 def burst_size(core: EngineCore, scheduled: Scheduled, draining: bool) -> int:
-    """How many zero-latency decode steps this (untimed) step runs at once (1: just this one).
+    """How many zero-latency decode steps this (untimed) step runs at once (1: just this one; always
+    1 unless EngineArgs.max_burst allows more).
 
     When every running request decodes with no gap between tokens and nothing else can enter
     before the next step (no waiting request, prefill, transfer, hold or drain deadline), the
@@ -147,7 +148,7 @@ def burst_size(core: EngineCore, scheduled: Scheduled, draining: bool) -> int:
     for req, _, kind in scheduled:
         if kind != DECODE or not req.burstable or not req.output_token_ids:
             return 1  # (the first token is emitted on its own, as after a prefill)
-    k = min(MAX_BURST, core.config.max_num_batched_tokens // n)
+    k = min(MAX_BURST, core.args.max_burst, core.config.max_num_batched_tokens // n)
     if k < 2 or core.block_pool.num_free_blocks < n * (core.kv.blocks_needed(k) + 1):
         return 1
     return k

@@ -18,6 +18,7 @@ from .. import __version__
 from .errors import HTTPError, error_body
 from .faults_adapter import FaultEnded
 from .extra_routes import add_generative_routes, match_route
+from .middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
@@ -31,6 +32,9 @@ _NOT_FOUND = encode({"detail": "Not Found"})
 _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
+_GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's AuthenticationMiddleware guards
+# routes whose body must be application/json (vLLM's validate_json_request)
+_JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
 
 
 def _load_metrics(settings: ServeSettings) -> Any:
@@ -98,6 +102,7 @@ class OpenAIApp:
         self.prefix_routes = add_generative_routes(self)
         if extensions is not None:
             extensions.install(self)
+        self._cors = cors_middleware(self._route, settings)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -128,23 +133,33 @@ class OpenAIApp:
                 return
 
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        path = scope["path"]
+        # vLLM's middleware order, outermost first: X-Request-Id, API key, CORS, router
+        scope["vllm_vcr.send"] = send  # the server's own send: streams write to its transport directly
+        scope["vllm_vcr.arrival"] = time.time()  # vLLM's arrival_time: before the body is read and parsed
+        if self.settings.request_id_headers:
+            send = with_request_id(scope, send)
+        if self._api_keys and scope["path"].startswith(_GUARDED) and not self._authorized(scope):
+            await send_bytes(send, 401, _UNAUTHORIZED)
+            return
         if _has_header(scope, b"origin"):
-            # vLLM serves CORS with allowed origins "*" by default (Starlette's CORSMiddleware)
-            if scope["method"] == "OPTIONS" and _has_header(scope, b"access-control-request-method"):
-                await self._preflight(scope, send)
-                return
-            send = _with_cors(send)
+            await self._cors(scope, receive, send)
+            return
+        await self._route(scope, receive, send)
+
+    async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        path = scope["path"]
         methods = self.routes.get(path) or match_route(self.prefix_routes, path)
         if methods is None:
+            if path != "/" and path.endswith("/") and path.rstrip("/") in self.routes:
+                # Starlette's redirect_slashes: 307 to the path without the slash, any method
+                await send_bytes(send, 307, b"", [(b"location", redirect_location(scope, path.rstrip("/")))],
+                                 content_type=None)
+                return
             await send_bytes(send, 404, _NOT_FOUND)
             return
         entry = methods.get(scope["method"])
         if entry is None:
             await send_bytes(send, 405, _NOT_ALLOWED, [(b"allow", ", ".join(methods).encode())])
-            return
-        if self._api_keys and path.startswith("/v1") and not self._authorized(scope):
-            await send_bytes(send, 401, _UNAUTHORIZED)
             return
         handler, watch = entry
         try:
@@ -160,8 +175,10 @@ class OpenAIApp:
                 return  # answered with an injected failure
         ctx = RequestContext(scope, receive, send, body)
         try:
+            if path in _JSON_ROUTES:
+                check_json_content_type(ctx.headers)
             if watch:
-                await self._run_watched(handler, ctx)
+                await self._watched(handler, ctx)
             else:
                 await handler(ctx)
         except HTTPError as e:
@@ -183,7 +200,7 @@ class OpenAIApp:
         except Exception:
             pass  # the response had already started (or the client is gone): nothing more to say
 
-    async def _run_watched(self, handler: Handler, ctx: RequestContext) -> None:
+    async def _watched(self, handler: Handler, ctx: RequestContext) -> None:
         task = asyncio.ensure_future(handler(ctx))
         receive = ctx.receive
         disconnected = False
@@ -206,15 +223,6 @@ class OpenAIApp:
                 raise
         finally:
             watcher.cancel()
-
-    async def _preflight(self, scope: dict[str, Any], send: Callable) -> None:
-        requested = dict(scope.get("headers") or ()).get(b"access-control-request-headers", b"")
-        headers = [(b"access-control-allow-origin", b"*"),
-                   (b"access-control-allow-methods", b"DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT"),
-                   (b"access-control-max-age", b"600"), (b"vary", b"Origin")]
-        if requested:
-            headers.append((b"access-control-allow-headers", requested))
-        await send_bytes(send, 200, b"OK", headers, content_type=b"text/plain; charset=utf-8")
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         if scope["method"] == "OPTIONS":
@@ -315,10 +323,10 @@ class OpenAIApp:
     async def _detokenize(self, ctx: RequestContext) -> None:
         req = parse_request(ctx.body, DetokenizeRequest)
         self.completions.check_model(req.model)
-        for t in req.tokens:
-            if t < 0 or t >= self.tokenizer.vocab_size:
-                raise HTTPError(400, f"Token id {t} is out of vocabulary", "BadRequestError", "tokens")
-        text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        try:  # as vLLM's tokenizer: ids outside the vocabulary decode to nothing
+            text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
+        except OverflowError as e:  # an id beyond the tokenizer's integer type
+            raise HTTPError(400, str(e), "BadRequestError") from None
         await send_bytes(ctx.send, 200, encode({"prompt": text}))
 
 
@@ -328,15 +336,6 @@ class _Disconnected(Exception):
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
     return any(k == name for k, _ in scope.get("headers") or ())
-
-
-def _with_cors(send: Callable) -> Callable:
-    async def cors_send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"access-control-allow-origin", b"*")]}
-        await send(message)
-
-    return cors_send
 
 
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:

@@ -19,9 +19,9 @@ from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
 from ..perf.cli import add_perf_args
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
+from .model_config import DEFAULT_MAX_MODEL_LEN
 
 DEFAULT_PORT = 8000
-DEFAULT_MAX_MODEL_LEN = 4096
 
 # vLLM flags that take a value and mean nothing without a GPU or a model (accepted, ignored).
 _IGNORED_VALUE_FLAGS = [
@@ -37,10 +37,10 @@ _IGNORED_VALUE_FLAGS = [
     ("--speculative-config",), ("--max-num-partial-prefills",), ("--max-long-partial-prefills",),
     ("--guided-decoding-backend",), ("--structured-outputs-config",), ("--lora-modules",), ("--max-loras",),
     ("--max-lora-rank",), ("--max-cpu-loras",), ("--limit-mm-per-prompt",), ("--mm-processor-kwargs",),
-    ("--allowed-origins",), ("--allowed-methods",), ("--allowed-headers",), ("--root-path",),
+    ("--root-path",),
     ("--kv-events-config",),
     ("--ssl-keyfile",), ("--ssl-certfile",), ("--ssl-ca-certs",), ("--ssl-cert-reqs",), ("--middleware",),
-    ("--api-server-count", "-asc"), ("--config",), ("--chat-template-content-format",),
+    ("--api-server-count", "-asc"), ("--chat-template-content-format",),
     ("--kv-transfer-config",), ("--worker-extension-cls",),
     ("--otlp-traces-endpoint",), ("--collect-detailed-traces",), ("--num-gpu-blocks-override",),
     ("--logits-processor-pattern",), ("--logits-processors",), ("--model-impl",),
@@ -48,7 +48,7 @@ _IGNORED_VALUE_FLAGS = [
     ("--num-scheduler-steps",), ("--hf-token",), ("--uds",), ("--log-config-file",),
     ("--h11-max-incomplete-event-size",), ("--h11-max-header-count",), ("--max-parallel-loading-workers",),
     ("--served-model-task",), ("--task",), ("--runner",), ("--convert",), ("--seed-offset",),
-    ("--scheduler-cls",), ("--stream-interval",), ("--default-chat-template-kwargs",),
+    ("--scheduler-cls",), ("--default-chat-template-kwargs",),
     ("--tool-server",), ("--max-num-batched-tokens-per-step",), ("--enable-ssl-refresh-interval",),
     ("--mm-encoder-tp-mode",), ("--media-io-kwargs",), ("--allowed-local-media-path",),
     ("--preemption-mode",), ("--cpu-offload-params",), ("--ray-workers-use-nsight",),
@@ -58,12 +58,11 @@ _IGNORED_VALUE_FLAGS = [
 # Boolean vLLM flags: `--x` and `--no-x` (BooleanOptionalAction), accepted and ignored.
 _IGNORED_BOOL_FLAGS = [
     "--trust-remote-code", "--enforce-eager",
-    "--enable-server-load-tracking", "--enable-request-id-headers",
     "--enable-lora", "--enable-sleep-mode", "--skip-tokenizer-init", "--enable-log-outputs",
     "--return-tokens-as-token-ids", "--headless", "--enable-expert-parallel", "--enable-eplb",
     "--disable-cascade-attn", "--enable-tokenizer-info-endpoint",
     "--exclude-tools-when-tool-choice-none", "--kv-sharing-fast-prefill", "--calculate-kv-scales",
-    "--disable-sliding-window", "--disable-mm-preprocessor-cache", "--async-scheduling",
+    "--disable-mm-preprocessor-cache", "--async-scheduling",
     "--disable-custom-all-reduce", "--enable-mfu-metrics", "--use-tqdm-on-load", "--enable-dbo",
     "--disable-chunked-mm-input", "--enable-log-requests", "--fully-sharded-loras",
     "--disable-hybrid-kv-cache-manager", "--enable-lora-bias", "--multi-step-stream-outputs",
@@ -77,7 +76,9 @@ _IGNORED_SWITCHES = [
 
 
 def _human_int(value: str) -> int:
-    """vLLM accepts `4096`, `4k`, `32K`, `1m` for --max-model-len."""
+    """vLLM accepts `4096`, `4k`, `32K`, `1m` for --max-model-len, and -1 (the model's length)."""
+    if value.strip() == "-1":
+        return -1
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", value)
     if not m:
         raise argparse.ArgumentTypeError(f"invalid int value: {value!r}")
@@ -109,6 +110,23 @@ def _port(value: str) -> int:
     return v
 
 
+def _json_list(flag: str) -> Any:
+    """vLLM parses --allowed-origins/-methods/-headers with json.loads: a JSON list of strings."""
+
+    def parse(value: str) -> list[str]:
+        import json
+
+        try:
+            items = json.loads(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON list, e.g. '[\"*\"]', got {value!r}") from None
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON list of strings, got {value!r}")
+        return items
+
+    return parse
+
+
 class _Group:
     """An argument group that skips flags the parser already has: the engine's own flags come
     first, and a vLLM flag the engine starts to honour later must not clash with ours."""
@@ -130,6 +148,7 @@ class _Group:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="serve the OpenAI-compatible API (a drop-in for `vllm serve`)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Run an OpenAI-compatible server (vLLM's frontend) in front of the simulated engine. "
                     "Accepts `vllm serve`'s command line; GPU-only flags are ignored.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
@@ -143,8 +162,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
     g.add("--port", type=_port, default=DEFAULT_PORT)
     g.add("--served-model-name", nargs="+", default=None, help="name(s) the API answers to")
-    g.add("--max-model-len", type=_human_int, default=DEFAULT_MAX_MODEL_LEN,
-          help=f"context length (default {DEFAULT_MAX_MODEL_LEN}); accepts 4k / 32K forms")
+    g.add("--config", default=None, metavar="FILE.yaml",
+          help="vLLM's config file: each `key: value` is the flag --key; flags on the command line win")
+    g.add("--max-model-len", type=_human_int, default=None,
+          help="context length; accepts 4k / 32K forms, -1 = the model's. Default: derived from MODEL's "
+               f"config.json as vLLM does, else {DEFAULT_MAX_MODEL_LEN}")
+    g.add("--disable-sliding-window", action=argparse.BooleanOptionalAction, default=False,
+          help="cap the context length at the model's sliding window, as vLLM")
     g.add("--max-num-seqs", type=_positive_int, default=None, help="max running requests per engine")
     g.add("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
     g.add("--block-size", type=_positive_int, default=None, help="tokens per KV block")
@@ -178,8 +202,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add("--enable-scale-out", action="store_true",
           help="serve /inference/v1/generate and the render endpoints (else vLLM's 403)")
     g.add("--tokens-only", action="store_true", help="same routes as --enable-scale-out")
-    g.add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    g.add("--uvicorn-log-level", default=None, choices=["critical", "error", "warning", "info", "debug", "trace"],
+          help="uvicorn's log level; default: VLLM_VCR_LOG / RUST_LOG decide (target `uvicorn`), as for "
+               "every other logger")
     g.add("--enable-access-log", action="store_true", help="log every HTTP request (off: it costs)")
+    g.add("--stream-interval", type=_positive_int, default=1,
+          help="tokens per streamed SSE event: 1 sends every token as its own event (merging only when the "
+               "client lags), N > 1 up to N tokens per event (the first and last go out at once)")
+    g.add("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
+          help="X-Request-Id on every response (the request's own, else a random uuid4 hex)")
+    g.add("--allowed-origins", type=_json_list("--allowed-origins"), default=[],
+          help='CORS: JSON list of allowed origins, e.g. \'["*"]\' (none by default: cross-origin access off)')
+    g.add("--allowed-methods", type=_json_list("--allowed-methods"), default=["*"],
+          help="CORS: JSON list of allowed methods")
+    g.add("--allowed-headers", type=_json_list("--allowed-headers"), default=["*"],
+          help="CORS: JSON list of allowed headers")
+    g.add("--allow-credentials", action=argparse.BooleanOptionalAction, default=False,
+          help="CORS: allow credentials")
     from ..faults.cli_args import add_fault_arguments
 
     add_fault_arguments(p)
@@ -196,7 +235,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for name in _IGNORED_SWITCHES:
         ig.add(name, dest=_IGN + name[2:].replace("-", "_"), action="store_true",
                default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for action in p._actions:  # --help shows every default, flags without a help line included
+        if action.help is None and action.option_strings:
+            action.help = "(default: %(default)s)"
     p.set_defaults(_serve_parser=p)
+    global _PARSER
+    _PARSER = p
     return p
 
 
@@ -211,6 +255,24 @@ def _probability(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return value
+
+
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def expand_argv(argv: list[str]) -> list[str]:
+    """`serve ... --config FILE.yaml`: the file's flags spliced in before parsing (vLLM's order)."""
+    from .config_file import ConfigFileError, expand_config_file
+
+    parser = _PARSER
+    known = parser._option_string_actions if parser is not None else {}
+    try:
+        return expand_config_file(argv, lambda flag: flag in known)
+    except ConfigFileError as e:
+        if parser is None:
+            raise
+        parser.error(str(e))  # exits 2
+        raise  # pragma: no cover
 
 
 def run(args: argparse.Namespace) -> int:

@@ -101,6 +101,7 @@ def build_engine_request(
     dp_rank: int | None,
     replay_id: str | None = None,
     lora_request: Any = None,
+    arrival_time: float | None = None,
 ) -> EngineCoreRequest:
     eos = tokenizer.eos_token_id
     stop_ids = list(req.stop_token_ids or [])
@@ -133,7 +134,8 @@ def build_engine_request(
         request_id=internal_id,
         prompt_token_ids=prompt_ids,
         sampling_params=sp,
-        arrival_time=time.time(),
+        # the HTTP arrival (vLLM's arrival_time): the engine's TTFT includes our parsing and templating
+        arrival_time=time.time() if arrival_time is None else arrival_time,
         cache_salt=req.cache_salt,
         data_parallel_rank=dp_rank,
         priority=int(req.priority),

@@ -84,6 +84,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # FinishRea
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 CACHE_HIT_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
 WAITING_REASONS = ("capacity", "deferred")
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # vllm:admission_rejections
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
@@ -189,10 +190,13 @@ class _Req:
     """Per-request state between arrival and finish (vLLM's RequestStateStats + a bit of RequestState)."""
 
     __slots__ = ("arrival", "n", "max_tokens", "prompt_len", "parent", "prefilling", "num_gen",
-                 "num_preempt", "num_cached", "queued_ts", "scheduled_ts", "first_ts", "last_ts", "engine")
+                 "num_preempt", "num_cached", "queued_ts", "scheduled_ts", "first_ts", "last_ts", "engine",
+                 "frontend_finishes")
 
     def __init__(self, arrival: float, n: int, max_tokens: int | None, prompt_len: int | None,
-                 parent: str | None):
+                 parent: str | None, frontend_finishes: bool = False):
+        # stop strings: the frontend's detokenizer decides how the request ended, not the engine
+        self.frontend_finishes = frontend_finishes
         self.arrival = arrival
         self.n = n
         self.max_tokens = max_tokens
@@ -238,6 +242,7 @@ class FrontendMetrics:
         self._ensure_engine(max(1, int(engine_count)) - 1)
         self._reqs: dict[str, _Req] = {}
         self._parents: dict[str, _Parent] = {}
+        self.admission_rejections = dict.fromkeys(ADMISSION_REASONS, 0)
         self._created = time.time()
         # monotonic -> wall clock, for requests whose arrival only the engine's QUEUED event knows
         self._mono_to_wall = time.time() - time.monotonic()
@@ -284,10 +289,12 @@ class FrontendMetrics:
 
     def on_request_arrival(self, request_id: str, arrival_time: float | None = None, n: int = 1,
                            max_tokens: int | None = None, *, num_prompt_tokens: int | None = None,
-                           parent_id: str | None = None) -> None:
-        """A request entered the frontend. arrival_time is wall-clock (time.time()), default now."""
+                           parent_id: str | None = None, frontend_finishes: bool = False) -> None:
+        """A request entered the frontend. arrival_time is wall-clock (time.time()), default now.
+        frontend_finishes: the frontend will report the end (stop strings), whatever the engine says."""
         self._reqs[request_id] = _Req(time.time() if arrival_time is None else float(arrival_time),
-                                      max(1, int(n or 1)), max_tokens, num_prompt_tokens, parent_id)
+                                      max(1, int(n or 1)), max_tokens, num_prompt_tokens, parent_id,
+                                      frontend_finishes)
         if parent_id is not None and parent_id not in self._parents:
             self._parents[parent_id] = _Parent(max(1, int(n or 1)))
 
@@ -308,6 +315,10 @@ class FrontendMetrics:
             r.num_gen = num_generation_tokens
         eng = self._ensure_engine(r.engine if engine_index is None else engine_index)
         self._finish(eng, r, _reason_index(finish_reason), time.time())
+
+    def record_admission_rejection(self, reason: str) -> None:
+        """A request refused by a queue limit (max_num_queued_reqs / max_num_queued_tokens)."""
+        self.admission_rejections[reason] += 1
 
     def set_sleep_state(self, engine_index: int | None = None, level: int = 0, *,
                         sleeping: bool | None = None) -> None:
@@ -394,7 +405,7 @@ class FrontendMetrics:
                 itl_counts[bisect_left(itl_bounds, d)] += 1
                 itl_sum += d
             r.last_ts = ts
-            if o.finish_reason is not None:
+            if o.finish_reason is not None and not r.frontend_finishes:
                 del reqs[o.request_id]
                 self._finish(eng, r, int(o.finish_reason), now)
         itl_h.total += itl_sum
@@ -424,7 +435,9 @@ class FrontendMetrics:
         if ids:
             reqs = self._reqs
             for rid in ids:
-                reqs.pop(rid, None)
+                r = reqs.get(rid)
+                if r is not None and not r.frontend_finishes:  # those the frontend ends itself
+                    del reqs[rid]
 
     def _finish(self, eng: _Engine, r: _Req, reason: int, now: float) -> None:
         if 0 <= reason < len(eng.success):
@@ -533,6 +546,17 @@ class FrontendMetrics:
                       lambda e: e.generation_tokens)
         yield counter("vllm:request_success", "Count of successfully processed requests.",
                       lambda e, i: e.success[i], "finished_reason", FINISH_REASONS)
+        rejections = CounterMetricFamily("vllm:admission_rejections",
+                                         "Number of admission attempts rejected by a queue limit, by reason.",
+                                         labels=["model_name", "reason"])
+        for reason in ADMISSION_REASONS:
+            rejections.add_metric([name, reason], self.admission_rejections[reason], created=created)
+        yield rejections
+        # vLLM's MFU estimates: the simulator moves no bytes and runs no FLOPs, so they stay 0
+        for metric, what in (("flops", "floating point operations"), ("read_bytes", "bytes read from memory"),
+                             ("write_bytes", "bytes written to memory")):
+            yield counter(f"vllm:estimated_{metric}_per_gpu", f"Estimated number of {what} per GPU (for Model "
+                          "Flops Utilization calculations).", lambda e: 0.0)
         for attr, metric, doc, _ in _HISTOGRAMS:
             fam = HistogramMetricFamily(metric, doc, labels=["model_name", "engine"])
             for lv, e in engines:

@@ -84,11 +84,22 @@ class _SamplingFields(_Base):
     return_token_ids: bool | None = None
     use_beam_search: bool = False
     structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object
+    prompt_logprobs: int | None = None
+    stream_interval: Annotated[int, Field(ge=1)] | None = None  # raises --stream-interval for this request
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        return self
+
+    @model_validator(mode="after")
+    def _check_prompt_logprobs(self) -> _SamplingFields:
+        plp = self.prompt_logprobs
+        if plp is not None and self.stream and (plp > 0 or plp == -1):
+            raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if plp is not None and plp < 0 and plp != -1:
+            raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", plp)
         return self
 
 
@@ -100,7 +111,6 @@ class CompletionRequest(_SamplingFields):
     max_tokens: int | None = 16  # vLLM's (and OpenAI's) completions default
     suffix: str | None = None
     add_special_tokens: bool = True
-    prompt_logprobs: int | None = None
 
     @model_validator(mode="after")
     def _check_prompt_and_logprobs(self) -> CompletionRequest:
@@ -170,7 +180,7 @@ class TokenizeChatRequest(_Base):
 
 class DetokenizeRequest(_Base):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def _finite(x: float) -> bool:

@@ -43,6 +43,7 @@ from .app import build_app  # noqa: E402
 from .faults_adapter import FaultGate, install_gauges  # noqa: E402
 from .serving_base import ServeSettings  # noqa: E402
 from .planned_output import planned_token_source  # noqa: E402
+from .loading import simulate_loading  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
@@ -55,9 +56,10 @@ class _Server(uvicorn.Server):
     (drain up to --shutdown-timeout, then abort) next to uvicorn's; no signal is re-raised, so
     the process exits 0."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Any):
+    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None):
         super().__init__(config)
         self._on_exit = on_exit
+        self._on_ready = on_ready
         self._exit_started = False
 
     @contextlib.contextmanager
@@ -84,6 +86,8 @@ class _Server(uvicorn.Server):
             factory = functools.partial(self.config.http_protocol_class, config=self.config,
                                         server_state=self.server_state, app_state=self.lifespan.state)
             self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
+        if self.started and self._on_ready is not None:
+            self._on_ready()  # "ready" only once connections are taken
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if not self._exit_started:
@@ -111,6 +115,8 @@ class _ServeCommand:
             await self.start_engines(stack)
             await self.start_control_api(stack)
             await self.start_pd_services(stack)
+            if not await self.wait_loading():
+                return self.exit_code
             server = self.build_server()
             try:
                 await self.serve_until_signal(server)
@@ -199,6 +205,7 @@ class _ServeCommand:
             http="httptools" if importlib.util.find_spec("httptools") is not None else "h11",
             loop="none",
             log_config=None,
+            # None leaves uvicorn's loggers to VLLM_VCR_LOG / RUST_LOG (target `uvicorn`)
             log_level=self.args.uvicorn_log_level,
             access_log=bool(self.args.enable_access_log),
             server_header=True,  # "server: uvicorn", as vLLM's responses carry
@@ -209,16 +216,27 @@ class _ServeCommand:
             proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
         )
         self.stopping: list[asyncio.Task] = []
-        return _Server(config, self.begin_drain)
+        return _Server(config, self.begin_drain, self.log_ready)
 
     def begin_drain(self) -> None:
         # the first signal: drain/abort the engines while uvicorn stops accepting and waits for open streams
         self.stopping.append(asyncio.ensure_future(self.engine.stop()))
 
+    async def wait_loading(self) -> bool:
+        """Simulated model loading (--startup-time): like vLLM, nothing listens on the port until
+        it is over; False when the process must end instead (a loading failure: exit 1; a signal: 0)."""
+        if not (self.engine_args.startup_time > 0 or self.engine_args.startup_failure):
+            return True
+        stopped = await simulate_loading(self.engine, self.engine_args.startup_time)
+        if stopped is None:
+            return True
+        self.exit_code = stopped
+        return False
+
     async def serve_until_signal(self, server: _Server) -> None:
-        self.loading = None
-        if self.engine_args.startup_time > 0 or self.engine_args.startup_failure:
-            self.loading = asyncio.ensure_future(self.watch_loading(server))
+        await server.serve(sockets=[self.sock])
+
+    def log_ready(self) -> None:
         if self.ignored:
             logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
         s, tok = self.settings, self.tokenizer
@@ -226,24 +244,9 @@ class _ServeCommand:
                     "listening on http://%s:%d (ready in %.0f ms)",
                     ", ".join(s.served_model_names), tok.source, tok.vocab_size, self.engine_count,
                     s.max_model_len, self.host, self.sock.getsockname()[1], (time.perf_counter() - self.t0) * 1000)
-        await server.serve(sockets=[self.sock])
-
-    async def watch_loading(self, server: _Server) -> None:
-        """Simulated model loading: the port is open, /health answers 503 and requests wait; a
-        loading failure fails every waiting request with its message, then the process exits 1."""
-        logger.info("simulating model loading for %.1fs", self.engine_args.startup_time)
-        try:
-            await self.engine.wait_ready()
-        except Exception as e:
-            logger.error("engine start-up failed: %s", e)
-            self.exit_code = 1
-            await asyncio.sleep(0.5)  # let the woken requests' error responses go out
-            server.should_exit = True
 
     async def drain(self) -> None:
         """Finish the engines' shutdown: the drain a signal started, or one with the default timeout."""
-        if self.loading is not None:
-            self.loading.cancel()
         if self.stopping:
             await asyncio.gather(*self.stopping, return_exceptions=True)
         await self.engine.stop()

@@ -53,6 +53,14 @@ class ServeSettings:
     tools: ToolSettings = field(default_factory=ToolSettings)
     scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
     lora_adapters: Any = None  # http/lora.py LoRAAdapters with --enable-lora (models by adapter name)
+    # vLLM's frontend flags: X-Request-Id headers, CORS (vLLM's defaults: no origin allowed),
+    # tokens per SSE event
+    request_id_headers: bool = False
+    allowed_origins: list[str] = field(default_factory=list)
+    allowed_methods: list[str] = field(default_factory=lambda: ["*"])
+    allowed_headers: list[str] = field(default_factory=lambda: ["*"])
+    allow_credentials: bool = False
+    stream_interval: int = 1
 
     @property
     def model_name(self) -> str:
@@ -70,7 +78,7 @@ class RequestContext:
         self.send = send
         self.headers: dict[bytes, bytes] = dict(scope.get("headers") or ())
         self.body = body
-        self.arrival = time.time()
+        self.arrival = scope.get("vllm_vcr.arrival") or time.time()  # when the request's head arrived
         # set just before the last body message: from then on a disconnect is the normal end
         self.finishing = False
 
@@ -179,18 +187,20 @@ def metrics_arrival(metrics: Any, ctx: RequestContext, engine_reqs: list[Any], n
     for k, r in enumerate(engine_reqs):
         metrics.on_request_arrival(r.request_id, ctx.arrival, n=n, max_tokens=r.sampling_params.max_tokens,
                                    num_prompt_tokens=len(r.prompt_token_ids),
-                                   parent_id=f"{parent}-p{k // n}" if n > 1 else None)
+                                   parent_id=f"{parent}-p{k // n}" if n > 1 else None,
+                                   frontend_finishes=bool(r.sampling_params.stop))
 
 
 def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None:
-    """Requests the frontend ended itself: stop strings (finished) and client disconnects (aborted)."""
+    """Requests whose end the frontend decides: with stop strings (finished as the detokenizer saw
+    them, "stop" when a string matched, as vLLM counts them) and client disconnects (aborted)."""
     if metrics is None:
         return
     for r, st in zip(engine_reqs, states):
         if not st.finished:
             metrics.on_request_aborted(r.request_id)
-        elif st.by_frontend:
-            metrics.on_request_finished(r.request_id, "stop", num_generation_tokens=st.num_tokens)
+        elif st.by_frontend or r.sampling_params.stop:
+            metrics.on_request_finished(r.request_id, st.finish_reason or "stop", num_generation_tokens=st.num_tokens)
 
 
 class EngineFailed(Exception):

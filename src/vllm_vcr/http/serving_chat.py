@@ -21,7 +21,7 @@ from .generation import (
     parse_dp_rank,
     random_hex,
 )
-from .logprobs import chat_logprobs
+from .logprobs import chat_logprobs, prompt_logprobs
 from .planned_output import attach_planned_ids
 from .protocol import (
     MAX_CHOICES,
@@ -31,6 +31,13 @@ from .protocol import (
     check_prompt_logprobs_limit,
     check_sampling,
     stop_list,
+)
+from .request_checks import (
+    check_conversation,
+    check_greedy_n,
+    check_prompt_logprobs_limit,
+    effective_prompt_logprobs,
+    is_greedy,
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .serving_completion import final_usage_chunk, include_usage_flags, usage_dict
@@ -108,6 +115,7 @@ class ChatServing(ServingBase):
                       tools: Any = None) -> tuple[str, list[int]]:
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        check_conversation(messages)
         conv = normalize_messages(messages)
         kwargs = dict(chat_template_kwargs or {})
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
@@ -163,11 +171,12 @@ class ChatServing(ServingBase):
             raise RequestValueError(f"n must be at most {MAX_CHOICES}, got {req.n}.", "n")
         limit = effective_max_tokens(len(prompt_ids), max_len, max_tokens)
         check_sampling(req, limit)
+        check_greedy_n(req)
         want_lp = None
         if req.logprobs:
             want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
             check_logprobs_limit(want_lp)
-        check_prompt_logprobs_limit(req.prompt_logprobs, self.tokenizer.vocab_size)
+        check_prompt_logprobs_limit(effective_prompt_logprobs(req, top), self.tokenizer.vocab_size)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
 
@@ -184,7 +193,8 @@ class ChatServing(ServingBase):
                 internal_id=f"{rid}-{j}-{random_hex(8)}", external_id=rid, prompt_ids=prompt_ids, req=req,
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
-                replay_id=replay_id, lora_request=self.lora_request(req.model)))
+                replay_id=replay_id, lora_request=self.lora_request(req.model),
+                arrival_time=ctx.arrival))
         role = (self.settings.response_role if req.add_generation_prompt or not req.messages
                 else req.messages[-1].get("role", "assistant"))
         echo_text = ""
@@ -215,7 +225,7 @@ class ChatServing(ServingBase):
         for i, st in enumerate(states):
             lp = None
             if req.logprobs:
-                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0)
+                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0, greedy=is_greedy(req))
             # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
             content: str | None = st.full_text()
             reasoning = "".join(st.reasoning) if st.think else None
@@ -237,13 +247,15 @@ class ChatServing(ServingBase):
                             "routed_experts": None})
         completion_tokens = sum(s.num_tokens for s in states)
         last = states[-1]
+        plp_k = effective_prompt_logprobs(req, req.top_logprobs)
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
             "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last, wants_cache_details(req)),
                                 {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
                                 if self.settings.reasoning_parser else None),
-            "prompt_logprobs": None, "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
+            "prompt_logprobs": None if plp_k is None else prompt_logprobs(self.tokenizer, prompt_ids, plp_k),
+            "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
             "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None, "metrics": None,
         }
         ctx.finishing = True
@@ -265,7 +277,8 @@ class ChatServing(ServingBase):
                                                   states, engine_reqs, plan)
         else:
             renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
-        await stream_response(ctx, self.engine, engine_reqs, renderer)
+        await stream_response(ctx, self.engine, engine_reqs, renderer,
+                              max(req.stream_interval or 1, self.settings.stream_interval))
 
 
 CACHE_DETAILS_KEY = "vllm_vcr_cache_details"  # set by adapters (chat_bridge) that always need cached_tokens
@@ -313,6 +326,7 @@ class ChatStream(ChoiceStream):
         self.req = req
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
+        self.greedy = is_greedy(req)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
@@ -372,7 +386,8 @@ class ChatStream(ChoiceStream):
         else:
             first_part = self.heads[i] + encode(text) + b"}"
         chunk = [pre, first_part, b',"logprobs":']
-        chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before))
+        chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before,
+                                          greedy=self.greedy))
                      if self.want_lp else b"null")
         ids_part = encode(list(ids)) if self.rti else b"null"
         if finished:

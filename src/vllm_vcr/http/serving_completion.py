@@ -18,7 +18,7 @@ from .generation import (
     parse_dp_rank,
     random_hex,
 )
-from .logprobs import completion_logprobs
+from .logprobs import completion_logprobs, prompt_logprobs
 from .protocol import (
     MAX_CHOICES,
     CompletionRequest,
@@ -27,6 +27,12 @@ from .protocol import (
     check_prompt_logprobs_limit,
     check_sampling,
     stop_list,
+)
+from .request_checks import (
+    check_greedy_n,
+    check_prompt_logprobs_limit,
+    effective_prompt_logprobs,
+    is_greedy,
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .sse import DONE, SSEWriter, send_bytes
@@ -87,8 +93,9 @@ class CompletionServing(ServingBase):
         # vLLM clamps max_tokens to the room the prompt leaves, then checks SamplingParams
         limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
         check_sampling(req, None if echo_only else min(limits))
+        check_greedy_n(req)
         check_logprobs_limit(self.tokenizer.vocab_size if req.logprobs == -1 else req.logprobs)
-        check_prompt_logprobs_limit(req.prompt_logprobs, self.tokenizer.vocab_size)
+        check_prompt_logprobs_limit(effective_prompt_logprobs(req, req.logprobs), self.tokenizer.vocab_size)
         for pr in prompts:
             self.check_token_ids(pr.ids)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
@@ -110,7 +117,8 @@ class CompletionServing(ServingBase):
                     internal_id=f"{rid}-{flat}-{random_hex(8)}", external_id=rid, prompt_ids=pr.ids, req=req,
                     max_tokens=limits[pi], seed=None if req.seed is None else req.seed + j,
                     logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
-                replay_id=replay_id, lora_request=self.lora_request(req.model)))
+                replay_id=replay_id, lora_request=self.lora_request(req.model),
+                arrival_time=ctx.arrival))
         if echo_only:
             await self._echo_only(ctx, req, rid, created, model, prompts)
             return
@@ -161,17 +169,19 @@ class CompletionServing(ServingBase):
     def _choice_logprobs(self, st: SequenceState, req: CompletionRequest, p: Prompt, echo: bool,
                          delta_ids: list[int], start: int, text_offset: int) -> dict[str, Any]:
         k = req.logprobs or 0
+        greedy = is_greedy(req)
         if echo:
             return completion_logprobs(self.tokenizer, p.ids + list(delta_ids), k, start_position=-len(p.ids),
-                                       initial_text_offset=text_offset, first_is_prompt_start=True)
+                                       initial_text_offset=text_offset, first_is_prompt_start=True, greedy=greedy)
         return completion_logprobs(self.tokenizer, list(delta_ids), k, start_position=start,
-                                   initial_text_offset=text_offset)
+                                   initial_text_offset=text_offset, greedy=greedy)
 
     async def _full(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                     prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
         if not await self.run_to_end(ctx, states, engine_reqs):
             return
         n = req.n
+        plp_k = effective_prompt_logprobs(req, req.logprobs)
         choices = []
         prompt_tokens = 0
         completion_tokens = 0
@@ -188,6 +198,8 @@ class CompletionServing(ServingBase):
                 if req.logprobs is not None:
                     lp = self._choice_logprobs(st, req, p, bool(req.echo), st.token_ids, 0, 0)
                 c = choice_dict(flat, text, lp, st.finish_reason, st.stop_reason)
+                if plp_k is not None:
+                    c["prompt_logprobs"] = prompt_logprobs(self.tokenizer, p.ids, plp_k)
                 if req.return_token_ids:
                     c["token_ids"] = st.token_ids
                     c["prompt_token_ids"] = p.ids
@@ -208,6 +220,7 @@ class CompletionServing(ServingBase):
     async def _echo_only(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                          prompts: list[Prompt]) -> None:
         # max_tokens=0 with echo: the prompt is the whole answer, nothing is generated
+        plp_k = effective_prompt_logprobs(req, req.logprobs)
         choices = []
         prompt_tokens = 0
         for pi, p in enumerate(prompts):
@@ -217,7 +230,10 @@ class CompletionServing(ServingBase):
                 if req.logprobs is not None:
                     lp = completion_logprobs(self.tokenizer, p.ids, req.logprobs, start_position=-len(p.ids),
                                              first_is_prompt_start=True)
-                choices.append(choice_dict(pi * req.n + j, self._prompt_text(p), lp, "length", None))
+                c = choice_dict(pi * req.n + j, self._prompt_text(p), lp, "length", None)
+                if plp_k is not None:
+                    c["prompt_logprobs"] = prompt_logprobs(self.tokenizer, p.ids, plp_k)
+                choices.append(c)
         usage = usage_dict(prompt_tokens, 0, self.prompt_details(0))
         fp = self.settings.system_fingerprint
         ctx.finishing = True
@@ -241,7 +257,8 @@ class CompletionServing(ServingBase):
     async def _stream(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                       prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
         renderer = CompletionStream(self, req, rid, created, model, prompts, states, engine_reqs)
-        await stream_response(ctx, self.engine, engine_reqs, renderer)
+        await stream_response(ctx, self.engine, engine_reqs, renderer,
+                              max(req.stream_interval or 1, self.settings.stream_interval))
 
 
 class CompletionStream(ChoiceStream):
@@ -265,6 +282,7 @@ class CompletionStream(ChoiceStream):
         super().__init__(states, engine_reqs, b',"system_fingerprint":' + encode(fp)
                          if (fp is not None and not self.include_usage) else b"")
         self.want_lp = req.logprobs is not None
+        self.greedy = is_greedy(req)
         self.rti = bool(req.return_token_ids)
         self.echo = bool(req.echo) or self.rti  # both hand the prompt ids out with the first chunk
         self.echo_text = bool(req.echo)
@@ -299,7 +317,8 @@ class CompletionStream(ChoiceStream):
             if self.want_lp:
                 lp_bytes = encode(completion_logprobs(self.serving.tokenizer, list(ids), self.req.logprobs or 0,
                                                       start_position=before,
-                                                      initial_text_offset=self.text_lens[i] - len(text)))
+                                                      initial_text_offset=self.text_lens[i] - len(text),
+                                                      greedy=self.greedy))
         else:  # the first chunk of an echoing choice carries the prompt (text and ids)
             self.echoed[i] = True
             p = self.prompts[i // self.n]

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..engine_cli import engine_args_from_cli
 from ..engine.config import ConfigError, EngineArgs
 from .ignored_flags import ignored_flags
+from .model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
 from .serving_base import VLLM_API_VERSION, ServeSettings
 from .tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
 from .tools.calls import ToolSettings
@@ -102,10 +103,14 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
     names = args.served_model_name or [model or DEFAULT_MODEL_NAME]
     if any(not n for n in names):
         raise CLIError("--served-model-name: names must not be empty")
-    max_model_len = args.max_model_len
-    if max_model_len < 1:
-        raise CLIError(f"--max-model-len must be >= 1, got {max_model_len}")
-    tok = resolve_tokenizer(model, args.tokenizer)
+    try:
+        model_dir = check_model_path(model, cached_model_dir)
+        max_model_len = max_model_len_for(args.max_model_len, model_dir, DEFAULT_MAX_MODEL_LEN,
+                                          disable_sliding_window=bool(getattr(args, "disable_sliding_window", False)))
+    except ModelConfigError as e:
+        raise CLIError(str(e)) from None
+    args.max_model_len = max_model_len  # the engine's arrival check uses it too
+    tok = resolve_tokenizer(str(model_dir) if model_dir is not None else model, args.tokenizer)
     template = _chat_template_source(args.chat_template)
     if template is not None:
         from .chat_template import ChatTemplate, ChatTemplateError
@@ -141,6 +146,8 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         engine_args.enable_chunked_prefill = bool(args.enable_chunked_prefill)
     if getattr(args, "prefix_caching_hash_algo", None) is not None:
         engine_args.prefix_caching_hash_algo = args.prefix_caching_hash_algo
+    # zero-latency bursts only where they are invisible: SSE events of N tokens anyway
+    engine_args.max_burst = max(1, int(getattr(args, "stream_interval", 1) or 1))
     try:
         engine_args.validate()
     except ConfigError as e:
@@ -179,6 +186,12 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         num_gpu_blocks=engine_args.kv_cache_size,
         enable_prefix_caching=engine_args.enable_prefix_caching,
         trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
+        request_id_headers=bool(getattr(args, "enable_request_id_headers", False)),
+        allowed_origins=list(getattr(args, "allowed_origins", None) or []),
+        allowed_methods=list(getattr(args, "allowed_methods", None) or ["*"]),
+        allowed_headers=list(getattr(args, "allowed_headers", None) or ["*"]),
+        allow_credentials=bool(getattr(args, "allow_credentials", False)),
+        stream_interval=int(getattr(args, "stream_interval", 1) or 1),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 

@@ -19,8 +19,10 @@ DONE = b"data: [DONE]\n\n"
 
 
 async def send_bytes(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,
-                     content_type: bytes = b"application/json") -> None:
-    h = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), (b"vary", b"Origin")]
+                     content_type: bytes | None = b"application/json") -> None:
+    h = [(b"content-length", str(len(body)).encode()), (b"vary", b"Origin")]
+    if content_type is not None:  # a redirect has none
+        h.insert(0, (b"content-type", content_type))
     if headers:
         h.extend(headers)
     await send({"type": "http.response.start", "status": status, "headers": h})

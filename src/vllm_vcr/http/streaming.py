@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .errors import STREAM_INTERNAL_ERROR
 from .generation import OutputStream
@@ -89,6 +91,45 @@ class ChoiceStream:
         raise NotImplementedError
 
 
+class IntervalGate:
+    """`--stream-interval N` (or a request's larger `stream_interval`), as vLLM's output processor:
+    a choice's output is sent when it is the first, the last, or N tokens have piled up since the
+    last one sent; the held outputs leave merged as one. N = 1 never uses this."""
+
+    __slots__ = ("feed_renderer", "interval", "held", "sent_any")
+
+    def __init__(self, renderer: ChoiceStream, interval: int, choices: int) -> None:
+        self.feed_renderer = renderer.feed
+        self.interval = interval
+        self.held: list[EngineCoreOutput | None] = [None] * choices
+        self.sent_any = [False] * choices
+
+    def feed(self, out: EngineCoreOutput, i: int = 0) -> bytes:
+        held = self.held[i]
+        if held is not None:
+            out = merge_outputs(held, out)
+        if out.finish_reason is None and self.sent_any[i] and len(out.new_token_ids) < self.interval:
+            self.held[i] = out
+            return b""
+        self.held[i] = None
+        if out.new_token_ids:
+            self.sent_any[i] = True
+        return self.feed_renderer(out)
+
+
+def merge_outputs(first: EngineCoreOutput, then: EngineCoreOutput) -> EngineCoreOutput:
+    """One output standing for two consecutive ones of the same request (as the collector merges)."""
+    merged = msgspec.structs.replace(first, new_token_ids=first.new_token_ids + then.new_token_ids,
+                                     finish_reason=then.finish_reason, stop_reason=then.stop_reason)
+    if then.events:
+        merged.events = (first.events or []) + then.events
+    if merged.prefill_stats is None:
+        merged.prefill_stats = then.prefill_stats
+    merged.kv_transfer_params = then.kv_transfer_params or first.kv_transfer_params
+    merged.error = then.error or first.error
+    return merged
+
+
 class DirectBody:
     """Body chunks of a started chunked response written to uvicorn's transport directly.
 
@@ -124,15 +165,18 @@ class DirectBody:
 
 
 async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
-                          renderer: ChoiceStream) -> None:
+                          renderer: ChoiceStream, interval: int = 1) -> None:
     w = SSEWriter(ctx.send)
     await w.start()  # headers go out at once, as vLLM's StreamingResponse does
+    feed = renderer.feed if interval <= 1 else _gated_feed(renderer, interval)
     try:
-        direct = DirectBody.attach(ctx.send) if len(engine_reqs) == 1 and hasattr(engine, "push") else None
+        # the server's own send (below any header-adding wrapper) writes to the transport directly
+        raw_send = ctx.scope.get("vllm_vcr.send", ctx.send)
+        direct = DirectBody.attach(raw_send) if len(engine_reqs) == 1 and hasattr(engine, "push") else None
         if direct is not None:
-            await _pushed(engine, engine_reqs[0], renderer, direct, w)
+            await _pushed(engine, engine_reqs[0], renderer, feed, direct, w)
         else:
-            await _pulled(engine, engine_reqs, renderer, w)
+            await _pulled(engine, engine_reqs, renderer, feed, w)
     except Exception as e:
         if type(e).__name__ not in ENGINE_GONE:
             raise
@@ -141,12 +185,20 @@ async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[En
     await w.close(renderer.closing())
 
 
-async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStream, direct: DirectBody,
-                  w: SSEWriter) -> None:
+def _gated_feed(renderer: ChoiceStream, interval: int) -> Callable[[EngineCoreOutput], bytes]:
+    gate = IntervalGate(renderer, interval, renderer.total)
+    if renderer.single:
+        return gate.feed
+    index = renderer._index
+    return lambda out: gate.feed(out, index[out.request_id])
+
+
+async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStream,
+                  feed: Callable[[EngineCoreOutput], bytes], direct: DirectBody, w: SSEWriter) -> None:
     backlog: list[bytes] = []  # chunks the socket would not take yet, in order
 
     def deliver(out: EngineCoreOutput) -> bool:
-        data = renderer.feed(out)
+        data = feed(out)
         if data and (backlog or not direct.write(data)):
             backlog.append(data)
             return True
@@ -163,11 +215,11 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStrea
 
 
 async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: ChoiceStream,
-                  w: SSEWriter) -> None:
+                  feed: Callable[[EngineCoreOutput], bytes], w: SSEWriter) -> None:
     async with OutputStream(engine, engine_reqs) as stream:
         renderer.cancel = stream.cancel
         async for out in stream:
-            data = renderer.feed(out)
+            data = feed(out)
             if data:
                 await w.write(data)
             if renderer.done:

@@ -1,0 +1,66 @@
+"""What vLLM's FastAPI stack does around its routes, in raw ASGI: X-Request-Id headers
+(`--enable-request-id-headers`), CORS (Starlette's CORSMiddleware with vLLM's flags), the
+trailing-slash redirect of Starlette's router, and the JSON content-type check of vLLM's
+generation and tokenizer routes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+from urllib.parse import quote
+
+from .errors import HTTPError
+
+_MEDIA_TYPE_MESSAGE = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+
+
+def with_request_id(scope: dict[str, Any], send: Callable) -> Callable:
+    """`send` that adds X-Request-Id (the request's, else a uuid4 hex) to the response head."""
+
+    async def send_with_request_id(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            rid = None
+            for name, value in scope.get("headers") or ():
+                if name == b"x-request-id":
+                    rid = value
+                    break
+            headers = [*message.get("headers", ()), (b"x-request-id", rid or uuid.uuid4().hex.encode())]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_request_id
+
+
+def cors_middleware(app: Callable, settings: Any) -> Callable:
+    """Starlette's CORSMiddleware configured as vLLM configures it."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    return CORSMiddleware(app, allow_origins=settings.allowed_origins, allow_credentials=settings.allow_credentials,
+                          allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers)
+
+
+def check_json_content_type(headers: dict[bytes, bytes]) -> None:
+    """vLLM's validate_json_request: a body that is not application/json is a 400, checked before
+    the body is parsed (a malformed body of another type reports the media type)."""
+    content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
+    if content_type.split(";", 1)[0].strip() != "application/json":
+        raise HTTPError(400, _MEDIA_TYPE_MESSAGE, "Bad Request")
+
+
+def redirect_location(scope: dict[str, Any], path: str) -> bytes:
+    """The absolute URL Starlette's router redirects a trailing-slash path to."""
+    host = None
+    for name, value in scope.get("headers") or ():
+        if name == b"host":
+            host = value.decode("latin-1")
+            break
+    scheme = scope.get("scheme", "http")
+    if host is None:
+        server = scope.get("server") or ("127.0.0.1", 80)
+        host = server[0] if server[1] == {"http": 80, "https": 443}.get(scheme) else f"{server[0]}:{server[1]}"
+    url = f"{scheme}://{host}{scope.get('root_path', '')}{path}"
+    query = scope.get("query_string", b"")
+    if query:
+        url += "?" + query.decode("latin-1")
+    return quote(url, safe=":/%#?=@[]!$&'()*+,;").encode("latin-1")
