@@ -37,7 +37,7 @@ from .plan import OutputReplayTable, Planner
 from .request import Request, RequestStatus
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
-from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
+from .step import StepInFlight, TimedSteps, burst_size, compose, log_step
 from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError
 
 logger = logging.getLogger("vllm_vcr.engine")

@@ -10,7 +10,6 @@ log line, so a manifest written for vLLM starts this unchanged.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from typing import Any

@@ -7,18 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import MAX_LOGPROBS, RequestValueError
+from .protocol import RequestValueError
 
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy
-
-
-def check_prompt_logprobs_limit(num: int | None, vocab_size: int) -> None:
-    """SamplingParams' --max-logprobs check of prompt logprobs."""
-    if num == -1:
-        num = vocab_size
-    if num and num > MAX_LOGPROBS:
-        raise RequestValueError(f"Requested prompt logprobs of {num}, which is greater than max allowed: "
-                                f"{MAX_LOGPROBS}", "prompt_logprobs", num)
 
 
 def is_greedy(req: Any) -> bool:

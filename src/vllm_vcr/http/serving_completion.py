@@ -30,7 +30,6 @@ from .protocol import (
 )
 from .request_checks import (
     check_greedy_n,
-    check_prompt_logprobs_limit,
     effective_prompt_logprobs,
     is_greedy,
 )
