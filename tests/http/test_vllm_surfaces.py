@@ -83,11 +83,12 @@ def test_trailing_slash_redirects_like_starlette(http):
     assert http.get("/nope/").status_code == 404
 
 
-def test_load_is_zero_without_tracking_and_reset_prefix_cache(http):
+def test_load_is_zero_without_tracking_and_reset_prefix_cache_is_a_dev_route(http):
     assert http.get("/load").json() == {"server_load": 0}
     assert http.post("/v1/completions", json={"model": MODEL, "prompt": "cache me " * 20, "max_tokens": 2}
                      ).status_code == 200
-    assert http.post("/reset_prefix_cache").json() == {"success": True}
+    # vLLM registers /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1 (test_sleep_and_management.py)
+    assert http.post("/reset_prefix_cache").status_code == 404
 
 
 def test_x_request_id_on_every_response(flagged):

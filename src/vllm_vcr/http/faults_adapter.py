@@ -65,7 +65,9 @@ class FaultGate:
             f = action.failure
             await send_bytes(send, f.status, f.body, list(f.headers))
             return None
-        return FaultySend(send, action)
+        faulty = FaultySend(send, action)
+        scope["vllm_vcr.send"] = faulty  # streams write through the fault, not straight to the transport
+        return faulty
 
 
 def _reset(send: Callable) -> None:
