@@ -74,7 +74,8 @@ class SleepControl:
 
     def __init__(self, engine: Any, config: SleepConfig, metrics: Any = None):
         self.engine = engine
-        self.op_metrics = _OperationMetrics(getattr(metrics, "registry", None))
+        self._registry = getattr(metrics, "registry", None)
+        self._op_metrics: _OperationMetrics | None = None
         self.config = config
         self.metrics = metrics
         self.paused = False
@@ -82,6 +83,12 @@ class SleepControl:
         self.level = 0
         self._frozen = False
         self._lock = asyncio.Lock()
+
+    def op_metrics(self) -> "_OperationMetrics":
+        """The operation series, registered by the first sleep-mode operation (as vLLM's)."""
+        if self._op_metrics is None:
+            self._op_metrics = _OperationMetrics(self._registry)
+        return self._op_metrics
 
     @property
     def is_sleeping(self) -> bool:
@@ -195,7 +202,7 @@ class SleepControl:
 
 
 class _OperationMetrics:
-    """vLLM's sleep-mode operation series (exported once the dev-mode sleep routes exist)."""
+    """vLLM's sleep-mode operation series (registered by the first operation, as vLLM does)."""
 
     def __init__(self, registry: Any):
         self.duration = self.in_flight = None
@@ -218,7 +225,7 @@ class _Operation:
         self.name = name
 
     async def __aenter__(self) -> None:
-        m = self.control.op_metrics
+        m = self.control.op_metrics()
         if m.in_flight is not None:
             m.in_flight.labels(self.name).inc()
         self.start = time.perf_counter()
@@ -226,7 +233,7 @@ class _Operation:
 
     async def __aexit__(self, *exc: Any) -> None:
         self.control._lock.release()
-        m = self.control.op_metrics
+        m = self.control.op_metrics()
         if m.in_flight is not None:
             m.in_flight.labels(self.name).dec()
             m.duration.labels(self.name).observe(time.perf_counter() - self.start)
