@@ -4,7 +4,7 @@
               writes W.jsonl.gz (engine side, tap) and W.client.jsonl.gz (client side)
     replay:   replay-arrivals(W.jsonl.gz) ─▶ real frontend ─▶ record tap ─▶ vllm-vcr play
               play paced by --latency-trace A.jsonl.gz (held-out fit; both models of the repo,
-              chosen with VLLM_VCR_LATENCY_MODEL) or by --replay-steps W (sanity check), and in
+              chosen with --latency-trace-model) or by --replay-steps W (sanity check), and in
               that run also --replay-tokens W, whose token ids the client checks against W.
     compare:  TTFT and per-token ITL p50/p90/p99, client vs client and tap vs tap.
 
@@ -38,22 +38,16 @@ from vllm_vcr.trace.schema import replay_subset
 from vllm_vcr.trace.stats import itl_samples, ttft_samples
 
 QUANTILES = (50, 90, 99)
-# (target workload, fitted on, pacing): the held-out replays. "cells" = trace/latency_model.py,
-# "fit" = trace/latency_fit.py, "steps" = --replay-steps of the target itself (+ --replay-tokens).
-# "cells0" = latency_model.py before this benchmark (TTFT drawn from the nearest sizes only, i.i.d.
-# decode gaps); "cells1" = + the cell's whole TTFT spread; "cells" = + decode gaps replayed in runs.
-# "stepm" = the step-time model (trace/step_model.py): the engine in step-composed timing mode.
-MODEL_ENV = {"cells": "cells", "cells1": "cells-v1", "cells0": "cells-v0", "fit": "fit", "stepm": "steps"}
+# (target workload, fitted on, pacing): the held-out replays. "cells" = the cell model
+# (engine/latency/cells.py), "stepm" = the step-time model (engine/latency/steps.py: the engine
+# with timed steps), "steps" = --replay-steps of the target itself (+ --replay-tokens).
+# The "fit" (§3.2 port), "cells0" and "cells1" variants of docs/fidelity.md were removed from the
+# code (issue 11): their rows there are historical and cannot be re-run.
+MODEL_FLAG = {"cells": "cells", "stepm": "steps"}
 RUNS = [
-    ("poisson_hi", "poisson_lo", "cells"), ("poisson_hi", "poisson_lo", "fit"),
-    ("poisson_lo", "poisson_hi", "cells"), ("poisson_lo", "poisson_hi", "fit"),
-    ("sessions", "poisson_hi", "cells"), ("sessions", "poisson_hi", "fit"),
+    ("poisson_hi", "poisson_lo", "cells"), ("poisson_lo", "poisson_hi", "cells"), ("sessions", "poisson_hi", "cells"),
     ("poisson_hi", "poisson_hi", "steps"), ("poisson_lo", "poisson_lo", "steps"),
     ("sessions", "sessions", "steps"),
-    ("poisson_hi", "poisson_lo", "cells0"), ("poisson_lo", "poisson_hi", "cells0"),
-    ("sessions", "poisson_hi", "cells0"),
-    ("poisson_hi", "poisson_lo", "cells1"), ("poisson_lo", "poisson_hi", "cells1"),
-    ("sessions", "poisson_hi", "cells1"),
     ("poisson_hi", "poisson_lo", "stepm"), ("poisson_lo", "poisson_hi", "stepm"),
     ("sessions", "poisson_hi", "stepm"),
 ]
@@ -139,12 +133,11 @@ def replay(out: Path, target: str, fit: str, model: str) -> None:
     src = out / f"{target}.jsonl.gz"
     # the real engine's KV block is 128 tokens (CPU backend): mirror it so prefix hits match
     play_args = ["--block-size", "128", "--seed", "1"]
-    env = {}
+    env: dict[str, str] = {}
     if model == "steps":
         play_args += ["--replay-steps", str(src), "--replay-tokens", str(src)]
     else:
-        play_args += ["--latency-trace", str(out / f"{fit}.jsonl.gz")]
-        env["VLLM_VCR_LATENCY_MODEL"] = MODEL_ENV[model]
+        play_args += ["--latency-trace", str(out / f"{fit}.jsonl.gz"), "--latency-trace-model", MODEL_FLAG[model]]
     log(f"replay {name}: starting frontend + tap + play")
     st = stack.start(wd, engine="play", trace_out=out / f"{name}.tap.jsonl.gz", record_tokens=(model == "steps"),
                      play_args=play_args, play_env=env)
@@ -179,8 +172,9 @@ def token_check(src: Path, ids: dict[int, list[int]]) -> dict:
 def calibrate(out: Path, target: str, fit: str, model: str) -> dict:
     cmd = [sys.executable, "-m", "vllm_vcr", "inspect", "calibrate", str(out / f"{target}.jsonl.gz"),
            "--fit", str(out / f"{fit}.jsonl.gz"), "--max-num-seqs", str(stack.MAX_NUM_SEQS),
-           "--max-num-batched-tokens", "2048", "--block-size", "128", "--json"]
-    env = dict(os.environ, PYTHONPATH=str(stack.REPO / "src"), VLLM_VCR_LATENCY_MODEL=MODEL_ENV[model])
+           "--max-num-batched-tokens", "2048", "--block-size", "128", "--latency-trace-model", MODEL_FLAG[model],
+           "--json"]
+    env = dict(os.environ, PYTHONPATH=str(stack.REPO / "src"))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if not p.stdout.strip():
         raise RuntimeError(p.stderr[-2000:])
@@ -438,7 +432,7 @@ def main() -> int:
         # the held-out pairs of the live runs, plus each workload fitted on itself (in-sample:
         # what the model can reproduce at best, without the box's run-to-run drift)
         pairs = [(t, f, m) for t, f, m in RUNS if m != "steps"]
-        pairs += [(w, w, m) for w in ("poisson_lo", "poisson_hi", "sessions") for m in ("cells0", "cells1", "cells", "fit", "stepm")]
+        pairs += [(w, w, m) for w in ("poisson_lo", "poisson_hi", "sessions") for m in ("cells", "stepm")]
         for t, f, m in pairs:
             if (out / f"{t}.jsonl.gz").exists() and (out / f"{f}.jsonl.gz").exists():
                 log(f"calibrate {t} fit {f} model {m}")

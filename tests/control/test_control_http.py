@@ -12,6 +12,7 @@ import time
 import pytest
 
 from vllm_vcr import logging_setup
+from vllm_vcr.engine.latency import LatencyModel
 from vllm_vcr.engine.types import FinishReason
 
 from .control_helpers import make_request
@@ -185,9 +186,7 @@ async def test_reset_mid_flight_keeps_the_invariant(control_stack):
 async def test_409_while_a_latency_trace_paces_requests(control_stack):
     engine, c = await control_stack(engine_count=2)
 
-    class TracePaced:  # stands in for a trace-fitted latency model until one exists
-        is_knob = False
-
+    class TracePaced(LatencyModel):  # stands in for a trace-fitted latency model
         def __init__(self, inner):
             self.inner = inner
 
@@ -209,7 +208,7 @@ async def test_409_while_a_latency_trace_paces_requests(control_stack):
 async def test_500_when_an_engine_loop_is_gone(control_stack):
     engine, c = await control_stack(engine_count=2)
     engine.engines[1].shutdown(0)
-    await asyncio.wait_for(engine._tasks[1], 5)
+    await asyncio.wait_for(engine.tasks[1], 5)
     for r in (await c.get("/stats"), await c.post("/stats/reset"),
               await c.patch("/config", json={"max_num_seqs": 2})):
         assert r.status_code == 500 and "engine 1" in r.json()["error"]

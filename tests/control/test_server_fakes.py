@@ -15,7 +15,9 @@ import pytest
 
 from vllm_vcr.control import start_control_server
 from vllm_vcr.control.server import ControlAddressError, parse_address
+from vllm_vcr.control.schema import latency_knobs_in
 from vllm_vcr.engine.config import EngineConfig
+from vllm_vcr.engine.core import LatencyTraceActive
 
 
 class FakeCore:
@@ -46,6 +48,12 @@ class FakeCore:
 
         asyncio.get_running_loop().call_soon(run)
         return fut
+
+    def check_patch(self, patch):
+        knobs = latency_knobs_in(patch)
+        if knobs and not self.latency_source_is_knob:
+            raise LatencyTraceActive(f"{', '.join(knobs)}: a latency trace paces requests")
+        return self.config.patched(patch)
 
     def patch_config(self, patch):
         self.calls.append("patch")

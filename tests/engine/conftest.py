@@ -7,19 +7,25 @@ import pytest
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
+from vllm_vcr.engine_inputs import engine_inputs
 from vllm_vcr.engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 
 
 class Harness:
     """An EngineCore on a VirtualClock that records every output batch."""
 
-    def __init__(self, *, start: float = 0.0, **kwargs) -> None:
+    def __init__(self, *, start: float = 0.0, latency=None, **kwargs) -> None:
         cfg_fields = set(EngineConfig.__struct_fields__)
         cfg = EngineConfig(**{k: v for k, v in kwargs.items() if k in cfg_fields})
         args = EngineArgs(config=cfg, **{k: v for k, v in kwargs.items() if k not in cfg_fields})
         self.clock = VirtualClock(start)
         self.batches: list[tuple[int, EngineCoreOutputs]] = []
-        self.core = EngineCore(args.validate(), clock=self.clock, output_sink=lambda c, o: self.batches.append((c, o)))
+        args = args.validate()
+        inputs = engine_inputs(args)
+        if latency is not None:
+            inputs["latency"] = latency
+        self.core = EngineCore(args, clock=self.clock, output_sink=lambda c, o: self.batches.append((c, o)),
+                               **inputs)
 
     def add(self, rid: str, prompt_len: int = 16, max_tokens: int | None = 4, *, prompt: list[int] | None = None,
             priority: int = 0, arrival_time: float = 0.0, **sp) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.engine import core as core_mod
+from vllm_vcr.engine import step as step_mod
 from vllm_vcr.engine.tokens import RandomTokens
 
 from .conftest import Harness
@@ -25,7 +25,7 @@ request_st = st.tuples(
 
 
 def _run(monkeypatch, burst: int, reqs, **engine):
-    monkeypatch.setattr(core_mod, "MAX_BURST", burst)
+    monkeypatch.setattr(step_mod, "MAX_BURST", burst)
     h = Harness(**engine)
     late = []
     for i, (plen, max_tokens, min_tokens, stop, at) in enumerate(reqs):
@@ -64,7 +64,7 @@ def test_bursts_change_batching_only(monkeypatch, reqs, kv_blocks, block, budget
 
 
 def test_a_decoding_batch_bursts_and_the_first_token_comes_alone(monkeypatch, harness):
-    monkeypatch.setattr(core_mod, "MAX_BURST", 8)
+    monkeypatch.setattr(step_mod, "MAX_BURST", 8)
     h = harness(max_num_batched_tokens=2048)
     for i in range(4):
         h.add(f"r{i}", max_tokens=20)
@@ -91,7 +91,7 @@ def test_no_burst_with_a_gap_between_tokens_or_a_request_waiting(harness):
 
 
 def test_bursts_stop_when_free_blocks_could_not_cover_them(monkeypatch, harness):
-    monkeypatch.setattr(core_mod, "MAX_BURST", 8)
+    monkeypatch.setattr(step_mod, "MAX_BURST", 8)
     # 3 blocks of 4: the prompt takes 1, the 8-token answer the rest: too few to burst safely
     h = harness(kv_cache_size=3, tokens_per_block=4)
     h.add("r", prompt_len=4, max_tokens=8)

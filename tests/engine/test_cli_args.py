@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from vllm_vcr.engine.cli_args import add_engine_args, engine_args_from_cli
+from vllm_vcr.engine_cli import add_engine_args, engine_args_from_cli
 from vllm_vcr.engine.config import ConfigError
 
 
@@ -22,6 +22,13 @@ def test_flags_reach_engine_args(monkeypatch):
     assert (a.worker_type, a.kv_bytes_per_token, a.kv_transfer_bandwidth, a.kv_hold_timeout) == ("prefill", 2048, 3.5, 12.0)
     assert (a.startup_time, a.startup_failure, a.reasoning, a.replay_match) == (1.5, "oom", "1,2,0.25", "prefix")
     assert a.config.inter_token_latency == 0.25 and a.config.log_requests is False
+
+
+def test_latency_trace_model_flag():
+    assert parse().latency_trace_model == "auto"
+    assert parse("--latency-trace", "t.jsonl", "--latency-trace-model", "cells").latency_trace_model == "cells"
+    with pytest.raises(SystemExit):
+        parse("--latency-trace-model", "fit")  # the §3.2 port is gone
 
 
 def test_log_requests_from_the_environment(monkeypatch):

@@ -24,7 +24,7 @@ def test_prefill_finishes_after_first_token_and_holds_its_blocks(harness):
     assert pool.num_free_blocks == 60  # held for the decode side
     h.core.release_kv_hold("p")
     h.run(until=1.1)
-    assert pool.num_free_blocks == 64 and not h.core.kv_holds
+    assert pool.num_free_blocks == 64 and not h.core.kv_transfer.holds
 
 
 def test_held_blocks_are_freed_after_the_timeout(harness):
@@ -41,7 +41,7 @@ def test_decode_pulls_the_prompt_and_ttft_includes_the_transfer(harness):
     h = harness(kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=1.0, kv_cache_size=200,
                 inter_token_latency=10, max_num_batched_tokens=64)
     pulled = []
-    h.core.on_kv_pulled = pulled.append
+    h.core.kv_transfer.add_pulled_listener(pulled.append)
     params = {"do_remote_prefill": True, "remote_engine_id": "prefill-0", "remote_request_id": "p",
               "remote_block_ids": [1, 2, 3], "remote_host": "127.0.0.1", "remote_port": 7000}
     h.add_req(pd_request("d", h.prompt_of("d", 1000), params, max_tokens=3))
@@ -103,9 +103,10 @@ HANDOFF = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 9000, "bootstrap_roo
 def test_handoff_decode_waits_for_kv_ready_before_pulling(harness):
     # 1000 tokens x 1 MB at 1 GB/s = 1 s of pull, starting only when the prefill side says ready
     h = harness(worker_type="decode", kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=1.0, kv_cache_size=200)
-    obs = h.core.handoff = RecordingObserver()
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
     pulled = []
-    h.core.on_kv_pulled = pulled.append
+    h.core.kv_transfer.add_pulled_listener(pulled.append)
     h.add_req(pd_request("d", h.prompt_of("d", 1000), dict(HANDOFF), max_tokens=2))
     h.run(until=5.0)
     assert h.tokens("d") == [] and obs.calls == [("arrived", "d")]
@@ -119,7 +120,7 @@ def test_handoff_decode_waits_for_kv_ready_before_pulling(harness):
 
 def test_handoff_kv_ready_before_admission_starts_the_pull_at_admission(harness):
     h = harness(worker_type="decode", kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=1.0, kv_cache_size=200)
-    h.core.handoff = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(RecordingObserver())
     h.add_req(pd_request("d", h.prompt_of("d", 1000), dict(HANDOFF), max_tokens=1))
     h.core.kv_ready("d")  # processed in the same inbox batch, before the first step admits it
     h.run()
@@ -128,7 +129,8 @@ def test_handoff_kv_ready_before_admission_starts_the_pull_at_admission(harness)
 
 def test_handoff_kv_ready_error_fails_the_request_and_frees_its_blocks(harness):
     h = harness(worker_type="decode", kv_cache_size=200)
-    obs = h.core.handoff = RecordingObserver()
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
     h.add_req(pd_request("d", h.prompt_of("d", 100), dict(HANDOFF)))
     h.run(until=1.0)
     h.core.kv_ready("d", error="bootstrap connection failed: refused")
@@ -142,7 +144,8 @@ def test_handoff_kv_ready_error_fails_the_request_and_frees_its_blocks(harness):
 
 def test_handoff_prefill_reports_prefilled_and_ends_when_the_hold_is_released(harness):
     h = harness(worker_type="prefill", kv_cache_size=64)
-    obs = h.core.handoff = RecordingObserver()
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
     h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
     h.run(until=1.0)
     params = h.outputs("p")[-1][1].kv_transfer_params
@@ -155,7 +158,8 @@ def test_handoff_prefill_reports_prefilled_and_ends_when_the_hold_is_released(ha
 
 def test_handoff_abort_ends_the_session_once(harness):
     h = harness(worker_type="decode")
-    obs = h.core.handoff = RecordingObserver()
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
     h.add_req(pd_request("d", h.prompt_of("d", 32), dict(HANDOFF)))
     h.run(until=1.0)
     h.core.abort_requests(["d"])
@@ -177,7 +181,8 @@ def test_handoff_abort_ends_the_session_once(harness):
 ])
 def test_handoff_metadata_errors(harness, worker_type, params, message):
     h = harness(worker_type=worker_type)
-    obs = h.core.handoff = RecordingObserver()
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
     h.add_req(pd_request("r", h.prompt_of("r", 16), params))
     h.run()
     last = h.outputs("r")[-1][1]
@@ -188,14 +193,14 @@ def test_handoff_metadata_errors(harness, worker_type, params, message):
 def test_handoff_without_the_network_side_or_rejected_by_it(harness):
     h = harness(worker_type="prefill")
     h.add_req(pd_request("a", h.prompt_of("a", 16), dict(HANDOFF)))
-    h.core.handoff = None
+    h.core.kv_transfer.set_handoff_observer(None)
     h.run()
     assert h.outputs("a")[-1][1].error.message == "source handoff manager is not initialized"
-    h.core.handoff = RecordingObserver(reject="mocker handoff session limit reached for DP rank 0")
+    h.core.kv_transfer.set_handoff_observer(RecordingObserver(reject="mocker handoff session limit reached for DP rank 0"))
     h.add_req(pd_request("b", h.prompt_of("b", 16), dict(HANDOFF)))
     h.run()
     assert h.outputs("b")[-1][1].error.message == "mocker handoff session limit reached for DP rank 0"
-    assert h.core.handoff.calls == [("arrived", "b")]  # rejected: no `ended` owed
+    assert h.core.kv_transfer.handoff_observer.calls == [("arrived", "b")]  # rejected: no `ended` owed
 
 
 def test_bootstrap_info_without_handoff_id_is_a_plain_request_on_an_aggregated_worker(harness):

@@ -1,4 +1,4 @@
-"""Step-composed timing (engine/step_timing.py): one batch at a time, outputs at the step's end."""
+"""Timed steps (a step-time model, engine/step.py): one batch at a time, outputs at the step's end."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from hypothesis import strategies as st
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
-from vllm_vcr.engine.step_timing import StepBatch, zero_pacing
+from vllm_vcr.engine.latency import LatencyModel, StepBatch, zero_pacing
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 
 MS = 1e-3
 
 
-class LinearSteps:
+class LinearSteps(LatencyModel):
     """A deterministic step-time model: 10 ms + 1 ms per decode + 0.1 ms per prefill token."""
 
-    is_knob = False
+    times_steps = True
 
     def __init__(self, base=10.0, per_decode=1.0, per_prefill_token=0.1) -> None:
         self.base, self.per_decode, self.per_token = base, per_decode, per_prefill_token
@@ -70,7 +70,7 @@ def test_a_step_emits_every_token_of_its_batch_at_its_end():
     h.add("a", prompt_len=20)
     h.add("b", prompt_len=30)
     h.core.run_until_idle()
-    assert h.core.step_timer is not None
+    assert h.core.latency.times_steps
     # step 1: both prefills (50 tokens): 10 + 5 ms; then two decodes per step: 12 ms each
     first = round(0.015, 9)
     assert h.times("a") == h.times("b") == [first, round(first + 0.012, 9), round(first + 0.024, 9)]
@@ -114,7 +114,6 @@ def test_an_arrival_the_engine_has_not_seen_yet_misses_the_next_step():
     # step 3 (22 → 33 ms) is a's decode alone; b is in step 4 (33 → 45 ms, with a's decode)
     assert h.times("a") == [0.011, 0.022, 0.033, 0.045]
     assert h.times("b") == [0.045]
-    assert h.core.step_timer._visible == {}
 
 
 def test_an_input_delay_holds_nothing_back_when_the_request_is_all_the_work():
@@ -186,13 +185,7 @@ def test_step_mode_property(reqs, seqs, budget, delay_ms):
     model = DelayedInput(delay_ms) if delay_ms is not None else None
     h = StepHarness(model, max_num_seqs=seqs, max_num_batched_tokens=budget)
     ends = []
-    orig = h.core.step_timer._finish
-
-    def finish(b):
-        ends.append(round(b.end, 9))
-        orig(b)
-
-    h.core.step_timer._finish = finish
+    h.core.add_step_observer(lambda step: ends.append(round(step.start + step.duration, 9)))
     for i, (t_ms, prompt, out, abort) in enumerate(sorted(reqs)):
         h.core.run_until_idle(until=t_ms * MS)
         h.add(f"r{i}", prompt_len=prompt, max_tokens=out)

@@ -9,6 +9,8 @@ import pytest
 
 from vllm_vcr.pd.bootstrap import ABORT, ACK, ROOM, BootstrapError, BootstrapServer, join_room
 
+from .polling import until
+
 
 @pytest.fixture
 async def server():
@@ -28,6 +30,10 @@ class Hold:
         self.released.set()
 
 
+def decoder_in(server: BootstrapServer, room: int) -> bool:
+    return room in server.rooms and server.rooms[room].decoder
+
+
 async def raw_decoder(port: int, room: int):
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(ROOM.pack(room))
@@ -45,7 +51,7 @@ async def test_prefill_first_then_decoder_gets_ack_and_its_close_releases(server
     assert server.register(42, "p", hold.release) is None
     server.ready(42, "p")
     writer = await join_room("127.0.0.1", server.port, 42, timeout=2.0)
-    await asyncio.sleep(0.05)
+    await until(lambda: decoder_in(server, 42))
     assert not hold.released.is_set()  # held while the decoder pulls
     writer.close()
     await asyncio.wait_for(hold.released.wait(), 2.0)
@@ -55,11 +61,11 @@ async def test_prefill_first_then_decoder_gets_ack_and_its_close_releases(server
 async def test_decoder_first_waits_for_the_prefill(server):
     hold = Hold()
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 7, timeout=2.0))
-    await asyncio.sleep(0.1)
-    assert not join.done() and 7 in server.rooms  # the room exists, waiting for its prefill
+    await until(lambda: decoder_in(server, 7))  # the room exists, waiting for its prefill
+    assert not join.done()
     assert server.register(7, "p", hold.release) is None
-    await asyncio.sleep(0.05)
-    assert not join.done()  # registered but not computed yet
+    await asyncio.sleep(0.05)  # (nothing to wait for: registered but not computed, no ACK may come)
+    assert not join.done()
     server.ready(7, "p")
     writer = await asyncio.wait_for(join, 2.0)
     writer.close()
@@ -69,7 +75,7 @@ async def test_decoder_first_waits_for_the_prefill(server):
 async def test_prefill_failure_aborts_waiting_and_late_decoders(server):
     server.register(9, "p", Hold().release)
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 9, timeout=2.0))
-    await asyncio.sleep(0.1)
+    await until(lambda: decoder_in(server, 9))
     server.end(9, "p")  # the prefill request was aborted before it finished
     with pytest.raises(BootstrapError, match="prefill worker aborted bootstrap room 9"):
         await join
@@ -118,9 +124,9 @@ async def test_decoder_leaving_before_ack_frees_the_hold_once_computed(server):
     hold = Hold()
     server.register(4, "p", hold.release)
     _, writer = await raw_decoder(server.port, 4)
-    await asyncio.sleep(0.05)
+    await until(lambda: decoder_in(server, 4))
     writer.close()
-    await asyncio.sleep(0.1)
+    await until(lambda: server.rooms[4].state == "aborted", what="the room aborted by its leaving decoder")
     server.ready(4, "p")  # computed after its decoder left: nobody will pull
     assert hold.released.is_set()
 
@@ -128,7 +134,7 @@ async def test_decoder_leaving_before_ack_frees_the_hold_once_computed(server):
 async def test_second_decoder_for_a_room_is_aborted(server):
     server.register(6, "p", Hold().release)
     _, w1 = await raw_decoder(server.port, 6)
-    await asyncio.sleep(0.05)
+    await until(lambda: decoder_in(server, 6))
     r2, w2 = await raw_decoder(server.port, 6)
     assert await asyncio.wait_for(r2.read(1), 2.0) == ABORT
     w1.close()
@@ -140,7 +146,7 @@ async def test_connections_beyond_the_limit_are_refused(caplog):
     await s.start("127.0.0.1", 0)
     try:
         _, w1 = await raw_decoder(s.port, 1)
-        await asyncio.sleep(0.05)
+        await until(lambda: decoder_in(s, 1))
         r2, w2 = await raw_decoder(s.port, 2)
         with caplog.at_level(logging.WARNING, "vllm_vcr.pd"):
             assert await asyncio.wait_for(r2.read(1), 2.0) == ABORT
@@ -163,12 +169,10 @@ async def test_cancelled_join_leaves_the_room(server):
     hold = Hold()
     server.register(8, "p", hold.release)
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 8, timeout=5.0))
-    await asyncio.sleep(0.1)
-    assert server.rooms[8].decoder
+    await until(lambda: decoder_in(server, 8))
     join.cancel()  # the decode request was aborted while waiting
     await asyncio.gather(join, return_exceptions=True)
-    await asyncio.sleep(0.1)
-    assert server.rooms[8].state == "aborted"
+    await until(lambda: server.rooms[8].state == "aborted", what="the room aborted by the cancelled join")
     server.ready(8, "p")  # computed after its decoder left: freed at once
     assert hold.released.is_set()
 

@@ -14,7 +14,8 @@ from vllm_vcr.engine.core import EngineCore
 from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from vllm_vcr.trace.block_hash import prompt_block_hashes
 from vllm_vcr.trace.io import read_trace, write_trace
-from vllm_vcr.trace.latency_model import TraceLatency
+from vllm_vcr.engine_inputs import engine_inputs
+from vllm_vcr.latency_fit.cells import fit_cell_model
 from vllm_vcr.trace.replay import build_planner, request_index
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
 
@@ -23,7 +24,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def run_engine(args: EngineArgs, requests: list[EngineCoreRequest]):
     batches = []
-    core = EngineCore(args.validate(), clock=VirtualClock(0.0), output_sink=lambda c, o: batches.append(o))
+    args = args.validate()
+    core = EngineCore(args, clock=VirtualClock(0.0), output_sink=lambda c, o: batches.append(o), **engine_inputs(args))
     for r in requests:
         core.add_request(r)
     core.run_until_idle()
@@ -99,7 +101,7 @@ def synthetic_records(n=400, seed=1):
 
 def test_fitted_model_reproduces_recorded_quantiles_per_concurrency():
     recs = synthetic_records()
-    model = TraceLatency(recs)
+    model = fit_cell_model(recs)
     rng = random.Random(0)
     for conc in (1, 8, 32):
         pacings = [model.pacing(100, 0, conc, rng) for _ in range(300)]

@@ -30,7 +30,6 @@ from .schema import (
     STATS_FIELDS,
     ControlError,
     empty_stats,
-    latency_knobs_in,
     parse_config_patch,
     parse_log_request,
 )
@@ -74,15 +73,6 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return resp
 
 
-class _Conflict(Exception):
-    """Raised inside an engine call: a latency knob was patched while a trace paces requests."""
-
-
-def _knob_source(core: Any) -> bool:
-    value = getattr(core, "latency_source_is_knob", True)
-    return bool(value() if callable(value) else value)
-
-
 class _Engines:
     """The engines the API drives: a list of EngineCore, or an AsyncEngine (read lazily)."""
 
@@ -111,7 +101,7 @@ class _Engines:
             raise ControlError(500, f"{gone} (no answer within {self.timeout:g}s)")
         try:
             return fut.result()
-        except (ControlError, _Conflict, ConfigError, LatencyTraceActive):
+        except (ControlError, ConfigError, LatencyTraceActive):
             raise
         except EngineDeadError as e:
             raise ControlError(500, str(e) or gone) from None
@@ -171,17 +161,11 @@ def build_control_app(
 
     async def patch_config(request: Request) -> Response:
         patch = parse_config_patch(await request.body())
-        knobs = latency_knobs_in(patch)
 
         def dry_run(core: Any) -> None:
             # Nothing is applied until every engine accepted the patch, so a rejected PATCH
             # leaves all engines as they were.
-            if knobs and not _knob_source(core):
-                raise _Conflict(
-                    f"{', '.join(knobs)}: a recorded latency trace (--latency-trace) paces requests, "
-                    "not the latency knobs; patching them would silently do nothing"
-                )
-            core.config.patched(patch)
+            core.check_patch(patch)
 
         def apply(core: Any) -> dict[str, Any]:
             core.patch_config(patch)
@@ -190,7 +174,7 @@ def build_control_app(
         async with eng.lock:
             try:
                 await eng.call_all(dry_run)
-            except _Conflict as e:
+            except LatencyTraceActive as e:
                 raise ControlError(409, str(e)) from None
             except ConfigError as e:
                 raise ControlError(400, str(e)) from None

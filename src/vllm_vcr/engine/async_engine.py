@@ -216,6 +216,11 @@ class AsyncEngine:
                 col.fail(err)
 
     @property
+    def tasks(self) -> list[asyncio.Task]:
+        """The engines' loop tasks, one per engine once started (in engine order)."""
+        return list(self._tasks)
+
+    @property
     def is_running(self) -> bool:
         return bool(self._tasks) and all(not t.done() for t in self._tasks)
 
@@ -279,7 +284,7 @@ class AsyncEngine:
         if not self.is_ready:
             await self.wait_ready()
         core = self.engines[idx]
-        if core.dead is not None or core._stopped:
+        if core.dead is not None or core.stopped:
             raise EngineDeadError(f"engine {idx} is not running")
         rid = request.request_id
         self._collectors[rid] = (idx, col)

@@ -106,6 +106,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     response_replay_trace: str | None = None  # JSONL of planned output token ids
     # record/replay: recorded traces that pace or script requests instead of the knobs
     latency_trace: str | None = None
+    latency_trace_model: str = "auto"  # auto | steps | cells: the model fitted from latency_trace
     replay_tokens: str | None = None
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix
@@ -117,6 +118,15 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     kv_hold_timeout: float = 480.0  # s a prefill keeps blocks for a decode that never pulls
     side_channel_host: str = "127.0.0.1"
     side_channel_port: int = 5600
+
+    def check_injected(self, latency: object, planner: object, replay_table: object) -> None:
+        """The engine loads no files: a trace flag without its built input is a caller's bug."""
+        missing = [flag for flag, needed, given in (
+            ("--latency-trace", self.latency_trace, latency),
+            ("--replay-tokens/--replay-steps", self.replay_tokens or self.replay_steps, planner),
+            ("--response-replay-trace", self.response_replay_trace, replay_table)) if needed and given is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: build the engine's inputs first (vllm_vcr.engine_inputs)")
 
     def validate(self) -> "EngineArgs":
         self.config.validate()
@@ -150,6 +160,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                               f"got {self.prefix_caching_hash_algo!r}")
         if self.replay_match not in ("index", "prefix"):
             raise ConfigError(f"--replay-match must be index or prefix, got {self.replay_match!r}")
+        if self.latency_trace_model not in ("auto", "steps", "cells"):
+            raise ConfigError(f"--latency-trace-model must be auto, steps or cells, got {self.latency_trace_model!r}")
         if self.latency_trace:
             knobs = [f for f in LATENCY_FIELDS[:-1] if getattr(self.config, f)]
             if knobs:

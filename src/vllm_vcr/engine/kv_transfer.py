@@ -5,14 +5,26 @@ Transfers share the link: each active transfer gets bandwidth / n (processor sha
 concurrent pulls take twice as long as one. A prefill request carrying `do_remote_decode`
 finishes after its prefill and holds its blocks until the decode side has pulled them, or until
 a timeout frees them.
+
+`KVTransfer` owns one engine's P/D state (pulls, holds, deferred pulls, bootstrap handoffs) and
+its hooks. Adapters (pd/) use its public interface: `add_pulled_listener`,
+`remove_pulled_listener`, `set_handoff_observer`; the engine core calls the rest from its loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from .core import EngineCore
+    from .kv_cache_manager import KVCacheManager
+    from .scheduler import Scheduler
+
+logger = logging.getLogger("vllm_vcr.engine")
+PulledListener = Callable[[dict[str, Any]], None]
 
 # Dynamo-style handoff metadata a request may carry inside kv_transfer_params
 HANDOFF_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room", "handoff_id")
@@ -111,3 +123,153 @@ class HandoffObserver(Protocol):
         """Prefill side: the KV is computed and held for the decode side."""
 
     def ended(self, core: "EngineCore", request_id: str) -> None: ...
+
+
+class KVTransfer:
+    """One engine's P/D state: KV pulls in flight and deferred (decode side), blocks held for
+    pullers (prefill side), bootstrap handoffs, and the hooks that tell the network side."""
+
+    def __init__(self, core: EngineCore, kv: KVCacheManager, scheduler: Scheduler) -> None:
+        a = core.args
+        self._core = core
+        self._kv = kv
+        self._scheduler = scheduler
+        self._args = a
+        self.transfers = TransferQueue(a.kv_transfer_bandwidth * 1e9 * a.time_scale)
+        self.holds: dict[str, tuple[Request, float]] = {}  # request id -> (request, expiry)
+        self.handoffs: set[str] = set()  # requests the handoff observer was told about
+        # decode requests that have their blocks but pull only once kv_ready() says the KV is there
+        self.waits: set[str] = set()
+        self._pulled_listeners: list[PulledListener] = []
+        self._handoff: HandoffObserver | None = None
+
+    # --- the adapters' interface -------------------------------------------------------------
+    def add_pulled_listener(self, listener: PulledListener) -> None:
+        """`listener(kv_transfer_params)` runs in the engine step when a pull completes (must not block)."""
+        self._pulled_listeners.append(listener)
+
+    def remove_pulled_listener(self, listener: PulledListener) -> None:
+        if listener in self._pulled_listeners:
+            self._pulled_listeners.remove(listener)
+
+    def set_handoff_observer(self, observer: HandoffObserver | None) -> None:
+        self._handoff = observer
+
+    @property
+    def handoff_observer(self) -> HandoffObserver | None:
+        return self._handoff
+
+    # --- the core's side -----------------------------------------------------------------------
+    def next_event(self) -> float | None:
+        """When a pull completes or a hold expires next."""
+        t = self.transfers.next_completion()
+        if self.holds:
+            h = min(d for _, d in self.holds.values())
+            t = h if t is None or h < t else t
+        return t
+
+    def admit_handoff(self, req: Request, params: dict[str, Any]) -> str | None:
+        """Validate a request's handoff metadata and register it with the network side (error text or None)."""
+        wt = self._args.worker_type
+        err = handoff_error(wt, params)
+        if err is not None or params.get("handoff_id") is None:
+            return err
+        if self._handoff is None:
+            return "source handoff manager is not initialized" if wt == "prefill" else \
+                "bootstrap client is not initialized"
+        err = self._handoff.arrived(self._core, req.request_id, params)
+        if err is not None:
+            return err
+        self.handoffs.add(req.request_id)
+        if wt == "decode":
+            req.remote_prefill = params
+            self.waits.add(req.request_id)
+        return None
+
+    def end_handoff(self, request_id: str) -> None:
+        if request_id in self.handoffs:
+            self.handoffs.discard(request_id)
+            self.waits.discard(request_id)
+            if self._handoff is not None:
+                self._handoff.ended(self._core, request_id)
+
+    def schedule_pull(self, req: Request, num_tokens: int, now: float) -> None:
+        """The scheduler gave a request its blocks for `num_tokens` external tokens: pull them,
+        unless the pull waits for kv_ready()."""
+        req.external_tokens = num_tokens
+        if req.request_id not in self.waits:
+            self.start_pull(req, now)
+
+    def start_pull(self, req: Request, now: float) -> None:
+        req.transferring = True
+        self.transfers.start(req.request_id, req.external_tokens * self._args.kv_bytes_per_token, now)
+
+    def cancel_pull(self, req: Request, now: float) -> None:
+        """The request was preempted: its pull restarts when it is scheduled again."""
+        if req.transferring:
+            self.transfers.cancel(req.request_id, now)
+            req.transferring = False
+
+    def pop_pulled(self, now: float) -> list[str]:
+        return self.transfers.pop_done(now) if self.transfers.remaining else []
+
+    def complete_pull(self, req: Request) -> None:
+        """The KV is here: the prompt counts as computed and the listeners hear of it."""
+        req.transferring = False
+        req.num_computed_tokens += req.external_tokens
+        self._kv.cache_computed_blocks(req)
+        for listener in self._pulled_listeners:
+            listener(req.remote_prefill)
+
+    def complete_pulls(self, request_ids: list[str], requests: dict[str, Request]) -> list[Request]:
+        """The requests (still live and pulling) whose pulls completed: their KV counts as computed."""
+        pulled = []
+        for rid in request_ids:
+            req = requests.get(rid)
+            if req is not None and req.transferring:
+                self.complete_pull(req)
+                pulled.append(req)
+        return pulled
+
+    def kv_ready(self, request_id: str, error: str | None, now: float) -> Request | None:
+        """A deferred pull may start; returns the request if its handoff failed (the core fails it)."""
+        if request_id not in self.waits:
+            return None  # finished, aborted, or never deferred
+        self.waits.discard(request_id)
+        req = self._core.requests.get(request_id)
+        if req is None:
+            return None
+        if error is not None:
+            logger.warning("request %s: KV handoff failed: %s", request_id, error)
+            return req
+        if req.status is RequestStatus.RUNNING and not req.transferring and not req.output_token_ids:
+            self.start_pull(req, now)  # admitted earlier, its blocks were waiting for this
+        return None  # still queued: admission starts the pull
+
+    def hold_for_decode(self, req: Request, now: float) -> dict[str, Any]:
+        """A prefill-side request finished: hold its blocks for the decode side, return its params."""
+        a = self._args
+        self.holds[req.request_id] = (req, now + a.kv_hold_timeout / a.time_scale)
+        params = prefill_side_params(req.request_id, [b.block_id for b in req.blocks], a.engine_id,
+                                     a.side_channel_host, a.side_channel_port + self._core.engine_index,
+                                     request_params=req.kv_transfer_params)
+        if req.request_id in self.handoffs and self._handoff is not None:
+            self._handoff.prefilled(self._core, req.request_id, params)
+        return params
+
+    def release_hold(self, request_id: str) -> bool:
+        entry = self.holds.pop(request_id, None)
+        if entry is None:
+            return False
+        self._kv.free(entry[0])
+        self._scheduler.admission_blocked = False
+        self.end_handoff(request_id)
+        return True
+
+    def expire_holds(self, now: float) -> bool:
+        """Free the holds whose decode side never pulled; True if any was freed."""
+        expired = False
+        for rid in [rid for rid, (_, deadline) in self.holds.items() if deadline <= now]:
+            logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
+            expired = self.release_hold(rid) or expired
+        return expired

@@ -7,7 +7,7 @@ the recorded first-token delay and per-step gaps and chunk sizes instead of its 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import msgspec
 
@@ -58,3 +58,9 @@ class ScriptedPacing:
         gap, k = steps[min(self._i, len(steps) - 1)]
         self._i += 1
         return gap * self._scale, k
+
+
+class OutputReplayTable(Protocol):
+    """Planned output ids by output-replay id (a response replay table, see replay_table.py)."""
+
+    def get(self, key: str) -> list[int] | None: ...

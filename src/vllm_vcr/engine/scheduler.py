@@ -19,7 +19,7 @@ from typing import Callable
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
-from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats
+from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
 PREFILL, DECODE, TRANSFER = 0, 1, 2
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
@@ -226,6 +226,13 @@ class Scheduler:
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         self.total_preemptions += 1
+
+    def make_stats(self, step_counter: int, kv_cache_usage: float) -> SchedulerStats:
+        """The stats a step reports (preemptions and prefix-cache counts since the last report)."""
+        n_pre, self.num_preemptions = self.num_preemptions, 0
+        return SchedulerStats(num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+                              step_counter=step_counter, kv_cache_usage=kv_cache_usage,
+                              prefix_cache_stats=self.take_prefix_stats(), num_preemptions=n_pre)
 
     def take_prefix_stats(self) -> PrefixCacheStats:
         s, self.prefix_stats = self.prefix_stats, PrefixCacheStats()

@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Any
 
-from ..engine.cli_args import add_engine_args
+from ..engine_cli import add_engine_args
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_MODEL_LEN = 4096

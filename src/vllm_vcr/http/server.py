@@ -24,7 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import uvicorn  # noqa: E402
 
-from ..engine.cli_args import engine_args_from_cli  # noqa: E402
+from ..engine_cli import engine_args_from_cli  # noqa: E402
 from ..engine.config import ConfigError, EngineArgs  # noqa: E402
 from ..gc_tuning import tune_for_serving  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
@@ -290,9 +290,10 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
             raise CLIError(f"--host/--port: {e.strerror or e}") from None
     kv_config = _kv_events_config(args)
     from ..engine.config import ConfigError
+    from ..engine_inputs import engine_inputs
 
     try:
-        engine = AsyncEngine(engine_args, engine_count=engine_count)
+        engine = AsyncEngine(engine_args, engine_count=engine_count, **engine_inputs(engine_args))
     except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
         sock.close()
         raise CLIError(str(e)) from None

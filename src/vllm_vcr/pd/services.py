@@ -7,7 +7,7 @@
 * release listener (vLLM NixlConnector flow): on prefill workers, and on aggregated workers
   only when `--side-channel-port` is given (so two default instances on one host do not fight
   over port 5600);
-* every core's `on_kv_pulled` tells the prefill side to release (side channel, or the bootstrap
+* every core's pulled listener (`core.kv_transfer`) tells the prefill side to release (side channel, or the bootstrap
   connection for a handoff session);
 * bootstrap server (Dynamo flow): on prefill workers started with `--bootstrap-port`;
 * every core's handoff observer, so requests carrying handoff metadata are served.
@@ -30,13 +30,13 @@ DEFAULT_SESSION_TIMEOUT_MS = 300_000.0
 
 class PDServices:
     def __init__(self, cores: list[EngineCore], listener: ReleaseListener | None, server: BootstrapServer | None,
-                 handoffs: HandoffManager, notifier: ReleaseNotifier, previous: list[Any]) -> None:
+                 handoffs: HandoffManager, notifier: ReleaseNotifier, listeners: list[Any]) -> None:
         self.cores = cores
         self.listener = listener
         self.server = server
         self.handoffs = handoffs
         self.notifier = notifier
-        self._previous = previous
+        self._listeners = listeners
 
     @property
     def side_channel_ports(self) -> list[int]:
@@ -47,9 +47,9 @@ class PDServices:
         return self.server.port if self.server else None
 
     async def stop(self) -> None:
-        for core, prev in zip(self.cores, self._previous):
-            core.on_kv_pulled = prev
-            core.handoff = None
+        for core, listener in zip(self.cores, self._listeners):
+            core.kv_transfer.remove_pulled_listener(listener)
+            core.kv_transfer.set_handoff_observer(None)
         if self.listener is not None:
             await self.listener.close()
         if self.server is not None:
@@ -58,8 +58,8 @@ class PDServices:
         await self.notifier.close()
 
 
-def _pulled_callback(core: EngineCore, handoffs: HandoffManager, notifier: ReleaseNotifier,
-                     previous: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+def _pulled_listener(core: EngineCore, handoffs: HandoffManager,
+                     notifier: ReleaseNotifier) -> Callable[[dict[str, Any]], None]:
     def on_kv_pulled(params: dict[str, Any]) -> None:
         # runs inside the engine step: must not raise or block
         try:
@@ -67,8 +67,6 @@ def _pulled_callback(core: EngineCore, handoffs: HandoffManager, notifier: Relea
                 notifier.notify(params.get("remote_host"), params.get("remote_port"), params.get("remote_request_id"))
         except Exception:
             logger.exception("engine %d: telling the prefill side to release failed", core.engine_index)
-        if previous is not None:
-            previous(params)
     return on_kv_pulled
 
 
@@ -115,12 +113,12 @@ async def start_pd_services(cores: list[EngineCore], args: Any = None) -> PDServ
 
     handoffs = HandoffManager(server, session_timeout)
     notifier = ReleaseNotifier()
-    previous = []
+    listeners = []
     for core in cores:
-        previous.append(core.on_kv_pulled)
-        core.on_kv_pulled = _pulled_callback(core, handoffs, notifier, core.on_kv_pulled)
-        core.handoff = handoffs
-    pd = PDServices(cores, listener, server, handoffs, notifier, previous)
+        listeners.append(_pulled_listener(core, handoffs, notifier))
+        core.kv_transfer.add_pulled_listener(listeners[-1])
+        core.kv_transfer.set_handoff_observer(handoffs)
+    pd = PDServices(cores, listener, server, handoffs, notifier, listeners)
     if listener is not None or server is not None:
         logger.info("P/D %s worker: KV release listener on %s, bootstrap server on %s", worker,
                     ", ".join(f"{host}:{p}" for p in pd.side_channel_ports) or "-",

@@ -21,6 +21,7 @@ from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.types import EngineCoreRequest, SamplingParams
+from ..engine_inputs import engine_inputs
 from .schema import TraceMeta, TraceRecord, replay_subset
 from .stats import itl_samples, ttft_samples
 
@@ -50,7 +51,7 @@ def simulate(records: list[TraceRecord], args: EngineArgs, block_size: int, on_p
                 emitted.setdefault(o.request_id, []).append((outs.timestamp, len(o.new_token_ids)))
 
     clock = VirtualClock(0.0)
-    core = EngineCore(args, clock=clock, output_sink=sink)
+    core = EngineCore(args, clock=clock, output_sink=sink, **engine_inputs(args))
     t0 = timed[0].arrival_ms
     arrivals: dict[str, float] = {}
     concurrency: dict[str, int] = {}
@@ -98,7 +99,7 @@ def compare(recorded: list[TraceRecord], simulated: list[TraceRecord], tolerance
 
 
 def add_parser(sub: Any) -> None:
-    from ..engine.cli_args import add_engine_args
+    from ..engine_cli import add_engine_args
 
     c = sub.add_parser("calibrate", help="replay a trace through the simulator and compare quantiles",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,7 +120,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from ..engine.cli_args import engine_args_from_cli
+    from ..engine_cli import engine_args_from_cli
     from .progress import load_trace, task_progress
 
     trace = load_trace(ns.trace)

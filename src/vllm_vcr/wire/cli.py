@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from ..engine.cli_args import add_engine_args, engine_args_from_cli
+from ..engine_cli import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError
 from ..gc_tuning import tune_for_serving
 

@@ -88,6 +88,11 @@ class EngineBridge:
     def attach_core(self, core: Any) -> None:
         self.core = core
 
+    @property
+    def tasks(self) -> list[asyncio.Task]:
+        """The bridge's own tasks still running (utility calls in flight)."""
+        return list(self._tasks)
+
     # ---- outputs (called synchronously from the engine loop; must not block) ----------------
     def sink(self, client_index: int, outs: EngineCoreOutputs) -> None:
         outs.engine_index = self.rank
@@ -362,6 +367,7 @@ class PlayServer:
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
                  kv_events: Any = None, pd_args: Any = None):
         self.args = args
+        self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
         self.engine_count = engine_count
@@ -401,11 +407,12 @@ class PlayServer:
                 pass
         # The control API binds before HELLO: a bad --control-address fails before the frontend
         # has spent its one handshake on us. Until the engines exist it answers "no engine".
-        EngineCore, _ = _import_engine()
         from ..engine.config import ConfigError
+        from ..engine_inputs import engine_inputs
 
         try:
-            EngineCore(self.args)  # loads and checks every input file before the frontend's one handshake
+            # load and check every input file before the frontend's one handshake
+            self.engine_inputs = engine_inputs(self.args)
         except ConfigError as e:
             log.error("%s", e)
             return 2
@@ -475,7 +482,8 @@ class PlayServer:
             for b in self.bridges:
                 eargs = copy.deepcopy(self.args)
                 eargs.engine_id = info_for(b.rank).instance_id
-                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink))
+                b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
+                                         **self.engine_inputs))
                 if self.publishers:
                     from ..kv_events import KVEventCollector
 
@@ -531,7 +539,7 @@ class PlayServer:
             t.cancel()
         await asyncio.gather(*io_tasks, return_exceptions=True)
         for b in self.bridges:
-            for t in list(b._tasks):
+            for t in b.tasks:
                 t.cancel()
             b.send_dead()
         await pd.stop()

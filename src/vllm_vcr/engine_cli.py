@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
+from .engine.config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
 
 
 def _env(name: str, default):
@@ -63,6 +63,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("record / replay")
     r.add_argument("--latency-trace", default=None, metavar="TRACE",
                    help="pace requests with a latency model fitted from a recorded trace (excludes the latency knobs)")
+    r.add_argument("--latency-trace-model", choices=["auto", "steps", "cells"], default="auto",
+                   help="the model --latency-trace fits: auto = the step-time model for an engine tap trace, "
+                        "the cell model otherwise")
     r.add_argument("--replay-steps", default=None, metavar="TRACE",
                    help="replay each matched request's recorded TTFT, gaps and chunk sizes verbatim")
     r.add_argument("--replay-tokens", default=None, metavar="TRACE",
@@ -143,6 +146,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         side_channel_port=int(getattr(ns, "side_channel_port", None) or 5600),
         startup_time=float(ns.startup_time),
         latency_trace=ns.latency_trace,
+        latency_trace_model=getattr(ns, "latency_trace_model", None) or "auto",
         replay_tokens=ns.replay_tokens,
         replay_steps=ns.replay_steps,
         replay_match=ns.replay_match,

@@ -1,4 +1,4 @@
-"""A latency model fitted from a recorded trace (`--latency-trace`).
+"""The cell model: request pacing drawn from a recording cut into cells (`--latency-trace`).
 
 The recording is cut into cells by prompt size and by how many requests were in flight, and the
 engine draws from the cell that matches each request:
@@ -13,8 +13,9 @@ engine draws from the cell that matches each request:
 - output length: for requests that may stop on EOS (or that set no max_tokens), a length drawn
   from the recorded output lengths.
 
-Draws use inverse-CDF sampling of the sorted samples (with interpolation), so the replay
-reproduces the recorded quantiles rather than just means. Delays are divided by time_scale.
+Draws are inverse-CDF draws of the sorted samples (with interpolation), so the replay reproduces
+the recorded quantiles rather than just means. Delays are divided by time_scale. The model is
+filled request by request (`add_request`); reading a trace into it is latency_fit/cells.py's job.
 """
 
 from __future__ import annotations
@@ -23,45 +24,34 @@ import bisect
 import random
 from collections.abc import Sequence
 
-from .io import read_trace
-from .schema import TraceRecord
+from .base import LatencyModel, inverse_cdf
 
 PROMPT_EDGES = [0, 65, 129, 257, 513, 1025, 2049, 4097, 8193, 16385, 32769]
 CONC_EDGES = [1, 2, 5, 9, 17, 33, 65, 129]
 MIN_CELL = 5  # samples a cell needs before it stands on its own
+Cell = tuple[int, int]  # (prompt bucket, concurrency bucket)
 
 
-def _bucket(edges: Sequence[int], v: int) -> int:
+def bucket(edges: Sequence[int], v: int) -> int:
     return max(bisect.bisect_right(edges, v) - 1, 0)
-
-
-def _draw(sorted_samples: Sequence[float], u: float) -> float:
-    n = len(sorted_samples)
-    if n == 1:
-        return sorted_samples[0]
-    pos = u * (n - 1)
-    i = int(pos)
-    if i >= n - 1:
-        return sorted_samples[-1]
-    f = pos - i
-    return sorted_samples[i] * (1 - f) + sorted_samples[i + 1] * f
 
 
 class _Cells:
     """Samples keyed by (prompt bucket, concurrency bucket), with nearest-cell lookup."""
 
     def __init__(self) -> None:
-        self.cells: dict[tuple[int, int], list] = {}
+        self.cells: dict[Cell, list] = {}
+        self._cache: dict[Cell, Cell] = {}
 
-    def add(self, key: tuple[int, int], sample) -> None:
+    def add(self, key: Cell, sample) -> None:
         self.cells.setdefault(key, []).append(sample)
 
     def finish(self) -> None:
         for v in self.cells.values():
             v.sort()
-        self._cache: dict[tuple[int, int], tuple[int, int]] = {}
+        self._cache = {}
 
-    def nearest(self, key: tuple[int, int]) -> tuple[int, int] | None:
+    def nearest(self, key: Cell) -> Cell | None:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -95,28 +85,15 @@ class _Runs:
 
 
 class TracePacing:
-    __slots__ = (
-        "_end",
-        "_gaps",
-        "_left",
-        "_pos",
-        "_rng",
-        "_runs",
-        "_scale",
-        "_start",
-        "first_chunk",
-        "itl_mean",
-        "itl_std",
-        "ttft",
-    )
+    __slots__ = ("_end", "_left", "_pos", "_rng", "_runs", "_scale", "_start", "first_chunk", "itl_mean",
+                 "itl_std", "ttft")
 
     def __init__(self, ttft: float, gaps: list[tuple[float, int]], rng: random.Random, scale: float,
-                 runs: _Runs | None = None) -> None:
+                 runs: _Runs) -> None:
         self.ttft = ttft
-        self._gaps = gaps
         self._rng = rng
         self._scale = scale
-        self._runs = runs if runs is not None and runs.flat else None
+        self._runs = runs
         self._pos = self._start = self._end = self._left = 0
         self.itl_std = -1.0  # the engine must call next_step()
         self.itl_mean = gaps[len(gaps) // 2][0] * scale if gaps else 0.0
@@ -124,79 +101,61 @@ class TracePacing:
 
     def next_step(self) -> tuple[float, int]:
         runs = self._runs
-        if runs is not None:
-            if self._left <= 0:
-                # a uniform position over all the cell's gaps, then once around that record's run
-                # (wrapping to its start): every position is equally likely, so the marginal stays
-                # the pooled one (walking only to the end would favour late gaps)
-                self._pos = int(self._rng.random() * len(runs.flat))
-                i = bisect.bisect_right(runs.ends, self._pos)
-                self._start = runs.ends[i - 1] if i else 0
-                self._end = runs.ends[i]
-                self._left = self._end - self._start
-            if self._pos >= self._end:
-                self._pos = self._start
-            gap, tokens = runs.flat[self._pos]
-            self._pos += 1
-            self._left -= 1
-            return gap * self._scale, tokens
-        gaps = self._gaps
-        if not gaps:
+        if not runs.flat:
             return 0.0, 1
-        n = len(gaps)
-        pos = self._rng.random() * (n - 1)
-        i = int(pos)
-        lo = gaps[i]
-        hi = gaps[min(i + 1, n - 1)]
-        f = pos - i
-        gap = lo[0] * (1 - f) + hi[0] * f
-        tokens = lo[1] if f < 0.5 else hi[1]
+        if self._left <= 0:
+            # a uniform position over all the cell's gaps, then once around that record's run
+            # (wrapping to its start): every position is equally likely, so the marginal stays
+            # the pooled one (walking only to the end would favour late gaps)
+            self._pos = int(self._rng.random() * len(runs.flat))
+            i = bisect.bisect_right(runs.ends, self._pos)
+            self._start = runs.ends[i - 1] if i else 0
+            self._end = runs.ends[i]
+            self._left = self._end - self._start
+        if self._pos >= self._end:
+            self._pos = self._start
+        gap, tokens = runs.flat[self._pos]
+        self._pos += 1
+        self._left -= 1
         return gap * self._scale, tokens
 
 
-class TraceLatency:
-    is_knob = False
+class CellLatency(LatencyModel):
+    """Per-request pacing drawn from the recording's cells (filled by `add_request`, then `finish`)."""
 
-    def __init__(self, records: list[TraceRecord], time_scale: float = 1.0, *, ttft_tail: str = "cell",
-                 decode_runs: bool = True) -> None:
-        """`ttft_tail="local"` and `decode_runs=False` select the earlier draws (TTFT from the
-        nearest sizes only, i.i.d. decode gaps), kept for comparison in bench/fidelity."""
-        self.config = None  # set by the engine; the knobs do not apply
-        self.ttft_tail = ttft_tail
-        self.decode_runs = decode_runs
+    def __init__(self, time_scale: float = 1.0) -> None:
         self._scale = 1e-3 / time_scale
         self.ttft = _Cells()
         self.decode = _Cells()
-        self.runs: dict[tuple[int, int], _Runs] = {}
-        lengths: list[int] = []
-        for r in records:
-            conc = _bucket(CONC_EDGES, max(r.concurrency, 1))
-            u = r.uncached_prompt_tokens()
-            self.ttft.add((_bucket(PROMPT_EDGES, u), conc), (r.ttft_ms, max(u, 1)))
-            ctx = (_bucket(PROMPT_EDGES, r.prompt_tokens), conc)
-            if r.itl_ms:
-                seq = list(zip(r.itl_ms, r.gap_tokens()))
-            elif r.itl_summary is not None:
-                seq = [(r.itl_summary.mean_ms, 1)]
-            else:
-                seq = []
-            for sample in seq:
-                self.decode.add(ctx, sample)
-            if seq:
-                self.runs.setdefault(ctx, _Runs()).add(seq)
-            if r.output_tokens > 0:
-                lengths.append(r.output_tokens)
+        self.runs: dict[Cell, _Runs] = {}
+        self.output_lengths: list[int] = []
+
+    def add_request(self, concurrency: int, uncached_prompt_tokens: int, ttft_ms: float, prompt_tokens: int,
+                    decode_steps: list[tuple[float, int]], output_tokens: int) -> None:
+        """One recorded request: its TTFT and its decode (gap ms, tokens) steps in order."""
+        conc = bucket(CONC_EDGES, max(concurrency, 1))
+        u = uncached_prompt_tokens
+        self.ttft.add((bucket(PROMPT_EDGES, u), conc), (ttft_ms, max(u, 1)))
+        ctx = (bucket(PROMPT_EDGES, prompt_tokens), conc)
+        for sample in decode_steps:
+            self.decode.add(ctx, sample)
+        if decode_steps:
+            self.runs.setdefault(ctx, _Runs()).add(decode_steps)
+        if output_tokens > 0:
+            self.output_lengths.append(output_tokens)
+
+    def finish(self) -> CellLatency:
         if not self.ttft.cells:
             raise ValueError("latency trace has no records")
         if not self.decode.cells:
             raise ValueError("latency trace has no inter-token data (every request produced one token)")
         self.ttft.finish()
         self.decode.finish()
-        self.output_lengths = sorted(lengths)
+        self.output_lengths.sort()
         # per cell: (uncached size, ttft) sorted by size, to draw among the nearest sizes
         self._ttft_by_u = {k: sorted(((u, t) for t, u in v)) for k, v in self.ttft.cells.items()}
         self._ttft_median_u = {k: v[len(v) // 2][0] for k, v in self._ttft_by_u.items()}
-        self._near_cache: dict[tuple[tuple[int, int], int], list[float]] = {}
+        self._near_cache: dict[tuple[Cell, int], list[float]] = {}
         self._ttft_resid = {}
         for k, cell in self._ttft_by_u.items():
             res = []
@@ -204,16 +163,13 @@ class TraceLatency:
                 near = self._nearest_sizes(k, cu)
                 res.append(t - near[len(near) // 2])
             self._ttft_resid[k] = sorted(res)
-
-    @classmethod
-    def from_path(cls, path: str, time_scale: float = 1.0, **kw) -> TraceLatency:
-        return cls(read_trace(path).records, time_scale, **kw)
+        return self
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
                rng: random.Random) -> TracePacing:
         u = max(num_prompt_tokens - num_cached_tokens, 1)
-        conc = _bucket(CONC_EDGES, max(num_running, 1))
-        want = (_bucket(PROMPT_EDGES, u), conc)
+        conc = bucket(CONC_EDGES, max(num_running, 1))
+        want = (bucket(PROMPT_EDGES, u), conc)
         key = self.ttft.nearest(want)
         near = self._nearest_sizes(key, u)
         base = near[len(near) // 2]
@@ -221,18 +177,11 @@ class TraceLatency:
             base *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
         # size-dependent median + the whole cell's spread around its own local medians: the
         # nearest sizes alone are too few to carry the rare long stalls that make p99
-        if self.ttft_tail == "local":  # the nearest sizes' own spread (before bench/fidelity)
-            ttft_ms = _draw(near, rng.random())
-            if key[0] != want[0]:
-                ttft_ms *= min(max(u / self._ttft_median_u[key], 0.25), 8.0)
-        else:
-            resid = self._ttft_resid[key]
-            ttft_ms = max(base + _draw(resid, rng.random()), base * 0.25)
-        dkey = self.decode.nearest((_bucket(PROMPT_EDGES, num_prompt_tokens), conc))
-        runs = self.runs.get(dkey) if self.decode_runs else None
-        return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale, runs)
+        ttft_ms = max(base + inverse_cdf(self._ttft_resid[key], rng.random()), base * 0.25)
+        dkey = self.decode.nearest((bucket(PROMPT_EDGES, num_prompt_tokens), conc))
+        return TracePacing(ttft_ms * self._scale, self.decode.cells[dkey], rng, self._scale, self.runs[dkey])
 
-    def _nearest_sizes(self, key: tuple[int, int], u: int) -> list[float]:
+    def _nearest_sizes(self, key: Cell, u: int) -> list[float]:
         """Sorted TTFTs of the cell's requests closest in uncached size: the nearest eighth of the
         cell, ties included (so a cell of equal sizes keeps its whole distribution)."""
         cached = self._near_cache.get((key, u))
@@ -250,4 +199,4 @@ class TraceLatency:
     def sample_output_len(self, rng: random.Random) -> int | None:
         if not self.output_lengths:
             return None
-        return max(int(round(_draw(self.output_lengths, rng.random()))), 1)
+        return max(int(round(inverse_cdf(self.output_lengths, rng.random()))), 1)

@@ -1,4 +1,5 @@
-"""The step-time model (trace/step_model.py): step reconstruction, fit, and the engine in step mode."""
+"""The step-time model (engine/latency/steps.py, fitted by latency_fit/steps.py): step reconstruction, fit,
+and the engine with timed steps."""
 
 from __future__ import annotations
 
@@ -6,22 +7,22 @@ import random
 
 import pytest
 
-from vllm_vcr.engine import core as core_mod
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
-from vllm_vcr.engine.step_timing import StepBatch, zero_pacing
+from vllm_vcr.engine.latency import CellLatency, LatencyModel, StepBatch, StepLatency, zero_pacing
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 from vllm_vcr.trace.io import write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
-from vllm_vcr.trace.step_model import InputDelay, StepLatency, busy_arrivals, lad_fit, reconstruct_steps
+from vllm_vcr.engine_inputs import clear_shared_inputs, engine_inputs
+from vllm_vcr.latency_fit.steps import busy_arrivals, fit_input_delay, fit_step_model, lad_fit, reconstruct_steps
 
 # the law the synthetic engine follows (ms): intercept, per decode, per prefill token, per first token
 TRUE = (3.0, 0.8, 0.05, 6.0)
 
 
-class KnownLaw:
-    is_knob = False
+class KnownLaw(LatencyModel):
+    times_steps = True
 
     def __init__(self, input_delay_ms: float = 0.0) -> None:
         self.delay = input_delay_ms * 1e-3
@@ -69,7 +70,7 @@ def synthetic_trace(n: int = 300, seed: int = 3, input_delay_ms: float = 0.0) ->
 
 
 def test_fit_recovers_the_step_law():
-    model = StepLatency(synthetic_trace())
+    model = fit_step_model(synthetic_trace())
     c = model.coefficients()
     assert c["intercept"] == pytest.approx(TRUE[0], rel=0.15)
     assert c["decodes"] == pytest.approx(TRUE[1], rel=0.15)
@@ -82,8 +83,8 @@ def test_fit_recovers_the_step_law():
 
 def test_fit_recovers_a_known_input_delay():
     recs = synthetic_trace(input_delay_ms=2.0)
-    model = StepLatency(recs)
-    samples = busy_arrivals(recs, model.steps)
+    model = fit_step_model(recs)
+    samples = busy_arrivals(recs, reconstruct_steps(recs))
     assert len(samples) > 50
     # every busy arrival with less than 2 ms left in the step in flight missed the next one
     assert all(missed == (lead < 2.0) for lead, missed in samples if abs(lead - 2.0) > 0.01)
@@ -93,7 +94,7 @@ def test_fit_recovers_a_known_input_delay():
         assert d.draw_ms(u) == pytest.approx(2.0, abs=0.3)
     assert model.input_delay(random.Random(0)) == pytest.approx(2e-3, abs=3e-4)
     # without a delay, no busy arrival misses its step and the fitted delay is ~0
-    model0 = StepLatency(synthetic_trace())
+    model0 = fit_step_model(synthetic_trace())
     assert model0.input_delay_model.draw_ms(0.5) < 0.3
 
 
@@ -101,7 +102,7 @@ def test_input_delay_drops_the_plateau_of_late_misses():
     # half the requests seen after 1 ms, all after 2 ms; 10 % "misses" at long leads (tap bursts)
     samples = [(0.05 * k, 0.05 * k < 1.0 or (0.05 * k < 2.0 and k % 2 == 0)) for k in range(60)]
     samples += [(3.0 + 0.5 * k, k % 10 == 0) for k in range(100)]
-    d = InputDelay(samples)
+    d = fit_input_delay(samples)
     assert d.plateau == pytest.approx(0.1, abs=0.03)
     assert d.draw_ms(0.0) <= d.horizon and d.draw_ms(0.99) >= 0.9
     assert 1.0 <= d.draw_ms(0.5) <= 2.0
@@ -134,57 +135,54 @@ def test_lad_fit_ignores_stalls_and_keeps_coefficients_non_negative():
 def test_time_scale_divides_step_durations():
     recs = synthetic_trace(60)
     b = StepBatch(2, 100, 1, 1, 300)
-    one = StepLatency(recs).step_duration(b, random.Random(1))
-    two = StepLatency(recs, time_scale=2.0).step_duration(b, random.Random(1))
+    one = fit_step_model(recs).step_duration(b, random.Random(1))
+    two = fit_step_model(recs, time_scale=2.0).step_duration(b, random.Random(1))
     assert two == pytest.approx(one / 2)
 
 
-def test_a_tap_trace_selects_step_mode_unless_the_env_asks_for_cells(tmp_path, monkeypatch):
-    from vllm_vcr.trace.latency_model import TraceLatency
+def _engine(path, which: str = "auto", **kw) -> EngineCore:
+    args = EngineArgs(latency_trace=str(path), latency_trace_model=which, **kw).validate()
+    return EngineCore(args, clock=VirtualClock(0.0), **engine_inputs(args))
 
+
+def test_a_tap_trace_selects_timed_steps_unless_the_flag_asks_for_cells(tmp_path):
     tap, http = tmp_path / "tap.jsonl", tmp_path / "http.jsonl"
     write_trace(tap, TraceMeta(source="tap"), synthetic_trace(60))
     write_trace(http, TraceMeta(source="http-tap"), synthetic_trace(60))
-
-    def engine(path):
-        core_mod._shared_trace_latency.cache_clear()
-        return EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0))
-
-    monkeypatch.delenv("VLLM_VCR_LATENCY_MODEL", raising=False)
-    core = engine(tap)  # the default for an engine tap trace: step-composed timing
-    assert core.step_timer is not None and isinstance(core.latency, StepLatency)
-    assert engine(http).step_timer is None  # a client-side capture: the cell model
-    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "cells")
-    core = engine(tap)
-    assert core.step_timer is None and isinstance(core.latency, TraceLatency)
-    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "steps")
-    assert isinstance(engine(http).latency, StepLatency)
-    core_mod._shared_trace_latency.cache_clear()
+    clear_shared_inputs()
+    core = _engine(tap)  # the default for an engine tap trace: timed steps
+    assert core.latency.times_steps and isinstance(core.latency, StepLatency)
+    assert isinstance(_engine(http).latency, CellLatency)  # a client-side capture: the cell model
+    assert isinstance(_engine(tap, "cells").latency, CellLatency)
+    assert isinstance(_engine(http, "steps").latency, StepLatency)
+    assert _engine(tap).latency is core.latency  # one model per trace for every engine of the process
+    clear_shared_inputs()
 
 
-def test_a_tap_trace_the_step_model_cannot_fit_falls_back_to_cells(tmp_path, monkeypatch):
-    from vllm_vcr.trace.latency_model import TraceLatency
-
+def test_a_tap_trace_the_step_model_cannot_fit_falls_back_to_cells(tmp_path):
     path = tmp_path / "t.jsonl"  # no arrival times: no step timeline
     write_trace(path, TraceMeta(source="tap"), [TraceRecord(prompt_tokens=10, output_tokens=3, ttft_ms=20.0,
                                                            itl_ms=[5.0, 5.0]) for _ in range(5)])
-    monkeypatch.delenv("VLLM_VCR_LATENCY_MODEL", raising=False)
-    core_mod._shared_trace_latency.cache_clear()
-    core = EngineCore(EngineArgs(latency_trace=str(path)).validate(), clock=VirtualClock(0.0))
-    assert core.step_timer is None and isinstance(core.latency, TraceLatency)
-    core_mod._shared_trace_latency.cache_clear()
+    clear_shared_inputs()
+    assert isinstance(_engine(path).latency, CellLatency)
+    clear_shared_inputs()
 
 
-def test_calibrate_in_step_mode_reproduces_its_own_synthetic_trace(tmp_path, monkeypatch):
+def test_an_engine_without_its_injected_latency_model_is_refused():
+    with pytest.raises(ValueError, match="--latency-trace"):
+        EngineCore(EngineArgs(latency_trace="x.jsonl").validate(), clock=VirtualClock(0.0))
+
+
+def test_calibrate_with_timed_steps_reproduces_its_own_synthetic_trace(tmp_path):
     from vllm_vcr.trace.calibrate import compare, simulate
     from vllm_vcr.trace.schema import replay_subset
 
     recs = synthetic_trace(200)
     path = tmp_path / "t.jsonl"
     write_trace(path, TraceMeta(source="tap"), recs)
-    core_mod._shared_trace_latency.cache_clear()
-    monkeypatch.setenv("VLLM_VCR_LATENCY_MODEL", "steps")
-    sims = simulate(recs, EngineArgs(config=EngineConfig(max_num_seqs=8), latency_trace=str(path)).validate(), 16)
-    core_mod._shared_trace_latency.cache_clear()
+    clear_shared_inputs()
+    args = EngineArgs(config=EngineConfig(max_num_seqs=8), latency_trace=str(path), latency_trace_model="steps")
+    sims = simulate(recs, args.validate(), 16)
+    clear_shared_inputs()
     rows = {(r["metric"], r["quantile"]): r["error"] for r in compare(replay_subset(recs), sims, 0.05, 0.1)}
     assert rows[("ttft_ms", "p50")] < 0.1 and rows[("itl_ms", "p50")] < 0.1

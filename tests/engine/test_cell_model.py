@@ -1,4 +1,4 @@
-"""The cell model of trace/latency_model.py: TTFT follows the prompt size at the median and keeps
+"""The cell model (engine/latency/cells.py, filled by latency_fit/cells.py): TTFT follows the prompt size at the median and keeps
 the cell's rare stalls in its tail (bench/fidelity found p99 lost when drawing from the nearest
 sizes only)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_vcr.trace.latency_model import TraceLatency
+from vllm_vcr.latency_fit.cells import fit_cell_model
 from vllm_vcr.trace.schema import TraceRecord
 from vllm_vcr.trace.stats import nearest_rank
 
@@ -30,7 +30,7 @@ def _ttfts(model, u, n=4000):
 
 
 def test_ttft_median_follows_the_prompt_size():
-    model = TraceLatency(_records())
+    model = fit_cell_model(_records())
     small, large = _ttfts(model, 70), _ttfts(model, 125)
     assert abs(nearest_rank(small, 50) - (10 + 0.2 * 70 + 1)) < 3
     assert abs(nearest_rank(large, 50) - (10 + 0.2 * 125 + 1)) < 3
@@ -38,7 +38,7 @@ def test_ttft_median_follows_the_prompt_size():
 
 def test_ttft_tail_keeps_the_cells_stalls_at_every_size():
     recs = _records()
-    model = TraceLatency(recs)
+    model = fit_cell_model(recs)
     stall_share = sum(r.ttft_ms > 200 for r in recs) / len(recs)
     for u in (70, 100, 125):
         drawn = _ttfts(model, u)
@@ -48,7 +48,7 @@ def test_ttft_tail_keeps_the_cells_stalls_at_every_size():
 
 
 def test_ttft_is_never_below_a_fraction_of_the_local_median():
-    model = TraceLatency(_records())
+    model = fit_cell_model(_records())
     assert min(_ttfts(model, 65)) > 0.25 * (10 + 0.2 * 65)
 
 
@@ -57,7 +57,7 @@ def test_decode_replays_runs_of_recorded_gaps_with_the_pooled_marginal():
     pattern = [5.0] * 6 + [50.0, 0.1, 0.1, 0.1]
     recs = [TraceRecord(prompt_tokens=100, output_tokens=len(pattern) * 3 + 1, ttft_ms=20.0, concurrency=1,
                         itl_ms=pattern * 3) for _ in range(20)]
-    model = TraceLatency(recs)
+    model = fit_cell_model(recs)
     rng = random.Random(1)
     gaps = []
     for _ in range(200):
@@ -70,18 +70,12 @@ def test_decode_replays_runs_of_recorded_gaps_with_the_pooled_marginal():
     assert sum(g == 0.1 for g in followed) / len(followed) > 0.9
 
 
-def test_the_earlier_draws_stay_available_for_comparison():
-    recs = _records()
-    model = TraceLatency(recs, ttft_tail="local", decode_runs=False)
-    assert model.pacing(100, 0, 1, random.Random(0)).ttft > 0
-
-
 def test_decode_runs_keep_early_gaps_as_likely_as_late_ones():
     # the stall is each record's first gap: runs must not under-sample the start of records
     seq = [40.0] + [5.0] * 9
     recs = [TraceRecord(prompt_tokens=100, output_tokens=len(seq) + 1, ttft_ms=20.0, concurrency=1,
                         itl_ms=list(seq)) for _ in range(10)]
-    model = TraceLatency(recs)
+    model = fit_cell_model(recs)
     rng = random.Random(2)
     flat = []
     for _ in range(300):

@@ -1,0 +1,214 @@
+"""Admission: request checks, the output budget, the one reject path, and what a request gets
+when the scheduler first admits it (its pacing and token source)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import TYPE_CHECKING, Callable
+
+from .config import FailureType
+from .kv_transfer import has_handoff_metadata
+from .latency import RequestPacing
+from .plan import RequestPlan, ScriptedPacing
+from .request import Request
+from .tokens import EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens, ScriptedTokens, TokenSource
+from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+
+logger = logging.getLogger("vllm_vcr.engine")
+TokenSourceFactory = Callable[[Request, random.Random], "TokenSource | None"]
+_FAILURE_REASONS = {
+    FailureType.ERROR: FinishReason.ERROR,
+    FailureType.LENGTH: FinishReason.LENGTH,
+    FailureType.REPETITION: FinishReason.REPETITION,
+}
+
+
+def finish_output(rid: str, reason: FinishReason, *, events: list[EngineCoreEvent] | None = None,
+                  stop_reason: int | str | None = None, error: RequestError | None = None) -> EngineCoreOutput:
+    """The output that ends a request without a token."""
+    return EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=reason, stop_reason=stop_reason,
+                            events=events or None, error=error)
+
+
+def reject(core: EngineCore, outputs: list, finished: list, client: int, rid: str, reason: FinishReason, *,
+           counter: str = "requests_failed", events: list[EngineCoreEvent] | None = None,
+           stop_reason: int | str | None = None, error: RequestError | None = None) -> None:
+    """End a request that will not (or no longer) run: count it, answer it, mark it finished
+    (the one path for every rejection, injected failure, and abort or failure with an output)."""
+    stats = core.stats
+    setattr(stats, counter, getattr(stats, counter) + 1)
+    outputs.append((client, finish_output(rid, reason, events=events, stop_reason=stop_reason, error=error)))
+    finished.append((client, rid))
+
+
+class Admission:
+    def __init__(self, core: EngineCore, token_source_factory: TokenSourceFactory | None) -> None:
+        args = core.args
+        self.core = core
+        self.token_source_factory = token_source_factory
+        self.reasoning = ReasoningConfig.parse(args.reasoning) if args.reasoning else None
+        self.failure_rng = random.Random(args.seed ^ (core.engine_index * 0x9E3779B9))
+        self.latency_rng = random.Random(args.seed * 7919 + core.engine_index)
+        self.seq = 0
+        avoid = set() if args.eos_token_id is None else {args.eos_token_id}
+        if self.reasoning is not None:
+            avoid |= {self.reasoning.start_id, self.reasoning.end_id}
+        self.avoid_tokens: frozenset[int] = frozenset(avoid)
+
+    # --- on arrival ------------------------------------------------------------------------------
+    def admit(self, ecr: EngineCoreRequest, now: float, draining: bool, outputs: list,
+              finished: list) -> Request | None:
+        """The request to queue, or None when it was rejected (its finish output is in `outputs`)."""
+        core = self.core
+        core.stats.requests_received += 1
+        rid, client = ecr.request_id, ecr.client_index
+        if rid in core.requests:  # a duplicate must not disturb the live request with the same id
+            logger.warning("request %s: duplicate request id, rejected", rid)
+            return reject(core, outputs, finished, client, rid, FinishReason.ERROR)
+        err = self.check(ecr)
+        if err is None:
+            req = self.new_request(ecr, now)
+            ktp = ecr.kv_transfer_params
+            if draining:
+                return reject(core, outputs, finished, client, rid, FinishReason.ABORT, counter="requests_aborted",
+                              events=req.pending_events)
+            failure = self.injected_failure(rid)
+            if failure is not None:
+                return reject(core, outputs, finished, client, rid, failure[0], stop_reason=failure[1],
+                              events=req.pending_events)
+            if req.max_tokens == 0:  # nothing may be generated: LENGTH without running (vLLM's check_stop)
+                return reject(core, outputs, finished, client, rid, FinishReason.LENGTH,
+                              counter="requests_completed", events=req.pending_events)
+            if has_handoff_metadata(ktp):
+                err = core.kv_transfer.admit_handoff(req, ktp)
+        if err is not None:
+            logger.warning("request %s rejected: %s", rid, err)
+            return reject(core, outputs, finished, client, rid, FinishReason.ERROR,
+                          error=RequestError("validation_error", err))
+        return req
+
+    def check(self, ecr: EngineCoreRequest) -> str | None:
+        """Why the engine cannot run this request, or None."""
+        sp = ecr.sampling_params
+        if sp is None:
+            return "request has no sampling_params (pooling is not simulated)"
+        if not ecr.prompt_token_ids:
+            return "request has no prompt_token_ids (prompt_embeds and multimodal inputs are not simulated)"
+        core = self.core
+        prompt_len = len(ecr.prompt_token_ids)
+        if not core.kv.can_fit(prompt_len + 1):
+            return (f"prompt of {prompt_len} tokens needs {core.kv.blocks_needed(prompt_len + 1)} KV blocks "
+                    f"but the cache has {core.block_pool.num_blocks}")
+        if sp.max_tokens is not None and sp.max_tokens < 0:
+            return f"max_tokens must be >= 0, got {sp.max_tokens}"
+        cfg = core.config
+        if not core.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:
+            return (f"prompt of {prompt_len} tokens exceeds max_num_batched_tokens {cfg.max_num_batched_tokens} "
+                    "and chunked prefill is disabled")
+        return None
+
+    def new_request(self, ecr: EngineCoreRequest, now: float) -> Request:
+        """The engine's request, with its output budget (max_tokens after the context window, the
+        KV capacity, a recorded plan, a modeled EOS and the prefill-worker cap)."""
+        core = self.core
+        sp = ecr.sampling_params
+        prompt_len = len(ecr.prompt_token_ids)
+        max_len = core.config.max_model_len or core.args.advertised_max_model_len
+        room = min(max_len, core.kv_capacity_tokens) - prompt_len
+        max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
+        ktp = ecr.kv_transfer_params or {}
+        remote_decode = bool(ktp.get("do_remote_decode")) or core.args.worker_type == "prefill"
+        plan = self.plan_for(ecr)
+        if plan is not None and plan.num_tokens is not None:
+            max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
+        eos_at = None
+        if plan is None:
+            open_ended = sp.max_tokens is None or prompt_len + sp.max_tokens >= max_len
+            if open_ended or (sp.eos_token_id is not None and not sp.ignore_eos):
+                n = core.latency.sample_output_len(self.latency_rng)
+                if n is not None and n < max_tokens:  # the recording says it would have stopped here
+                    max_tokens = eos_at = max(n, sp.min_tokens, 1)
+        if remote_decode:
+            max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
+        self.seq += 1
+        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq)
+        req.planned = plan.token_ids if plan is not None else None
+        req.plan = plan
+        req.eos_at = eos_at
+        req.remote_decode = remote_decode
+        if ktp.get("do_remote_prefill") and not remote_decode:
+            req.remote_prefill = ktp
+        return req
+
+    def plan_for(self, ecr: EngineCoreRequest) -> RequestPlan | None:
+        """A recorded trace's plan (planner), else the response replay table's planned ids."""
+        core = self.core
+        if core.planner is not None:
+            plan = core.planner(ecr)
+            if plan is not None:
+                return plan
+        key = (ecr.sampling_params.extra_args or {}).get("output_replay_id")
+        if key is None:
+            return None
+        if core.replay_table is None:
+            logger.warning("request %s asked for output replay id %r but no response replay trace is loaded",
+                           ecr.request_id, key)
+            return None
+        planned = core.replay_table.get(str(key))
+        if planned is None:
+            logger.warning("request %s: output replay id %r not found in the response replay trace",
+                           ecr.request_id, key)
+            return None
+        return RequestPlan(token_ids=planned, overrides_max_tokens=True)
+
+    def injected_failure(self, rid: str) -> tuple[FinishReason, str | None] | None:
+        """--failure-injection-rate: the (finish reason, stop reason) this request fails with, or None."""
+        cfg = self.core.config
+        if cfg.failure_injection_rate <= 0 or self.failure_rng.random() >= cfg.failure_injection_rate:
+            return None
+        ftype = self.failure_rng.choice(cfg.failure_types)
+        if cfg.log_requests:
+            logger.info("request %s: injected failure %s", rid, ftype.value)
+        return _FAILURE_REASONS[ftype], "repetition_detected" if ftype is FailureType.REPETITION else None
+
+    # --- on first admission by the scheduler ----------------------------------------------------
+    def on_admit(self, req: Request, now: float) -> None:
+        """Fix the request's pacing and token source (a preempted request keeps both)."""
+        if req.pacing is not None:
+            return
+        core = self.core
+        args = core.args
+        seed = req.sampling_params.seed
+        rng = random.Random(seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}")
+        pacing = core.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
+                                     len(core.scheduler.running), self.latency_rng)
+        plan = req.plan
+        if plan is not None and (plan.ttft is not None or plan.steps is not None):
+            pacing = ScriptedPacing(plan, pacing, args.time_scale)
+        req.pacing = pacing
+        req.chunk = pacing.first_chunk
+        req.first_due = now + pacing.ttft
+        req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
+        req.token_source = self._token_source(req, rng)
+
+    def _token_source(self, req: Request, rng: random.Random) -> TokenSource:
+        args = self.core.args
+        src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        if src is None and req.planned is not None:
+            src = ScriptedTokens(req.planned, RandomTokens(rng, args.vocab_size, self.avoid_tokens))
+        if src is not None:
+            return src
+        if args.mode == "echo":
+            src = EchoTokens(req.prompt_token_ids)
+        else:
+            avoid = self.avoid_tokens | req.stop_ids
+            if req.eos_token_id is not None:
+                avoid = avoid | {req.eos_token_id}
+            src = RandomTokens(rng, args.vocab_size, avoid)
+        if self.reasoning is not None:
+            src = ReasoningTokens(src, self.reasoning, req.max_tokens)
+        return src

@@ -1,0 +1,11 @@
+"""Latency models behind one timing interface (base.py): the knob model, the cell model and the
+step-time model. They are built by the CLI layer (latency_fit/ fits them from traces) and
+injected into the engine; nothing here reads a file."""
+
+from .base import LatencyModel, RequestPacing, StepBatch, StepRecord, inverse_cdf, truncnorm, zero_pacing
+from .cells import CellLatency, TracePacing
+from .knob import KnobLatency
+from .steps import InputDelay, Residuals, StepLatency
+
+__all__ = ["CellLatency", "InputDelay", "KnobLatency", "LatencyModel", "RequestPacing", "Residuals", "StepBatch",
+           "StepLatency", "StepRecord", "TracePacing", "inverse_cdf", "truncnorm", "zero_pacing"]

@@ -1,0 +1,195 @@
+"""Output handling: a step's work applied at its end (`update_from_output`), each request's tokens
+(append, check_stop) and its next deadline, and the step's outputs sent as one `EngineCoreOutputs`
+batch per client."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .request import Request, RequestStatus
+from .scheduler import DECODE, DUE_SLACK, TRANSFER
+from .tokens import RandomTokens
+from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+    from .step import Scheduled
+
+logger = logging.getLogger("vllm_vcr.engine")
+
+
+def check_stop(req: Request, num_out: int, new: list[int]) -> FinishReason:
+    """Why a request that reached its length ends: LENGTH, the recording's own ending, or a
+    modeled EOS (whose id replaces the last token, as a model would emit it)."""
+    plan = req.plan
+    if plan is not None and plan.finish_reason is not None and num_out >= (plan.num_tokens or 0):
+        return plan.finish_reason
+    if req.eos_at is not None and num_out >= req.eos_at:
+        if req.eos_token_id is not None:
+            new[-1] = req.output_token_ids[-1] = req.all_token_ids[-1] = req.eos_token_id
+        return FinishReason.STOP
+    return FinishReason.LENGTH
+
+
+def prefill_stats(req: Request) -> PrefillStats:
+    local = max(req.num_cached_tokens, 0)
+    external = req.external_tokens
+    return PrefillStats(
+        num_prompt_tokens=req.num_prompt_tokens, num_computed_tokens=req.num_prompt_tokens - local - external,
+        num_cached_tokens=local + external, num_local_cached_tokens=local, num_external_cached_tokens=external,
+        num_cache_creation_tokens=req.num_prompt_tokens - local)
+
+
+class OutputProcessor:
+    """Appends tokens and builds outputs for one engine (`max_model_len` follows config patches)."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self.max_model_len = core.config.max_model_len
+        self._push_decode = core.scheduler.push_decode
+
+    def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
+        """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
+        conditions, then finish the request or set its next deadline."""
+        idx = len(req.output_token_ids)
+        reason = None
+        stop_reason = None
+        max_len = self.max_model_len
+        source = req.token_source
+        out_ids = req.output_token_ids
+        all_ids = req.all_token_ids
+        count = burst if burst > 1 else req.chunk
+        if type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+            limit = req.max_tokens - idx
+            if max_len:
+                limit = min(limit, max_len - len(all_ids))
+            k = max(min(count, limit), 1)
+            new = source.take(k)
+            out_ids += new
+            all_ids += new
+            if k >= limit:
+                reason = check_stop(req, idx + k, new)
+        else:
+            new = []
+            for i in range(idx, idx + count):
+                tok = source.next_token(i)
+                new.append(tok)
+                out_ids.append(tok)
+                all_ids.append(tok)
+                num_out = i + 1
+                if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
+                    reason = check_stop(req, num_out, new)
+                    break
+                if num_out >= req.min_tokens:
+                    if tok == req.eos_token_id:
+                        reason = FinishReason.STOP
+                        break
+                    if tok in req.stop_ids:
+                        reason = FinishReason.STOP
+                        stop_reason = tok
+                        break
+        out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
+        if req.pending_events:
+            out.events = req.pending_events
+            req.pending_events = []
+        if not req.prefill_stats_sent:
+            req.prefill_stats_sent = True
+            out.prefill_stats = prefill_stats(req)
+            if req.trace_headers:
+                out.trace_headers = req.trace_headers
+        if reason is not None:
+            out.finish_reason = reason
+            out.stop_reason = stop_reason
+            if req.remote_decode:
+                out.kv_transfer_params = self.core.kv_transfer.hold_for_decode(req, now)
+            self.free_request(req)
+            finished.append((req.client_index, req.request_id))
+        else:
+            pacing = req.pacing
+            if pacing.itl_std == 0.0:  # the common case, kept cheap
+                gap = pacing.itl_mean
+            else:
+                gap, req.chunk = pacing.next_step()
+            base = req.first_due if idx == 0 else req.next_due
+            self._push_decode(req, base + gap)
+        outputs.append((req.client_index, out))
+
+    def update_from_output(self, scheduled: Scheduled, pulled: list[Request], now: float, burst: int = 1,
+                           timed: bool = False) -> None:
+        """Apply a step's work at `now` (its end): prefill progress, tokens for the decodes and for
+        every request whose prefill (or KV pull) completed, in one output batch."""
+        if timed:  # requests aborted (or finished by a drain) while the step ran drop out
+            live, running = self.core.requests, RequestStatus.RUNNING
+            pulled = [r for r in pulled if r.status is running and live.get(r.request_id) is r]
+            scheduled = [e for e in scheduled if e[0].status is running and live.get(e[0].request_id) is e[0]]
+        outputs: list = []
+        finished: list = []
+        sample = self.sample
+        for req in pulled:
+            req.first_due = now
+            sample(req, now, outputs, finished)
+        core = self.core
+        kv = core.kv
+        block_size = kv.block_size
+        push = self._push_decode
+        for req, n, kind in scheduled:
+            if kind == DECODE:
+                if n:
+                    req.num_computed_tokens += n
+                    if req.num_computed_tokens // block_size > req.num_hashed_blocks:
+                        kv.cache_computed_blocks(req)
+                sample(req, now, outputs, finished, burst)
+                continue
+            if kind == TRANSFER:
+                core.kv_transfer.schedule_pull(req, n, now)
+                continue
+            req.num_computed_tokens += n  # a prefill chunk
+            kv.cache_computed_blocks(req)
+            if req.is_prefilling:
+                continue
+            if req.output_token_ids:  # resumed after preemption: continue on its own schedule
+                push(req, max(req.next_due, now))
+                continue
+            if timed:
+                req.first_due = now
+            if req.first_due <= now + DUE_SLACK:
+                sample(req, now, outputs, finished)
+            else:
+                push(req, req.first_due)
+        if outputs or finished:
+            self.emit(outputs, finished, with_stats=True)
+
+    def emit(self, outputs: list[tuple[int, EngineCoreOutput]], finished: list[tuple[int, str]],
+             with_stats: bool) -> None:
+        """Send this step's outputs, one batch per client; scheduler stats ride on the first."""
+        core = self.core
+        ts = core.clock.now()
+        stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
+        by_client: dict[int, tuple[list[EngineCoreOutput], list[str]]] = {}
+        for client, o in outputs:
+            by_client.setdefault(client, ([], []))[0].append(o)
+        for client, rid in finished:
+            by_client.setdefault(client, ([], []))[1].append(rid)
+        if not by_client:
+            by_client[0] = ([], [])
+        sink = core.output_sink
+        index = core.engine_index
+        for client, (outs, fin) in by_client.items():
+            sink(client, EngineCoreOutputs(engine_index=index, outputs=outs, scheduler_stats=stats,
+                                           timestamp=ts, finished_requests=fin or None))
+            stats = None
+
+    def free_request(self, req: Request) -> None:
+        """A request finished: it leaves the engine (its blocks stay if held for a decode side)."""
+        core = self.core
+        rid = req.request_id
+        core.requests.pop(rid, None)
+        held = rid in core.kv_transfer.holds
+        core.scheduler.remove(req, free_blocks=not held)
+        req.status = RequestStatus.FINISHED
+        if not held:
+            core.kv_transfer.end_handoff(rid)
+        core.stats.requests_completed += 1
+        if core.config.log_requests:
+            logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)

@@ -1,0 +1,160 @@
+"""What a step computes and, when steps are timed, the step in flight.
+
+In per-request deadline timing (knob and cell models) a step takes no time: the core applies it
+as soon as it is scheduled. When the latency model times steps (`LatencyModel.times_steps`, the
+step-time model), a real vLLM engine's behaviour is kept: one batch per step, every running
+decode plus the prefill chunks that fit the token budget; the step's duration comes from that
+composition (`StepBatch`), and every request in it gets its token when the step ends. So a long
+prefill stalls every decode's ITL, and a request arriving mid-step waits for the step to end
+before it can be scheduled, and for the model's input delay (`InputGate`): one arriving just
+before the step ends waits for one more step (the delay holds a request back only from a step
+that runs anyway: at an idle engine, or when it is all the work there is, it runs at once).
+Aborts during a step drop the request from the batch; a pause moves the step's end by the
+paused time; KV pulls that complete mid-step join the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Callable
+
+from .latency import LatencyModel, StepBatch
+from .request import Request
+from .scheduler import DECODE, TRANSFER, Scheduler
+
+if TYPE_CHECKING:
+    from .core import EngineCore
+
+logger = logging.getLogger("vllm_vcr.engine")
+MAX_BURST = 8  # zero-latency decode steps run as one (see burst_size)
+Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
+
+
+def compose(scheduled: Scheduled, pulled: list[Request], after_idle: bool) -> StepBatch:
+    """The step's composition, before its work is applied (KV pulls are not computed by the step)."""
+    prefill_tokens = prefills = firsts = prefill_context = hits = 0
+    contexts = []
+    for req, n, kind in scheduled:
+        if kind == DECODE:
+            contexts.append(req.num_tokens)
+        elif kind != TRANSFER:
+            prefills += 1
+            prefill_tokens += n
+            prefill_context += req.num_computed_tokens
+            if req.num_computed_tokens == max(req.num_cached_tokens, 0):
+                hits += req.num_computed_tokens  # its first chunk: what the prefix cache gave it
+            if not req.output_token_ids and req.num_computed_tokens + n >= req.prefill_target:
+                firsts += 1
+    return StepBatch(len(pulled) + len(contexts), prefill_tokens, prefills, firsts, sum(contexts), after_idle,
+                     prefill_context, hits, tuple(contexts))
+
+
+class StepInFlight:
+    """A timed step between its start and its end (its work is applied at `end`)."""
+
+    __slots__ = ("end", "pulled", "scheduled")
+
+    def __init__(self, end: float, scheduled: Scheduled, pulled: list[Request]) -> None:
+        self.end = end
+        self.scheduled = scheduled
+        self.pulled = pulled
+
+
+class TimedSteps:
+    """The state of timed steps: the step in flight, when the previous one ended, the input gate."""
+
+    def __init__(self, latency: Callable[[], LatencyModel], seed: int, engine_index: int) -> None:
+        self.rng = random.Random(f"steps/{seed}/{engine_index}")
+        self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
+        self.in_flight: StepInFlight | None = None
+        self.last_end: float | None = None
+
+    def after_idle(self, now: float) -> bool:
+        """A step starting at `now` was woken up (nothing ran back to back before it)."""
+        return self.last_end is None or now > self.last_end
+
+    def on_arrival(self, request_id: str, now: float) -> None:
+        if self.in_flight is not None:  # a request arriving mid-step waits for the input path
+            self.gate.on_arrival(request_id, now)
+
+    def shift(self, delta: float) -> None:
+        """The engine was paused for `delta` seconds: the step in flight ends that much later."""
+        self.gate.shift(delta)
+        if self.in_flight is not None:
+            self.in_flight.end += delta
+        elif self.last_end is not None:
+            self.last_end += delta
+
+
+class InputGate:
+    """Requests that arrived while a step ran stay invisible to the scheduler for the model's
+    input delay (FIFO: a request is never seen before the one that arrived before it)."""
+
+    def __init__(self, delay: Callable[[random.Random], float], rng: random.Random) -> None:
+        self._delay = delay
+        self._rng = rng
+        self.hidden: dict[str, float] = {}  # request id -> when the scheduler may see it
+        self._last_visible = 0.0
+
+    def on_arrival(self, request_id: str, now: float) -> None:
+        t = max(now + max(self._delay(self._rng), 0.0), self._last_visible)
+        self._last_visible = t
+        if t > now:
+            self.hidden[request_id] = t
+
+    def shift(self, delta: float) -> None:
+        if self.hidden:
+            self.hidden = {rid: t + delta for rid, t in self.hidden.items()}
+            self._last_visible += delta
+
+    def schedule(self, sched: Scheduler, now: float, pulled: bool) -> Scheduled:
+        """The scheduler's batch without the requests the engine has not seen yet, unless they
+        are all the work there is (then they are scheduled at once: at an idle engine the step's
+        duration holds the input path)."""
+        if self.hidden:
+            self.hidden = {rid: t for rid, t in self.hidden.items() if t > now}
+        if not self.hidden:
+            return sched.schedule(now)
+        hidden = [r for r in sched.waiting if r.request_id in self.hidden]
+        if not hidden:
+            return sched.schedule(now)
+        sched.waiting = deque(r for r in sched.waiting if r.request_id not in self.hidden)
+        try:
+            scheduled = sched.schedule(now)
+        finally:
+            sched.waiting.extend(hidden)
+        if scheduled or pulled:
+            return scheduled
+        return sched.schedule(now)
+
+
+def burst_size(core: EngineCore, scheduled: Scheduled, draining: bool) -> int:
+    """How many zero-latency decode steps this (untimed) step runs at once (1: just this one).
+
+    When every running request decodes with no gap between tokens and nothing else can enter
+    before the next step (no waiting request, prefill, transfer, hold or drain deadline), the
+    next steps happen at this same instant with the same batch: emitting k tokens per request
+    now is what k steps would emit, in one output instead of k. The next step computes the
+    k tokens (as after a recorded chunk), so k is capped by the token budget, and bursts
+    stop while free KV blocks could not cover them (preemption stays step by step)."""
+    sched = core.scheduler
+    kvt = core.kv_transfer
+    n = len(scheduled)
+    if n != len(sched.running) or sched.waiting or kvt.holds or kvt.transfers.remaining or draining:
+        return 1
+    for req, _, kind in scheduled:
+        if kind != DECODE or not req.burstable or not req.output_token_ids:
+            return 1  # (the first token is emitted on its own, as after a prefill)
+    k = min(MAX_BURST, core.config.max_num_batched_tokens // n)
+    if k < 2 or core.block_pool.num_free_blocks < n * (core.kv.blocks_needed(k) + 1):
+        return 1
+    return k
+
+
+def log_step(core: EngineCore, scheduled: Scheduled, level: int) -> None:
+    sched = core.scheduler
+    logger.log(level, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", core.engine_index,
+               core.step_counter, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
+               len(sched.running), len(sched.waiting), core.block_pool.usage())
