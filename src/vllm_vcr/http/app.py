@@ -38,6 +38,8 @@ def _load_metrics(settings: ServeSettings) -> Any:
     except ImportError:
         return None
     cls = getattr(metrics_mod, "FrontendMetrics", None)
+    if settings.engine_type == "sglang":
+        from .sglang_metrics import SGLangFrontendMetrics as cls
     if cls is None:
         return None
     try:
@@ -84,6 +86,10 @@ class OpenAIApp:
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
         }
+        if settings.engine_type == "sglang":
+            from .sglang_routes import SGLangRoutes
+
+            self.routes.update(SGLangRoutes(self).routes())
 
     # -- ASGI ----------------------------------------------------------------------------------
 

@@ -190,6 +190,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         reasoning_parser=reasoning_parser,
         reasoning_ids=reasoning_ids,
+        engine_type=engine_args.engine_type,
         system_fingerprint=fingerprint,
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,
@@ -298,6 +299,15 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
         sock.close()
         raise CLIError(str(e)) from None
     publishers = _attach_kv_events(engine, kv_config)
+    if getattr(args, "forward_pass_metrics_port", None) is not None:
+        from ..fpm.attach import attach_fpm
+
+        try:
+            publishers += attach_fpm(engine.engines, args.forward_pass_metrics_port, host="0.0.0.0",
+                                     worker_id=engine_args.engine_id, engine_type=engine_args.engine_type)
+        except Exception as e:  # zmq.ZMQError: the port is taken
+            sock.close()
+            raise CLIError(f"--forward-pass-metrics-port: cannot bind {args.forward_pass_metrics_port}: {e}") from None
     await engine.start()
     control = None
     if getattr(args, "control_address", None):

@@ -44,6 +44,7 @@ class ServeSettings:
     # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
     reasoning_parser: str | None = None
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+    engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
 
     @property
     def model_name(self) -> str:
