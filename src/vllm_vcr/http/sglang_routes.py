@@ -39,7 +39,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     rid: str | None = None
 
 
-_decode_generate = msgspec.json.Decoder(GenerateRequest)
+_decode_generate = msgspec.json.Decoder(GenerateRequest).decode
 _encode = msgspec.json.Encoder().encode
 
 
