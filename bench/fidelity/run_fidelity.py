@@ -77,7 +77,7 @@ async def _replay_with_tokens(trace: Path, url: str, trace_out: Path) -> tuple[d
     import msgspec
 
     from vllm_vcr.trace.io import TraceWriter
-    from vllm_vcr.trace.loadgen import ReplayConfig, Replayer, resolve_model
+    from vllm_vcr.replay.loadgen import ReplayConfig, Replayer, resolve_model
     from vllm_vcr.trace.schema import TraceMeta
 
     tr = read_trace(str(trace))

@@ -10,9 +10,9 @@ import sys
 SUBCOMMANDS = {
     "serve": "vllm_vcr.http.cli",
     "play": "vllm_vcr.wire.cli",
-    "record": "vllm_vcr.trace.record_cli",
-    "inspect": "vllm_vcr.trace.inspect_cli",
-    "replay-arrivals": "vllm_vcr.trace.arrivals_cli",
+    "record": "vllm_vcr.record.cli",
+    "inspect": "vllm_vcr.inspect.cli",
+    "replay-arrivals": "vllm_vcr.replay.cli",
     "pd-proxy": "vllm_vcr.pd.cli",
 }
 

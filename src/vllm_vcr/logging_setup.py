@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from .control.log_filter import (
+from .log_filter import (
     OFF,
     TRACE,
     LogFilter,

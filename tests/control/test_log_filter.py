@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from vllm_vcr.control.log_filter import OFF, TRACE, LogFilterError, LoggingLevels, parse_log_filter
+from vllm_vcr.log_filter import OFF, TRACE, LogFilterError, LoggingLevels, parse_log_filter
 
 
 @pytest.mark.parametrize(

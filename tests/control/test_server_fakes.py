@@ -55,6 +55,9 @@ class FakeCore:
             raise LatencyTraceActive(f"{', '.join(knobs)}: a latency trace paces requests")
         return self.config.patched(patch)
 
+    def current_stats(self):
+        return self.stats
+
     def patch_config(self, patch):
         self.calls.append("patch")
         self.config = self.config.patched(patch)
@@ -184,7 +187,7 @@ async def test_put_log_with_a_log_control(serve):
     applied = []
 
     def log_control(spec):
-        from vllm_vcr.control.log_filter import parse_log_filter
+        from vllm_vcr.log_filter import parse_log_filter
 
         s = parse_log_filter(spec).to_string()
         applied.append(s)

@@ -7,7 +7,7 @@ import pytest
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
-from vllm_vcr.engine_inputs import engine_inputs
+from vllm_vcr.replay.inputs import engine_inputs
 from vllm_vcr.engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 
 

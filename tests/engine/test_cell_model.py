@@ -1,4 +1,4 @@
-"""The cell model (engine/latency/cells.py, filled by latency_fit/cells.py): TTFT follows the prompt size at the median and keeps
+"""The cell model (engine/latency/cells.py, filled by replay/latency_fit/cells.py): TTFT follows the prompt size at the median and keeps
 the cell's rare stalls in its tail (bench/fidelity found p99 lost when drawing from the nearest
 sizes only)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_vcr.latency_fit.cells import fit_cell_model
+from vllm_vcr.replay.latency_fit.cells import fit_cell_model
 from vllm_vcr.trace.schema import TraceRecord
 from vllm_vcr.trace.stats import nearest_rank
 

@@ -1,4 +1,4 @@
-"""The step-time model (engine/latency/steps.py, fitted by latency_fit/steps.py): step reconstruction, fit,
+"""The step-time model (engine/latency/steps.py, fitted by replay/latency_fit/steps.py): step reconstruction, fit,
 and the engine with timed steps."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from vllm_vcr.engine.latency import CellLatency, LatencyModel, StepBatch, StepLa
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 from vllm_vcr.trace.io import write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
-from vllm_vcr.engine_inputs import clear_shared_inputs, engine_inputs
-from vllm_vcr.latency_fit.steps import busy_arrivals, fit_input_delay, fit_step_model, lad_fit, reconstruct_steps
+from vllm_vcr.replay.inputs import clear_shared_inputs, engine_inputs
+from vllm_vcr.replay.latency_fit.steps import busy_arrivals, fit_input_delay, fit_step_model, lad_fit, reconstruct_steps
 
 # the law the synthetic engine follows (ms): intercept, per decode, per prefill token, per first token
 TRUE = (3.0, 0.8, 0.05, 6.0)
@@ -174,7 +174,7 @@ def test_an_engine_without_its_injected_latency_model_is_refused():
 
 
 def test_calibrate_with_timed_steps_reproduces_its_own_synthetic_trace(tmp_path):
-    from vllm_vcr.trace.calibrate import compare, simulate
+    from vllm_vcr.inspect.calibrate import compare, simulate
     from vllm_vcr.trace.schema import replay_subset
 
     recs = synthetic_trace(200)

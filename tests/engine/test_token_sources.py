@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from vllm_vcr.replay_table import ReplayTableError, ResponseReplayTable
+from vllm_vcr.replay.table import ReplayTableError, ResponseReplayTable
 from vllm_vcr.engine.tokens import ReasoningConfig
 from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 

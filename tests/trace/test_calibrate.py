@@ -7,7 +7,7 @@ import random
 
 from vllm_vcr.cli import main
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
-from vllm_vcr.trace.calibrate import simulate
+from vllm_vcr.inspect.calibrate import simulate
 from vllm_vcr.trace.io import write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
 

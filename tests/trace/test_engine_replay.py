@@ -14,9 +14,9 @@ from vllm_vcr.engine.core import EngineCore
 from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from vllm_vcr.trace.block_hash import prompt_block_hashes
 from vllm_vcr.trace.io import read_trace, write_trace
-from vllm_vcr.engine_inputs import engine_inputs
-from vllm_vcr.latency_fit.cells import fit_cell_model
-from vllm_vcr.trace.replay import build_planner, request_index
+from vllm_vcr.replay.inputs import engine_inputs
+from vllm_vcr.replay.latency_fit.cells import fit_cell_model
+from vllm_vcr.replay.planner import build_planner, request_index
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -6,9 +6,9 @@ import json
 
 from vllm_vcr.trace.block_hash import prompt_block_hashes, shared_prefix_blocks
 from vllm_vcr.trace.chunk_timer import ChunkTimer
-from vllm_vcr.trace.prompts import PromptBuilder, ids_to_text
+from vllm_vcr.replay.prompts import PromptBuilder, ids_to_text
 from vllm_vcr.trace.schema import TraceRecord, validate_record
-from vllm_vcr.trace.sessions import find_parents, think_gap_ms
+from vllm_vcr.replay.sessions import find_parents, think_gap_ms
 from vllm_vcr.trace.sse import SSEParser, parse_chunk
 
 

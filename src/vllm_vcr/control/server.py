@@ -13,7 +13,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import msgspec
 import uvicorn
@@ -23,9 +23,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..engine.config import ConfigError
+from ..engine.config import ConfigError, EngineConfig
 from ..engine.core import EngineDeadError, LatencyTraceActive
-from .log_filter import LogFilterError
+from ..listen_socket import bind_listener
+from ..log_filter import LogFilterError
 from .schema import (
     STATS_FIELDS,
     ControlError,
@@ -73,21 +74,43 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return resp
 
 
-class _Engines:
-    """The engines the API drives: a list of EngineCore, or an AsyncEngine (read lazily)."""
+class ControlledCore(Protocol):
+    """What the control API uses of an engine (EngineCore, or a stand-in in tests)."""
 
-    def __init__(self, engines: Any, timeout: float) -> None:
+    config: EngineConfig
+
+    def call(self, fn: Callable[[Any], Any]) -> asyncio.Future | concurrent.futures.Future: ...
+    def check_patch(self, patch: dict[str, Any]) -> Any: ...
+    def patch_config(self, patch: dict[str, Any]) -> Any: ...
+    def reset_stats(self) -> Any: ...
+    def current_stats(self) -> Any: ...
+
+
+class EngineGroup(Protocol):
+    """The engines of a serve or play process (AsyncEngine, PlayEngines): read on every call,
+    since play creates its engines after the control API is up."""
+
+    @property
+    def engines(self) -> Sequence[ControlledCore]: ...
+
+
+Engines = EngineGroup | Sequence[ControlledCore]
+
+
+class _Engines:
+    """The engines the API drives: a list of cores, or an engine group (read lazily)."""
+
+    def __init__(self, engines: Engines, timeout: float) -> None:
         self._src = engines
         self.timeout = timeout
         # Fan-out calls take one engine at a time; the lock keeps two PATCHes from interleaving
         # engine by engine, which would leave the engines with different configs.
         self.lock = asyncio.Lock()
 
-    def cores(self) -> list[Any]:
-        cores = getattr(self._src, "engines", self._src)
-        return list(cores)
+    def cores(self) -> list[ControlledCore]:
+        return list(self._src if isinstance(self._src, Sequence) else self._src.engines)
 
-    async def call(self, index: int, core: Any, fn: Callable[[Any], Any]) -> Any:
+    async def call(self, index: int, core: ControlledCore, fn: Callable[[Any], Any]) -> Any:
         gone = f"engine {index} loop is gone"
         try:
             fut = core.call(fn)
@@ -123,18 +146,17 @@ class _Engines:
         return await self.call(0, cores[0], fn)
 
 
-def _read_config(core: Any) -> dict[str, Any]:
+def _read_config(core: ControlledCore) -> dict[str, Any]:
     return core.config.to_dict()
 
 
-def _read_stats(core: Any) -> dict[str, int]:
-    # current_stats() fills the running/waiting gauges from the scheduler; plain stats may not.
-    current = getattr(core, "current_stats", None)
-    stats = current() if callable(current) else core.stats
+def _read_stats(core: ControlledCore) -> dict[str, int]:
+    # current_stats(), not stats: it fills the running/waiting gauges from the scheduler
+    stats = core.current_stats()
     return {name: int(getattr(stats, name)) for name in STATS_FIELDS}
 
 
-def _reset_stats(core: Any) -> dict[str, int]:
+def _reset_stats(core: ControlledCore) -> dict[str, int]:
     core.reset_stats()
     return _read_stats(core)
 
@@ -148,7 +170,7 @@ def _sum_stats(per_engine: Sequence[dict[str, int]]) -> dict[str, int]:
 
 
 def build_control_app(
-    engines: Any,
+    engines: Engines,
     log_control: LogControl | None = None,
     *,
     call_timeout: float = ENGINE_CALL_TIMEOUT,
@@ -162,12 +184,12 @@ def build_control_app(
     async def patch_config(request: Request) -> Response:
         patch = parse_config_patch(await request.body())
 
-        def dry_run(core: Any) -> None:
+        def dry_run(core: ControlledCore) -> None:
             # Nothing is applied until every engine accepted the patch, so a rejected PATCH
             # leaves all engines as they were.
             core.check_patch(patch)
 
-        def apply(core: Any) -> dict[str, Any]:
+        def apply(core: ControlledCore) -> dict[str, Any]:
             core.patch_config(patch)
             return core.config.to_dict()
 
@@ -293,24 +315,6 @@ class ControlServer:
         await self.stop()
 
 
-def _bind(host: str, port: int, address: str) -> socket.socket:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, type_, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, type_, proto)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as e:
-        sock.close()
-        raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
-    return sock
-
-
 def _auto_log_control(spec: str) -> str:
     from ..logging_setup import apply_log_filter
 
@@ -318,7 +322,7 @@ def _auto_log_control(spec: str) -> str:
 
 
 async def start_control_server(
-    engines: Any,
+    engines: Engines,
     address: str,
     *,
     log_control: LogControl | None | str = "auto",
@@ -326,7 +330,7 @@ async def start_control_server(
 ) -> ControlServer:
     """Serve the control API on `address` (HOST:PORT) in the running event loop.
 
-    `engines` is a list of EngineCore or an AsyncEngine. `log_control="auto"` uses the reloadable
+    `engines` is a list of EngineCore or an engine group (AsyncEngine, PlayEngines). `log_control="auto"` uses the reloadable
     logging the vllm-vcr CLI installs, or answers PUT /log with 501 when it is not installed.
     Raises ControlAddressError for a malformed address and OSError when it cannot bind.
     """
@@ -336,7 +340,11 @@ async def start_control_server(
 
         log_control = _auto_log_control if reloadable_logging_installed() else None
     app = build_control_app(engines, log_control, call_timeout=call_timeout)  # type: ignore[arg-type]
-    sock = _bind(host, port, address)
+    try:
+        sock = bind_listener(host, port, f"--control-address {address}")
+    except socket.gaierror as e:
+        raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
+    sock.listen(128)
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,

@@ -317,10 +317,3 @@ def _with_cors(send: Callable) -> Callable:
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:
     """The ASGI app serving the OpenAI API for `engine` (an AsyncEngine, already started)."""
     return OpenAIApp(engine, tokenizer, settings, **kwargs)
-
-
-async def serve(args: Any) -> int:
-    """The whole `vllm-vcr serve` command as a coroutine (`args` from the vllm-vcr parser)."""
-    from .server import serve as _serve
-
-    return await _serve(args)

@@ -16,6 +16,8 @@ import sys
 from typing import Any
 
 from ..engine_cli import add_engine_args
+from ..kv_events.config import add_kv_events_args
+from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -71,7 +73,6 @@ _IGNORED_SWITCHES = [
     "--disable-fastapi-docs", "--disable-uvicorn-access-log", "--disable-async-output-proc",
 ]
 
-_IGN = "ignored__"
 
 
 def _human_int(value: str) -> int:
@@ -133,13 +134,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="model name, or a local directory with tokenizer.json (served under this name)")
     add_engine_args(p)
-    try:  # vLLM's --kv-events-config / --enable-kv-cache-events (the kv_events package)
-        from ..kv_events import add_kv_events_args
-    except ImportError:
-        pass
-    else:
-        if "--kv-events-config" not in p._option_string_actions:
-            add_kv_events_args(p)
+    if "--kv-events-config" not in p._option_string_actions:  # vLLM's KV cache events flags
+        add_kv_events_args(p)
     g = _Group(p, "vLLM server")
     g.add("--model", dest="model_opt", default=None, help="same as MODEL")
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
@@ -185,17 +181,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def ignored_flags(args: argparse.Namespace) -> list[str]:
-    out = []
-    for key, value in sorted(vars(args).items()):
-        if key.startswith(_IGN):
-            flag = "--" + key[len(_IGN):].replace("_", "-")
-            out.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag}={value}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from .server import CLIError, run_server
+    from .server import run_server
+    from .settings import CLIError
 
     try:
         return run_server(args)
@@ -204,8 +192,3 @@ def run(args: argparse.Namespace) -> int:
         prog = parser.prog if parser is not None else "vllm-vcr serve"
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-
-
-def env_api_key() -> list[str]:
-    key = os.environ.get("VLLM_API_KEY")
-    return [key] if key else []

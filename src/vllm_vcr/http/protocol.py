@@ -1,14 +1,16 @@
 """OpenAI-compatible request schemas (pydantic v2, field names and defaults as vLLM's).
 
-Unknown fields are accepted and ignored, as vLLM does. Value checks that vLLM performs while
-building SamplingParams (and reports as a 400 `BadRequestError`) live in `check_sampling`.
+Unknown fields are accepted and ignored, as vLLM does. The checks vLLM's request models make
+while parsing are model validators here; they raise RequestValueError, which parse_request
+(serving_base.py) hands on as vLLM's 400 BadRequestError. Value checks that vLLM performs
+while building SamplingParams live in `check_sampling`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -82,6 +84,12 @@ class _SamplingFields(_Base):
     return_token_ids: bool | None = None
     use_beam_search: bool = False
 
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        return self
+
 
 class CompletionRequest(_SamplingFields):
     prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
@@ -92,6 +100,21 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     add_special_tokens: bool = True
     prompt_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt_and_logprobs(self) -> CompletionRequest:
+        p = self.prompt
+        if (p is None or p == "") and not self.prompt_embeds:
+            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
+            raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
+                                    f"{MAX_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+                                    "environment variable.", "prompt")
+        if self.logprobs is not None and self.logprobs < 0 and self.logprobs != -1:
+            raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", self.logprobs)
+        if self.prompt_embeds:
+            raise RequestValueError("prompt_embeds are not supported by vllm-vcr.", "prompt_embeds")
+        return self
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -111,6 +134,18 @@ class ChatCompletionRequest(_SamplingFields):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs_and_prompt_flags(self) -> ChatCompletionRequest:
+        top = self.top_logprobs
+        if top is not None:
+            if top < 0 and top != -1:
+                raise RequestValueError("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
+            if (top == -1 or top > 0) and not self.logprobs:
+                raise RequestValueError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
 
 
 class TokenizeCompletionRequest(_Base):

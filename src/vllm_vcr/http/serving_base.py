@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, validation_error
 from .generation import OutputStream
+from .protocol import RequestValueError
 from .sse import send_bytes
 from .tokenizer import Tokenizer
 
@@ -68,7 +69,8 @@ class RequestContext:
 
 
 def parse_request(body: bytes, model: type[BaseModel]) -> Any:
-    """Validate a JSON body; schema and JSON errors become vLLM's 400 validation error."""
+    """Validate a JSON body; schema and JSON errors become vLLM's 400 validation error, a request
+    model validator's RequestValueError is raised as it is (vLLM's 400 BadRequestError)."""
     if not body.strip():
         # FastAPI's view of an empty body: the whole body is missing
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
@@ -78,6 +80,9 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
         errors = e.errors(include_url=False)
         if errors and errors[0].get("type") == "json_invalid":
             raise json_decode_error(body) from None
+        cause = errors[0].get("ctx", {}).get("error") if errors else None
+        if isinstance(cause, RequestValueError):
+            raise cause from None
         raise validation_error(errors) from None
 
 

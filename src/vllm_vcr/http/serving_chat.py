@@ -107,24 +107,14 @@ class ChatServing(ServingBase):
         return text, ids
 
     async def handle(self, ctx: RequestContext) -> None:
-        req: ChatCompletionRequest = parse_request(ctx.body, ChatCompletionRequest)
         try:
+            req: ChatCompletionRequest = parse_request(ctx.body, ChatCompletionRequest)
             await self._handle(ctx, req)
         except RequestValueError as e:
             raise as_http_error(e) from None
 
     async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
-        # the request model's own validators first (vLLM runs them while parsing)
-        if req.stream_options is not None and not req.stream:
-            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
         top = req.top_logprobs
-        if top is not None:
-            if top < 0 and top != -1:
-                raise RequestValueError("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
-            if (top == -1 or top > 0) and not req.logprobs:
-                raise RequestValueError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-        if req.add_generation_prompt and req.continue_final_message:
-            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         model = self.check_model(req.model)
         max_len = self.settings.max_model_len
         if req.max_completion_tokens is not None:

@@ -21,7 +21,6 @@ from .generation import (
 from .logprobs import completion_logprobs
 from .protocol import (
     MAX_CHOICES,
-    MAX_PROMPTS,
     CompletionRequest,
     RequestValueError,
     check_logprobs_limit,
@@ -63,27 +62,13 @@ def include_usage_flags(req: Any, force: bool) -> tuple[bool, bool]:
 
 class CompletionServing(ServingBase):
     async def handle(self, ctx: RequestContext) -> None:
-        req: CompletionRequest = parse_request(ctx.body, CompletionRequest)
         try:
+            req: CompletionRequest = parse_request(ctx.body, CompletionRequest)
             await self._handle(ctx, req)
         except RequestValueError as e:
             raise as_http_error(e) from None
 
     async def _handle(self, ctx: RequestContext, req: CompletionRequest) -> None:
-        # the request model's own validators first (vLLM runs them while parsing)
-        if req.stream_options is not None and not req.stream:
-            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
-        p = req.prompt
-        if (p is None or p == "") and not req.prompt_embeds:
-            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
-        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
-            raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
-                                    f"{MAX_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
-                                    "environment variable.", "prompt")
-        if req.logprobs is not None and req.logprobs < 0 and req.logprobs != -1:
-            raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", req.logprobs)
-        if req.prompt_embeds:
-            raise RequestValueError("prompt_embeds are not supported by vllm-vcr.", "prompt_embeds")
         model = self.check_model(req.model)
         if req.suffix is not None:
             raise RequestValueError("suffix is not currently supported")

@@ -1,8 +1,10 @@
 """`--kv-events-config`: vLLM's KVEventsConfig (vllm/config/kv_events.py, same in 0.32 and 0.33).
 
-vLLM parses the flag's JSON into a pydantic dataclass that forbids unknown keys; this does the
-same checks by hand so a typo fails at startup with the key's name. `--enable-kv-cache-events`
-is vllm-vcr's own shorthand for `{"enable_kv_cache_events": true}` (vLLM has no such flag).
+Like vLLM, a pydantic dataclass that forbids unknown keys and validates in lax mode ("true" is a
+bool, "10" an int), so a typo fails at start-up; every error names the flag and the key. On top
+of vLLM's types, values that could only fail later (a negative buffer, an endpoint ZMQ cannot
+use) fail here. `--enable-kv-cache-events` is vllm-vcr's own shorthand for
+`{"enable_kv_cache_events": true}` (vLLM has no such flag).
 """
 
 from __future__ import annotations
@@ -10,103 +12,80 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
+
+import pydantic
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass
+
+FLAG = "--kv-events-config"
 
 
 class KVEventsConfigError(ValueError):
     pass
 
 
-@dataclasses.dataclass
+@dataclass(config=ConfigDict(extra="forbid"))
 class KVEventsConfig:
     enable_kv_cache_events: bool = False
-    publisher: str | None = None  # "zmq" | "null"; None resolves like vLLM in __post_init__
+    publisher: Literal["null", "zmq"] | None = None  # None resolves like vLLM in __post_init__
     endpoint: str = "tcp://*:5557"  # PUB: bound if it has "*"/"::" or is ipc/inproc, else connected
     replay_endpoint: str | None = None  # ROUTER, always bound
-    buffer_steps: int = 10_000  # batches kept for replay
-    hwm: int = 100_000  # PUB send high-water mark
-    max_queue_size: int = 100_000  # batches waiting for the publisher thread
+    buffer_steps: int = Field(default=10_000, ge=0)  # batches kept for replay
+    hwm: int = Field(default=100_000, ge=0)  # PUB send high-water mark
+    max_queue_size: int = Field(default=100_000, ge=1)  # batches waiting for the publisher thread
     topic: str = ""
 
     def __post_init__(self) -> None:
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
-        self.validate()
+
+    @field_validator("endpoint")
+    @classmethod
+    def _zmq_endpoint(cls, ep: str) -> str:
+        if not ep.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError("must be tcp://, ipc:// or inproc://")
+        return ep
 
     @property
     def active(self) -> bool:
         """True when a real publisher should run (vLLM's EventPublisherFactory rule)."""
         return bool(self.enable_kv_cache_events) and self.publisher != "null"
 
-    def validate(self) -> "KVEventsConfig":
-        if self.publisher not in ("zmq", "null"):
-            raise KVEventsConfigError(
-                f"--kv-events-config: publisher must be 'zmq' or 'null', got {self.publisher!r}")
-        for name in ("buffer_steps", "hwm", "max_queue_size"):
-            if getattr(self, name) < 0:
-                raise KVEventsConfigError(f"--kv-events-config: {name} must be >= 0")
-        if self.max_queue_size == 0:
-            raise KVEventsConfigError("--kv-events-config: max_queue_size must be >= 1")
-        ep = self.endpoint
-        if not ep or not (ep.startswith(("tcp://", "ipc://", "inproc://"))):
-            raise KVEventsConfigError(
-                f"--kv-events-config: endpoint must be tcp://, ipc:// or inproc://, got {ep!r}")
-        return self
-
     def to_dict(self) -> dict[str, Any]:
         """Field order and names of vLLM's dataclass (as the READY response reports it)."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "KVEventsConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> KVEventsConfig:
         if not isinstance(data, Mapping):
-            raise KVEventsConfigError(
-                f"--kv-events-config: expected a JSON object, got {type(data).__name__}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise KVEventsConfigError(
-                f"--kv-events-config: unknown key(s) {', '.join(unknown)}; "
-                f"known: {', '.join(known)}")
-        kwargs: dict[str, Any] = {}
-        for key, value in data.items():
-            kwargs[key] = _coerce(key, value)
-        return cls(**kwargs)
+            raise KVEventsConfigError(f"{FLAG}: expected a JSON object, got {type(data).__name__}")
+        return _validated(cls, **data)
 
     @classmethod
-    def from_json(cls, text: str) -> "KVEventsConfig":
+    def from_json(cls, text: str) -> KVEventsConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise KVEventsConfigError(f"--kv-events-config: invalid JSON: {e}") from None
+            raise KVEventsConfigError(f"{FLAG}: invalid JSON: {e}") from None
         return cls.from_dict(data)
 
 
-_BOOL_FIELDS = {"enable_kv_cache_events"}
-_INT_FIELDS = {"buffer_steps", "hwm", "max_queue_size"}
-_OPT_STR_FIELDS = {"publisher", "replay_endpoint"}
-
-
-def _coerce(key: str, value: Any) -> Any:
-    # pydantic's lax mode (what vLLM uses) accepts "true"/1 for bools and "10" for ints
-    if key in _BOOL_FIELDS:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-    elif key in _INT_FIELDS:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-    elif key in _OPT_STR_FIELDS:
-        if value is None or isinstance(value, str):
-            return value
-    elif isinstance(value, str):
-        return value
-    raise KVEventsConfigError(f"--kv-events-config: bad value for {key}: {value!r}")
+def _validated(build: Any, *args: Any, **kwargs: Any) -> KVEventsConfig:
+    """`build(...)` with pydantic's errors turned into one KVEventsConfigError naming flag and key."""
+    try:
+        return build(*args, **kwargs)
+    except pydantic.ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            key = ".".join(str(p) for p in err["loc"]) or "value"
+            if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+                known = ", ".join(f.name for f in dataclasses.fields(KVEventsConfig))
+                problems.append(f"unknown key {key} (known: {known})")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{key}: {msg} (got {err.get('input')!r})")
+        raise KVEventsConfigError(f"{FLAG}: " + "; ".join(problems)) from None
 
 
 def parse_kv_events_config(value: str | Mapping[str, Any] | KVEventsConfig | None = None,
@@ -128,8 +107,8 @@ def parse_kv_events_config(value: str | Mapping[str, Any] | KVEventsConfig | Non
         cfg = KVEventsConfig.from_dict(value)
     if enable_kv_cache_events and not cfg.enable_kv_cache_events:
         explicit_publisher = isinstance(value, (str, Mapping)) and _has_publisher(value)
-        cfg = dataclasses.replace(cfg, enable_kv_cache_events=True,
-                                  publisher=cfg.publisher if explicit_publisher else None)
+        cfg = _validated(dataclasses.replace, cfg, enable_kv_cache_events=True,
+                         publisher=cfg.publisher if explicit_publisher else None)
     return cfg
 
 
@@ -150,5 +129,5 @@ def add_kv_events_args(parser: argparse.ArgumentParser) -> None:
 
 
 def kv_events_config_from_cli(ns: argparse.Namespace) -> KVEventsConfig | None:
-    return parse_kv_events_config(getattr(ns, "kv_events_config", None),
-                                  bool(getattr(ns, "enable_kv_cache_events", False)))
+    """The config of the parsed --kv-events-config / --enable-kv-cache-events (see add_kv_events_args)."""
+    return parse_kv_events_config(ns.kv_events_config, ns.enable_kv_cache_events)

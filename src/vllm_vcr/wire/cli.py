@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
 
+from .. import event_loop
 from ..engine_cli import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError
 from ..gc_tuning import tune_for_serving
+from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
 
 log = logging.getLogger("vllm_vcr.wire")
 
@@ -54,12 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
     s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
     add_engine_args(p)
-    try:  # vLLM's --kv-events-config / --enable-kv-cache-events
-        from ..kv_events import add_kv_events_args
-    except ImportError:
-        pass
-    else:
-        add_kv_events_args(p)
+    add_kv_events_args(p)  # vLLM's --kv-events-config / --enable-kv-cache-events
     return p
 
 
@@ -84,15 +80,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    kv_events = None
-    if getattr(args, "kv_events_config", None) is not None or getattr(args, "enable_kv_cache_events", False):
-        from ..kv_events import kv_events_config_from_cli
-
-        try:
-            kv_events = kv_events_config_from_cli(args)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+    try:
+        kv_events = kv_events_config_from_cli(args)
+    except KVEventsConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     ready = ReadyInfo(
         max_model_len=advertised,
         num_gpu_blocks=eargs.kv_cache_size,
@@ -107,15 +99,9 @@ def run(args: argparse.Namespace) -> int:
     server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
                         ready=ready, handshake_timeout=args.handshake_timeout,
                         control_address=args.control_address, kv_events=kv_events, pd_args=args)
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
     tune_for_serving()
     try:
-        if uvloop is not None:
-            return uvloop.run(server.run())
-        return asyncio.run(server.run())
+        return event_loop.run(server.run())
     except KeyboardInterrupt:
         return 130
     except (OSError, ValueError) as e:  # e.g. the control address is malformed or taken

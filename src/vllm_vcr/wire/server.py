@@ -10,17 +10,22 @@ socket so the frontend fails fast instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from ..engine.config import EngineArgs
+from ..control.server import start_control_server
+from ..engine.clock import RealClock
+from ..engine.config import ConfigError, EngineArgs
+from ..replay.inputs import engine_inputs
+from ..engine.core import EngineCore
 from ..engine.types import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -28,6 +33,8 @@ from ..engine.types import (
     FinishReason,
     SchedulerStats,
 )
+from ..kv_events import KVEventCollector, KVEventPublisher, KVEventsConfig, NullEventPublisher, create_publisher
+from ..pd import start_pd_services
 from . import utility
 from .codec import (
     ABORT,
@@ -68,7 +75,7 @@ class EngineBridge:
         self.rank = rank
         self.sockets = sockets
         self.codec = codec
-        self.core: Any = None  # set by attach_core (the core needs our sink to be built)
+        self.core: EngineCore | None = None  # set by attach_core (the core needs our sink to be built)
         # request id -> client index, for every request the engine owes an answer
         self.inflight: dict[str, int] = {}
         self.paused: str | None = None  # None | "hold" (0.32 pause_scheduler) | "reject" (0.33)
@@ -85,13 +92,12 @@ class EngineBridge:
         self._dead_sent = False
         self.closing = False
 
-    def attach_core(self, core: Any) -> None:
+    def attach_core(self, core: EngineCore) -> None:
         self.core = core
 
-    @property
-    def tasks(self) -> list[asyncio.Task]:
-        """The bridge's own tasks still running (utility calls in flight)."""
-        return list(self._tasks)
+    def cancel_utility_calls(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
 
     # ---- outputs (called synchronously from the engine loop; must not block) ----------------
     def sink(self, client_index: int, outs: EngineCoreOutputs) -> None:
@@ -337,10 +343,8 @@ class PlayEngines:
         self.bridges = bridges
 
     @property
-    def engines(self) -> list[Any]:  # what control.server reads
+    def engines(self) -> list[EngineCore]:  # what control.server reads
         return [b.core for b in self.bridges if b.core is not None]
-
-    cores = engines
 
     @property
     def engine_count(self) -> int:
@@ -355,17 +359,20 @@ class PlayEngines:
             b.listeners.append(cb)
 
 
-def _import_engine():
-    # Imported late so `vllm-vcr play --help` works while the engine package is incomplete.
-    from ..engine.clock import RealClock
-    from ..engine.core import EngineCore
-    return EngineCore, RealClock
+class _StartFailed(Exception):
+    """A start-up phase failed (already logged); `run` returns this exit code."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
 
 
 class PlayServer:
+    """One run of `vllm-vcr play`: one method per phase, unwound by an exit stack."""
+
     def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
-                 kv_events: Any = None, pd_args: Any = None):
+                 kv_events: KVEventsConfig | None = None, pd_args: Any = None):
         self.args = args
         self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
@@ -374,8 +381,8 @@ class PlayServer:
         self.ready = ready
         self.handshake_timeout = handshake_timeout
         self.control_address = control_address
-        self.kv_events = kv_events  # a kv_events.KVEventsConfig, or None
-        self.publishers: list[Any] = []
+        self.kv_events = kv_events
+        self.publishers: list[KVEventPublisher | NullEventPublisher] = []
         self.codec = Codec()
         self.bridges: list[EngineBridge] = []
         self.engines = PlayEngines(self.bridges)
@@ -399,130 +406,156 @@ class PlayServer:
         self._stop.set()
 
     async def run(self) -> int:
+        self.install_signal_handlers()
+        try:
+            self.check_inputs()
+            async with contextlib.AsyncExitStack() as stack:
+                # the control API and the KV-event endpoints bind before HELLO: a bad address fails
+                # before the frontend has spent its one handshake on us
+                await self.start_control_api(stack)
+                self.start_kv_publishers(stack)
+                ctx = self.open_zmq(stack)
+                if not await self.handshake(ctx):
+                    return 0
+                self.create_engines()
+                await self.start_pd_services(stack)
+                core_tasks, io_tasks = await self.start_serving()
+                rc = await self.serve_until_signal(core_tasks)
+                await self.drain(core_tasks, io_tasks)
+                return rc
+        except _StartFailed as e:
+            return e.exit_code
+
+    def install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError):  # not the main thread / platform
                 pass
-        # The control API binds before HELLO: a bad --control-address fails before the frontend
-        # has spent its one handshake on us. Until the engines exist it answers "no engine".
-        from ..engine.config import ConfigError
-        from ..engine_inputs import engine_inputs
 
+    def check_inputs(self) -> None:
         try:
             # load and check every input file before the frontend's one handshake
             self.engine_inputs = engine_inputs(self.args)
         except ConfigError as e:
             log.error("%s", e)
-            return 2
-        control = await self._start_control()
+            raise _StartFailed(2) from None
+
+    async def start_control_api(self, stack: contextlib.AsyncExitStack) -> None:
+        """Until the engines exist the control API answers "no engine"."""
+        if not self.control_address:
+            return
+        control = await start_control_server(self.engines, self.control_address)
+        stack.push_async_callback(_stop_quietly, control.stop, "the control API")
+        log.info("control API on %s", self.control_address)
+
+    def start_kv_publishers(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.kv_events is None or not self.kv_events.active:
+            return
+        for rank in range(self.engine_count):
+            pub = create_publisher(self.kv_events, data_parallel_rank=rank)
+            stack.callback(pub.close)
+            self.publishers.append(pub)
+
+    def open_zmq(self, stack: contextlib.AsyncExitStack) -> zmq.asyncio.Context:
         ctx = zmq.asyncio.Context()
-        try:
-            self._create_publishers()  # likewise: a busy KV-event endpoint fails before HELLO
-            return await self._run(ctx)
-        finally:
+
+        def close() -> None:
             for b in self.bridges:
                 b.sockets.close(linger_ms=2000)
             ctx.term()
-            for pub in self.publishers:
-                pub.close()
-            if control is not None:
-                await _stop_control(control)
 
-    def _create_publishers(self) -> None:
-        if self.kv_events is None or not getattr(self.kv_events, "active", False):
-            return
-        from ..kv_events import create_publisher
+        stack.callback(close)
+        return ctx
 
-        for rank in range(self.engine_count):
-            self.publishers.append(create_publisher(self.kv_events, data_parallel_rank=rank))
+    def _ready_info(self, rank: int) -> ReadyInfo:
+        info = copy.copy(self.ready)
+        base = info.instance_id or self.args.engine_id
+        info.instance_id = base if rank == 0 else f"{base}-{rank}"
+        info.data_parallel_size = self.engine_count
+        if self.publishers:
+            cfg = self.publishers[rank].publisher_config
+            info.kv_events_config = cfg.to_dict() if cfg is not None else None
+        return info
 
-    async def _run(self, ctx: zmq.asyncio.Context) -> int:
-        EngineCore, RealClock = _import_engine()
-
-        # ---- handshake, all ranks at once (the DP coordinator waits for every engine) ----------
-        def info_for(rank: int) -> ReadyInfo:
-            info = copy.copy(self.ready)
-            base = info.instance_id or self.args.engine_id
-            info.instance_id = base if rank == 0 else f"{base}-{rank}"
-            info.data_parallel_size = self.engine_count
-            if self.publishers:
-                cfg = self.publishers[rank].publisher_config
-                info.kv_events_config = cfg.to_dict() if cfg is not None else None
-            return info
-
+    async def handshake(self, ctx: zmq.asyncio.Context) -> bool:
+        """All ranks at once (the DP coordinator waits for every engine); False: stopped first."""
         load_time = self.args.startup_time / self.args.time_scale
-        hs = asyncio.gather(*(handshake(ctx, self.address, r, info_for(r), timeout=self.handshake_timeout,
+        hs = asyncio.gather(*(handshake(ctx, self.address, r, self._ready_info(r), timeout=self.handshake_timeout,
                                         load_time=load_time, load_failure=self.args.startup_failure)
                               for r in range(self.engine_count)), return_exceptions=True)
         stop_wait = asyncio.ensure_future(self._stop.wait())
         done, _ = await asyncio.wait({hs, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if hs not in done:
             hs.cancel()
-            results = await asyncio.gather(hs, return_exceptions=True)
+            await asyncio.gather(hs, return_exceptions=True)
             log.info("stopped before the handshake finished")
-            return 0
+            return False
         stop_wait.cancel()
         results = hs.result()
-        failed = [r for r in results if isinstance(r, BaseException)]
         for r in results:
             if isinstance(r, EngineSockets):
-                b = EngineBridge(r.rank, r, self.codec)
-                self.bridges.append(b)
+                self.bridges.append(EngineBridge(r.rank, r, self.codec))
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for e in failed:
+            log.error("handshake failed: %s", e)
         if failed:
-            for e in failed:
-                log.error("handshake failed: %s", e)
-            for b in self.bridges:
-                b.send_dead()
-            return 1
+            self._fail_start()
+        return True
 
-        # ---- engines ----------------------------------------------------------------------------
+    def _fail_start(self) -> None:
+        for b in self.bridges:
+            b.send_dead()  # the frontend is waiting for us: tell it, do not leave it hanging
+        raise _StartFailed(1)
+
+    def create_engines(self) -> None:
         try:
             for b in self.bridges:
                 eargs = copy.deepcopy(self.args)
-                eargs.engine_id = info_for(b.rank).instance_id
+                eargs.engine_id = self._ready_info(b.rank).instance_id
                 b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
                                          **self.engine_inputs))
                 if self.publishers:
-                    from ..kv_events import KVEventCollector
-
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
         except Exception:
             log.exception("could not build the engines")
-            for b in self.bridges:
-                b.send_dead()  # the frontend is waiting for us: tell it, do not leave it hanging
-            return 1
-        from ..pd import start_pd_services
+            self._fail_start()
 
+    async def start_pd_services(self, stack: contextlib.AsyncExitStack) -> None:
         try:
             pd = await start_pd_services([b.core for b in self.bridges], self.pd_args)
         except OSError as e:
             log.error("%s", e)
-            for b in self.bridges:
-                b.send_dead()
-            return 1
+            self._fail_start()
+        stack.push_async_callback(pd.stop)
+
+    async def start_serving(self) -> tuple[dict[asyncio.Task, EngineBridge], list[asyncio.Task]]:
         core_tasks = {loop_task(b.core.run(), f"engine{b.rank}-core"): b for b in self.bridges}
         io_tasks: list[asyncio.Task] = []
         for b in self.bridges:
             io_tasks.extend(await b.start())
         log.info("serving %d engine(s) behind %s", self.engine_count, self.address)
+        return core_tasks, io_tasks
 
-        # ---- run until a signal or an engine dies -------------------------------------------------
+    async def serve_until_signal(self, core_tasks: dict[asyncio.Task, EngineBridge]) -> int:
+        """Until a signal or an engine dies (exit code 1, and the drain becomes an abort)."""
         stop_wait = asyncio.ensure_future(self._stop.wait())
         done, _ = await asyncio.wait({stop_wait, *core_tasks}, return_when=asyncio.FIRST_COMPLETED)
-        fatal = [t for t in done if t is not stop_wait]
+        stop_wait.cancel()
         rc = 0
-        for t in fatal:
-            b = core_tasks[t]
+        for t in done:
+            if t is stop_wait:
+                continue
             err = t.exception() if not t.cancelled() else None
-            log.error("engine %d stopped unexpectedly%s", b.rank, f": {err!r}" if err else "")
+            log.error("engine %d stopped unexpectedly%s", core_tasks[t].rank, f": {err!r}" if err else "")
             rc = 1
         if rc:
             self._shutdown_timeout = 0.0
-        stop_wait.cancel()
+        return rc
 
-        # ---- shutdown: drain/abort, flush, ENGINE_CORE_DEAD ------------------------------------
+    async def drain(self, core_tasks: dict[asyncio.Task, EngineBridge], io_tasks: list[asyncio.Task]) -> None:
+        """Drain or abort, flush, then ENGINE_CORE_DEAD on every output socket."""
         for b in self.bridges:
             b.closing = True
             if b.paused:
@@ -539,26 +572,9 @@ class PlayServer:
             t.cancel()
         await asyncio.gather(*io_tasks, return_exceptions=True)
         for b in self.bridges:
-            for t in b.tasks:
-                t.cancel()
+            b.cancel_utility_calls()
             b.send_dead()
-        await pd.stop()
         log.info("engines stopped; ENGINE_CORE_DEAD sent to the frontend")
-        return rc
-
-    async def _start_control(self) -> Any:
-        if not self.control_address:
-            return None
-        try:
-            from ..control.server import start_control_server
-        except ImportError as e:
-            log.warning("--control-address %s ignored: control API unavailable (%s)", self.control_address, e)
-            return None
-        handle = start_control_server(self.engines, self.control_address)
-        if asyncio.iscoroutine(handle):
-            handle = await handle
-        log.info("control API on %s", self.control_address)
-        return handle
 
 
 def loop_task(coro, name: str) -> asyncio.Task:
@@ -569,14 +585,8 @@ def core_tasks_done(b: EngineBridge, core_tasks: dict[asyncio.Task, EngineBridge
     return any(t.done() for t, bb in core_tasks.items() if bb is b)
 
 
-async def _stop_control(handle: Any) -> None:
-    for name in ("stop", "close", "shutdown"):
-        fn = getattr(handle, name, None)
-        if callable(fn):
-            try:
-                r = fn()
-                if asyncio.iscoroutine(r):
-                    await r
-            except Exception:
-                log.exception("stopping the control API failed")
-            return
+async def _stop_quietly(stop: Callable[[], Awaitable[None]], what: str) -> None:
+    try:
+        await stop()
+    except Exception:
+        log.exception("stopping %s failed", what)

@@ -1,5 +1,5 @@
 """Latency models behind one timing interface (base.py): the knob model, the cell model and the
-step-time model. They are built by the CLI layer (latency_fit/ fits them from traces) and
+step-time model. They are built by the CLI layer (replay/latency_fit/ fits them from traces) and
 injected into the engine; nothing here reads a file."""
 
 from .base import LatencyModel, RequestPacing, StepBatch, StepRecord, inverse_cdf, truncnorm, zero_pacing

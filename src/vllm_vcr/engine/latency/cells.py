@@ -15,7 +15,7 @@ engine draws from the cell that matches each request:
 
 Draws are inverse-CDF draws of the sorted samples (with interpolation), so the replay reproduces
 the recorded quantiles rather than just means. Delays are divided by time_scale. The model is
-filled request by request (`add_request`); reading a trace into it is latency_fit/cells.py's job.
+filled request by request (`add_request`); reading a trace into it is replay/latency_fit/cells.py's job.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step-time model: a step's duration from its composition (fitted by latency_fit/steps.py).
+"""The step-time model: a step's duration from its composition (fitted by replay/latency_fit/steps.py).
 
 duration (ms) = a + b·decodes + c·prefill tokens + d·first tokens + e·decode context/1000, times
 a residual drawn by inverse CDF from the recorded spread of the step's class (decode-only;

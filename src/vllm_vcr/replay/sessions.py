@@ -7,7 +7,7 @@ recorded offset, but never before its parent finished plus the recorded think ti
 
 from __future__ import annotations
 
-from .schema import TraceRecord
+from ..trace.schema import TraceRecord
 
 
 def find_parents(records: list[TraceRecord]) -> list[int | None]:

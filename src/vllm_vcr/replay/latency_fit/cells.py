@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..engine.latency.cells import CellLatency
-from ..trace.schema import TraceRecord
+from ...engine.latency.cells import CellLatency
+from ...trace.schema import TraceRecord
 
 
 def decode_steps(r: TraceRecord) -> list[tuple[float, int]]:

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .block_hash import prompt_block_hashes
-from .chunk_timer import ChunkTimer
-from .io import TraceWriter
-from .schema import SOURCE_HTTP_TAP, TraceMeta
-from .sse import SSEParser
+from ..trace.block_hash import prompt_block_hashes
+from ..trace.chunk_timer import ChunkTimer
+from ..trace.io import TraceWriter
+from ..trace.schema import SOURCE_HTTP_TAP, TraceMeta
+from ..trace.sse import SSEParser
 
 log = logging.getLogger(__name__)
 

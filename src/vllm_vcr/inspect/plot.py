@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .io import Trace
+from ..trace.io import Trace
 from .perfetto import _assign_lanes
-from .schema import replay_subset
-from .stats import (
+from ..trace.schema import replay_subset
+from ..trace.stats import (
     CONCURRENCY_BUCKETS,
     Samples,
     add_itl_samples,

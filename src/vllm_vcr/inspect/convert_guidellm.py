@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .schema import SOURCE_GUIDELLM, ItlSummary, TraceMeta, TraceRecord
+from ..trace.schema import SOURCE_GUIDELLM, ItlSummary, TraceMeta, TraceRecord
 
 log = logging.getLogger(__name__)
 

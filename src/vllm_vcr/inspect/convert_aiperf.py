@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .convert_guidellm import ConvertError
-from .schema import SOURCE_AIPERF, ItlSummary, TraceMeta, TraceRecord
+from ..trace.schema import SOURCE_AIPERF, ItlSummary, TraceMeta, TraceRecord
 
 log = logging.getLogger(__name__)
 

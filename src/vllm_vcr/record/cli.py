@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from . import aio
+from .. import event_loop
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                     tp=args.tp, max_num_seqs=args.max_num_seqs, block_size=args.block_size,
                     tokenizer=args.tokenizer, timeout_s=args.upstream_timeout)
     try:
-        stats = aio.run(_main(cfg, host, port))
+        stats = event_loop.run(_main(cfg, host, port))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -125,7 +125,7 @@ def _run_zmq(args: argparse.Namespace) -> int:
         await tap.run(stop)
 
     try:
-        aio.run(main())
+        event_loop.run(main())
     except (TapError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

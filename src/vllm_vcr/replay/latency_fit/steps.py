@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.latency.steps import CLASSES, DECODE_STEP, PREFILL_AFTER_IDLE, InputDelay, Residuals, StepLatency, step_class
-from ..trace.schema import TraceRecord, replay_subset
+from ...engine.latency.steps import CLASSES, DECODE_STEP, PREFILL_AFTER_IDLE, InputDelay, Residuals, StepLatency, step_class
+from ...trace.schema import TraceRecord, replay_subset
 
 SAME_MESSAGE_MS = 0.005  # token times closer than this are one output message (rounding only)
 MIN_CLASS_STEPS = 20  # residuals of a class with fewer steps fall back to all steps'

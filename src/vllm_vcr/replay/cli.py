@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any
 
-from . import aio
+from .. import event_loop
 
-from .schema import SOURCE_REPLAY_ARRIVALS
+from ..trace.schema import SOURCE_REPLAY_ARRIVALS
 
 
 def add_parser(subparsers: Any) -> None:
@@ -52,10 +52,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .io import TraceError
+    from ..trace.io import TraceError
     from .loadgen import ReplayConfig
-    from .progress import load_trace, task_progress
-    from .schema import TraceMeta, replay_subset
+    from ..trace.progress import load_trace, task_progress
+    from ..trace.schema import TraceMeta, replay_subset
 
     if args.time_scale <= 0:
         print("error: --time-scale must be > 0", file=sys.stderr)
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     n = min(len(records), args.max_requests or len(records))
     try:
         with task_progress("sending", n, unit="items") as advance:
-            result = aio.run(_replay(records, cfg, meta, args.trace, args.trace_out, advance))
+            result = event_loop.run(_replay(records, cfg, meta, args.trace, args.trace_out, advance))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _replay(records: list[Any], cfg: Any, meta: Any, source_path: str,
                   trace_out: str | None, advance: Any) -> Any:
-    from .io import TraceWriter
+    from ..trace.io import TraceWriter
     from .loadgen import Replayer, resolve_model
 
     await resolve_model(cfg, meta.model)
@@ -108,7 +108,7 @@ async def _replay(records: list[Any], cfg: Any, meta: Any, source_path: str,
 
 
 def _out_meta(meta: Any, cfg: Any, source_path: str) -> Any:
-    from .schema import TraceMeta
+    from ..trace.schema import TraceMeta
 
     extra = {"replay_of": os.path.basename(source_path), "replay_target": cfg.target,
              "replay_api": cfg.api, "replay_time_scale": cfg.time_scale}
@@ -123,7 +123,7 @@ def _q(samples: Any, p: float) -> float | None:
 
 
 def build_summary(source: list[Any], result: Any, cfg: Any) -> dict[str, Any]:
-    from .stats import itl_samples, ttft_samples
+    from ..trace.stats import itl_samples, ttft_samples
 
     src = source[: result.scheduled]
     out: dict[str, Any] = {

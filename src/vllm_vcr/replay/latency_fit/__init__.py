@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from ..engine.latency import LatencyModel
-from ..trace.io import read_trace
-from ..trace.schema import SOURCE_TAP
+from ...engine.latency import LatencyModel
+from ...trace.io import read_trace
+from ...trace.schema import SOURCE_TAP
 from .cells import fit_cell_model
 from .steps import fit_step_model
 

@@ -13,8 +13,8 @@ import struct
 
 import numpy as np
 
-from .block_hash import FNV_OFFSET, fnv1a64
-from .schema import TraceRecord
+from ..trace.block_hash import FNV_OFFSET, fnv1a64
+from ..trace.schema import TraceRecord
 
 _M64 = 0xFFFFFFFFFFFFFFFF
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from .io import TraceWriter
-from .schema import SOURCE_TAP, TraceMeta
+from ..trace.io import TraceWriter
+from ..trace.schema import SOURCE_TAP, TraceMeta
 from .tap_recorder import TapRecorder
 
 log = logging.getLogger(__name__)

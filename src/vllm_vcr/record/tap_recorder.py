@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.types import EngineCoreRequest
-from .block_hash import prompt_block_hashes
-from .schema import ItlCtx, TraceRecord
+from ..trace.block_hash import prompt_block_hashes
+from ..trace.schema import ItlCtx, TraceRecord
 
 _FINISH = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
 # EngineCoreOutput positions (vllm-protocol.md §4.2)

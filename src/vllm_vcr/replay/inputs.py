@@ -10,10 +10,10 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from .engine.config import ConfigError, EngineArgs
+from ..engine.config import ConfigError, EngineArgs
 from .latency_fit import load_latency_model
-from .replay_table import ResponseReplayTable
-from .trace.replay import build_planner
+from .table import ResponseReplayTable
+from .planner import build_planner
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.types import EngineCoreRequest, SamplingParams
-from ..engine_inputs import engine_inputs
-from .schema import TraceMeta, TraceRecord, replay_subset
-from .stats import itl_samples, ttft_samples
+from ..trace.schema import TraceMeta, TraceRecord, replay_subset
+from ..trace.stats import itl_samples, ttft_samples
+from ..replay.inputs import engine_inputs
 
 QUANTILES = (50, 90, 99)
 
@@ -121,7 +121,7 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     from ..engine_cli import engine_args_from_cli
-    from .progress import load_trace, task_progress
+    from ..trace.progress import load_trace, task_progress
 
     trace = load_trace(ns.trace)
     meta = trace.meta or TraceMeta()
@@ -147,7 +147,7 @@ def run(ns: argparse.Namespace) -> int:
     else:
         _print_table(rows, verdict, ns.trace)
     if ns.output:
-        from .io import Trace, write_trace
+        from ..trace.io import Trace, write_trace
         from .plot import plot_traces
 
         out = Path(ns.output)

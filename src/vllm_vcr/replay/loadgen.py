@@ -17,12 +17,12 @@ from typing import Any
 
 import msgspec
 
-from .chunk_timer import ChunkTimer
-from .io import TraceWriter
+from ..trace.chunk_timer import ChunkTimer
+from ..trace.io import TraceWriter
 from .prompts import PromptBuilder, ids_to_text
-from .schema import TraceRecord
+from ..trace.schema import TraceRecord
 from .sessions import find_parents, think_gap_ms
-from .sse import SSEParser
+from ..trace.sse import SSEParser
 
 log = logging.getLogger(__name__)
 

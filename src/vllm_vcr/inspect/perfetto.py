@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .io import iter_lines
-from .schema import TraceRecord, replay_subset
+from ..trace.io import iter_lines
+from ..trace.schema import TraceRecord, replay_subset
 
 log = logging.getLogger(__name__)
 

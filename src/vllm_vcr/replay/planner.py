@@ -19,9 +19,9 @@ import logging
 import re
 from ..engine.plan import RequestPlan
 from ..engine.types import EngineCoreRequest, FinishReason
-from .block_hash import prompt_block_hashes
-from .io import read_trace
-from .schema import TraceRecord, replay_subset
+from ..trace.block_hash import prompt_block_hashes
+from ..trace.io import read_trace
+from ..trace.schema import TraceRecord, replay_subset
 
 logger = logging.getLogger("vllm_vcr.trace")
 _REPLAY_ID = re.compile(r"(?:^|-)replay-(\d+)(?:-|$)")

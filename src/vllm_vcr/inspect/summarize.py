@@ -7,9 +7,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from .io import Trace
-from .schema import TraceRecord
-from .stats import Samples, add_itl_samples, bucket_label, concurrency_bucket
+from ..trace.io import Trace
+from ..trace.schema import TraceRecord
+from ..trace.stats import Samples, add_itl_samples, bucket_label, concurrency_bucket
 
 PERCENTILES = (50, 90, 99)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .schema import SOURCE_GEN_DEMO, SOURCE_GEN_DEMO_FAST, TraceMeta, TraceRecord
+from ..trace.schema import SOURCE_GEN_DEMO, SOURCE_GEN_DEMO_FAST, TraceMeta, TraceRecord
 
 
 @dataclass(frozen=True)

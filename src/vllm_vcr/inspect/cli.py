@@ -89,7 +89,7 @@ def _add_meta_flags(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .convert_guidellm import ConvertError
-    from .io import TraceError
+    from ..trace.io import TraceError
 
     handler = {
         "summarize": _summarize, "plot": _plot, "perfetto": _perfetto,
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    from .progress import load_trace
+    from ..trace.progress import load_trace
     from .summarize import render, summarize
 
     trace = load_trace(args.trace)
@@ -135,7 +135,7 @@ def _json_safe(v: Any) -> Any:
 
 def _plot(args: argparse.Namespace) -> int:
     from .plot import KINDS, plot_traces
-    from .progress import load_trace
+    from ..trace.progress import load_trace
 
     labels = args.label or []
     if len(labels) > len(args.traces):
@@ -152,7 +152,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _perfetto(args: argparse.Namespace) -> int:
     from .perfetto import read_step_stats, serve_once, to_chrome_trace
-    from .progress import load_trace
+    from ..trace.progress import load_trace
 
     trace = load_trace(args.trace)
     steps = read_step_stats(args.step_stats) if args.step_stats else None
@@ -170,7 +170,7 @@ def _perfetto(args: argparse.Namespace) -> int:
 
 
 def _write(path: str, meta: Any, records: list[Any], what: str) -> int:
-    from .io import write_trace
+    from ..trace.io import write_trace
 
     n = write_trace(path, meta, records)
     print(f"wrote {n} records ({what}) to {path}", file=sys.stderr)

@@ -1,0 +1,189 @@
+"""The package's dependency rule, read from the source: no import cycles between modules, and
+`engine/` imports none of the adapters nor the trace tools. Every import counts, including the
+ones inside functions (a late import hides a cycle, it does not remove it); imports under
+`if TYPE_CHECKING:` do not run, so they count for the engine rule but not for cycles."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+ENGINE = "vllm_vcr.engine"
+# what engine/ must not import: the adapters and the trace tools built on top of it
+NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "cli", "trace", "record", "replay", "inspect")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _type_checking_blocks(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under `if TYPE_CHECKING:`."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return inside
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> Iterator[tuple[str, bool]]:
+    """(imported module of the package, runs at run time) for every import in `path`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    typing_only = _type_checking_blocks(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # `import a.b.c` where c is not a module of ours
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target, id(node) not in typing_only
+
+
+def import_graph(root: Path, *, runtime_only: bool) -> dict[str, set[str]]:
+    paths = {module_name(p, root): p for p in root.rglob("*.py")}
+    modules = set(paths)
+    return {name: {t for t, runs in imports_of(name, p, modules) if runs or not runtime_only}
+            for name, p in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def engine_violations(graph: dict[str, set[str]]) -> list[str]:
+    banned = tuple(f"vllm_vcr.{p}" for p in NOT_FOR_ENGINE)
+    return sorted(f"{mod} imports {dep}" for mod, deps in graph.items()
+                  if mod == ENGINE or mod.startswith(ENGINE + ".")
+                  for dep in deps if dep in banned or dep.startswith(tuple(b + "." for b in banned)))
+
+
+# --- the checker itself can fail ---------------------------------------------------------------
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
+    root = _write(tmp_path, {
+        "vllm_vcr/__init__.py": "",
+        "vllm_vcr/engine/__init__.py": "",
+        "vllm_vcr/engine/core.py": "def load():\n    from ..trace.model import fit\n",
+        "vllm_vcr/trace/__init__.py": "",
+        "vllm_vcr/trace/model.py": "from vllm_vcr.engine import core\n",
+        "vllm_vcr/wire/__init__.py": "",
+        "vllm_vcr/wire/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+        "vllm_vcr/wire/b.py": "from . import a\n",
+    })
+    graph = import_graph(root, runtime_only=True)
+    assert cycles(graph) == [["vllm_vcr.engine.core", "vllm_vcr.trace.model"]]  # not wire.a/b
+    assert engine_violations(import_graph(root, runtime_only=False)) == [
+        "vllm_vcr.engine.core imports vllm_vcr.trace.model"]
+
+
+def test_checker_passes_a_clean_tree(tmp_path):
+    root = _write(tmp_path, {
+        "vllm_vcr/__init__.py": "",
+        "vllm_vcr/engine/__init__.py": "",
+        "vllm_vcr/engine/core.py": "from . import types\n",
+        "vllm_vcr/engine/types.py": "import json\n",
+        "vllm_vcr/http/__init__.py": "",
+        "vllm_vcr/http/app.py": "from ..engine.core import *\nimport vllm_vcr.engine.types\n",
+    })
+    assert cycles(import_graph(root, runtime_only=True)) == []
+    assert engine_violations(import_graph(root, runtime_only=False)) == []
+
+
+# --- the rule, on src/ ---------------------------------------------------------------------------
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Imports between the top-level parts of vllm_vcr (engine, http, trace, ..., cli.py)."""
+    def part(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    out: dict[str, set[str]] = {part(m): set() for m in graph}
+    for mod, deps in graph.items():
+        out[part(mod)].update(part(d) for d in deps if part(d) != part(mod) and part(d) != "vllm_vcr")
+    return out
+
+
+def test_no_import_cycles_between_modules():
+    assert cycles(import_graph(SRC, runtime_only=True)) == []
+
+
+def test_no_import_cycles_between_packages_outside_engine():
+    packages = package_graph(import_graph(SRC, runtime_only=True))
+    assert [c for c in cycles(packages) if ENGINE not in c] == []
+
+
+def test_no_import_cycles_between_packages():
+    assert cycles(package_graph(import_graph(SRC, runtime_only=True))) == []
+
+
+def test_engine_imports_no_adapter_and_no_trace_tools():
+    assert engine_violations(import_graph(SRC, runtime_only=False)) == []
+
+
+def test_trace_is_a_leaf_library():
+    """trace/ (schema, files, statistics) is used by record/, replay/, inspect/ and imports none of them."""
+    packages = package_graph(import_graph(SRC, runtime_only=False))
+    assert packages["vllm_vcr.trace"] == set()
