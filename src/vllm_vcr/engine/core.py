@@ -31,6 +31,7 @@ from .latency import KnobLatency, LatencyModel, StepRecord
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
 from .request import Request, RequestStatus
+from .policy import policy_for
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
@@ -70,7 +71,7 @@ class EngineCore:
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
-                                   args.long_prefill_token_threshold)
+                                   args.long_prefill_token_threshold, policy_for(args.engine_type))
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}

@@ -18,20 +18,23 @@ from typing import Callable
 
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
+from .policy import VLLMPolicy
 from .request import Request, RequestStatus
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
 PREFILL, DECODE, TRANSFER = 0, 1, 2
+Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
 DUE_SLACK = 0.0002
 
 
 class Scheduler:
     def __init__(self, config_ref: Callable[[], EngineConfig], kv: KVCacheManager, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0) -> None:
+                 long_prefill_token_threshold: int = 0, engine_policy: VLLMPolicy | None = None) -> None:
         self._config = config_ref
         self.kv = kv
         self.policy = policy
+        self.engine_policy = engine_policy or VLLMPolicy()  # the engine type's scheduling decisions
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -94,17 +97,32 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[tuple[Request, int, int]]:
-        cfg = self._config()
-        budget = cfg.max_num_batched_tokens
-        threshold = self.long_prefill_token_threshold
-        kv = self.kv
-        scheduled: list[tuple[Request, int, int]] = []
+        """The step's batch. The engine policy decides its composition: vLLM runs due decodes, then
+        prefill chunks, then admissions; SGLang runs prefills and admissions alone when there are
+        any, and decodes only in a step without them."""
+        policy = self.engine_policy
+        policy.on_step()
+        budget = self._config().max_num_batched_tokens
         preemptions_before = self.total_preemptions
+        if policy.extend_first:
+            scheduled, budget = self._schedule_prefills([], budget, now)
+            if self.total_preemptions == preemptions_before:
+                scheduled, budget = self._admit(scheduled, budget, now)
+            if scheduled:
+                return scheduled
+            return self._schedule_decodes([], budget, now)[0]
+        scheduled, budget = self._schedule_decodes([], budget, now)
+        scheduled, budget = self._schedule_prefills(scheduled, budget, now)
+        if self.total_preemptions != preemptions_before:
+            # victims may have been scheduled earlier in this step; their blocks are gone
+            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
+        return self._admit(scheduled, budget, now)[0]  # no admissions in a step that had to preempt, as vLLM
 
-        # 1. running requests whose next token is due (earliest first)
+    def _schedule_decodes(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests whose next token is due (earliest first)."""
         heap = self.decode_heap
         horizon = now + DUE_SLACK
-        block_size = kv.block_size
+        block_size = self.kv.block_size
         running_status = RequestStatus.RUNNING
         heappop = heapq.heappop
         while heap and budget > 0 and heap[0][0] <= horizon:
@@ -119,8 +137,12 @@ class Scheduler:
                 continue
             scheduled.append((req, need, DECODE))
             budget -= need or 1
+        return scheduled, budget
 
-        # 2. running requests still in prefill (admission order)
+    def _schedule_prefills(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests still in prefill (admission order), chunked by the budget."""
+        running_status = RequestStatus.RUNNING
+        threshold = self.long_prefill_token_threshold
         if self.prefilling:
             self.prefilling = [r for r in self.prefilling if r.status is running_status and r.is_prefilling]
         for req in list(self.prefilling):
@@ -128,21 +150,22 @@ class Scheduler:
                 break
             if req.status is not running_status:
                 continue
-            n = min(req.prefill_target - req.num_computed_tokens, budget)
+            n = self.engine_policy.chunk(req.prefill_target - req.num_computed_tokens, budget, self.kv.block_size)
             if threshold > 0:
                 n = min(n, threshold)
-            if not self._allocate_or_preempt(req, n, now):
+            if n <= 0 or not self._allocate_or_preempt(req, n, now):
                 continue
             scheduled.append((req, n, PREFILL))
             budget -= n
+        return scheduled, budget
 
-        if self.total_preemptions != preemptions_before:
-            # victims may have been scheduled earlier in this step; their blocks are gone
-            scheduled = [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
-            return scheduled  # no admissions in a step that had to preempt, as vLLM
-
-        # 3. admit waiting requests
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+    def _admit(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Admit waiting requests while the budget, `max_num_seqs`, the KV pool and the policy allow."""
+        kv = self.kv
+        threshold = self.long_prefill_token_threshold
+        policy = self.engine_policy
+        max_num_seqs = self._config().max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             req = self._peek_waiting()
             resumed = req.status is RequestStatus.PREEMPTED
             hits = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
@@ -150,24 +173,15 @@ class Scheduler:
             left = req.prefill_target - req.num_computed_tokens - num_hit_tokens
             pull = req.remote_prefill is not None and not req.output_token_ids
             # a remote-prefill request pulls its whole prompt's KV: blocks for all of it, no compute budget
-            n = left if pull else min(left, budget)
+            n = left if pull else policy.chunk(left, budget, kv.block_size)
             if threshold > 0 and not pull:
                 n = min(n, threshold)
             if not self.chunked_prefill and not pull and n < left:
                 break  # without chunked prefill a prompt is computed in one step or waits
-            if not kv.allocate_slots(req, n, hits):
+            if (left > 0 and n <= 0) or not policy.can_admit(self, req, left) or not kv.allocate_slots(req, n, hits):
                 self.admission_blocked = True
                 break  # head of line waits for blocks, as vLLM's FCFS does
-            self.waiting.remove(req)
-            req.num_computed_tokens += num_hit_tokens
-            self._count_prefix_query(req, num_hit_tokens, resumed)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            req.pending_events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit_tokens
-            if self.on_admit is not None:
-                self.on_admit(req, now)
+            self._start_running(req, hits, num_hit_tokens, resumed, now)
             if pull:
                 scheduled.append((req, n, TRANSFER))
             elif n > 0:
@@ -176,7 +190,19 @@ class Scheduler:
                 budget -= n
             else:  # nothing left to prefill (resumed with a full prefix hit)
                 scheduled.append((req, 0, PREFILL))
-        return scheduled
+        return scheduled, budget
+
+    def _start_running(self, req: Request, hits: list, num_hit_tokens: int, resumed: bool, now: float) -> None:
+        self.waiting.remove(req)
+        req.num_computed_tokens += num_hit_tokens
+        self._count_prefix_query(req, num_hit_tokens, resumed)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        req.pending_events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_hit_tokens
+        if self.on_admit is not None:
+            self.on_admit(req, now)
 
     def _peek_waiting(self) -> Request:
         if self.policy == "priority":
@@ -210,7 +236,7 @@ class Scheduler:
     def _pick_victim(self) -> Request:
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq))
-        return self.running[-1]
+        return self.engine_policy.pick_victim(self.running)
 
     def _preempt(self, req: Request, now: float) -> None:
         if self.on_preempt is not None:
@@ -226,6 +252,7 @@ class Scheduler:
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         self.total_preemptions += 1
+        self.engine_policy.on_retract()
 
     def make_stats(self, step_counter: int, kv_cache_usage: float) -> SchedulerStats:
         """The stats a step reports (preemptions and prefix-cache counts since the last report)."""

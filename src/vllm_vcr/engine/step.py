@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Callable
 
 from .latency import LatencyModel, StepBatch
 from .request import Request
-from .scheduler import DECODE, TRANSFER, Scheduler
+from .scheduler import DECODE, TRANSFER, Scheduled, Scheduler
 
 if TYPE_CHECKING:
     from .core import EngineCore
 
 logger = logging.getLogger("vllm_vcr.engine")
 MAX_BURST = 8  # zero-latency decode steps run as one (see burst_size)
-Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
 
 
 def compose(scheduled: Scheduled, pulled: list[Request], after_idle: bool) -> StepBatch:
