@@ -135,6 +135,11 @@ class EngineCore:
         """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
         self._post(("kv_ready", request_id, error))
 
+    def destination_joined(self, request_id: str, error: str | None = None) -> None:
+        """A destination-first prefill's decoder joined its room (it may be scheduled now), or the
+        handoff failed with `error` before it did."""
+        self._post(("destination_joined", request_id, error))
+
     def shutdown(self, timeout: float | None = None) -> None:
         self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
 
@@ -309,6 +314,11 @@ class EngineCore:
                 self._freeze(msg[1])
             elif kind == "release_kv":
                 freed = self.kv_transfer.release_hold(msg[1]) or freed
+            elif kind == "destination_joined":
+                if msg[2] is not None:
+                    self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))
+                else:
+                    self.scheduler.destination_joined(msg[1])
             elif kind == "kv_ready":
                 if self.kv_transfer.kv_ready(msg[1], msg[2], self.clock.now()):
                     self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))

@@ -7,6 +7,7 @@ on one shared scheduler, KV pool and prefix cache.
 | admission | as long as KV blocks can be allocated | also needs `extend + reserve(new) < free + evictable - Σ reserve(running)`, reserve = `min(remaining output, clip_max_new_tokens) · new_token_ratio` |
 | new_token_ratio | – | starts at `0.7·conservativeness`, decays linearly to `0.14·init` over 600 steps, back to init after a retraction |
 | chunked prefill | a chunk is what the token budget leaves | a partial chunk is page-aligned (`floor(budget / page) · page`) |
+| P/D bootstrap handoff | source first: the prefill computes, then holds its KV until the decoder pulls | destination first: the prefill waits (not queued) until its decoder has joined the room |
 | KV pressure | preempt the newest running request (LIFO) | retract the running request with the fewest output tokens (longest prompt on ties) |
 
 The prefix cache is the same page-granular chain for both (SGLang's radix tree matches the same
@@ -15,6 +16,7 @@ prefixes at `page_size` = `--tokens-per-block`); SGLang's own default page size 
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,9 +29,26 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 
 
+class HandoffOrder(enum.Enum):
+    """Which side of a P/D bootstrap handoff goes first."""
+
+    SOURCE_FIRST = "source_first"  # vLLM: the prefill computes at once and holds its KV for the decoder
+    DESTINATION_FIRST = "destination_first"  # SGLang: the prefill waits until its decoder has joined the room
+
+
+def order_for_engine(engine_type: str) -> HandoffOrder:
+    """The handoff order of an engine type (Dynamo's mocker has none for TRT-LLM: an error)."""
+    if engine_type == "vllm":
+        return HandoffOrder.SOURCE_FIRST
+    if engine_type == "sglang":
+        return HandoffOrder.DESTINATION_FIRST
+    raise ValueError(f"{engine_type} engine type does not support disaggregated handoff")
+
+
 class VLLMPolicy:
     name = "vllm"
     extend_first = False  # True: a step with prefills runs no decodes
+    handoff_order = HandoffOrder.SOURCE_FIRST
 
     def on_step(self) -> None:
         """A step is being scheduled."""
@@ -51,6 +70,7 @@ class VLLMPolicy:
 class SGLangPolicy(VLLMPolicy):
     name = "sglang"
     extend_first = True
+    handoff_order = HandoffOrder.DESTINATION_FIRST
 
     def __init__(self, conservativeness: float = 1.0) -> None:
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)

@@ -39,6 +39,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefilling: list[Request] = []  # running requests that were given a prefill chunk
+        self.bootstrapping: dict[str, Request] = {}  # destination-first prefills waiting for their decoder
         self.decode_heap: list[tuple[float, int, int, Request]] = []
         self.prefix_stats = PrefixCacheStats()
         self.num_preemptions = 0  # since the last stats report
@@ -51,7 +52,19 @@ class Scheduler:
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
+        if req.status is RequestStatus.BOOTSTRAPPING:
+            self.bootstrapping[req.request_id] = req
+        else:
+            self.waiting.append(req)
+
+    def destination_joined(self, request_id: str) -> bool:
+        """A destination-first prefill's decoder has joined: it is queued now (False: not parked)."""
+        req = self.bootstrapping.pop(request_id, None)
+        if req is None:
+            return False
+        req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        return True
 
     def push_decode(self, req: Request, due: float) -> None:
         req.next_due = due
@@ -90,6 +103,8 @@ class Scheduler:
             self.running.remove(req)
         elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(req)
+        elif req.status is RequestStatus.BOOTSTRAPPING:
+            self.bootstrapping.pop(req.request_id, None)
         req.heap_gen += 1
         if free_blocks:
             self.kv.free(req)
