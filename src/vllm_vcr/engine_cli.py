@@ -82,6 +82,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--forward-pass-metrics-port", type=int, default=None, metavar="PORT",
                    help="publish one forward-pass-metrics record per engine step on a ZMQ PUB socket, "
                         "engine (DP rank) i on PORT+i (Dynamo's FPM schema); off unless given")
+    g.add_argument("--forward-pass-metrics-trace", default=None, metavar="PATH",
+                   help="also write every forward-pass-metrics record to a trace (`{\"fpm\": ...}` lines)")
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--worker-type", choices=["aggregated", "prefill", "decode"], default="aggregated",
                     help="prefill workers finish after the first token and hold KV for the decode side")

@@ -11,6 +11,7 @@ import msgspec
 import zmq
 
 from vllm_vcr.fpm import decode
+from vllm_vcr.trace.io import read_trace
 
 N_REQUESTS = 6
 MAX_TOKENS = 5
@@ -22,11 +23,12 @@ def _metric(text: str, name: str, engine: str) -> float:
     return float(m.group(1))
 
 
-def test_subscriber_gets_one_record_per_step(serve_process, serve_harness):
+def test_subscriber_gets_one_record_per_step(serve_process, serve_harness, tmp_path):
     base = serve_harness.free_port()
     control = serve_harness.free_port()
     sp = serve_process("-dp", "2", "--forward-pass-metrics-port", str(base), "--inter-token-latency", "2",
-                       "--control-address", f"127.0.0.1:{control}")
+                       "--control-address", f"127.0.0.1:{control}",
+                       "--forward-pass-metrics-trace", str(tmp_path / "fpm.jsonl"))
     ctx = zmq.Context()
     subs = []
     for rank in range(2):
@@ -67,3 +69,9 @@ def test_subscriber_gets_one_record_per_step(serve_process, serve_harness):
         assert sum(r.scheduled_requests.sum_prefill_tokens for r in recs) == prompt - hits
         assert sum(r.scheduled_requests.num_decode_requests for r in recs) == generated - finished
         assert msgspec.to_builtins(recs[0])["worker_id"]
+    # the same records, in the trace (after shut-down closes it)
+    assert sp.stop() == 0
+    trace = read_trace(tmp_path / "fpm.jsonl")
+    assert trace.meta.source == "fpm" and not trace.records
+    published = sorted((r.dp_rank, r.step) for recs in records.values() for r in recs)
+    assert sorted((d["dp_rank"], d["step"]) for d in trace.fpm) == published

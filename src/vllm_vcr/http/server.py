@@ -150,14 +150,21 @@ class _ServeCommand:
             stack.callback(pub.close)
 
     def attach_forward_pass_metrics(self, stack: contextlib.AsyncExitStack) -> None:
-        port = self.args.forward_pass_metrics_port
-        if port is None:
+        port, path = self.args.forward_pass_metrics_port, self.args.forward_pass_metrics_trace
+        if port is None and path is None:
             return
-        from ..fpm.attach import attach_fpm
+        from ..fpm.attach import attach_fpm, trace_sink
 
+        sink = None
+        if path is not None:
+            try:
+                sink, writer = trace_sink(path, self.settings.model_name)
+            except OSError as e:
+                raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
+            stack.callback(writer.close)
         try:
             publishers = attach_fpm(self.engine.engines, port, host="0.0.0.0", worker_id=self.engine_args.engine_id,
-                                    engine_type=self.engine_args.engine_type)
+                                    engine_type=self.engine_args.engine_type, extra_sink=sink)
         except Exception as e:  # zmq.ZMQError: a rank's port is taken
             raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
         for pub in publishers:
