@@ -21,6 +21,7 @@ def attach_fpm(cores: Iterable[Any], base_port: int | None, *, host: str = "127.
             sinks = [extra_sink] if extra_sink is not None else []
             if base_port is not None:
                 pub = FpmPublisher(rank_endpoint(host, base_port, core.engine_index))
+                pub.idle = ForwardPassMetrics(worker_id=worker_id, dp_rank=core.engine_index, engine_type=engine_type)
                 publishers.append(pub)
                 sinks.insert(0, pub.publish)
             core.add_step_observer(FpmCollector(core, worker_id, engine_type, sinks))

@@ -3,7 +3,9 @@ multipart `[topic, sequence number (8 bytes big-endian), msgpack(ForwardPassMetr
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 import zmq
 
@@ -11,6 +13,7 @@ from .record import ForwardPassMetrics, encode
 
 logger = logging.getLogger("vllm_vcr.fpm")
 DEFAULT_FPM_PORT = 20380  # Dynamo's default (DYN_VLLM_FORWARDPASS_METRIC_PORT)
+HEARTBEAT_INTERVAL = 1.0  # s without a step before an idle record (Dynamo's publisher)
 
 
 class FpmPublisher:
@@ -27,8 +30,11 @@ class FpmPublisher:
         self._sock.bind(endpoint)
         self.seq = 0
         self.dropped = 0
+        self.idle: ForwardPassMetrics | None = None  # the heartbeat record (attach_fpm sets it)
+        self.last_publish = time.monotonic()
 
     def publish(self, metrics: ForwardPassMetrics) -> None:
+        self.last_publish = time.monotonic()
         try:
             self._sock.send_multipart((self.topic, self.seq.to_bytes(8, "big"), encode(metrics)), flags=zmq.NOBLOCK)
             self.seq += 1
@@ -36,6 +42,14 @@ class FpmPublisher:
             self.dropped += 1
         except zmq.ZMQError:
             logger.warning("FPM publish on %s failed", self.endpoint, exc_info=True)
+
+    async def heartbeat(self, idle: ForwardPassMetrics, interval: float = HEARTBEAT_INTERVAL) -> None:
+        """While no step is published for `interval`, publish `idle` (all zeros, wall_time 0) every
+        `interval`, so a planner can tell an idle rank from a dead one."""
+        while True:
+            await asyncio.sleep(max(self.last_publish + interval - time.monotonic(), 0.01))
+            if time.monotonic() - self.last_publish >= interval:
+                self.publish(idle)
 
     def close(self) -> None:
         self._sock.close(linger=0)

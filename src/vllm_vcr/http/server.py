@@ -167,8 +167,10 @@ class _ServeCommand:
                                     engine_type=self.engine_args.engine_type, extra_sink=sink)
         except Exception as e:  # zmq.ZMQError: a rank's port is taken
             raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+        loop = asyncio.get_running_loop()
         for pub in publishers:
             stack.callback(pub.close)
+            stack.callback(loop.create_task(pub.heartbeat(pub.idle), name="fpm-heartbeat").cancel)
 
     async def start_engines(self, stack: contextlib.AsyncExitStack) -> None:
         await self.engine.start()
