@@ -37,7 +37,9 @@ def test_generate_and_metrics(sglang):
         assert [len(json.loads(e)["output_ids"]) for e in events[:-1]] == sorted(
             len(json.loads(e)["output_ids"]) for e in events[:-1])
         bad = c.post("/generate", json={"sampling_params": {"max_new_tokens": 1}})
-        assert bad.status_code == 400
+        assert bad.status_code == 400 and "text or input_ids" in bad.json()["error"]["message"]
+        stop = c.post("/generate", json={"text": "x", "sampling_params": {"stop": ["."]}})
+        assert stop.status_code == 400 and "stop_token_ids" in stop.json()["error"]["message"]
         metrics = c.get("/metrics").text
     assert "sglang:num_running_reqs{" in metrics and "sglang:prompt_tokens_total{" in metrics
     assert "sglang:generation_tokens_total" in metrics and "vllm:" not in metrics

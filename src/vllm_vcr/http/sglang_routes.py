@@ -72,6 +72,9 @@ class SGLangRoutes:
         ids = req.input_ids if req.input_ids is not None else self.app.tokenizer.encode(req.text)
         sp = req.sampling_params
         limit = self.app.settings.max_model_len
+        if sp.stop:
+            raise sglang_error("stop strings are not simulated by /generate; use stop_token_ids, or the "
+                               "OpenAI routes, which apply them")
         if sp.max_new_tokens < 0:
             raise sglang_error(f"max_new_tokens must be at least 0, got {sp.max_new_tokens}.")
         if len(ids) + sp.max_new_tokens > limit:
