@@ -131,3 +131,19 @@ def test_every_request_ends_with_its_tokens(engine_type, kv, reqs):
     for i, (prompt, out) in enumerate(reqs):
         if h.finished[f"r{i}"] == FinishReason.LENGTH:
             assert h.tokens[f"r{i}"] == out
+
+
+@pytest.mark.parametrize("engine_type", ENGINE_TYPES)
+def test_kv_events_are_published_when_the_step_ends(engine_type):
+    """A prompt's BlockStored events become visible at the end of the step that computed it (SGLang's
+    pass-end visibility), never while the step is in flight."""
+    from vllm_vcr.kv_events.events import KVEventCollector
+
+    h = Harness(engine_type)
+    published: list[tuple[float, int]] = []
+    h.core.attach_kv_events(KVEventCollector(), lambda events, t: published.append((t, len(events))))
+    h.add("a", 64, 2)
+    h.run(until=0.0005)  # the prefill step (1 ms) is in flight
+    assert published == []
+    h.run()
+    assert published[0] == (pytest.approx(0.001), 1)  # one BlockStored for the prompt's 4 full blocks
