@@ -4,7 +4,6 @@ whose sums agree with /metrics and the control API's /stats."""
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import msgspec
@@ -37,7 +36,9 @@ def test_subscriber_gets_one_record_per_step(serve_process, serve_harness, tmp_p
         sub.connect(f"tcp://127.0.0.1:{base + rank}")
         subs.append(sub)
     try:
-        time.sleep(0.3)  # ZMQ slow joiner: let the subscriptions reach the publishers
+        for sub in subs:  # an idle rank's heartbeat says its subscription is in place (ZMQ slow joiner)
+            assert sub.poll(5000), "no idle heartbeat"
+            assert decode(sub.recv_multipart()[2]).step == 0
         with httpx.Client(base_url=sp.url, timeout=30) as client:
             for i in range(N_REQUESTS):
                 r = client.post("/v1/completions", json={"model": "vllm-vcr/sim", "prompt": f"{i} story number {i}",
