@@ -30,8 +30,8 @@ from .kv_transfer import KVTransfer
 from .latency import KnobLatency, LatencyModel, StepRecord
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
-from .request import Request, RequestStatus
 from .policy import policy_for
+from .request import Request, RequestStatus
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
