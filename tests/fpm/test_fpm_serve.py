@@ -82,3 +82,19 @@ def test_subscriber_gets_one_record_per_step(serve_process, serve_harness, tmp_p
     assert trace.meta.source == "fpm" and not trace.records
     published = sorted((r.dp_rank, r.step) for recs in records.values() for r in recs)
     assert sorted((d["dp_rank"], d["step"]) for d in trace.fpm) == published
+
+
+def test_a_taken_port_stops_start_up_naming_the_flag(serve_harness):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(serve_harness.free_port()),
+                               "--forward-pass-metrics-port", str(port)], capture_output=True, text=True,
+                              timeout=60, env=serve_harness.subprocess_env())
+    assert proc.returncode == 2
+    assert f"--forward-pass-metrics-port: cannot bind {port}" in proc.stderr
