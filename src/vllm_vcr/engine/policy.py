@@ -4,7 +4,7 @@ on one shared scheduler, KV pool and prefix cache.
 | decision | vLLM v1 (`VLLMPolicy`) | SGLang (`SGLangPolicy`, as Dynamo's mocker models it) |
 |---|---|---|
 | step composition | decodes first, then prefill chunks, in one batch | a step with any prefill (extend) runs only prefills; decodes wait for a step without one (`enable_mixed_chunk=false`) |
-| admission | as long as KV blocks can be allocated | also needs `extend + reserve(new) < free + evictable - Σ reserve(running)`, reserve = `min(remaining output, clip_max_new_tokens) · new_token_ratio` |
+| admission | as long as KV blocks can be allocated | also needs, while anything runs, `extend + reserve(new) < free + evictable - Σ reserve(running)`, reserve = `min(remaining output, clip_max_new_tokens) · new_token_ratio` |
 | new_token_ratio | – | starts at `0.7·conservativeness`, decays linearly to `0.14·init` over 600 steps, back to init after a retraction |
 | chunked prefill | a chunk is what the token budget leaves | a partial chunk is page-aligned (`floor(budget / page) · page`) |
 | P/D bootstrap handoff | source first: the prefill computes, then holds its KV until the decoder pulls | destination first: the prefill waits (not queued) until its decoder has joined the room |
@@ -87,6 +87,8 @@ class SGLangPolicy(VLLMPolicy):
         return min(remaining, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
 
     def can_admit(self, sched: Scheduler, req: Request, num_new_tokens: int) -> bool:
+        if not sched.running:  # the reserve is a guess about output: it never keeps an idle engine idle
+            return True
         kv = sched.kv
         available = kv.pool.num_free_blocks * kv.block_size  # free blocks include evictable cached ones
         rem_total = available - sum(self.reserve(r) for r in sched.running)
