@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "inspect": "vllm_vcr.inspect.cli",
     "replay-arrivals": "vllm_vcr.replay.cli",
     "pd-proxy": "vllm_vcr.pd.cli",
+    "simulate": "vllm_vcr.simulate.cli",
 }
 
 

@@ -164,4 +164,8 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
     )
     if ns.vocab_size is not None:
         args.vocab_size = int(ns.vocab_size)
+    if hasattr(ns, "perf_model"):  # --perf-model / --num-gpu-blocks-override (perf/cli.py)
+        from .perf.cli import apply_perf_args
+
+        args = apply_perf_args(ns, args)
     return args.validate()

@@ -42,6 +42,13 @@ _LEVEL_NAMES = {v: k for k, v in LEVELS.items()}
 _TARGET = re.compile(r"^[A-Za-z0-9_\-]+(?:(?:::|\.)[A-Za-z0-9_\-]+)*$")
 
 
+# Bounds: every target becomes a Python logger that lives as long as the process (logging keeps
+# them), and creating many dotted loggers costs time that grows with the number already there.
+MAX_FILTER_CHARS = 8192
+MAX_TARGETS = 128
+MAX_TARGET_CHARS = 256
+
+
 class LogFilterError(ValueError):
     """The filter string does not parse (the control API answers 400)."""
 
@@ -77,6 +84,8 @@ def parse_log_filter(spec: str) -> LogFilter:
     """Parse an EnvFilter string; raises LogFilterError naming the bad directive."""
     if not isinstance(spec, str):
         raise LogFilterError("log filter must be a string")
+    if len(spec) > MAX_FILTER_CHARS:
+        raise LogFilterError(f"log filter is {len(spec)} characters long; at most {MAX_FILTER_CHARS}")
     directives = [d.strip() for d in spec.split(",")]
     directives = [d for d in directives if d]
     if not directives:
@@ -92,6 +101,8 @@ def parse_log_filter(spec: str) -> LogFilter:
             continue
         target, sep, level_text = d.partition("=")
         target = target.strip()
+        if len(target) > MAX_TARGET_CHARS:
+            raise LogFilterError(f"invalid directive: target longer than {MAX_TARGET_CHARS} characters")
         if not _TARGET.match(target):
             raise LogFilterError(f"invalid directive {d!r}: bad target {target!r}")
         if sep:
@@ -106,6 +117,8 @@ def parse_log_filter(spec: str) -> LogFilter:
         name = target.replace("::", ".")
         targets.pop(name, None)  # keep insertion order = last writer
         targets[name] = level
+        if len(targets) > MAX_TARGETS:
+            raise LogFilterError(f"log filter names more than {MAX_TARGETS} targets")
     return LogFilter(default=OFF if default is None else default, targets=targets)
 
 

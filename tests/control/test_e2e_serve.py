@@ -120,7 +120,11 @@ def test_seed_examples_run_verbatim_with_curl(serve, ctl):
 
 def test_routes_and_codes_over_http(serve, ctl):
     cfg = ctl.get("/config").json()
-    assert len(cfg) == 14 and cfg["failure_types"] == ["error"]
+    from vllm_vcr.control.schema import CONFIG_FIELDS
+    from vllm_vcr.faults import RATE_FIELDS
+
+    # the seed's 14 engine fields, plus serve's HTTP fault rates (docs/faults.md)
+    assert len(CONFIG_FIELDS) == 14 and set(cfg) == {*CONFIG_FIELDS, *RATE_FIELDS} and cfg["failure_types"] == ["error"]
     assert ctl.patch("/config", json={"max_num_seqs": 64}).json()["max_num_seqs"] == 64
     for method, path, body, status in [
         ("PATCH", "/config", {"failure_injection_rate": 7}, 400),
@@ -187,6 +191,7 @@ def test_invariant_after_mixed_run_with_disconnects(serve, ctl, client):
         client.completions.create(model=model, prompt="doomed", max_tokens=3)
     ctl.patch("/config", json={"failure_injection_rate": 0})
     s = wait_idle(ctl)
+    assert s.pop("faults_injected_total") == 0 and s.pop("faults_injected")  # serve's HTTP faults, none here
     assert s == {"requests_received": 5, "requests_completed": 2, "requests_failed": 1, "requests_aborted": 2,
                  "running": 0, "waiting": 0}
 

@@ -100,14 +100,27 @@ def _decode_object(body: bytes) -> dict[str, Any]:
         obj = msgspec.json.decode(body)
     except msgspec.DecodeError as e:
         raise ControlError(422, f"body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ControlError(422, "body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ControlError(422, f"body must be a JSON object, got {type(obj).__name__}")
     return obj
 
 
+def split_config_patch(body: bytes, extra_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(engine patch, patch of `extra_fields`): the frontend's own fields (HTTP faults) are taken
+    out before the engine's layers 1-3 check the rest."""
+    obj = _decode_object(body)
+    extra = {k: obj.pop(k) for k in list(obj) if k in extra_fields}
+    return (parse_config_object(obj) if obj or not extra else {}), extra
+
+
 def parse_config_patch(body: bytes) -> dict[str, Any]:
     """Layers 1-3 above; returns the patch as a dict of JSON-able values (only the named fields)."""
-    obj = _decode_object(body)
+    return parse_config_object(_decode_object(body))
+
+
+def parse_config_object(obj: dict[str, Any]) -> dict[str, Any]:
     fixed = [k for k in obj if k not in CONFIG_FIELDS and k in NOT_PATCHABLE]
     unknown = [k for k in obj if k not in CONFIG_FIELDS and k not in NOT_PATCHABLE]
     if unknown:
@@ -155,3 +168,14 @@ def latency_knobs_in(patch: dict[str, Any]) -> list[str]:
 
 def empty_stats() -> dict[str, int]:
     return {name: 0 for name in STATS_FIELDS}
+
+
+def refuse_browser_post(headers: Any) -> None:
+    """A POST a web page could send without the browser asking first (a CORS "simple" request):
+    a form content type, or any Origin header. `curl -X POST URL` (no body, no content type) and
+    JSON clients pass; everything else is refused, so a page cannot reset the counters."""
+    ctype = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    if ctype and ctype != "application/json":
+        raise ControlError(415, f"content-type {ctype!r} not accepted; send no body or application/json")
+    if headers.get("origin") is not None:
+        raise ControlError(403, "requests from a web page (an Origin header) are refused")

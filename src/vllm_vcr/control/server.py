@@ -31,9 +31,11 @@ from .schema import (
     STATS_FIELDS,
     ControlError,
     empty_stats,
-    parse_config_patch,
     parse_log_request,
+    refuse_browser_post,
+    split_config_patch,
 )
+from .faults_routes import RATE_FIELDS, apply_rates, fault_routes
 
 logger = logging.getLogger("vllm_vcr.control")
 
@@ -156,6 +158,11 @@ def _read_stats(core: ControlledCore) -> dict[str, int]:
     return {name: int(getattr(stats, name)) for name in STATS_FIELDS}
 
 
+def _read_kv_blocks(core: ControlledCore) -> tuple[int, int]:
+    pool = core.block_pool
+    return int(pool.num_blocks), int(pool.num_free_blocks)
+
+
 def _reset_stats(core: ControlledCore) -> dict[str, int]:
     core.reset_stats()
     return _read_stats(core)
@@ -174,15 +181,25 @@ def build_control_app(
     log_control: LogControl | None = None,
     *,
     call_timeout: float = ENGINE_CALL_TIMEOUT,
+    faults: Any = None,
 ) -> Starlette:
-    """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501."""
+    """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501.
+    `faults` (a FaultController, `serve` only) adds its fields to /config and /stats and the
+    /faults and /gauges routes (control/faults_routes.py)."""
     eng = _Engines(engines, call_timeout)
+    fault_fields = RATE_FIELDS if faults is not None else ()
+
+    def with_faults(config: dict[str, Any]) -> dict[str, Any]:
+        return {**config, **faults.rates_dict()} if faults is not None else config
 
     async def get_config(request: Request) -> Response:
-        return _json(await eng.call_first(_read_config))
+        return _json(with_faults(await eng.call_first(_read_config)))
 
     async def patch_config(request: Request) -> Response:
-        patch = parse_config_patch(await request.body())
+        patch, fault_patch = split_config_patch(await request.body(), fault_fields)
+        if fault_patch and not patch:
+            apply_rates(faults, fault_patch)
+            return _json(with_faults(await eng.call_first(_read_config)))
 
         def dry_run(core: ControlledCore) -> None:
             # Nothing is applied until every engine accepted the patch, so a rejected PATCH
@@ -200,6 +217,8 @@ def build_control_app(
                 raise ControlError(409, str(e)) from None
             except ConfigError as e:
                 raise ControlError(400, str(e)) from None
+            if fault_patch:
+                apply_rates(faults, fault_patch)
             configs = []
             for i, core in enumerate(eng.cores()):
                 try:
@@ -211,16 +230,27 @@ def build_control_app(
                     raise ControlError(status, f"{e} ({done}; the engines' configs may differ)") from None
         logger.info("control: config patched on %d engine(s): %s", len(configs),
                     msgspec.json.encode(patch).decode())
-        return _json(configs[0])
+        return _json(with_faults(configs[0]))
+
+    def with_fault_stats(stats: dict[str, Any]) -> dict[str, Any]:
+        return {**stats, **faults.stats()} if faults is not None else stats
 
     async def get_stats(request: Request) -> Response:
-        return _json(_sum_stats(await eng.call_all(_read_stats)))
+        return _json(with_fault_stats(_sum_stats(await eng.call_all(_read_stats))))
+
+    async def get_kv_stats(request: Request) -> Response:
+        # for leak checks: every block of an idle engine is free (prefix-cached blocks count as free)
+        per_engine = await eng.call_all(_read_kv_blocks)
+        return _json({"blocks_total": sum(t for t, _ in per_engine), "blocks_free": sum(f for _, f in per_engine)})
 
     async def reset_stats(request: Request) -> Response:
+        refuse_browser_post(request.headers)
         async with eng.lock:
             per_engine = await eng.call_all(_reset_stats)
+            if faults is not None:
+                faults.reset_stats()
         logger.info("control: stats reset on %d engine(s)", len(per_engine))
-        return _json(_sum_stats(per_engine))
+        return _json(with_fault_stats(_sum_stats(per_engine)))
 
     async def put_log(request: Request) -> Response:
         if log_control is None:
@@ -244,7 +274,10 @@ def build_control_app(
 
     async def on_http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 404:
-            message = f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, POST /stats/reset, PUT /log"
+            extra = ", GET/PUT/DELETE /faults, GET/PUT/DELETE /gauges" if faults is not None else ""
+            message = (f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, GET /stats/kv, "
+                       "POST /stats/reset, "
+                       f"PUT /log{extra}")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
         else:
@@ -263,7 +296,9 @@ def build_control_app(
         Route("/config", config, methods=["GET", "PATCH"]),
         Route("/stats", get_stats, methods=["GET"]),
         Route("/stats/reset", reset_stats, methods=["POST"]),
+        Route("/stats/kv", get_kv_stats, methods=["GET"]),
         Route("/log", put_log, methods=["PUT"]),
+        *(fault_routes(faults) if faults is not None else []),
     ]
     app = Starlette(
         routes=routes,
@@ -327,6 +362,7 @@ async def start_control_server(
     *,
     log_control: LogControl | None | str = "auto",
     call_timeout: float = ENGINE_CALL_TIMEOUT,
+    faults: Any = None,
 ) -> ControlServer:
     """Serve the control API on `address` (HOST:PORT) in the running event loop.
 
@@ -339,7 +375,7 @@ async def start_control_server(
         from ..logging_setup import reloadable_logging_installed
 
         log_control = _auto_log_control if reloadable_logging_installed() else None
-    app = build_control_app(engines, log_control, call_timeout=call_timeout)  # type: ignore[arg-type]
+    app = build_control_app(engines, log_control, call_timeout=call_timeout, faults=faults)  # type: ignore[arg-type]
     try:
         sock = bind_listener(host, port, f"--control-address {address}")
     except socket.gaierror as e:

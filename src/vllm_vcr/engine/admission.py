@@ -45,6 +45,16 @@ def reject(core: EngineCore, outputs: list, finished: list, client: int, rid: st
     finished.append((client, rid))
 
 
+def context_error(prompt_len: int, max_model_len: int) -> str:
+    """vLLM's words (its input processor) for a prompt that leaves no room for one output token."""
+    if prompt_len > max_model_len:
+        return (f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of "
+                f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+    return (f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens (at least 1) "
+            f"is longer than the maximum model length of {max_model_len}. Make sure that `max_model_len` is no "
+            "smaller than the number of text tokens (prompt + requested output tokens).")
+
+
 class Admission:
     def __init__(self, core: EngineCore, token_source_factory: TokenSourceFactory | None) -> None:
         args = core.args
@@ -106,6 +116,9 @@ class Admission:
         if sp.max_tokens is not None and sp.max_tokens < 0:
             return f"max_tokens must be >= 0, got {sp.max_tokens}"
         cfg = core.config
+        if cfg.max_model_len and prompt_len >= cfg.max_model_len:
+            # a patched max_model_len the prompt leaves no room in: vLLM's input check, a failure
+            return context_error(prompt_len, cfg.max_model_len)
         if not core.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:
             return (f"prompt of {prompt_len} tokens exceeds max_num_batched_tokens {cfg.max_num_batched_tokens} "
                     "and chunked prefill is disabled")

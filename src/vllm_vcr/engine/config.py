@@ -109,6 +109,7 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # record/replay: recorded traces that pace or script requests instead of the knobs
     latency_trace: str | None = None
     latency_trace_model: str = "auto"  # auto | steps | cells: the model fitted from latency_trace
+    perf_model: dict[str, Any] | None = None  # --perf-model: perf/aic.py AicTarget fields
     replay_tokens: str | None = None
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix

@@ -8,26 +8,30 @@ simulation).
 
 A step: schedule (scheduler.py), time it (the latency model's timing interface,
 latency/base.py), apply its work and sample its tokens (`update_from_output`, output.py).
-Admission is in admission.py, P/D state in kv_transfer.py, the step in flight in step.py.
+Admission is in admission.py, P/D state in kv_transfer.py, the step in flight in step.py; the
+inbox, pause/drain and the control surface in inbox.py, lifecycle.py and controls.py.
 Inputs (latency model, planner, replay table) are built by the caller (engine_inputs.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
-from collections import deque
 from typing import Any, Callable, Iterable, TypeVar
 
 from .admission import Admission, TokenSourceFactory, reject
 from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
-from .config import LATENCY_FIELDS, EngineArgs, EngineConfig
+from .config import EngineArgs
+from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
+from .inbox import Inbox, run_call
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
 from .latency import KnobLatency, LatencyModel, StepRecord
+from .lifecycle import EngineLifecycle
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
 from .policy import policy_for
@@ -35,7 +39,7 @@ from .request import Request, RequestStatus
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Scheduled, StepInFlight, TimedSteps, burst_size, compose, log_step
-from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError, SchedulerStats
+from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError
 
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
@@ -45,15 +49,17 @@ OutputSink = Callable[[int, EngineCoreOutputs], None]
 StepObserver = Callable[[StepRecord], None]
 
 
-class LatencyTraceActive(Exception):
-    """A latency knob was patched while a recorded trace paces requests (control API: 409)."""
-
-
 class EngineDeadError(RuntimeError):
     """The engine loop is gone (control API: 500)."""
 
 
-class EngineCore:
+class _Turn(enum.Enum):
+    """What a turn of the loop returns instead of a wake-up time."""
+    AGAIN = "inputs arrived during the step: take another turn at once"
+    STOPPED = "the engine stopped"
+
+
+class EngineCore(EngineControls):
     def __init__(self, args: EngineArgs, *, engine_index: int = 0, clock: RealClock | VirtualClock | None = None,
                  output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
@@ -86,28 +92,26 @@ class EngineCore:
         self._step_observers: list[StepObserver] = []
         self.step_counter = 0
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
-        self._timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
+        self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         self._pulled: list[str] = []
-        self._inbox: deque[tuple] = deque()
-        self._waiter: asyncio.Future | None = None
-        self._draining_deadline: float | None = None
-        self._frozen_at: float | None = None
-        self._stopped = False
+        self.inbox = Inbox()
+        self._inbox = self.inbox.messages  # read every turn
+        self.lifecycle = EngineLifecycle(self)  # frozen, draining, stopped
 
     # --- inbox (the only way in) ------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._post(("add", request))
+        self.inbox.post(("add", request))
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
-        self._post(("abort", list(request_ids)))
+        self.inbox.post(("abort", list(request_ids)))
 
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
         fut = asyncio.get_running_loop().create_future()
-        if self.dead is not None or self._stopped:
+        if self.dead is not None or self.lifecycle.stopped:
             fut.set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
         else:
-            self._post(("call", fn, fut))
+            self.inbox.post(("call", fn, fut))
         return fut
 
     def attach_kv_events(self, collector: KVEventSink, publish: Callable[[list, float], Any]) -> None:
@@ -125,15 +129,15 @@ class EngineCore:
         """Stop (or restart) scheduling while keeping every request in place (vLLM's pause "keep").
 
         Deadlines move by the frozen time, so requests resume at their own pace without a burst."""
-        self._post(("freeze", frozen))
+        self.inbox.post(("freeze", frozen))
 
     def release_kv_hold(self, request_id: str) -> None:
         """The decode side has pulled this prefill's KV: free its held blocks."""
-        self._post(("release_kv", request_id))
+        self.inbox.post(("release_kv", request_id))
 
     def kv_ready(self, request_id: str, error: str | None = None) -> None:
         """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
-        self._post(("kv_ready", request_id, error))
+        self.inbox.post(("kv_ready", request_id, error))
 
     def destination_joined(self, request_id: str, error: str | None = None) -> None:
         """A destination-first prefill's decoder joined its room (it may be scheduled now), or the
@@ -141,90 +145,29 @@ class EngineCore:
         self._post(("destination_joined", request_id, error))
 
     def shutdown(self, timeout: float | None = None) -> None:
-        self._post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
-
-    def _post(self, msg: tuple) -> None:
-        self._inbox.append(msg)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    # --- control helpers (run inside call()) ---------------------------------------------------
-    @property
-    def config(self) -> EngineConfig:
-        return self._config
-
-    @property
-    def latency_source_is_knob(self) -> bool:
-        return self.latency.is_knob
+        self.inbox.post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
 
     @property
     def stopped(self) -> bool:
-        return self._stopped
+        return self.lifecycle.stopped
 
     @property
     def frozen(self) -> bool:
-        return self._frozen_at is not None
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.requests)
-
-    def check_patch(self, patch: dict[str, Any]) -> EngineConfig:
-        """The config a patch would give (ConfigError if invalid; LatencyTraceActive if it sets
-        latency knobs while a recorded trace paces requests). Applies nothing."""
-        knobs = [k for k in patch if k in LATENCY_FIELDS]
-        if knobs and not self.latency.is_knob:
-            raise LatencyTraceActive(f"{', '.join(knobs)}: a recorded latency trace (--latency-trace) paces "
-                                     "requests, not the latency knobs; patching them would silently do nothing")
-        return self._config.patched(patch)
-
-    def patch_config(self, patch: dict[str, Any]) -> EngineConfig:
-        """Apply a validated patch at this step boundary; new requests see it, in-flight keep theirs."""
-        new = self._config = self.check_patch(patch)
-        self.latency = self.latency.with_config(new)
-        self.output.max_model_len = new.max_model_len
-        return new
-
-    def current_stats(self) -> EngineStats:
-        s = self.stats
-        s.running = len(self.scheduler.running)
-        s.waiting = len(self.scheduler.waiting)
-        return EngineStats(**{f: getattr(s, f) for f in s.__struct_fields__})
-
-    def reset_stats(self) -> None:
-        # requests still in flight finish inside the new window: counting them as received there
-        # keeps received == completed + failed + aborted once idle
-        self.stats = EngineStats(requests_received=len(self.requests))
-
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
-
-    def scheduler_stats(self) -> SchedulerStats:
-        return self.scheduler.make_stats(self.step_counter, self.block_pool.usage())
+        return self.lifecycle.frozen_at is not None
 
     # --- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         clock = self.clock
         last_yield = clock.now()
         try:
             while True:
-                if self._inbox:
-                    self._process_inbox()
-                if self._stopped:
+                wake = self._turn()
+                if wake is _Turn.STOPPED:
                     break
-                now = clock.now()
-                self.step(now)
-                if self._stopped:
-                    break
-                if self._inbox:
+                if wake is _Turn.AGAIN:
                     continue
-                wake = self._next_wake()
                 if wake is None:
-                    self._waiter = loop.create_future()
-                    await self._waiter
-                    self._waiter = None
+                    await self.inbox.wait(None)
                     last_yield = clock.now()
                     continue
                 if wake <= clock.now():
@@ -239,11 +182,7 @@ class EngineCore:
                     if not self._inbox:
                         clock.advance_to(wake)
                     continue
-                self._waiter = loop.create_future()
-                handle = loop.call_later(wake - clock.now(), _wake_up, self._waiter)
-                await self._waiter
-                handle.cancel()
-                self._waiter = None
+                await self.inbox.wait(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:
             self.dead = e
@@ -251,21 +190,18 @@ class EngineCore:
                 logger.exception("engine %d loop died", self.engine_index)
             raise
         finally:
-            self._stopped = True
-            self._fail_pending_calls()
+            self.lifecycle.stopped = True
+            self.inbox.fail_calls(lambda: EngineDeadError(f"engine {self.engine_index} loop is gone"))
 
     def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> None:
         """Synchronous driver for the virtual clock: process inputs and steps, jumping time."""
         assert isinstance(self.clock, VirtualClock), "run_until_idle needs a VirtualClock"
         for _ in range(max_steps):
-            if self._inbox:
-                self._process_inbox()
-            if self._stopped:
+            wake = self._turn()
+            if wake is _Turn.STOPPED:
                 return
-            self.step(self.clock.now())
-            if self._inbox:
+            if wake is _Turn.AGAIN:
                 continue
-            wake = self._next_wake()
             if wake is None or (until is not None and wake > until):
                 if until is not None:
                     self.clock.advance_to(until)
@@ -273,11 +209,33 @@ class EngineCore:
             self.clock.advance_to(wake)
         raise RuntimeError("engine did not become idle")
 
+    def _turn(self) -> float | None | _Turn:
+        """One turn of either driver: apply the inbox, then run the step due now. Returns when to
+        run the next one (None: nothing to do until an input), AGAIN (inputs arrived meanwhile)
+        or STOPPED."""
+        if self._inbox:
+            self._process_inbox()
+        life = self.lifecycle
+        if life.stopped:
+            return _Turn.STOPPED
+        self.step(self.clock.now())
+        if life.stopped:
+            return _Turn.STOPPED
+        if self._inbox:
+            return _Turn.AGAIN
+        return self._next_wake()
+
+    def next_wake(self) -> float | None:
+        """When this engine next has work on its clock (now while inputs wait; None: idle until one
+        arrives). For drivers of several engines on one virtual clock (simulate)."""
+        return self.clock.now() if self._inbox else self._next_wake()
+
     def _next_wake(self) -> float | None:
-        drain = self._draining_deadline
-        if self._frozen_at is not None:
+        life = self.lifecycle
+        drain = life.draining_deadline
+        if life.frozen_at is not None:
             return drain
-        batch = self._timed.in_flight
+        batch = self.timed.in_flight
         if batch is not None:
             return drain if drain is not None and drain < batch.end else batch.end
         sched = self.scheduler
@@ -288,12 +246,6 @@ class EngineCore:
             if t is not None and (wake is None or t < wake):
                 wake = t
         return wake
-
-    def _fail_pending_calls(self) -> None:
-        while self._inbox:
-            msg = self._inbox.popleft()
-            if msg[0] == "call" and not msg[2].done():
-                msg[2].set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
 
     def _process_inbox(self) -> None:
         outputs: list = []
@@ -307,11 +259,11 @@ class EngineCore:
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
             elif kind == "call":
-                _run_call(self, msg[1], msg[2])
+                run_call(self, msg[1], msg[2])
             elif kind == "shutdown":
-                self._begin_shutdown(msg[1], outputs, finished)
+                self.lifecycle.begin_shutdown(msg[1], outputs, finished)
             elif kind == "freeze":
-                self._freeze(msg[1])
+                self.lifecycle.set_frozen(msg[1])
             elif kind == "release_kv":
                 freed = self.kv_transfer.release_hold(msg[1]) or freed
             elif kind == "destination_joined":
@@ -330,13 +282,13 @@ class EngineCore:
     # --- arrival, finish, abort --------------------------------------------------------------------
     def _add_request(self, ecr: EngineCoreRequest, outputs: list, finished: list) -> None:
         now = self.clock.now()
-        req = self.admission.admit(ecr, now, self._draining_deadline is not None, outputs, finished)
+        req = self.admission.admit(ecr, now, self.lifecycle.draining_deadline is not None, outputs, finished)
         if req is None:
             return
         rid = req.request_id
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
-        self._timed.on_arrival(rid, now)
+        self.timed.on_arrival(rid, now)
         if self._config.log_requests:
             logger.info("request %s queued: prompt=%d max_tokens=%d", rid, req.num_prompt_tokens, req.max_tokens)
         if ecr.abort_immediately:
@@ -366,31 +318,6 @@ class EngineCore:
                        error=error)
             self.kv_transfer.end_handoff(rid)
 
-    def _begin_shutdown(self, timeout: float, outputs: list, finished: list) -> None:
-        if timeout > 0 and self._draining_deadline is None:
-            self._draining_deadline = self.clock.now() + timeout
-            logger.info("engine %d draining %d requests for up to %.1fs", self.engine_index, len(self.requests), timeout)
-            if not self.requests:
-                self._stopped = True
-            return
-        self.finish_requests(list(self.requests), finished, outputs)
-        self._stopped = True
-
-    def _freeze(self, frozen: bool) -> None:
-        now = self.clock.now()
-        if frozen:
-            if self._frozen_at is None:
-                self._frozen_at = now
-            return
-        if self._frozen_at is None:
-            return
-        delta, self._frozen_at = now - self._frozen_at, None
-        self.scheduler.shift_deadlines(delta)
-        self._timed.shift(delta)
-        for req in self.requests.values():
-            if not req.output_token_ids:
-                req.first_due += delta
-
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> None:
         """Run the engine at `now`: end the step in flight, start (and, untimed, apply) the next one."""
@@ -404,20 +331,16 @@ class EngineCore:
             publish(collector.drain(), self.clock.now() if self.clock.virtual else time.time())
 
     def _step(self, now: float) -> None:
-        if self._draining_deadline is not None and now >= self._draining_deadline:
-            outputs: list = []
-            finished: list = []
-            self.finish_requests(list(self.requests), finished, outputs)
-            self.output.emit(outputs, finished, with_stats=True)
-            self._stopped = True
+        life = self.lifecycle
+        if life.draining_deadline is not None and life.drain_expired(now):
             return
-        if self._frozen_at is not None:
+        if life.frozen_at is not None:
             return  # paused in place: nothing is scheduled or emitted
         kvt = self.kv_transfer
         expired = kvt.expire_holds(now) if kvt.holds else False
         if kvt.transfers.remaining:
             self._pulled += kvt.pop_pulled(now)
-        timed = self._timed
+        timed = self.timed
         batch = timed.in_flight
         if batch is not None:
             if now < batch.end:
@@ -427,7 +350,7 @@ class EngineCore:
             timed.in_flight = None
             timed.last_end = now = batch.end  # back-to-back: the next step starts when this one ends
             self.output.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
-            if self._drained():
+            if life.drained():
                 return
         if not self._start_step(now) and expired:
             self.output.emit([], [], with_stats=True)
@@ -438,7 +361,7 @@ class EngineCore:
         kvt = self.kv_transfer
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
-            scheduled = self._timed.gate.schedule(self.scheduler, now, bool(pulled))
+            scheduled = self.timed.gate.schedule(self.scheduler, now, bool(pulled))
             if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
                 for req, n, kind in scheduled:
                     if kind == TRANSFER:
@@ -455,39 +378,18 @@ class EngineCore:
             log_step(self, scheduled, TRACE_LEVEL)
         duration = 0.0
         if timed or self._step_observers:
-            batch = compose(scheduled, pulled, self._timed.after_idle(now))
+            batch = compose(scheduled, pulled, self.timed.after_idle(now))
             if timed:
-                duration = max(self.latency.step_duration(batch, self._timed.rng), 0.0)
+                duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0)
             for observe in self._step_observers:
                 observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:
-            self._timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
+            self.timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
         else:
-            burst = burst_size(self, scheduled, self._draining_deadline is not None) if not pulled else 1
+            draining = self.lifecycle.draining_deadline is not None
+            burst = burst_size(self, scheduled, draining) if not pulled else 1
             self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
-            if self._draining_deadline is not None and not self.requests:
-                self._stopped = True
+            if draining:
+                self.lifecycle.drained()
         return True
-
-    def _drained(self) -> bool:
-        """Draining and nothing left: the engine stops."""
-        if self._draining_deadline is not None and not self.requests:
-            self._stopped = True
-        return self._stopped
-
-
-def _run_call(core: EngineCore, fn: Callable[[EngineCore], Any], fut: asyncio.Future) -> None:
-    try:
-        result = fn(core)
-    except Exception as e:  # the caller gets the error; the engine goes on
-        if not fut.done():
-            fut.set_exception(e)
-    else:
-        if not fut.done():
-            fut.set_result(result)
-
-
-def _wake_up(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(None)

@@ -32,6 +32,36 @@ def check_stop(req: Request, num_out: int, new: list[int]) -> FinishReason:
     return FinishReason.LENGTH
 
 
+def append_checked(req: Request, idx: int, count: int,
+                   max_len: int) -> tuple[list[int], FinishReason | None, int | None]:
+    """Append up to `count` tokens (output index `idx` on) from a source that may emit EOS or stop
+    ids, checking each: the new tokens, and the finish reason and stop id if one ended the request."""
+    source = req.token_source
+    prompt_len = len(req.all_token_ids) - idx  # the context holds prompt_len + num_out tokens
+    new: list[int] = []
+    reason = stop_reason = None
+    at_length = False
+    for i in range(idx, idx + count):
+        tok = source.next_token(i)
+        new.append(tok)
+        num_out = i + 1
+        if num_out >= req.max_tokens or (max_len and prompt_len + num_out >= max_len):
+            at_length = True
+            break
+        if num_out >= req.min_tokens:
+            if tok == req.eos_token_id:
+                reason = FinishReason.STOP
+                break
+            if tok in req.stop_ids:
+                reason, stop_reason = FinishReason.STOP, tok
+                break
+    req.output_token_ids += new
+    req.all_token_ids += new
+    if at_length:  # (after appending: a modeled EOS replaces the last token everywhere)
+        reason = check_stop(req, num_out, new)
+    return new, reason, stop_reason
+
+
 def prefill_stats(req: Request) -> PrefillStats:
     local = max(req.num_cached_tokens, 0)
     external = req.external_tokens
@@ -53,14 +83,13 @@ class OutputProcessor:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
         conditions, then finish the request or set its next deadline."""
         idx = len(req.output_token_ids)
-        reason = None
-        stop_reason = None
         max_len = self.max_model_len
         source = req.token_source
-        out_ids = req.output_token_ids
-        all_ids = req.all_token_ids
         count = burst if burst > 1 else req.chunk
         if type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+            reason = stop_reason = None
+            out_ids = req.output_token_ids
+            all_ids = req.all_token_ids
             limit = req.max_tokens - idx
             if max_len:
                 limit = min(limit, max_len - len(all_ids))
@@ -71,24 +100,7 @@ class OutputProcessor:
             if k >= limit:
                 reason = check_stop(req, idx + k, new)
         else:
-            new = []
-            for i in range(idx, idx + count):
-                tok = source.next_token(i)
-                new.append(tok)
-                out_ids.append(tok)
-                all_ids.append(tok)
-                num_out = i + 1
-                if num_out >= req.max_tokens or (max_len and len(all_ids) >= max_len):
-                    reason = check_stop(req, num_out, new)
-                    break
-                if num_out >= req.min_tokens:
-                    if tok == req.eos_token_id:
-                        reason = FinishReason.STOP
-                        break
-                    if tok in req.stop_ids:
-                        reason = FinishReason.STOP
-                        stop_reason = tok
-                        break
+            new, reason, stop_reason = append_checked(req, idx, count, max_len)
         out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
         if req.pending_events:
             out.events = req.pending_events

@@ -122,16 +122,20 @@ class Scheduler:
         if policy.extend_first:
             scheduled, budget = self._schedule_prefills([], budget, now)
             if self.total_preemptions == preemptions_before:
-                scheduled, budget = self._admit(scheduled, budget, now)
+                scheduled, budget = self._schedule_waiting(scheduled, budget, now)
             if scheduled:
                 return scheduled
             return self._schedule_decodes([], budget, now)[0]
-        scheduled, budget = self._schedule_decodes([], budget, now)
-        scheduled, budget = self._schedule_prefills(scheduled, budget, now)
+        scheduled, budget = self._schedule_running([], budget, now)
         if self.total_preemptions != preemptions_before:
             # victims may have been scheduled earlier in this step; their blocks are gone
-            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
-        return self._admit(scheduled, budget, now)[0]  # no admissions in a step that had to preempt, as vLLM
+            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]  # no admissions, as vLLM
+        return self._schedule_waiting(scheduled, budget, now)[0] if self.waiting else scheduled
+
+    def _schedule_running(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests: due decodes (earliest deadline first), then unfinished prefills."""
+        scheduled, budget = self._schedule_decodes(scheduled, budget, now)
+        return self._schedule_prefills(scheduled, budget, now)
 
     def _schedule_decodes(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
         """Running requests whose next token is due (earliest first)."""
@@ -174,7 +178,7 @@ class Scheduler:
             budget -= n
         return scheduled, budget
 
-    def _admit(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+    def _schedule_waiting(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
         """Admit waiting requests while the budget, `max_num_seqs`, the KV pool and the policy allow."""
         kv = self.kv
         threshold = self.long_prefill_token_threshold

@@ -210,3 +210,58 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, kw_
     wave_complete: int | None = None
     start_wave: int | None = None
     weight_version: str | None = None
+
+
+class RequestFieldError(ValueError):
+    """A request field of the wrong shape: the request fails alone, the engine never sees it."""
+
+
+def check_lora_request(value: Any) -> None:
+    """vLLM's LoRARequest travels as an array [lora_name, lora_int_id, lora_path, ...]."""
+    if value is None or isinstance(value, LoRARequest):
+        return
+    if not isinstance(value, (list, tuple)) or len(value) < 2:
+        raise RequestFieldError(f"lora_request must be an array [lora_name, lora_int_id, ...], "
+                                f"got {type(value).__name__}")
+    name, int_id = value[0], value[1]
+    if not isinstance(name, str) or not isinstance(int_id, int) or isinstance(int_id, bool):
+        raise RequestFieldError("lora_request must start with a string lora_name and an integer lora_int_id")
+    if len(value) > 2 and value[2] is not None and not isinstance(value[2], str):
+        raise RequestFieldError("lora_request's lora_path must be a string")
+
+
+# The fields the engine reads, with the types it relies on (the rest are carried, never read).
+_CHECKED_FIELDS = {f.name: f.type for f in msgspec.structs.fields(EngineCoreRequest)
+                   if f.type is not Any and f.name not in ("request_id", "prompt_token_ids")}
+
+
+def request_from_fields(fields: dict[str, Any]) -> EngineCoreRequest:
+    """An EngineCoreRequest from loosely-typed fields (an untyped decode), every read field
+    converted to its type or refused with RequestFieldError naming it."""
+    kw: dict[str, Any] = {}
+    rid = fields.get("request_id")
+    if not isinstance(rid, str) or not rid:
+        raise RequestFieldError("request_id must be a non-empty string")
+    kw["request_id"] = rid
+    prompt = fields.get("prompt_token_ids")
+    if prompt is not None:
+        if not isinstance(prompt, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise RequestFieldError("prompt_token_ids must be an array of integers")
+        prompt = list(prompt)
+    kw["prompt_token_ids"] = prompt
+    for name, value in fields.items():
+        if name in kw:
+            continue
+        typ = _CHECKED_FIELDS.get(name)
+        if value is None and typ is not None:
+            continue  # the field's default (a frontend that sends nil for a defaulted field)
+        if typ is None:
+            kw[name] = value
+            continue
+        try:
+            kw[name] = msgspec.convert(value, typ, strict=False)
+        except (msgspec.ValidationError, TypeError, ValueError) as e:
+            raise RequestFieldError(f"{name}: {e}") from None
+    check_lora_request(kw.get("lora_request"))
+    return EngineCoreRequest(**kw)

@@ -10,11 +10,19 @@ backlog (up to `batch` per turn) and hands each connection to uvicorn's protocol
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 logger = logging.getLogger("vllm_vcr.http")
+
+# Out of descriptors or buffers: accepting again at once would fail again (and spin a core), so
+# the reader is paused for ACCEPT_RETRY_DELAY seconds, as asyncio's own accept loop does under uvicorn.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_RETRY_DELAY = 1.0
+LOG_INTERVAL = 10.0  # at most one "accept failed" line per interval; the next one says how many were not logged
 
 
 class BurstAcceptor:
@@ -27,9 +35,29 @@ class BurstAcceptor:
         self._factory = protocol_factory
         self._batch = batch
         self._closed = False
+        self._paused: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._last_log = float("-inf")
+        self._unlogged = 0
         sock.setblocking(False)
         self._loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept_failed(self, e: OSError) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= LOG_INTERVAL:
+            more = f" ({self._unlogged} more since the last report)" if self._unlogged else ""
+            logger.warning("accept failed: %s%s", e, more)
+            self._last_log, self._unlogged = now, 0
+        else:
+            self._unlogged += 1
+        if e.errno in _RESOURCE_ERRNOS and not self._closed and self._paused is None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._paused = self._loop.call_later(ACCEPT_RETRY_DELAY, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if not self._closed:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
 
     def _accept(self) -> None:
         tcp = self._sock.family in (socket.AF_INET, socket.AF_INET6)
@@ -38,8 +66,8 @@ class BurstAcceptor:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # e.g. out of file descriptors: keep serving, retry next turn
-                logger.warning("accept failed: %s", e)
+            except OSError as e:  # e.g. out of file descriptors: keep serving, retry after a pause
+                self._accept_failed(e)
                 return
             conn.setblocking(False)
             if tcp:
@@ -57,7 +85,11 @@ class BurstAcceptor:
         """Stop accepting (uvicorn's shutdown calls this); the socket itself stays the caller's."""
         if not self._closed:
             self._closed = True
-            self._loop.remove_reader(self._sock.fileno())
+            if self._paused is not None:
+                self._paused.cancel()
+                self._paused = None
+            else:
+                self._loop.remove_reader(self._sock.fileno())
 
     async def wait_closed(self) -> None:
         return None

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import __version__
 from .errors import HTTPError, error_body
+from .faults_adapter import FaultEnded
 from .protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
 from .serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
 from .serving_chat import ChatServing
@@ -60,8 +61,9 @@ def _load_metrics(settings: ServeSettings) -> Any:
 class OpenAIApp:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
-                 on_shutdown: Callable[[], Awaitable[None]] | None = None):
+                 on_shutdown: Callable[[], Awaitable[None]] | None = None, faults: Any = None):
         self.engine = engine
+        self.faults = faults  # a FaultGate (http/faults_adapter.py), or None
         self.tokenizer = tokenizer
         self.settings = settings
         self.metrics = metrics if metrics is not None else _load_metrics(settings)
@@ -85,7 +87,9 @@ class OpenAIApp:
             "/metrics": {"GET": (self._metrics, False)},
             "/tokenize": {"POST": (self._tokenize, False)},
             "/detokenize": {"POST": (self._detokenize, False)},
+            "/openapi.json": {"GET": (self._openapi, False)},
         }
+        self._openapi_body: bytes | None = None
         if settings.engine_type == "sglang":
             from .sglang_routes import SGLangRoutes
 
@@ -146,6 +150,10 @@ class OpenAIApp:
         except HTTPError as e:
             await send_bytes(send, e.status, e.body(), e.headers)
             return
+        if watch and self.faults is not None:
+            send = await self.faults.admit(scope, body, send)
+            if send is None:
+                return  # answered with an injected failure
         ctx = RequestContext(scope, receive, send, body)
         try:
             if watch:
@@ -158,6 +166,8 @@ class OpenAIApp:
             await self._send_error(send, 400, error_body(str(e), "BadRequestError", 400, e.param))
         except asyncio.CancelledError:
             raise
+        except FaultEnded:
+            pass  # an injected fault ended the response on purpose
         except Exception:
             logger.exception("unhandled error in %s %s", scope["method"], path)
             await self._send_error(send, 500, error_body("Internal server error", "InternalServerError", 500))
@@ -225,7 +235,9 @@ class OpenAIApp:
             if chunk:
                 size += len(chunk)
                 if size > _MAX_BODY:
-                    raise HTTPError(413, "Request body too large", "RequestEntityTooLarge")
+                    # the rest of the body is never read: the connection cannot carry another request
+                    raise HTTPError(413, "Request body too large", "RequestEntityTooLarge",
+                                    headers=[(b"connection", b"close")])
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
@@ -269,6 +281,13 @@ class OpenAIApp:
         await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
                          if isinstance(content_type, str) else content_type)
 
+    async def _openapi(self, ctx: RequestContext) -> None:
+        if self._openapi_body is None:  # built once, from the routes as they are by then
+            from .openapi import build_openapi
+
+            self._openapi_body = encode(build_openapi(self.routes))
+        await send_bytes(ctx.send, 200, self._openapi_body)
+
     async def _tokenize(self, ctx: RequestContext) -> None:
         raw = ctx.body
         is_chat = b'"messages"' in raw
@@ -276,7 +295,7 @@ class OpenAIApp:
         self.completions.check_model(req.model)
         tok = self.tokenizer
         if is_chat:
-            _, ids = self.chat.render_prompt(
+            _, ids = await self.chat.render_prompt_async(
                 req.messages, add_generation_prompt=req.add_generation_prompt,
                 continue_final_message=req.continue_final_message, chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
+from ..perf.cli import add_perf_args
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 
 DEFAULT_PORT = 8000
@@ -60,7 +61,7 @@ _IGNORED_BOOL_FLAGS = [
     "--enable-auto-tool-choice", "--enable-server-load-tracking", "--enable-request-id-headers",
     "--enable-lora", "--enable-sleep-mode", "--skip-tokenizer-init", "--enable-log-outputs",
     "--return-tokens-as-token-ids", "--headless", "--enable-expert-parallel", "--enable-eplb",
-    "--disable-cascade-attn", "--enable-tokenizer-info-endpoint", "--trust-request-chat-template",
+    "--disable-cascade-attn", "--enable-tokenizer-info-endpoint",
     "--exclude-tools-when-tool-choice-none", "--kv-sharing-fast-prefill", "--calculate-kv-scales",
     "--disable-sliding-window", "--disable-mm-preprocessor-cache", "--async-scheduling",
     "--disable-custom-all-reduce", "--enable-mfu-metrics", "--use-tqdm-on-load", "--enable-dbo",
@@ -136,6 +137,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     if "--kv-events-config" not in p._option_string_actions:  # vLLM's KV cache events flags
         add_kv_events_args(p)
+    add_perf_args(p)
     g = _Group(p, "vLLM server")
     g.add("--model", dest="model_opt", default=None, help="same as MODEL")
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
@@ -156,6 +158,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add("--prefix-caching-hash-algo", default=None, help="block hash of the prefix cache and KV events")
     g.add("--api-key", nargs="+", default=None, help="require `Authorization: Bearer KEY` on /v1")
     g.add("--chat-template", default=None, help="chat template file or inline jinja")
+    g.add("--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
+          help="render a chat_template sent in a request (bounded); without it such requests get a 400, as vLLM")
     g.add("--response-role", default="assistant")
     g.add("--enable-force-include-usage", action="store_true", help="usage chunk on every stream")
     g.add("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
@@ -167,6 +171,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
           help="any name: chat answers split `reasoning` from `content` at the --reasoning markers")
     g.add("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
     g.add("--enable-access-log", action="store_true", help="log every HTTP request (off: it costs)")
+    from ..faults.cli_args import add_fault_arguments
+
+    add_fault_arguments(p)
     ig = _Group(p, "accepted for compatibility with `vllm serve`, ignored")
     for names in _IGNORED_VALUE_FLAGS:
         ig.add(*names, dest=_IGN + names[0][2:].replace("-", "_"), default=argparse.SUPPRESS,

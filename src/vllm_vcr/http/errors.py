@@ -125,12 +125,20 @@ def validation_error(errors: list[dict[str, Any]]) -> HTTPError:
     return HTTPError(400, message.rstrip(), HTTPStatus.BAD_REQUEST.phrase, param)
 
 
+def unparsable_body() -> HTTPError:
+    """FastAPI's answer when parsing the body raised something other than a JSON error (e.g. JSON
+    nested beyond the parser's depth), in vLLM's error format."""
+    return HTTPError(400, "There was an error parsing the body", HTTPStatus.BAD_REQUEST.phrase)
+
+
 def json_decode_error(body: bytes) -> HTTPError:
     """Malformed JSON, reported as FastAPI does (position and reason from Python's json module)."""
     import json
 
     try:
         json.loads(body)
+    except RecursionError:  # nested beyond any parser's depth
+        return unparsable_body()
     except ValueError as e:
         pos = getattr(e, "pos", 0)
         reason = getattr(e, "msg", str(e))

@@ -75,7 +75,7 @@ class _SamplingFields(_Base):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=_INT64_MAX)] | None = None
     priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
     request_id: str | None = None
     cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
@@ -103,8 +103,9 @@ class CompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check_prompt_and_logprobs(self) -> CompletionRequest:
+        check_prompt_logprobs_field(self.prompt_logprobs, self.stream)
         p = self.prompt
-        if (p is None or p == "") and not self.prompt_embeds:
+        if (p is None or p == "") and (self.prompt_embeds is None or self.prompt_embeds == []):
             raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
         if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
             raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
@@ -112,9 +113,7 @@ class CompletionRequest(_SamplingFields):
                                     "environment variable.", "prompt")
         if self.logprobs is not None and self.logprobs < 0 and self.logprobs != -1:
             raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", self.logprobs)
-        if self.prompt_embeds:
-            raise RequestValueError("prompt_embeds are not supported by vllm-vcr.", "prompt_embeds")
-        return self
+        return self  # prompt_embeds are refused where vLLM refuses them: after the model check
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -134,9 +133,11 @@ class ChatCompletionRequest(_SamplingFields):
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
 
     @model_validator(mode="after")
     def _check_logprobs_and_prompt_flags(self) -> ChatCompletionRequest:
+        check_prompt_logprobs_field(self.prompt_logprobs, self.stream)
         top = self.top_logprobs
         if top is not None:
             if top < 0 and top != -1:
@@ -235,3 +236,23 @@ def stop_list(stop: StopParam) -> list[str]:
         return [stop]
     return list(stop)
 
+
+
+def check_prompt_logprobs_field(value: int | None, stream: bool | None) -> None:
+    """The request model's own check of prompt_logprobs (vLLM runs it while parsing)."""
+    if value is None:
+        return
+    if stream and (value > 0 or value == -1):
+        raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    if value < 0 and value != -1:
+        raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", value)
+
+
+def check_prompt_logprobs_limit(value: int | None, vocab_size: int) -> None:
+    """SamplingParams' check against --max-logprobs (-1 means the whole vocabulary)."""
+    if not value:
+        return
+    num = vocab_size if value == -1 else value
+    if num > MAX_LOGPROBS:
+        raise RequestValueError(f"Requested prompt logprobs of {num}, which is greater than max allowed: "
+                                f"{MAX_LOGPROBS}", "prompt_logprobs", num)

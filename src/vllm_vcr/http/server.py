@@ -37,7 +37,11 @@ from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
 from .acceptor import BurstAcceptor  # noqa: E402
+from ..faults import FaultController, FaultSpecError  # noqa: E402
+from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
+from .faults_adapter import FaultGate, install_gauges  # noqa: E402
+from .serving_base import ServeSettings  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
@@ -119,6 +123,7 @@ class _ServeCommand:
         (self.settings, self.engine_args, self.tokenizer, self.engine_count,
          self.ignored) = build_settings_and_args(self.args)
         self.kv_config = _kv_events_config(self.args)
+        self.faults = _fault_controller(self.args, self.settings)
 
     def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
         """Claim the port at once, so a clash is reported before anything starts."""
@@ -181,7 +186,7 @@ class _ServeCommand:
         if not self.args.control_address:
             return
         try:
-            control = await start_control_server(self.engine, self.args.control_address)
+            control = await start_control_server(self.engine, self.args.control_address, faults=self.faults)
         except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
             raise CLIError(f"--control-address: {e}") from None
         stack.push_async_callback(control.stop)
@@ -195,7 +200,8 @@ class _ServeCommand:
 
     def build_server(self) -> _Server:
         self.sock.listen(BACKLOG)
-        app = build_app(self.engine, self.tokenizer, self.settings)
+        app = build_app(self.engine, self.tokenizer, self.settings, faults=FaultGate(self.faults))
+        install_gauges(app.metrics, self.faults)
         config = uvicorn.Config(
             app,
             lifespan="off",
@@ -260,6 +266,15 @@ async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) 
 def _close_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> FaultController:
+    try:
+        rates = rates_from_args(args)
+    except FaultSpecError as e:
+        raise CLIError(str(e)) from None
+    return FaultController(rates, model=settings.model_name, max_model_len=settings.max_model_len,
+                           seed=getattr(args, "seed", None))
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:

@@ -10,7 +10,8 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from .errors import INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, validation_error
+from .errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
+                     validation_error)
 from .generation import OutputStream
 from .protocol import RequestValueError
 from .sse import send_bytes
@@ -45,6 +46,8 @@ class ServeSettings:
     # --reasoning-parser: chat splits `reasoning` from `content` at the engine's thinking markers
     reasoning_parser: str | None = None
     reasoning_ids: tuple[int, int] | None = None  # (start, end) from the engine's --reasoning
+    # --trust-request-chat-template: a `chat_template` in the request is rendered (else a 400, as vLLM)
+    trust_request_chat_template: bool = False
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
 
     @property
@@ -76,6 +79,8 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
     try:
         return model.model_validate_json(body)
+    except RecursionError:
+        raise unparsable_body() from None
     except ValidationError as e:
         errors = e.errors(include_url=False)
         if errors and errors[0].get("type") == "json_invalid":

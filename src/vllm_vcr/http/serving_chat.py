@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from .chat_template import ChatTemplateError
+from .chat_template import ChatTemplateError, check_request_template, compile_request_template, render_bounded
 from .errors import bad_request
 from .generation import (
     SequenceState,
@@ -26,6 +26,7 @@ from .protocol import (
     ChatCompletionRequest,
     RequestValueError,
     check_logprobs_limit,
+    check_prompt_logprobs_limit,
     check_sampling,
     stop_list,
 )
@@ -74,8 +75,32 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ChatServing(ServingBase):
+    async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
+                                  chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
+        """render_prompt, with vLLM's refusal of request templates; a template from the request
+        (--trust-request-chat-template) renders in a worker thread under a time bound."""
+        try:
+            check_request_template(chat_template, chat_template_kwargs, self.settings.trust_request_chat_template)
+        except ChatTemplateError as e:
+            raise RequestValueError(str(e)) from None
+        if chat_template is None and chat_template_kwargs and "chat_template" in chat_template_kwargs:
+            chat_template_kwargs = dict(chat_template_kwargs)
+            chat_template = chat_template_kwargs.pop("chat_template")
+        if chat_template is None:
+            return self.render_prompt(messages, chat_template=None, chat_template_kwargs=chat_template_kwargs, **kw)
+
+        def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
+            template = compile_request_template(chat_template)
+            return self.render_prompt(messages, chat_template=template, chat_template_kwargs=chat_template_kwargs,
+                                      **kw)
+
+        try:
+            return await render_bounded(compile_and_render)
+        except ChatTemplateError as e:  # a bad template, or the time bound
+            raise RequestValueError(str(e)) from None
+
     def render_prompt(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-                      continue_final_message: bool, chat_template: str | None,
+                      continue_final_message: bool, chat_template: Any,
                       chat_template_kwargs: dict[str, Any] | None, add_special_tokens: bool,
                       tools: Any = None) -> tuple[str, list[int]]:
         if add_generation_prompt and continue_final_message:
@@ -122,7 +147,7 @@ class ChatServing(ServingBase):
         else:
             max_tokens, param = req.max_tokens, "max_tokens"
         check_output_budget(max_tokens, max_len, param)
-        text, prompt_ids = self.render_prompt(
+        text, prompt_ids = await self.render_prompt_async(
             req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template=req.chat_template,
             chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
@@ -136,6 +161,7 @@ class ChatServing(ServingBase):
         if req.logprobs:
             want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
             check_logprobs_limit(want_lp)
+        check_prompt_logprobs_limit(req.prompt_logprobs, self.tokenizer.vocab_size)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
 
@@ -153,7 +179,8 @@ class ChatServing(ServingBase):
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id))
-        role = self.settings.response_role if req.add_generation_prompt else req.messages[-1].get("role", "assistant")
+        role = (self.settings.response_role if req.add_generation_prompt or not req.messages
+                else req.messages[-1].get("role", "assistant"))
         echo_text = ""
         if req.echo and req.messages and req.messages[-1].get("role") == role:
             last = normalize_messages([req.messages[-1]])[0].get("content")

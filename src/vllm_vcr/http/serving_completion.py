@@ -24,6 +24,7 @@ from .protocol import (
     CompletionRequest,
     RequestValueError,
     check_logprobs_limit,
+    check_prompt_logprobs_limit,
     check_sampling,
     stop_list,
 )
@@ -70,6 +71,9 @@ class CompletionServing(ServingBase):
 
     async def _handle(self, ctx: RequestContext, req: CompletionRequest) -> None:
         model = self.check_model(req.model)
+        if req.prompt_embeds is not None and req.prompt_embeds != []:
+            # vLLM without --enable-prompt-embeds (which needs a real model's hidden size)
+            raise RequestValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
         if req.suffix is not None:
             raise RequestValueError("suffix is not currently supported")
         max_len = self.settings.max_model_len
@@ -84,6 +88,7 @@ class CompletionServing(ServingBase):
         limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
         check_sampling(req, None if echo_only else min(limits))
         check_logprobs_limit(self.tokenizer.vocab_size if req.logprobs == -1 else req.logprobs)
+        check_prompt_logprobs_limit(req.prompt_logprobs, self.tokenizer.vocab_size)
         for pr in prompts:
             self.check_token_ids(pr.ids)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)

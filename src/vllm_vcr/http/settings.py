@@ -176,6 +176,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,
         enable_prefix_caching=engine_args.enable_prefix_caching,
+        trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 

@@ -190,8 +190,9 @@ class Tokenizer:
         return IncrementalDetokenizer(self._table)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            chat_template: str | None = None, **kwargs: Any) -> str:
-        template = ChatTemplate(chat_template) if chat_template else self.chat_template
+                            chat_template: "str | ChatTemplate | None" = None, **kwargs: Any) -> str:
+        template = (chat_template if isinstance(chat_template, ChatTemplate)
+                    else ChatTemplate(chat_template) if chat_template else self.chat_template)
         if template is None:
             raise ValueError(
                 "As of transformers v4.44, default chat template is no longer allowed, so you must "

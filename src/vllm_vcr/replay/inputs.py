@@ -1,5 +1,6 @@
 """The engine's inputs loaded from files: the latency model of `--latency-trace`, the planner of
-`--replay-tokens` / `--replay-steps` and the table of `--response-replay-trace`.
+`--replay-tokens` / `--replay-steps` and the table of `--response-replay-trace`; and the GPU
+perf model of `--perf-model` (its estimator compiled by vllm_vcr.perf, not read from a file).
 
 The engine loads no files: the CLIs (serve, play, calibrate) build these here and inject them
 into every EngineCore they create. Each is built once per process and shared by all engines (one
@@ -26,6 +27,10 @@ def engine_inputs(args: EngineArgs) -> dict[str, Any]:
     if args.latency_trace:
         inputs["latency"] = _load("--latency-trace", shared_latency_model, args.latency_trace, args.time_scale,
                                   args.latency_trace_model)
+    if args.perf_model:  # --perf-model: the estimator compiled once per process (vllm_vcr.perf)
+        from ..perf.aic import shared_step_latency
+
+        inputs["latency"] = shared_step_latency(args.perf_model, args.time_scale)
     if args.replay_tokens or args.replay_steps:
         inputs["planner"] = _load("--replay-tokens/--replay-steps", shared_planner, args.replay_tokens,
                                   args.replay_steps, args.replay_match, args.tokens_per_block)

@@ -11,6 +11,7 @@ from .. import event_loop
 from ..engine_cli import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError
 from ..gc_tuning import tune_for_serving
+from ..perf.cli import add_perf_args
 from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
 
 log = logging.getLogger("vllm_vcr.wire")
@@ -55,6 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
     s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
     add_engine_args(p)
+    add_perf_args(p, vllm_gpu_flags=True)
     add_kv_events_args(p)  # vLLM's --kv-events-config / --enable-kv-cache-events
     return p
 

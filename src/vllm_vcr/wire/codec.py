@@ -17,8 +17,10 @@ from ..engine.types import (
     EngineCoreRequest,
     FinishReason,
     RequestError,
-    SamplingParams,
+    RequestFieldError,
     UtilityOutput,
+    check_lora_request,
+    request_from_fields,
 )
 
 # Raw byte values of EngineCoreRequestType (not msgpack).
@@ -49,6 +51,29 @@ class FrameError(ValueError):
 
 class RawView(bytes):
     """Bytes of an Ext 3 payload, kept as-is (we never need the array's values)."""
+
+
+class UnusableExt:
+    """An extension value in a field we read: kept only to name the field in the error."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"<msgpack extension {self.code}>"
+
+
+class _LenientExtHook:
+    """Reads past extensions to find out *which* request is bad; pickles are never unpickled."""
+
+    def __init__(self) -> None:
+        self.refused: list[int] = []
+
+    def __call__(self, code: int, data: memoryview) -> Any:
+        if code == EXT_RAW_VIEW:
+            return RawView(data)
+        self.refused.append(code)
+        return UnusableExt(code)
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
@@ -85,6 +110,8 @@ class Codec:
         self.encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
         self._req_decoder = msgspec.msgpack.Decoder(EngineCoreRequest, ext_hook=_ext_hook)
         self._any_decoder = msgspec.msgpack.Decoder(ext_hook=_ext_hook)
+        self._lenient_ext = _LenientExtHook()
+        self._lenient_decoder = msgspec.msgpack.Decoder(ext_hook=self._lenient_ext)
 
     # ---- generic -------------------------------------------------------------------------
     def encode(self, obj: Any) -> bytes:
@@ -100,15 +127,21 @@ class Codec:
 
     # ---- inputs --------------------------------------------------------------------------
     def decode_add(self, frames: list) -> EngineCoreRequest:
-        """frames = [body, aux...]; aux buffers only back ndarray fields we never read."""
+        """frames = [body, aux...]; aux buffers only back ndarray fields we never read.
+
+        Every field the engine reads is checked here: a bad one is a FrameError naming the
+        request (when its id can be read), which the request fails with; the engine never sees it."""
         body = frames[0]
         try:
             req = self._req_decoder.decode(body)
-        except FrameError:
-            raise
-        except Exception as typed_error:  # noqa: BLE001
+        except Exception as typed_error:  # noqa: BLE001 - msgspec errors and FrameError from extensions
             req = self._decode_add_tolerant(body, typed_error)
-        if not isinstance(req.request_id, str) or not req.request_id:
+        else:
+            try:
+                check_lora_request(req.lora_request)
+            except RequestFieldError as e:
+                raise FrameError(f"ADD {e}", req.request_id, _client_index(req.client_index)) from None
+        if not req.request_id:
             raise FrameError("ADD without a request_id")
         if req.prompt_token_ids is None:
             raise FrameError("ADD without prompt_token_ids (prompt embeddings are not simulated)",
@@ -116,33 +149,26 @@ class Codec:
         return req
 
     def _decode_add_tolerant(self, body, typed_error: Exception) -> EngineCoreRequest:
-        raw = self.decode_any(body)
+        self._lenient_ext.refused.clear()
+        try:
+            raw = self._lenient_decoder.decode(body)
+        except Exception as e:  # noqa: BLE001
+            raise FrameError(f"undecodable msgpack: {e}") from None
         if not isinstance(raw, (list, tuple)) or not raw:
             raise FrameError(f"ADD body is {type(raw).__name__}, not an EngineCoreRequest array")
-        rid = raw[0] if isinstance(raw[0], str) else None
+        rid = raw[0] if isinstance(raw[0], str) and raw[0] else None
         client = _client_index(raw[11] if len(raw) > 11 else 0)
-        fields = list(raw[:N_REQUEST_FIELDS])
-        names = EngineCoreRequest.__struct_fields__
-        kw: dict[str, Any] = {}
-        for name, value in zip(names, fields):
-            kw[name] = value
+        for code in self._lenient_ext.refused:
+            what = "pickled msgpack extension" if code in (EXT_PICKLE, EXT_CLOUDPICKLE) else "unknown msgpack extension type"
+            raise FrameError(f"ADD refused: {what} {code}", rid, client)
+        fields = dict(zip(EngineCoreRequest.__struct_fields__, raw[:N_REQUEST_FIELDS]))
         try:
-            sp = kw.get("sampling_params")
-            kw["sampling_params"] = None if sp is None else msgspec.convert(sp, SamplingParams, strict=False)
-            prompt = kw.get("prompt_token_ids")
-            if prompt is not None:
-                kw["prompt_token_ids"] = [int(t) for t in prompt]
-            for name, typ in (("client_index", int), ("current_wave", int), ("priority", int)):
-                if name in kw and not isinstance(kw[name], int):
-                    kw[name] = typ(kw[name] or 0)
-            for name in ("arrival_time",):
-                if name in kw and not isinstance(kw[name], (int, float)):
-                    kw[name] = 0.0
-            req = EngineCoreRequest(**kw)
-        except Exception as e:  # noqa: BLE001
+            return request_from_fields(fields)
+        except RequestFieldError as e:
+            raise FrameError(f"ADD not an EngineCoreRequest ({typed_error}; field {e})", rid, client) from None
+        except Exception as e:  # noqa: BLE001 - anything else about the fields
             raise FrameError(f"ADD not an EngineCoreRequest ({typed_error}; positional read: {e})",
                              rid, client) from None
-        return req
 
     def decode_abort(self, frames: list) -> list[str]:
         ids = self.decode_any(frames[0])

@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""The perf model against measured silicon: every vLLM aggregated row of aiconfigurator-core's
+systems/silicon_sample.csv that the estimator can price, simulated closed-loop through the
+engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values, next to the
+estimator's own static estimate (run_static, batch = concurrency).
+
+One global correction, the engine's host overhead per step (ms), is fitted on the declared
+training split (rows with crc32(id) % 3 == 0) and the held-out rows are simulated with it; no
+per-row tuning. Results go to a JSONL (resumable) and the table into docs/fidelity.md between
+the `silicon` markers.
+
+usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
+                                          [--max-tokens 200000] [--budget-s 4200] [--limit N]
+                                          [--render-only] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from vllm_vcr.simulate.silicon import SiliconRow, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
+
+DOC = ROOT / "docs" / "fidelity.md"
+BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
+GRID = np.arange(0.0, 8.0001, 0.05)  # candidate host overheads per step (ms)
+
+
+def _job(task: tuple[dict, float, int]) -> dict:
+    row_d, overhead, max_tokens = task
+    logging.disable(logging.WARNING)
+    row = SiliconRow(**row_d)
+    out = {"id": row.id, "split": row.split, "overhead_ms": overhead}
+    why = supported(row)
+    if why is not None:
+        return {**out, "unsupported": why}
+    s_ttft, s_tpot = static_estimate(row)
+    t0 = time.perf_counter()
+    sim = simulate_row(row, step_overhead_ms=overhead, max_tokens=max_tokens)
+    return {**out, "static_ttft_ms": s_ttft, "static_tpot_ms": s_tpot, "sim": sim,
+            "cpu_s": time.perf_counter() - t0}
+
+
+def _run(rows: list[SiliconRow], overhead: float, args, done: dict[str, dict], out, budget_s: float) -> None:
+    todo = [r for r in rows if r.id not in done or done[r.id].get("overhead_ms") != overhead]
+    # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
+    todo.sort(key=lambda r: (r.concurrency + 16) * r.osl)
+    tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]
+    print(f"simulating {len(tasks)} rows at host overhead {overhead:.2f} ms/step with {args.jobs} job(s)",
+          file=sys.stderr)
+    t0 = time.time()
+    pool = Pool(args.jobs)
+    try:
+        for i, res in enumerate(pool.imap_unordered(_job, tasks), 1):
+            done[res["id"]] = res
+            out.write(json.dumps(res) + "\n")
+            out.flush()
+            if i % 10 == 0 or i == len(tasks):
+                print(f"  {i}/{len(tasks)} rows, {time.time() - t0:.0f} s", file=sys.stderr)
+            if time.time() - t0 > budget_s:
+                print(f"  time budget spent: {len(tasks) - i} rows left out", file=sys.stderr)
+                break
+    finally:
+        pool.terminate()
+
+
+def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> float:
+    """The per-step host overhead minimising the median |TPOT error| on the training rows
+    (a step's overhead adds about itself to TPOT: one step per output token)."""
+    meas, sim = [], []
+    for r in rows:
+        res = done.get(r.id)
+        if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
+            meas.append(r.tpot_ms)
+            sim.append(res["sim"]["tpot_ms"] - res["overhead_ms"])
+    meas_a, sim_a = np.array(meas), np.array(sim)
+    errs = [np.median(np.abs(sim_a + o - meas_a) / meas_a) for o in GRID]
+    return float(GRID[int(np.argmin(errs))])
+
+
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: float) -> float:
+    """The constant first-token overhead of the frontend (HTTP, tokenisation, detokenisation:
+    what `serve`/`play` add for real and `simulate` leaves out) minimising the median |TTFT
+    error| on the training rows, simulated without host overhead (a step's overhead adds about
+    twice itself to TTFT: the step the request waits for and its prefill)."""
+    meas, sim = [], []
+    for r in rows:
+        res = done.get(r.id)
+        if res and "sim" in res:
+            meas.append(r.ttft_ms)
+            sim.append(res["sim"]["ttft_ms"] + 2 * (overhead - res["overhead_ms"]))
+    meas_a, sim_a = np.array(meas), np.array(sim)
+    grid = np.arange(0.0, 200.001, 1.0)
+    errs = [np.median(np.abs(sim_a + f - meas_a) / meas_a) for f in grid]
+    return float(grid[int(np.argmin(errs))])
+
+
+def _err(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas * 100
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "– | –"  # two columns
+    return f"{np.median(values):.1f} % | {np.percentile(values, 90):.1f} %"
+
+
+def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, frontend_ms: float = 0.0) -> list[str]:
+    groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
+    for r in rows:
+        res = done.get(r.id)
+        if res and "sim" in res:
+            groups.setdefault(key(r), []).append((r, res))
+    lines = [f"| {title} | rows | TPOT sim median | p90 | TPOT static median | p90 | TTFT sim median | p90 "
+             f"| TTFT static median | p90 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in sorted(groups) + ["**all**"]:
+        items = [x for g in groups.values() for x in g] if name == "**all**" else groups[name]
+        e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
+        for r, res in items:
+            e["tpot"].append(_err(res["sim"]["tpot_ms"], r.tpot_ms))
+            e["ttft"].append(_err(res["sim"]["ttft_ms"] + frontend_ms, r.ttft_ms))
+            e["s_tpot"].append(_err(res["static_tpot_ms"], r.tpot_ms))
+            e["s_ttft"].append(_err(res["static_ttft_ms"], r.ttft_ms))
+        lines.append(f"| {name} | {len(items)} | {_stats(e['tpot'])} | {_stats(e['s_tpot'])} | "
+                     f"{_stats(e['ttft'])} | {_stats(e['s_ttft'])} |")
+    return lines
+
+
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, frontend: float, command: str) -> str:
+    held = [r for r in rows if r.split == "heldout"]
+    train = [r for r in rows if r.split == "train"]
+    unsupported: dict[str, int] = {}
+    for r in rows:
+        why = done.get(r.id, {}).get("unsupported")
+        if why:
+            k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}"
+            unsupported[k] = unsupported.get(k, 0) + 1
+    n_sim = sum(1 for r in rows if "sim" in done.get(r.id, {}))
+    n_train = sum(1 for r in train if "sim" in done.get(r.id, {}))
+    n_held = sum(1 for r in held if "sim" in done.get(r.id, {}))
+    n_left = sum(1 for r in rows if r.id not in done)
+    out = [BEGIN, "", f"Made by `{command}`.", "",
+           f"{len(rows)} vLLM aggregated rows in the sample; {n_sim} simulated, "
+           f"{sum(unsupported.values())} the estimator cannot price (below), {n_left} left out for time (the "
+           f"costliest: concurrency × OSL; none of them were looked at). Errors are |predicted − measured| / "
+           f"measured, median and p90 over the rows. *sim* = the closed-loop workload through the engine with "
+           f"`--perf-model aic`; *static* = the estimator's `run_static` with batch = concurrency.", "",
+           f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
+           f"**{overhead:.2f} ms per step** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
+           f"(added to the simulated TTFT: `serve` and `play` have a real frontend, `simulate` has none). "
+           f"Held-out rows ({len(held)}; {n_held} simulated with them):", "",
+           *table(held, done, lambda r: r.gpu, "GPU", frontend), "",
+           *table(held, done, lambda r: r.model, "model", frontend), "",
+           "Training rows, simulated without the correction (host overhead 0):", "",
+           *table(train, done, lambda r: r.gpu, "GPU"), "",
+           "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
+    out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
+    out += ["", END]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
+    ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
+    ap.add_argument("--max-tokens", type=int, default=200_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--budget-s", type=float, default=4200.0,
+                    help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
+    ap.add_argument("--overhead", type=float, default=None, help="skip the fit: use this host overhead (ms)")
+    ap.add_argument("--frontend", type=float, default=None, help="skip the fit: use this frontend TTFT overhead (ms)")
+    ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
+    args = ap.parse_args()
+    rows = list(vllm_agg_rows())[: args.limit]
+    path = Path(args.results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[str, dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            res = json.loads(line)
+            done[res["id"]] = res
+    with path.open("a") as out:
+        if not args.render_only:
+            _run([r for r in rows if r.split == "train"], 0.0, args, done, out, args.budget_s / 3)
+        overhead = args.overhead if args.overhead is not None else fit_overhead(
+            [r for r in rows if r.split == "train"], done)
+        train = [r for r in rows if r.split == "train"]
+        frontend = args.frontend if args.frontend is not None else fit_frontend(train, done, overhead)
+        print(f"fitted host overhead: {overhead:.2f} ms/step, frontend {frontend:.0f} ms", file=sys.stderr)
+        if not args.render_only:
+            _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)
+    command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "")
+    text = render(rows, done, overhead, frontend, command)
+    print(text)
+    if args.write_docs:
+        doc = DOC.read_text()
+        if BEGIN in doc:
+            doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
+        else:
+            doc += "\n## The GPU perf model against measured silicon\n\n" + text + "\n"
+        DOC.write_text(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The GPU perf model's step times: a step priced from its composition by a compiled estimator
+of NVIDIA AIConfigurator (aiconfigurator-core; compiled and handed in by vllm_vcr.perf.aic, so
+nothing here imports it or reads a file).
+
+A step's time is composed the way the estimator composes a mixed chunked-prefill iteration, but
+from the step's actual contents rather than one static batch:
+
+- the shared non-attention work (GEMMs, norms, communication) over every token of the step
+  (prefill chunk tokens + one per decode);
+- context attention of each prefill chunk over its own context (the chunk plus the tokens
+  already computed: earlier chunks and prefix-cache hits), for the step's mean chunk;
+- decode attention of the decodes over their mean context length.
+
+A decode-only step is the estimator's own generation step. On top of the GPU time, every step
+pays the engine's host time (`step_overhead_ms`; a per-sequence share can be set too).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from .base import LatencyModel, RequestPacing, StepBatch, zero_pacing
+
+_CTX_QUANTUM = 16  # contexts are priced to this many tokens (memoised lookups)
+
+
+def _q(n: float) -> int:
+    """A context length rounded to the memo quantum (at least 1)."""
+    return max(int(n + _CTX_QUANTUM / 2) // _CTX_QUANTUM * _CTX_QUANTUM, 1)
+
+
+class StepPricer:
+    """Milliseconds of GPU time for one step's composition (memoised: steps repeat a lot)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._h = handle
+        self._memo: dict[tuple, float] = {}
+
+    def gpu_ms(self, num_decodes: int, decode_context: int, num_prefills: int, prefill_tokens: int,
+               prefill_context: int) -> float:
+        """`decode_context`: the decodes' summed lengths; `prefill_context`: tokens computed before
+        this step's chunks (earlier chunks and prefix hits), summed over the prefills."""
+        dec_ctx = _q(decode_context / num_decodes) if num_decodes else 0
+        if not prefill_tokens:
+            if not num_decodes:
+                return 0.0
+            key = (num_decodes, dec_ctx)
+        else:
+            p = max(num_prefills, 1)
+            key = (num_decodes, dec_ctx, p, prefill_tokens, _q(prefill_context / p))
+        ms = self._memo.get(key)
+        if ms is None:
+            ms = self._memo[key] = self._price(*key)
+        return ms
+
+    def _price(self, num_decodes: int, dec_ctx: int, prefills: int = 0, tokens: int = 0, prefix: int = 0) -> float:
+        h = self._h
+        if not tokens:
+            return h.decode_step_latency(num_decodes, dec_ctx, 2)
+        # shared non-attention work over all the step's tokens, and the decodes' attention
+        _, shared, _, dec_attn = h.mixed_step_breakdown(tokens, num_decodes, max(dec_ctx, 1), 2, 0)
+        # one chunk's attention over its context: chunk tokens = isl - prefix, priced unchunked
+        chunk = max(tokens // prefills, 1)
+        isl = prefix + chunk
+        _, _, ctx_attn, _ = h.mixed_step_breakdown(isl, 0, isl, 2, prefix)
+        return shared + dec_attn + prefills * ctx_attn
+
+
+class AicStepLatency(LatencyModel):
+    """`--perf-model aic`: every step timed from what it computes (the timing interface's step
+    durations; requests have no pacing of their own)."""
+
+    times_steps = True
+
+    def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
+                 time_scale: float = 1.0) -> None:
+        self.pricer = pricer
+        self.step_overhead_ms = step_overhead_ms
+        self.per_seq_overhead_ms = per_seq_overhead_ms
+        self._scale = 1e-3 / time_scale
+
+    def step_ms(self, batch: StepBatch) -> float:
+        gpu = self.pricer.gpu_ms(batch.num_decodes, batch.decode_context, batch.num_prefills,
+                                 batch.num_prefill_tokens, batch.prefill_context)
+        return gpu + self.step_overhead_ms + self.per_seq_overhead_ms * (batch.num_decodes + batch.num_prefills)
+
+    def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
+        return self.step_ms(batch) * self._scale
+
+    def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
+               rng: random.Random) -> RequestPacing:
+        return zero_pacing(rng)
+
+

@@ -1,0 +1,128 @@
+"""The AIConfigurator perf model's identity and its compiled estimator (aiconfigurator-core).
+
+`AicTarget` names what to price (model, GPU, backend, parallelism, precision, host overhead);
+the estimator is compiled once per identity from kernels measured on that GPU and handed to the
+engine's latency model (engine/latency/aic.py), which prices every step from its composition.
+The default host overhead per step was fitted on measured deployments (docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ..engine.latency.aic import AicStepLatency, StepPricer
+from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
+from .errors import PerfModelError
+
+logger = logging.getLogger(__name__)
+
+# Host time per step not in the kernel data; fitted on the training split of the silicon
+# validation (bench/silicon_validation.py), see docs/fidelity.md.
+DEFAULT_STEP_OVERHEAD_MS = 2.55
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.0
+
+
+@dataclass(frozen=True)
+class AicTarget:
+    """What to price: the estimator's identity for one engine (one DP rank)."""
+
+    model: str  # a served name; resolved to a bundled config by catalog.resolve_model
+    gpu: str = "h100_sxm"
+    backend: str = "vllm"
+    backend_version: str | None = None  # None: the estimator's current data for the backend
+    tensor_parallel_size: int = 1
+    attention_dp_size: int = 1
+    moe_tp_size: int | None = None
+    moe_ep_size: int | None = None
+    gemm_quant: str | None = None  # None: from the model's config (or its name's suffix)
+    moe_quant: str | None = None
+    kv_cache_quant: str | None = None
+    step_overhead_ms: float = DEFAULT_STEP_OVERHEAD_MS
+    per_seq_overhead_ms: float = DEFAULT_PER_SEQ_OVERHEAD_MS
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AicTarget":
+        return cls(**d)
+
+    def resolved(self) -> "AicTarget":
+        """The bundled model name, with a quantisation its served name implies."""
+        model, quant = resolve_model(self.model)
+        return replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant)
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        return dict(tp_size=self.tensor_parallel_size, attention_dp_size=self.attention_dp_size,
+                    moe_tp_size=self.moe_tp_size, moe_ep_size=self.moe_ep_size,
+                    gemm_quant_mode=self.gemm_quant, moe_quant_mode=self.moe_quant,
+                    kvcache_quant_mode=self.kv_cache_quant)
+
+
+def _target_key(t: AicTarget) -> str:
+    d = t.to_dict()
+    d.pop("step_overhead_ms")
+    d.pop("per_seq_overhead_ms")
+    return json.dumps(d, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(key: str) -> Any:
+    t = AicTarget.from_dict({**json.loads(key), "step_overhead_ms": 0.0, "per_seq_overhead_ms": 0.0})
+    import_aic()
+    check_gpu(t.gpu, t.backend)
+    configure_data_roots()
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    quiet = logging.getLogger("aiconfigurator_core")
+    level, quiet.level = quiet.level, logging.ERROR  # it logs every fallback table it loads
+    try:
+        handle = EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                      **t.compile_kwargs())
+        handle.decode_step_latency(1, 128, 2)  # fail now, not at the first step, on missing data
+        handle.mixed_step_breakdown(128, 1, 128, 2, 0)
+    except PerfModelError:
+        raise
+    except Exception as e:  # unsupported combination: missing kernels, flops, configs
+        raise PerfModelError(f"--perf-model aic: the estimator cannot price {t.model} on {t.gpu} with "
+                             f"{t.backend} (tp={t.tensor_parallel_size}, gemm={t.gemm_quant or 'auto'}): "
+                             f"{str(e).splitlines()[0][:300]}") from None
+    finally:
+        quiet.level = level
+    return handle
+
+
+def compile_target(target: AicTarget) -> Any:
+    """The compiled estimator (an aiconfigurator_core EngineHandle), shared per identity."""
+    return _compiled(_target_key(target.resolved()))
+
+
+def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
+    """The engine's latency model for `target` (engine/latency/aic.py), its estimator compiled here."""
+    t = target.resolved()
+    return AicStepLatency(StepPricer(compile_target(t)), step_overhead_ms=t.step_overhead_ms,
+                          per_seq_overhead_ms=t.per_seq_overhead_ms, time_scale=time_scale)
+
+
+def shared_step_latency(target: dict[str, Any], time_scale: float) -> AicStepLatency:
+    """One model per identity and time scale for every engine of the process (`EngineArgs.perf_model`)."""
+    return _shared(json.dumps(target, sort_keys=True), time_scale)
+
+
+@functools.lru_cache(maxsize=8)
+def _shared(target_json: str, time_scale: float) -> AicStepLatency:
+    return step_latency(AicTarget.from_dict(json.loads(target_json)), time_scale)
+
+
+def describe(target: AicTarget) -> str:
+    t = target.resolved()
+    return (f"{t.model} on {t.gpu} ({t.backend}, tp={t.tensor_parallel_size}"
+            + (f", gemm={t.gemm_quant}" if t.gemm_quant else "") + ")")
+
+
+__all__ = ["AicStepLatency", "AicTarget", "PerfModelError", "StepPricer", "compile_target", "describe",
+           "shared_step_latency", "step_latency"]

@@ -1,0 +1,108 @@
+"""What the estimator knows: its bundled models and GPUs, and served names mapped onto them.
+
+A served name rarely matches the estimator's bundled config name exactly
+(`meta-llama/Llama-3.1-70B` vs its `meta-llama/Meta-Llama-3.1-70B`,
+`nvidia/Llama-3.1-8B-Instruct-FP8`): names are compared after dropping the organisation,
+`Meta-`, `-Instruct`/`-Chat`/`-Base`/`-hf` and a quantisation suffix (which then selects the
+GEMM precision, unless one is given).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import re
+from pathlib import Path
+from types import ModuleType
+
+from .errors import AIC_EXTRA_HINT, PerfModelError
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+_QUANT_SUFFIXES = {"fp8": "fp8", "fp8-dynamic": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "awq": "int4_wo",
+                   "gptq": "int4_wo", "int4": "int4_wo", "w4a16": "int4_wo"}
+_DROP = re.compile(r"^(meta-)|(-(instruct|chat|base|hf|it))+$")
+
+
+def import_aic() -> ModuleType:
+    """aiconfigurator_core, or a PerfModelError saying how to install it."""
+    try:
+        return importlib.import_module("aiconfigurator_core")
+    except ImportError as e:
+        raise PerfModelError(f"--perf-model aic needs the optional extra: {AIC_EXTRA_HINT} ({e})") from None
+
+
+def package_root() -> Path:
+    return Path(import_aic().__file__).parent
+
+
+def configure_data_roots() -> None:
+    """Point the estimator at its bundled data (it reads these variables, never the network)."""
+    root = package_root()
+    os.environ.setdefault("AICONFIGURATOR_SYSTEMS_PATH", str(root / "systems"))
+    os.environ.setdefault("AICONFIGURATOR_MODEL_CONFIGS_PATH", str(root / "model_configs"))
+
+
+@functools.lru_cache(maxsize=1)
+def bundled_models() -> tuple[str, ...]:
+    """`org/name` of every model config the package ships."""
+    names = []
+    for p in sorted((package_root() / "model_configs").glob("*_config.json")):
+        stem = p.name[: -len("_config.json")]
+        if stem.endswith("_hf_quant"):
+            continue
+        names.append(stem.replace("--", "/", 1))
+    return tuple(names)
+
+
+@functools.lru_cache(maxsize=8)
+def supported_gpus(backend: str = "vllm") -> tuple[str, ...]:
+    """Systems with measured data for `backend` (a system YAML and a data/<gpu>/gemm/<backend> tree)."""
+    systems = package_root() / "systems"
+    return tuple(sorted(p.stem for p in systems.glob("*.yaml")
+                        if (systems / "data" / p.stem / "gemm" / backend).is_dir()))
+
+
+def _norm(name: str) -> tuple[str, str | None]:
+    """(normalised base name, quantisation implied by a suffix)."""
+    base = name.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    quant = None
+    for suffix, q in sorted(_QUANT_SUFFIXES.items(), key=lambda kv: -len(kv[0])):
+        if base.endswith("-" + suffix):
+            base, quant = base[: -len(suffix) - 1], q
+            break
+    prev = None
+    while prev != base:
+        prev, base = base, _DROP.sub("", base)
+    return base, quant
+
+
+def resolve_model(name: str) -> tuple[str, str | None]:
+    """The bundled model a served name means, and the GEMM quantisation its name implies."""
+    if not name:
+        raise PerfModelError("--perf-model aic needs a model: give MODEL / --served-model-name / "
+                             "--perf-model-path (one of: " + ", ".join(bundled_models()) + ")")
+    models = bundled_models()
+    if name in models:
+        return name, None
+    lowered = {m.lower(): m for m in models}
+    if name.lower() in lowered:
+        return lowered[name.lower()], None
+    base, quant = _norm(name)
+    exact_quant = [m for m in models if _norm(m) == (base, quant)]
+    plain = [m for m in models if _norm(m) == (base, None)]
+    if exact_quant:
+        return exact_quant[0], None
+    if plain:
+        return plain[0], quant
+    raise PerfModelError(f"--perf-model aic: model {name!r} is not one the estimator knows; supported models: "
+                         + ", ".join(models))
+
+
+def check_gpu(gpu: str, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise PerfModelError(f"--perf-backend: {backend!r} is not supported; choose from {', '.join(BACKENDS)}")
+    gpus = supported_gpus(backend)
+    if gpu not in gpus:
+        raise PerfModelError(f"--gpu: {gpu!r} has no measured {backend} data; supported GPUs for {backend}: "
+                             + ", ".join(gpus))

@@ -1,0 +1,155 @@
+"""`--perf-model aic` and its flags, for `serve`, `play` and `simulate`.
+
+The model comes from the served model (MODEL, `--model`, `--served-model-name`, play's
+`--model-name`) unless `--perf-model-path` names it. vLLM's own flags that matter on a GPU
+(`--tensor-parallel-size`, `--gpu-memory-utilization`, `--num-gpu-blocks-override`,
+`--kv-cache-dtype`) are honoured when the perf model is on. Dynamo mocker's spellings are
+accepted as aliases: `--aic-perf-model`/`--ais-perf-model` (a switch), `--aic-system`,
+`--aic-backend`, `--aic-backend-version`, `--aic-tp-size`, `--aic-moe-tp-size`,
+`--aic-moe-ep-size`, `--aic-attention-dp-size`, `--aic-model-path` (and their `--ais-` forms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from ..engine.config import LATENCY_FIELDS, EngineArgs
+from .errors import PerfModelError
+
+logger = logging.getLogger(__name__)
+
+PERF_MODELS = ("none", "aic")
+_IGN = "ignored__"  # serve keeps vLLM's GPU flags under this prefix (http/cli.py)
+_VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not have them yet
+    ("--tensor-parallel-size", "-tp"): ("tensor_parallel_size", int),
+    ("--gpu-memory-utilization",): ("gpu_memory_utilization", float),
+    ("--num-gpu-blocks-override",): ("num_gpu_blocks_override", int),
+    ("--kv-cache-dtype",): ("kv_cache_dtype", str),
+}
+
+
+def _both(flag: str) -> list[str]:
+    return [f"--aic-{flag}", f"--ais-{flag}"]
+
+
+def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = False) -> None:
+    """The perf-model flags; `vllm_gpu_flags` adds vLLM's GPU flags too (play has none of its own)."""
+    g = parser.add_argument_group("GPU perf model (optional extra: pip install 'vllm-vcr[aic]')")
+    g.add_argument("--perf-model", choices=PERF_MODELS, default=None,
+                   help="price every engine step with a GPU perf model: aic = NVIDIA AIConfigurator's "
+                        "measured kernels (step times and KV cache size of --gpu)")
+    g.add_argument(*_both("perf-model"), dest="perf_model_switch", action="store_true", default=False,
+                   help=argparse.SUPPRESS)
+    g.add_argument("--gpu", *_both("system"), dest="perf_gpu", default=None, metavar="GPU",
+                   help="simulated GPU (default h100_sxm): h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...")
+    g.add_argument("--perf-backend", *_both("backend"), dest="perf_backend", default="vllm",
+                   choices=["vllm", "sglang", "trtllm"], help="whose kernels to price (default vllm)")
+    g.add_argument("--perf-backend-version", *_both("backend-version"), dest="perf_backend_version", default=None,
+                   help="the estimator's data version (default: its current one)")
+    g.add_argument("--perf-model-path", *_both("model-path"), dest="perf_model_path", default=None,
+                   help="model to price, if not the served name (e.g. meta-llama/Llama-3.1-8B-Instruct)")
+    g.add_argument(*_both("tp-size"), dest="perf_tp", type=int, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--perf-moe-tp-size", *_both("moe-tp-size"), dest="perf_moe_tp", type=int, default=None)
+    g.add_argument("--perf-moe-ep-size", *_both("moe-ep-size"), dest="perf_moe_ep", type=int, default=None)
+    g.add_argument("--perf-attention-dp-size", *_both("attention-dp-size"), dest="perf_attn_dp", type=int,
+                   default=None)
+    g.add_argument("--perf-quantization", dest="perf_quant", default=None,
+                   help="GEMM precision (fp8, nvfp4, int4_wo, ...); default from the model")
+    g.add_argument("--perf-step-overhead-ms", type=float, default=None,
+                   help="host time added to every step (ms); default: the fitted value (docs/fidelity.md)")
+    kv = parser._option_string_actions.get("--kv-cache-size")
+    parser.set_defaults(_kv_cache_size_default=kv.default if kv is not None else None)
+    if vllm_gpu_flags:
+        for flags, (dest, typ) in _VLLM_GPU_FLAGS.items():
+            if flags[0] not in parser._option_string_actions:
+                g.add_argument(*flags, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
+
+
+def _vllm_flag(ns: argparse.Namespace, dest: str, typ: type) -> Any:
+    """A vLLM GPU flag: ours (play, simulate) or serve's accepted-and-ignored copy, which the
+    perf model consumes (so it is no longer reported as ignored)."""
+    value = getattr(ns, dest, None)
+    if value is None and hasattr(ns, _IGN + dest):
+        value = getattr(ns, _IGN + dest)
+        delattr(ns, _IGN + dest)
+    if value is None:
+        return None
+    try:
+        return typ(value)
+    except ValueError:
+        raise PerfModelError(f"--{dest.replace('_', '-')}: invalid value {value!r}") from None
+
+
+def _served_name(ns: argparse.Namespace) -> str:
+    for attr in ("perf_model_path", "model_opt", "model_tag", "model", "model_name"):
+        v = getattr(ns, attr, None)
+        if v:
+            return v
+    names = getattr(ns, "served_model_name", None)
+    return names[0] if names else ""
+
+
+def _kv_dtype(ns: argparse.Namespace) -> str | None:
+    v = _vllm_flag(ns, "kv_cache_dtype", str)
+    return "fp8" if v and v.startswith("fp8") else None
+
+
+def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
+    """The AicTarget fields the flags select, or None when the perf model is off."""
+    kind = getattr(ns, "perf_model", None) or ("aic" if getattr(ns, "perf_model_switch", False) else "none")
+    if kind == "none":
+        return None
+    from .aic import DEFAULT_STEP_OVERHEAD_MS, AicTarget
+
+    tp = ns.perf_tp or _vllm_flag(ns, "tensor_parallel_size", int) or 1
+    target = AicTarget(
+        model=_served_name(ns), gpu=ns.perf_gpu or "h100_sxm", backend=ns.perf_backend,
+        backend_version=ns.perf_backend_version, tensor_parallel_size=tp,
+        attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
+        gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
+        step_overhead_ms=DEFAULT_STEP_OVERHEAD_MS if ns.perf_step_overhead_ms is None else ns.perf_step_overhead_ms)
+    return target.resolved().to_dict()
+
+
+def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
+    """Turn the perf model on in `args`: compile the estimator now (a bad model/GPU fails at
+    start-up, listing what is supported) and size the KV cache from the GPU unless the user
+    gave a size."""
+    blocks_override = _vllm_flag(ns, "num_gpu_blocks_override", int)  # vLLM's flag: honoured always
+    target = perf_target(ns)
+    if blocks_override is not None:
+        if blocks_override < 1:
+            raise PerfModelError(f"--num-gpu-blocks-override must be >= 1, got {blocks_override}")
+        args.kv_cache_size = blocks_override
+    if target is None:
+        return args
+    if args.latency_trace:
+        raise PerfModelError("--perf-model and --latency-trace both pace the engine; give one")
+    knobs = [f for f in LATENCY_FIELDS[:-1] if getattr(args.config, f)]
+    if knobs:
+        raise PerfModelError("--perf-model prices every step; it cannot be combined with "
+                             + ", ".join("--" + f.replace("_", "-") for f in knobs))
+    from .aic import AicTarget, compile_target, describe
+    from .kv_sizing import estimate_kv_capacity
+
+    util = _vllm_flag(ns, "gpu_memory_utilization", float)
+    t = AicTarget.from_dict(target)
+    compile_target(t)
+    args.perf_model = target
+    if blocks_override is None and not _explicit_kv_size(ns):
+        cap = estimate_kv_capacity(t, block_size=args.tokens_per_block,
+                                   gpu_memory_utilization=0.9 if util is None else util,
+                                   max_num_batched_tokens=args.config.max_num_batched_tokens,
+                                   max_num_seqs=args.config.max_num_seqs)
+        args.kv_cache_size = cap.num_blocks
+        logger.info("perf model: %s; KV cache %d blocks (%d tokens, %d B/token)", describe(t),
+                    cap.num_blocks, cap.tokens, cap.bytes_per_token)
+    return args
+
+
+def _explicit_kv_size(ns: argparse.Namespace) -> bool:
+    """--kv-cache-size given (a value other than its default: 1024, or MOCK_KV_CACHE_SIZE)."""
+    default = getattr(ns, "_kv_cache_size_default", None)
+    return default is not None and str(ns.kv_cache_size) != str(default)

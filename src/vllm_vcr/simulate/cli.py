@@ -1,0 +1,108 @@
+"""`vllm-vcr simulate`: a workload through N simulated engines and a router, offline, on the
+virtual clock; a JSON report and PNG figures."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ..engine_cli import add_engine_args
+from ..perf.cli import add_perf_args
+from .router import ROUTERS
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate", help="run a workload through N simulated engines and a router offline (no HTTP)",
+        description="Simulate a workload (closed loop, Poisson, bursty, a recorded or Mooncake trace) through N "
+                    "engines on the virtual clock with a router in the loop; report TTFT/ITL/TPOT/E2E, "
+                    "throughput, queue and KV usage, preemptions.")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="model name (selects the perf model's model, e.g. meta-llama/Llama-3.1-8B-Instruct)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--arrival", choices=["closed", "poisson", "bursty"], default="closed",
+                   help="closed loop at --concurrency, or open-loop arrivals at --request-rate")
+    w.add_argument("--num-requests", type=int, default=1000)
+    w.add_argument("--concurrency", type=int, default=64, help="closed loop: users sending back to back")
+    w.add_argument("--ramp-up", type=float, default=0.0,
+                   help="closed loop: start the users evenly over this many seconds (0: all at once)")
+    w.add_argument("--request-rate", type=float, default=10.0, help="open loop: requests per second")
+    w.add_argument("--burstiness", type=float, default=4.0,
+                   help="bursty: squared coefficient of variation of the gaps (1 = Poisson)")
+    w.add_argument("--isl", default="1024", help="input length: N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEAN:SD")
+    w.add_argument("--osl", default="256", help="output length (same forms as --isl)")
+    w.add_argument("--num-prefixes", type=int, default=0, help="shared-prefix groups")
+    w.add_argument("--prefix-len", type=int, default=0, help="tokens of each shared prefix")
+    w.add_argument("--trace", default=None, help="replay a trace: vllm-vcr JSONL or Mooncake-style JSONL")
+    w.add_argument("--trace-speedup", type=float, default=1.0, help="divide the trace's arrival times by this")
+    w.add_argument("--workload-seed", type=int, default=0)
+    e = p.add_argument_group("engines")
+    e.add_argument("--router", choices=ROUTERS, default="round_robin")
+    e.add_argument("--max-num-seqs", type=int, default=256)
+    e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--max-model-len", type=int, default=0, help="0: no limit")
+    e.add_argument("--block-size", type=int, default=None)
+    o = p.add_argument_group("output")
+    o.add_argument("-o", "--output-dir", default="simulate-out", help="report.json and PNG figures go here")
+    o.add_argument("--no-figures", action="store_true")
+    o.add_argument("--no-progress", action="store_true")
+    add_engine_args(p)
+    add_perf_args(p, vllm_gpu_flags=True)
+    return p
+
+
+def _workload(args: argparse.Namespace):
+    from .workload import LengthDist, SyntheticWorkload, TraceWorkload
+
+    if args.trace:
+        return TraceWorkload.from_path(args.trace, limit=args.num_requests, speedup=args.trace_speedup)
+    if args.num_requests < 1 or args.concurrency < 1 or args.request_rate <= 0:
+        raise ValueError("--num-requests and --concurrency must be >= 1, --request-rate > 0")
+    return SyntheticWorkload(
+        num_requests=args.num_requests, isl=LengthDist.parse(args.isl, "--isl"),
+        osl=LengthDist.parse(args.osl, "--osl"), arrival=args.arrival, concurrency=args.concurrency, ramp_up=args.ramp_up,
+        request_rate=args.request_rate, burstiness=args.burstiness, num_prefixes=args.num_prefixes,
+        prefix_len=args.prefix_len, seed=args.workload_seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine_cli import engine_args_from_cli
+    from ..engine.config import ConfigError
+    from .runner import run_simulation
+
+    try:
+        eargs = engine_args_from_cli(args, advertised_max_model_len=args.max_model_len or 1 << 20)
+        workload = _workload(args)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"vllm-vcr simulate: error: {e}", file=sys.stderr)
+        return 2
+    report = run_simulation(eargs, workload, engines=args.engine_count, router=args.router,
+                            concurrency=args.concurrency, out_dir=Path(args.output_dir),
+                            figures=not args.no_figures, progress=not args.no_progress)
+    _print_summary(report, Path(args.output_dir))
+    return 0
+
+
+def _print_summary(report: dict, out_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report['requests']} requests, {report['meta'].get('title', '')}")
+    table.add_column("ms")
+    for q in ("mean", "p50", "p90", "p99"):
+        table.add_column(q, justify="right")
+    for key, stats in report["latency_ms"].items():
+        if stats:
+            table.add_row(key.upper(), *(f"{stats[q]:.1f}" for q in ("mean", "p50", "p90", "p99")))
+    console = Console(stderr=False)
+    console.print(table)
+    th = report["throughput"]
+    console.print(f"throughput {th['output_tokens_per_s']:.0f} output tok/s, {th['requests_per_s']:.2f} req/s over "
+                  f"{th['duration_s']:.1f} s simulated; preemptions {report['preemptions']['total']}; "
+                  f"prefix-cache hit rate {report['prefix_cache_hit_rate']:.1%}")
+    console.print(f"simulated in {report['wall_s']:.2f} s wall ({report['simulated_requests_per_wall_s'] or 0:.0f} "
+                  f"requests/s); report: {out_dir / 'report.json'}")

@@ -1,0 +1,176 @@
+"""The discrete-event driver: a workload through N EngineCores on one VirtualClock, a router in
+the loop, no HTTP.
+
+The engines are the same `EngineCore` that `serve` and `play` run (same scheduler, KV cache,
+prefix cache, preemption and step timing); only the clock is virtual, so time jumps from one
+event (an arrival, a step's end) to the next. Each turn: find the earliest event, move the clock
+there, hand the requests due by then to the router and their engines, and let every engine run
+whatever is due at that instant.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..engine.clock import VirtualClock
+from ..engine.config import EngineArgs
+from ..engine.core import EngineCore
+from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from ..replay.inputs import engine_inputs
+from .router import Router
+from .workload import SimRequest
+
+START = 1000.0  # the virtual clock's origin (seconds); reported times are relative to it
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    engine: int
+    prompt_len: int
+    max_tokens: int
+    arrival: float
+    first: float = math.nan
+    end: float = math.nan
+    last: float = math.nan
+    num_out: int = 0
+    cached: int = 0
+    finish: str = ""
+    gaps: array = field(default_factory=lambda: array("d"))
+
+
+@dataclass
+class Timeline:
+    """Per-engine samples at every step that reported scheduler stats."""
+
+    t: array = field(default_factory=lambda: array("d"))
+    engine: array = field(default_factory=lambda: array("i"))
+    running: array = field(default_factory=lambda: array("i"))
+    waiting: array = field(default_factory=lambda: array("i"))
+    kv_usage: array = field(default_factory=lambda: array("d"))
+    preemptions: list[int] = field(default_factory=list)  # per engine
+    steps: list[int] = field(default_factory=list)  # per engine: its step counter
+
+
+class Simulation:
+    def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
+                 *, concurrency: int = 0, progress: Callable[[int], None] | None = None) -> None:
+        self.clock = VirtualClock(START)
+        self.args = args
+        self.router = router
+        self.workload = workload
+        self.concurrency = concurrency
+        self.records: dict[str, RequestRecord] = {}
+        self.done: list[RequestRecord] = []
+        self.timeline = Timeline()
+        self.timeline.preemptions = [0] * num_engines
+        self.timeline.steps = [0] * num_engines
+        self._progress = progress
+        inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
+        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i), **inputs)
+                      for i in range(num_engines)]
+        self._arrivals: list[tuple[float, int, SimRequest]] = []
+        self._seq = 0
+        self.wall_s = 0.0
+
+    # --- outputs ---------------------------------------------------------------------------------
+    def _sink(self, engine: int):
+        def sink(client: int, outs: EngineCoreOutputs) -> None:
+            self._on_outputs(engine, outs)
+        return sink
+
+    def _on_outputs(self, engine: int, outs: EngineCoreOutputs) -> None:
+        t = outs.timestamp
+        stats = outs.scheduler_stats
+        if stats is not None:
+            tl = self.timeline
+            tl.t.append(t - START)
+            tl.engine.append(engine)
+            tl.running.append(stats.num_running_reqs)
+            tl.waiting.append(stats.num_waiting_reqs)
+            tl.kv_usage.append(stats.kv_cache_usage)
+            tl.preemptions[engine] += stats.num_preemptions
+            tl.steps[engine] = stats.step_counter
+        for o in outs.outputs:
+            rec = self.records.get(o.request_id)
+            if rec is None:
+                continue
+            n = len(o.new_token_ids)
+            if n:
+                if rec.num_out == 0:
+                    rec.first = t
+                    if o.prefill_stats is not None:
+                        rec.cached = getattr(o.prefill_stats, "num_cached_tokens", 0) or 0
+                else:
+                    gap = (t - rec.last) / n
+                    for _ in range(n):
+                        rec.gaps.append(gap)
+                rec.num_out += n
+                rec.last = t
+            if o.finish_reason is not None:
+                self._finish(rec, t, o.finish_reason)
+
+    def _finish(self, rec: RequestRecord, t: float, reason) -> None:
+        rec.end = t
+        rec.finish = getattr(reason, "name", str(reason)).lower()
+        del self.records[rec.request_id]
+        self.done.append(rec)
+        self.router.on_finish(rec.engine, rec.prompt_len, rec.max_tokens)
+        if self.workload.closed_loop:
+            nxt = self.workload.next_closed()
+            if nxt is not None:
+                self._push(t, nxt)
+        if self._progress is not None:
+            self._progress(len(self.done))
+
+    # --- arrivals --------------------------------------------------------------------------------
+    def _push(self, t: float, req: SimRequest) -> None:
+        self._seq += 1
+        heapq.heappush(self._arrivals, (t, self._seq, req))
+
+    def _deliver(self, req: SimRequest, now: float) -> None:
+        engine = self.router.route(req.prompt)
+        self.router.on_start(engine, req.prompt, req.max_tokens)
+        self.records[req.request_id] = RequestRecord(req.request_id, engine, len(req.prompt), req.max_tokens, now)
+        sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True)
+        self.cores[engine].add_request(EngineCoreRequest(
+            request_id=req.request_id, prompt_token_ids=req.prompt, sampling_params=sp, arrival_time=now))
+
+    # --- the loop --------------------------------------------------------------------------------
+    def run(self) -> "Simulation":
+        wall = time.perf_counter()
+        if self.workload.closed_loop:
+            users = max(self.concurrency, 1)
+            ramp = getattr(self.workload, "ramp_up", 0.0)
+            for i in range(users):
+                req = self.workload.next_closed()
+                if req is None:
+                    break
+                self._push(START + ramp * i / users, req)
+        else:
+            for req in self.workload.open_arrivals():
+                self._push(START + req.arrival, req)
+        clock, cores, arrivals = self.clock, self.cores, self._arrivals
+        while True:
+            t = arrivals[0][0] if arrivals else math.inf
+            for core in cores:
+                w = core.next_wake()
+                if w is not None and w < t:
+                    t = w
+            if t == math.inf:
+                break
+            clock.advance_to(t)
+            now = clock.now()
+            while arrivals and arrivals[0][0] <= now:
+                self._deliver(heapq.heappop(arrivals)[2], now)
+            for core in cores:
+                w = core.next_wake()
+                if w is not None and w <= now:
+                    core.run_until_idle(until=now)
+        self.wall_s = time.perf_counter() - wall
+        return self

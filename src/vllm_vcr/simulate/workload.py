@@ -1,0 +1,209 @@
+"""Workloads for `vllm-vcr simulate`: what arrives, when, with which prompt and output length.
+
+Open-loop workloads give every request an arrival time (Poisson; bursty: gamma-distributed gaps
+with a coefficient of variation above 1; a recorded trace; a Mooncake-style trace). A
+closed-loop workload has no arrival times: `concurrency` users each send their next request
+when the previous one finishes (the driver asks `next_closed()`).
+
+Prompts are token ids. Requests of one shared-prefix group start with the same prefix; a
+Mooncake trace's `hash_ids` (one per 512-token block) become the same token blocks wherever the
+same id appears, so its prefix reuse reaches the engines' prefix caches as it was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+MOONCAKE_BLOCK = 512  # tokens per hash id in Mooncake traces
+_VOCAB = 30000  # prompt token ids are drawn from [1, _VOCAB]
+
+
+@dataclass(slots=True)
+class SimRequest:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    arrival: float | None = None  # seconds after the start; None: closed loop (sent when a user is free)
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """`N` | `uniform:LO:HI` | `normal:MEAN:SD` | `lognormal:MEAN:SD` | `exp:MEAN` (tokens, >= 1)."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str, flag: str) -> "LengthDist":
+        parts = str(text).split(":")
+        try:
+            if len(parts) == 1:
+                return cls("fixed", float(int(parts[0])))
+            kind, *nums = parts
+            vals = [float(x) for x in nums]
+        except ValueError:
+            raise ValueError(f"{flag}: cannot parse {text!r}; use N, uniform:LO:HI, normal:MEAN:SD, "
+                             f"lognormal:MEAN:SD or exp:MEAN") from None
+        need = {"uniform": 2, "normal": 2, "lognormal": 2, "exp": 1}
+        if kind not in need or len(vals) != need[kind]:
+            raise ValueError(f"{flag}: unknown distribution {text!r}; use N, uniform:LO:HI, normal:MEAN:SD, "
+                             f"lognormal:MEAN:SD or exp:MEAN")
+        return cls(kind, *vals)
+
+    def draw(self, rng: random.Random) -> int:
+        k = self.kind
+        if k == "fixed":
+            v = self.a
+        elif k == "uniform":
+            v = rng.uniform(self.a, self.b)
+        elif k == "normal":
+            v = rng.gauss(self.a, self.b)
+        elif k == "exp":
+            v = rng.expovariate(1 / self.a)
+        else:  # lognormal with the given mean and standard deviation of the length itself
+            s2 = math.log(1 + (self.b / self.a) ** 2)
+            v = rng.lognormvariate(math.log(self.a) - s2 / 2, math.sqrt(s2))
+        return max(int(round(v)), 1)
+
+
+@dataclass
+class SyntheticWorkload:
+    """Poisson / bursty / closed-loop requests with drawn lengths and optional shared prefixes."""
+
+    num_requests: int
+    isl: LengthDist
+    osl: LengthDist
+    arrival: str = "closed"  # closed | poisson | bursty
+    concurrency: int = 1  # closed loop
+    ramp_up: float = 0.0  # closed loop: users start evenly over this many seconds (steady state sooner)
+    request_rate: float = 1.0  # poisson / bursty, requests per second
+    burstiness: float = 4.0  # bursty: squared coefficient of variation of the gaps (1 = Poisson)
+    num_prefixes: int = 0  # shared-prefix groups (0: none)
+    prefix_len: int = 0  # tokens of the shared prefix (part of the drawn ISL when it fits)
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+    _made: int = field(init=False, default=0)
+    _t: float = field(init=False, default=0.0)
+    _prefixes: list[list[int]] = field(init=False, default_factory=list)
+    _np: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._np = np.random.default_rng(self.seed)
+        self._prefixes = [_block_tokens(-(self.seed + 1) * 1000 - g, self.prefix_len)
+                          for g in range(self.num_prefixes)]
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.arrival == "closed"
+
+    def _make(self, arrival: float | None) -> SimRequest:
+        rng = self._rng
+        isl = self.isl.draw(rng)
+        prompt: list[int] = []
+        if self._prefixes:
+            prompt = list(self._prefixes[rng.randrange(len(self._prefixes))][:max(isl - 1, 0)])
+        prompt.extend(self._np.integers(1, _VOCAB + 1, size=isl - len(prompt)).tolist())
+        i = self._made
+        self._made += 1
+        return SimRequest(f"sim-{i}", prompt, self.osl.draw(rng), arrival)
+
+    def open_arrivals(self) -> Iterator[SimRequest]:
+        """Requests in arrival order (open loop)."""
+        rng = self._rng
+        shape = 1.0 / self.burstiness if self.arrival == "bursty" else 1.0
+        while self._made < self.num_requests:
+            # gamma gaps with mean 1/rate; shape 1 is Poisson, shape < 1 clusters arrivals
+            self._t += rng.gammavariate(shape, 1.0 / (shape * self.request_rate))
+            yield self._make(self._t)
+
+    def next_closed(self) -> SimRequest | None:
+        return self._make(None) if self._made < self.num_requests else None
+
+
+class TraceWorkload:
+    """A recorded trace (vllm-vcr JSONL: arrival_ms, prompt_tokens, output_tokens, block_hashes)
+    or a Mooncake-style trace (timestamp ms, input_length, output_length, hash_ids)."""
+
+    closed_loop = False
+
+    def __init__(self, requests: list[SimRequest]) -> None:
+        self.requests = requests
+        self.num_requests = len(requests)
+
+    @classmethod
+    def from_path(cls, path: str, *, limit: int | None = None, speedup: float = 1.0,
+                  block_size: int = 16) -> "TraceWorkload":
+        rows = list(_read_rows(path, limit))
+        if not rows:
+            raise ValueError(f"--trace {path}: no requests")
+        if "input_length" in rows[0]:
+            reqs = [_mooncake_request(i, r) for i, r in enumerate(rows)]
+        else:
+            reqs = [_recorded_request(i, r, block_size) for i, r in enumerate(rows)]
+        t0 = min(r.arrival for r in reqs)
+        for r in reqs:
+            r.arrival = (r.arrival - t0) / speedup
+        reqs.sort(key=lambda r: r.arrival)
+        return cls(reqs)
+
+    def open_arrivals(self) -> Iterator[SimRequest]:
+        return iter(self.requests)
+
+    def next_closed(self) -> SimRequest | None:
+        return None
+
+
+def _read_rows(path: str, limit: int | None) -> Iterator[dict]:
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    n = 0
+    with opener(path, "rt") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            row = json.loads(line)
+            if "meta" in row and "prompt_tokens" not in row and "input_length" not in row:
+                continue  # a vllm-vcr trace header
+            yield row
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+
+def _block_tokens(key: int, n: int) -> list[int]:
+    """The same `n` token ids for the same block key, everywhere."""
+    return np.random.default_rng(abs(key) * 2 + (key < 0)).integers(1, _VOCAB + 1, size=n).tolist()
+
+
+def _mooncake_request(i: int, row: dict) -> SimRequest:
+    isl = max(int(row["input_length"]), 1)
+    prompt: list[int] = []
+    for h in row.get("hash_ids") or []:
+        prompt.extend(_block_tokens(int(h), MOONCAKE_BLOCK))
+        if len(prompt) >= isl:
+            break
+    prompt = prompt[:isl]
+    prompt.extend(_block_tokens(-(i + 1), isl - len(prompt)))
+    return SimRequest(f"trace-{i}", prompt, max(int(row["output_length"]), 1), float(row["timestamp"]) / 1000)
+
+
+def _recorded_request(i: int, row: dict, block_size: int) -> SimRequest:
+    isl = max(int(row["prompt_tokens"]), 1)
+    prompt: list[int] = []
+    for h in row.get("block_hashes") or []:
+        prompt.extend(_block_tokens(int(h) & 0xFFFFFFFFFFFF, block_size))
+    prompt = prompt[:isl]
+    prompt.extend(_block_tokens(-(i + 1), isl - len(prompt)))
+    arrival = row.get("arrival_ms")
+    return SimRequest(f"trace-{i}", prompt, max(int(row.get("output_tokens") or 1), 1),
+                      float(arrival if arrival is not None else i) / 1000)

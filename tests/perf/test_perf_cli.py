@@ -1,0 +1,108 @@
+"""`--perf-model aic` through the command lines: serve (a real server and client), play's flags,
+the KV size vLLM would get, clear errors."""
+
+from __future__ import annotations
+
+import importlib
+
+import httpx
+import pytest
+
+from vllm_vcr.cli import build_parser
+from vllm_vcr.engine_cli import engine_args_from_cli
+from vllm_vcr.perf.errors import PerfModelError
+
+from .conftest import LLAMA_8B, needs_aic
+
+
+def _engine_args(*argv: str):
+    parser, _ = build_parser()
+    return engine_args_from_cli(parser.parse_args(list(argv)))
+
+
+def test_missing_extra_says_how_to_install_it(monkeypatch):
+    from vllm_vcr.perf import catalog
+
+    real = importlib.import_module
+
+    def no_aic(name, *a, **kw):
+        if name == "aiconfigurator_core":
+            raise ImportError("No module named 'aiconfigurator_core'")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(catalog.importlib, "import_module", no_aic)
+    with pytest.raises(PerfModelError, match=r"pip install 'vllm-vcr\[aic\]'"):
+        _engine_args("serve", LLAMA_8B, "--perf-model", "aic")
+
+
+def test_without_the_perf_model_the_gpu_flags_stay_ignored():
+    args = _engine_args("serve", LLAMA_8B, "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.5")
+    assert args.perf_model is None and args.kv_cache_size == 1024
+
+
+@needs_aic
+def test_kv_cache_is_sized_from_the_gpu_as_vllm_would():
+    from vllm_vcr.perf.aic import AicTarget
+    from vllm_vcr.perf.kv_sizing import estimate_kv_capacity
+
+    base = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--gpu", "h100_sxm")
+    cap = estimate_kv_capacity(AicTarget(LLAMA_8B, "h100_sxm"), block_size=16, gpu_memory_utilization=0.9,
+                               max_num_batched_tokens=base.config.max_num_batched_tokens,
+                               max_num_seqs=base.config.max_num_seqs)
+    assert base.kv_cache_size == cap.num_blocks
+    # 80 GiB × 0.9 less 16 GB of bf16 weights and the runtime: ~400k tokens of 128 KiB
+    assert 350_000 < cap.tokens < 500_000 and cap.bytes_per_token == 128 * 1024
+    half = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--gpu-memory-utilization", "0.5")
+    tp2 = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "-tp", "2")
+    assert half.kv_cache_size < base.kv_cache_size < tp2.kv_cache_size
+    fixed = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--num-gpu-blocks-override", "777")
+    assert fixed.kv_cache_size == 777
+
+
+@needs_aic
+def test_dynamo_mocker_flag_names_are_aliases():
+    a = _engine_args("serve", "--aic-perf-model", "--aic-model-path", LLAMA_8B, "--aic-system", "h200_sxm",
+                     "--aic-tp-size", "2", "--aic-backend", "vllm")
+    assert a.perf_model["gpu"] == "h200_sxm" and a.perf_model["tensor_parallel_size"] == 2
+    assert a.perf_model["model"] == "meta-llama/Meta-Llama-3.1-8B"
+
+
+@needs_aic
+def test_play_takes_the_same_flags():
+    a = _engine_args("play", "--model-name", LLAMA_8B, "--perf-model", "aic", "--gpu", "a100_sxm",
+                     "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.8")
+    assert a.perf_model["gpu"] == "a100_sxm" and a.perf_model["tensor_parallel_size"] == 2
+    assert a.kv_cache_size > 1024
+
+
+@needs_aic
+@pytest.mark.parametrize("argv, says", [
+    (("--gpu", "h999"), "supported GPUs for vllm: a100_sxm"),
+    (("--perf-model-path", "acme/NoSuchModel-7B"), "supported models:"),
+    (("--time-to-first-token", "100"), "cannot be combined with --time-to-first-token"),
+])
+def test_unsupported_choices_are_clear_cli_errors(argv, says, capsys):
+    from vllm_vcr.cli import main
+
+    assert main(["serve", LLAMA_8B, "--perf-model", "aic", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+@needs_aic
+def test_serve_paces_with_the_perf_model_and_refuses_latency_patches(serve_process, serve_harness):
+    from openai import OpenAI
+
+    control = f"127.0.0.1:{serve_harness.free_port()}"
+    srv = serve_process(LLAMA_8B, "--perf-model", "aic", "--gpu", "h100_sxm", "--time-scale", "10",
+                        "--control-address", control, wait=False).wait_ready(90)
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none")
+    stream = client.completions.create(model=LLAMA_8B, prompt="hello " * 200, max_tokens=8, stream=True)
+    chunks = [c for c in stream if c.choices and c.choices[0].text]
+    assert chunks
+    r = httpx.patch(f"http://{control}/config", json={"inter_token_latency": 5})
+    assert r.status_code == 409, r.text
+    assert httpx.patch(f"http://{control}/config", json={"max_num_seqs": 64}).status_code == 200
+    metrics = httpx.get(srv.url + "/metrics").text
+    line = next(x for x in metrics.splitlines() if x.startswith("vllm:cache_config_info"))
+    blocks = int(line.split('num_gpu_blocks="')[1].split('"')[0])
+    assert blocks > 20_000
