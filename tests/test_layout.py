@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 ENGINE = "vllm_vcr.engine"
 # what engine/ must not import: the adapters and the trace tools built on top of it
-NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "cli", "trace", "record", "replay", "inspect")
+NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "fpm", "cli", "trace", "record", "replay", "inspect")
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -76,6 +76,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds of simulated model loading before the engine serves")
     g.add_argument("--startup-failure", default=None, metavar="MESSAGE",
                    help="after --startup-time, fail model loading with MESSAGE (for orchestration tests)")
+    g.add_argument("--engine-type", choices=["vllm", "sglang"], default="vllm",
+                   help="the engine simulated: sglang serves SGLang's metric names (sglang:*), its HTTP routes "
+                        "(/generate, /get_model_info, /health_generate, /flush_cache) and P/D handoff order")
+    g.add_argument("--forward-pass-metrics-port", type=int, default=None, metavar="PORT",
+                   help="publish one forward-pass-metrics record per engine step on a ZMQ PUB socket, "
+                        "engine (DP rank) i on PORT+i (Dynamo's FPM schema); off unless given")
+    g.add_argument("--forward-pass-metrics-trace", default=None, metavar="PATH",
+                   help="also write every forward-pass-metrics record to a trace (`{\"fpm\": ...}` lines)")
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--worker-type", choices=["aggregated", "prefill", "decode"], default="aggregated",
                     help="prefill workers finish after the first token and hold KV for the decode side")
@@ -149,6 +157,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         response_replay_trace=ns.response_replay_trace,
         reasoning=ns.reasoning,
         worker_type=ns.worker_type,
+        engine_type=getattr(ns, "engine_type", None) or "vllm",
         kv_bytes_per_token=int(ns.kv_bytes_per_token),
         kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
         kv_hold_timeout=float(ns.kv_hold_timeout),

@@ -19,9 +19,10 @@ async def collect(engine, r):
     return [o async for o in engine.generate(r)]
 
 
-@pytest.fixture
-async def engine():
-    e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=0.5, log_requests=False)), engine_count=2)
+@pytest.fixture(params=["vllm", "sglang"])
+async def engine(request):
+    e = AsyncEngine(EngineArgs(config=EngineConfig(inter_token_latency=0.5, log_requests=False),
+                               engine_type=request.param), engine_count=2)
     await e.start()
     yield e
     await e.stop(0)

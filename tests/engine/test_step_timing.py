@@ -74,7 +74,7 @@ def test_a_step_emits_every_token_of_its_batch_at_its_end():
     # step 1: both prefills (50 tokens): 10 + 5 ms; then two decodes per step: 12 ms each
     first = round(0.015, 9)
     assert h.times("a") == h.times("b") == [first, round(first + 0.012, 9), round(first + 0.024, 9)]
-    assert h.model.batches[0] == StepBatch(0, 50, 2, 2, 0, after_idle=True)
+    assert h.model.batches[0] == StepBatch(0, 50, 2, 2, 0, after_idle=True, prefill_chunk_lens=(20, 30))
     assert h.model.batches[1].num_decodes == 2 and not h.model.batches[1].after_idle
     # one output batch per step, holding both requests
     assert [len(b.outputs) for b in h.batches] == [2, 2, 2]

@@ -56,12 +56,14 @@ def test_requests_replay_their_planned_tokens(harness, tmp_path, caplog):
     assert "not found" in caplog.text
 
 
-def test_prefill_worker_replays_only_the_first_planned_token(harness, tmp_path):
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+@pytest.mark.parametrize("worker_type,expected", [("prefill", [5]), ("aggregated", [5, 6, 7])])
+def test_prefill_worker_replays_only_the_first_planned_token(harness, tmp_path, engine_type, worker_type, expected):
     p = write(tmp_path, [{"request_id": "k", "output_length": 3, "output_token_ids": [5, 6, 7]}])
-    h = harness(response_replay_trace=str(p), worker_type="prefill")
+    h = harness(response_replay_trace=str(p), worker_type=worker_type, engine_type=engine_type)
     h.add_req(replay_req("a", "k"))
     h.run()
-    assert h.tokens("a") == [5]
+    assert h.tokens("a") == expected
 
 
 def test_replay_without_a_table_warns_and_generates(harness, caplog):

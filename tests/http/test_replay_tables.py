@@ -28,8 +28,9 @@ def completion(sp, headers=None, **body):
     return r.json()["choices"][0]
 
 
-def test_rows_are_selected_by_header_or_vllm_xargs(serve_process, table):
-    sp = serve_process("--response-replay-trace", str(table))
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+def test_rows_are_selected_by_header_or_vllm_xargs(serve_process, table, engine_type):
+    sp = serve_process("--response-replay-trace", str(table), "--engine-type", engine_type)
     by_header = completion(sp, {"X-Output-Replay-Id": "greeting"})
     assert by_header["token_ids"] == [40, 41, 42, 43] and by_header["finish_reason"] == "length"
     by_xargs = completion(sp, vllm_xargs={"output_replay_id": "chat:1"})
@@ -39,10 +40,11 @@ def test_rows_are_selected_by_header_or_vllm_xargs(serve_process, table):
     assert "not found" in sp.log()
 
 
-def test_streaming_chat_replays_the_row(serve_process, table):
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+def test_streaming_chat_replays_the_row(serve_process, table, engine_type):
     from openai import OpenAI
 
-    sp = serve_process("--response-replay-trace", str(table))
+    sp = serve_process("--response-replay-trace", str(table), "--engine-type", engine_type)
     client = OpenAI(base_url=sp.url + "/v1", api_key="x")
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                             stream=True, extra_headers={"X-Output-Replay-Id": "chat:0"},

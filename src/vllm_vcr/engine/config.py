@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+ENGINE_TYPES = ("vllm", "sglang")
+
 LATENCY_FIELDS = (
     "time_to_first_token",
     "time_to_first_token_std_dev",
@@ -117,6 +119,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix
     reasoning: str | None = None  # "START_ID,END_ID,RATIO"
+    # which engine is simulated: its metric names, HTTP routes, P/D handoff order (and perf data)
+    engine_type: str = "vllm"  # vllm | sglang
     # prefill/decode disaggregation
     worker_type: str = "aggregated"  # aggregated | prefill | decode
     kv_bytes_per_token: int = 131072
@@ -152,6 +156,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.mode not in ("random", "echo"):
             raise ConfigError(f"--mode must be random or echo, got {self.mode!r}")
+        if self.engine_type not in ENGINE_TYPES:
+            raise ConfigError(f"--engine-type must be one of {', '.join(ENGINE_TYPES)}, got {self.engine_type!r}")
         if self.worker_type not in ("aggregated", "prefill", "decode"):
             raise ConfigError(f"--worker-type must be aggregated, prefill or decode, got {self.worker_type!r}")
         if self.kv_transfer_bandwidth <= 0:

@@ -34,6 +34,7 @@ from .latency import KnobLatency, LatencyModel, StepRecord
 from .lifecycle import EngineLifecycle
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
+from .policy import policy_for
 from .request import Request, RequestStatus
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
@@ -76,7 +77,7 @@ class EngineCore(EngineControls):
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
         self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
-                                   args.long_prefill_token_threshold)
+                                   args.long_prefill_token_threshold, policy_for(args.engine_type))
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
@@ -147,6 +148,11 @@ class EngineCore(EngineControls):
     def kv_ready(self, request_id: str, error: str | None = None) -> None:
         """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
         self.inbox.post(("kv_ready", request_id, error))
+
+    def destination_joined(self, request_id: str, error: str | None = None) -> None:
+        """A destination-first prefill's decoder joined its room (it may be scheduled now), or the
+        handoff failed with `error` before it did."""
+        self._post(("destination_joined", request_id, error))
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.inbox.post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
@@ -276,6 +282,11 @@ class EngineCore(EngineControls):
                 self.finish_requests(list(self.requests), finished, outputs)
             elif kind == "release_kv":
                 freed = self.kv_transfer.release_hold(msg[1]) or freed
+            elif kind == "destination_joined":
+                if msg[2] is not None:
+                    self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))
+                else:
+                    self.scheduler.destination_joined(msg[1])
             elif kind == "kv_ready":
                 if self.kv_transfer.kv_ready(msg[1], msg[2], self.clock.now()):
                     self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))

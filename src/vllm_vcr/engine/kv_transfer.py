@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from .policy import HandoffOrder
 from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -177,9 +178,13 @@ class KVTransfer:
         if self._handoff is None:
             return "source handoff manager is not initialized" if wt == "prefill" else \
                 "bootstrap client is not initialized"
+        destination_first = wt == "prefill" and \
+            self._core.scheduler.engine_policy.handoff_order is HandoffOrder.DESTINATION_FIRST
         err = self._handoff.arrived(self._core, req.request_id, params)
         if err is not None:
             return err
+        if destination_first:
+            req.status = RequestStatus.BOOTSTRAPPING  # queued once `EngineCore.destination_joined`
         self.handoffs.add(req.request_id)
         if wt == "decode":
             req.remote_prefill = params

@@ -17,6 +17,7 @@ class RequestStatus(enum.IntEnum):
     RUNNING = 1
     PREEMPTED = 2
     FINISHED = 3
+    BOOTSTRAPPING = 4  # a destination-first prefill waiting for its decoder (not queued yet)
 
 
 class Request:

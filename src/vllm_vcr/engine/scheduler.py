@@ -18,25 +18,29 @@ from typing import Callable
 
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
+from .policy import VLLMPolicy
 from .request import Request, RequestStatus
 from .lora import admissible
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
 PREFILL, DECODE, TRANSFER = 0, 1, 2
+Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
 DUE_SLACK = 0.0002
 
 
 class Scheduler:
     def __init__(self, config_ref: Callable[[], EngineConfig], kv: KVCacheManager, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0) -> None:
+                 long_prefill_token_threshold: int = 0, engine_policy: VLLMPolicy | None = None) -> None:
         self._config = config_ref
         self.kv = kv
         self.policy = policy
+        self.engine_policy = engine_policy or VLLMPolicy()  # the engine type's scheduling decisions
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefilling: list[Request] = []  # running requests that were given a prefill chunk
+        self.bootstrapping: dict[str, Request] = {}  # destination-first prefills waiting for their decoder
         self.decode_heap: list[tuple[float, int, int, Request]] = []
         self.prefix_stats = PrefixCacheStats()
         self.num_preemptions = 0  # since the last stats report
@@ -52,7 +56,19 @@ class Scheduler:
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
+        if req.status is RequestStatus.BOOTSTRAPPING:
+            self.bootstrapping[req.request_id] = req
+        else:
+            self.waiting.append(req)
+
+    def destination_joined(self, request_id: str) -> bool:
+        """A destination-first prefill's decoder has joined: it is queued now (False: not parked)."""
+        req = self.bootstrapping.pop(request_id, None)
+        if req is None:
+            return False
+        req.status = RequestStatus.WAITING
         self.waiting.append(req)
+        return True
 
     def push_decode(self, req: Request, due: float) -> None:
         req.next_due = due
@@ -92,6 +108,8 @@ class Scheduler:
             self.num_skipped_waiting = 0  # its adapter may have left the batch: retry the deferred
         elif req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(req)
+        elif req.status is RequestStatus.BOOTSTRAPPING:
+            self.bootstrapping.pop(req.request_id, None)
         req.heap_gen += 1
         if free_blocks:
             self.kv.free(req)
@@ -99,22 +117,35 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------
     def schedule(self, now: float) -> list[tuple[Request, int, int]]:
-        """This step's work: (request, tokens, PREFILL | DECODE | TRANSFER), running requests first."""
-        scheduled: list[tuple[Request, int, int]] = []
+        """The step's batch. The engine policy decides its composition: vLLM runs due decodes, then
+        prefill chunks, then admissions; SGLang runs prefills and admissions alone when there are
+        any, and decodes only in a step without them."""
+        policy = self.engine_policy
+        policy.on_step()
+        budget = self._config().max_num_batched_tokens
         preemptions_before = self.total_preemptions
-        cfg = self._config()
-        budget = self._schedule_running(now, cfg.max_num_batched_tokens, scheduled)
+        if policy.extend_first:
+            scheduled, budget = self._schedule_prefills([], budget, now)
+            if self.total_preemptions == preemptions_before and self.waiting and not self.paused_new:
+                scheduled, budget = self._schedule_waiting(scheduled, budget, now)
+            if scheduled:
+                return scheduled
+            return self._schedule_decodes([], budget, now)[0]
+        scheduled, budget = self._schedule_running([], budget, now)
         if self.total_preemptions != preemptions_before:
             # victims may have been scheduled earlier in this step; their blocks are gone
             return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]  # no admissions, as vLLM
-        if self.waiting and not self.paused_new:  # paused (vLLM's PAUSED_NEW): new requests queue
-            self._schedule_waiting(now, budget, cfg.max_num_seqs, scheduled)
-        return scheduled
+        if not self.waiting or self.paused_new:  # paused (vLLM's PAUSED_NEW): new requests queue
+            return scheduled
+        return self._schedule_waiting(scheduled, budget, now)[0]
 
-    def _schedule_running(self, now: float, budget: int, scheduled: list[tuple[Request, int, int]]) -> int:
-        """Running requests: due decodes (earliest deadline first), then unfinished prefills
-        (admission order). Returns the token budget left."""
-        threshold = self.long_prefill_token_threshold
+    def _schedule_running(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests: due decodes (earliest deadline first), then unfinished prefills."""
+        scheduled, budget = self._schedule_decodes(scheduled, budget, now)
+        return self._schedule_prefills(scheduled, budget, now)
+
+    def _schedule_decodes(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests whose next token is due (earliest first)."""
         heap = self.decode_heap
         horizon = now + DUE_SLACK
         block_size = self.kv.block_size
@@ -132,7 +163,12 @@ class Scheduler:
                 continue
             scheduled.append((req, need, DECODE))
             budget -= need or 1
+        return scheduled, budget
 
+    def _schedule_prefills(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Running requests still in prefill (admission order), chunked by the budget."""
+        running_status = RequestStatus.RUNNING
+        threshold = self.long_prefill_token_threshold
         if self.prefilling:
             self.prefilling = [r for r in self.prefilling if r.status is running_status and r.is_prefilling]
         for req in list(self.prefilling):
@@ -140,33 +176,34 @@ class Scheduler:
                 break
             if req.status is not running_status:
                 continue
-            n = min(req.prefill_target - req.num_computed_tokens, budget)
+            n = self.engine_policy.chunk(req.prefill_target - req.num_computed_tokens, budget, self.kv.block_size)
             if threshold > 0:
                 n = min(n, threshold)
-            if not self._allocate_or_preempt(req, n, now):
+            if n <= 0 or not self._allocate_or_preempt(req, n, now):
                 continue
             scheduled.append((req, n, PREFILL))
             budget -= n
-        return budget
+        return scheduled, budget
 
-    def _schedule_waiting(self, now: float, budget: int, max_num_seqs: int,
-                          scheduled: list[tuple[Request, int, int]]) -> None:
-        """Admit waiting requests (policy order) while the budget, `max_num_seqs` and free blocks
+    def _schedule_waiting(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
+        """Admit waiting requests while the budget, `max_num_seqs`, the KV pool and the policy
         allow. A request whose adapter would exceed max_loras is skipped and keeps its place in
         the queue, as vLLM's scheduler does."""
         loras = {r.lora_id for r in self.running if r.lora_id} if self.max_loras else None
         skipped: list[Request] = []
         try:
-            self._admit(now, budget, max_num_seqs, scheduled, loras, skipped)
+            return self._admit(scheduled, budget, now, loras, skipped)
         finally:
             if skipped:
                 self.waiting.extendleft(reversed(skipped))
             self.num_skipped_waiting = len(skipped)
 
-    def _admit(self, now: float, budget: int, max_num_seqs: int, scheduled: list,
-               loras: set[int] | None, skipped: list[Request]) -> None:
-        threshold = self.long_prefill_token_threshold
+    def _admit(self, scheduled: Scheduled, budget: int, now: float, loras: set[int] | None,
+               skipped: list[Request]) -> tuple[Scheduled, int]:
         kv = self.kv
+        threshold = self.long_prefill_token_threshold
+        policy = self.engine_policy
+        max_num_seqs = self._config().max_num_seqs
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             req = self._peek_waiting()
             if loras is not None and not admissible(req.lora_id, loras, self.max_loras):
@@ -179,24 +216,15 @@ class Scheduler:
             left = req.prefill_target - req.num_computed_tokens - num_hit_tokens
             pull = req.remote_prefill is not None and not req.output_token_ids
             # a remote-prefill request pulls its whole prompt's KV: blocks for all of it, no compute budget
-            n = left if pull else min(left, budget)
+            n = left if pull else policy.chunk(left, budget, kv.block_size)
             if threshold > 0 and not pull:
                 n = min(n, threshold)
             if not self.chunked_prefill and not pull and n < left:
                 break  # without chunked prefill a prompt is computed in one step or waits
-            if not kv.allocate_slots(req, n, hits):
+            if (left > 0 and n <= 0) or not policy.can_admit(self, req, left) or not kv.allocate_slots(req, n, hits):
                 self.admission_blocked = True
                 break  # head of line waits for blocks, as vLLM's FCFS does
-            self.waiting.remove(req)
-            req.num_computed_tokens += num_hit_tokens
-            self._count_prefix_query(req, num_hit_tokens, resumed)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            req.pending_events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit_tokens
-            if self.on_admit is not None:
-                self.on_admit(req, now)
+            self._start_running(req, hits, num_hit_tokens, resumed, now)
             if loras is not None and req.lora_id:
                 loras.add(req.lora_id)
             if pull:
@@ -207,6 +235,19 @@ class Scheduler:
                 budget -= n
             else:  # nothing left to prefill (resumed with a full prefix hit)
                 scheduled.append((req, 0, PREFILL))
+        return scheduled, budget
+
+    def _start_running(self, req: Request, hits: list, num_hit_tokens: int, resumed: bool, now: float) -> None:
+        self.waiting.remove(req)
+        req.num_computed_tokens += num_hit_tokens
+        self._count_prefix_query(req, num_hit_tokens, resumed)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        req.pending_events.append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_hit_tokens
+        if self.on_admit is not None:
+            self.on_admit(req, now)
 
     def _peek_waiting(self) -> Request:
         if self.policy == "priority":
@@ -240,7 +281,7 @@ class Scheduler:
     def _pick_victim(self) -> Request:
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq))
-        return self.running[-1]
+        return self.engine_policy.pick_victim(self.running)
 
     def _preempt(self, req: Request, now: float) -> None:
         if self.on_preempt is not None:
@@ -257,6 +298,7 @@ class Scheduler:
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         self.total_preemptions += 1
+        self.engine_policy.on_retract()
 
     def make_stats(self, step_counter: int, kv_cache_usage: float) -> SchedulerStats:
         """The stats a step reports (preemptions and prefix-cache counts since the last report)."""

@@ -22,33 +22,34 @@ from typing import TYPE_CHECKING, Callable
 
 from .latency import LatencyModel, StepBatch
 from .request import Request
-from .scheduler import DECODE, TRANSFER, Scheduler
+from .scheduler import DECODE, TRANSFER, Scheduled, Scheduler
 
 if TYPE_CHECKING:
     from .core import EngineCore
 
 logger = logging.getLogger("vllm_vcr.engine")
 MAX_BURST = 8  # zero-latency decode steps run as one (see burst_size)
-Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
 
 
 def compose(scheduled: Scheduled, pulled: list[Request], after_idle: bool) -> StepBatch:
     """The step's composition, before its work is applied (KV pulls are not computed by the step)."""
     prefill_tokens = prefills = firsts = prefill_context = hits = 0
     contexts = []
+    chunks = []
     for req, n, kind in scheduled:
         if kind == DECODE:
             contexts.append(req.num_tokens)
         elif kind != TRANSFER:
             prefills += 1
             prefill_tokens += n
+            chunks.append(n)
             prefill_context += req.num_computed_tokens
             if req.num_computed_tokens == max(req.num_cached_tokens, 0):
                 hits += req.num_computed_tokens  # its first chunk: what the prefix cache gave it
             if not req.output_token_ids and req.num_computed_tokens + n >= req.prefill_target:
                 firsts += 1
     return StepBatch(len(pulled) + len(contexts), prefill_tokens, prefills, firsts, sum(contexts), after_idle,
-                     prefill_context, hits, tuple(contexts))
+                     prefill_context, hits, tuple(contexts), tuple(chunks))
 
 
 class StepInFlight:

@@ -44,6 +44,8 @@ def _load_metrics(settings: ServeSettings) -> Any:
     except ImportError:
         return None
     cls = getattr(metrics_mod, "FrontendMetrics", None)
+    if settings.engine_type == "sglang":
+        from .sglang_metrics import SGLangFrontendMetrics as cls
     if cls is None:
         return None
     try:
@@ -103,6 +105,10 @@ class OpenAIApp:
         if extensions is not None:
             extensions.install(self)
         self._cors = cors_middleware(self._route, settings)
+        if settings.engine_type == "sglang":
+            from .sglang_routes import SGLangRoutes
+
+            self.routes.update(SGLangRoutes(self).routes())
 
     # -- ASGI ----------------------------------------------------------------------------------
 

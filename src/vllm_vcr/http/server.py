@@ -112,6 +112,7 @@ class _ServeCommand:
             self.open_listener(stack)
             self.create_engines()
             self.attach_kv_events(stack)
+            self.attach_forward_pass_metrics(stack)
             await self.start_engines(stack)
             await self.start_control_api(stack)
             await self.start_pd_services(stack)
@@ -169,6 +170,29 @@ class _ServeCommand:
             raise CLIError(f"--kv-events-config: {e}") from None
         for pub in publishers:
             stack.callback(pub.close)
+
+    def attach_forward_pass_metrics(self, stack: contextlib.AsyncExitStack) -> None:
+        port, path = self.args.forward_pass_metrics_port, self.args.forward_pass_metrics_trace
+        if port is None and path is None:
+            return
+        from ..fpm.attach import attach_fpm, trace_sink
+
+        sink = None
+        if path is not None:
+            try:
+                sink, writer = trace_sink(path, self.settings.model_name)
+            except OSError as e:
+                raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
+            stack.callback(writer.close)
+        try:
+            publishers = attach_fpm(self.engine.engines, port, host="0.0.0.0", worker_id=self.engine_args.engine_id,
+                                    engine_type=self.engine_args.engine_type, extra_sink=sink)
+        except Exception as e:  # zmq.ZMQError: a rank's port is taken
+            raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+        loop = asyncio.get_running_loop()
+        for pub in publishers:
+            stack.callback(pub.close)
+            stack.callback(loop.create_task(pub.heartbeat(pub.idle), name="fpm-heartbeat").cancel)
 
     async def start_engines(self, stack: contextlib.AsyncExitStack) -> None:
         await self.engine.start()

@@ -61,6 +61,7 @@ class ServeSettings:
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     stream_interval: int = 1
+    engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
 
     @property
     def model_name(self) -> str:

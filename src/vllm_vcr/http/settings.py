@@ -181,6 +181,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         reasoning_ids=reasoning_ids,
         tools=_tool_settings(args),
         scale_out=bool(getattr(args, "enable_scale_out", False) or getattr(args, "tokens_only", False)),
+        engine_type=engine_args.engine_type,
         system_fingerprint=fingerprint,
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,

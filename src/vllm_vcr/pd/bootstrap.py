@@ -38,7 +38,7 @@ class BootstrapError(Exception):
 
 
 class Room:
-    __slots__ = ("room_id", "state", "owner", "release", "decided", "decoder", "expiry")
+    __slots__ = ("room_id", "state", "owner", "release", "decided", "decoder", "expiry", "joined")
 
     def __init__(self, room_id: int) -> None:
         self.room_id = room_id
@@ -48,6 +48,13 @@ class Room:
         self.decided = asyncio.get_running_loop().create_future()  # READY or ABORTED
         self.decoder = False  # a decode connection is attached
         self.expiry: asyncio.TimerHandle | None = None
+        # destination-first (SGLang): tells the waiting prefill its decoder joined (None) or the handoff failed
+        self.joined: Callable[[str | None], None] | None = None
+
+    def tell_joined(self, error: str | None = None) -> None:
+        fn, self.joined = self.joined, None
+        if fn is not None:
+            fn(error)
 
 
 class BootstrapServer:
@@ -82,8 +89,11 @@ class BootstrapServer:
         self.rooms.clear()
 
     # --- the engine's side (called from the engine loop through the handoff manager) ----------
-    def register(self, room_id: int, owner: object, release: Callable[[], None]) -> str | None:
-        """A prefill request with this room arrived; `release()` frees its hold once pulled."""
+    def register(self, room_id: int, owner: object, release: Callable[[], None],
+                 joined: Callable[[str | None], None] | None = None) -> str | None:
+        """A prefill request with this room arrived; `release()` frees its hold once pulled.
+        Destination first, `joined(None)` lets it start once its decoder is in the room
+        (`joined(error)`: the handoff failed before that)."""
         room = self.rooms.get(room_id)
         if room is not None and room.owner is not None:
             return f"bootstrap room {room_id} is already in use"
@@ -92,7 +102,9 @@ class BootstrapServer:
         if room is None:
             room = self.rooms[room_id] = Room(room_id)
             self._expire_later(room)  # a prefill nobody joins is given up with its session
-        room.owner, room.release = owner, release
+        room.owner, room.release, room.joined = owner, release, joined
+        if room.decoder:
+            room.tell_joined()
         return None
 
     def ready(self, room_id: int, owner: object) -> None:
@@ -122,6 +134,7 @@ class BootstrapServer:
             fn()
 
     def _abort(self, room: Room) -> None:
+        room.tell_joined(f"bootstrap room {room.room_id} was aborted before its decoder joined")
         room.state = ABORTED
         if not room.decided.done():
             room.decided.set_result(ABORTED)
@@ -183,6 +196,7 @@ class BootstrapServer:
                 room = None
                 return
             room.decoder = True
+            room.tell_joined()
             await self._attend(room, reader, writer)
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass

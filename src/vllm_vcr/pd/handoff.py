@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from ..engine.core import EngineCore
+from ..engine.policy import HandoffOrder
 from .bootstrap import BootstrapError, BootstrapServer, join_room
 
 logger = logging.getLogger("vllm_vcr.pd")
@@ -54,7 +55,10 @@ class HandoffManager:
         if core.args.worker_type == "prefill":
             if self.server is None:
                 return "source handoff manager is not initialized"
-            err = self.server.register(room, key, lambda: core.release_kv_hold(request_id))
+            joined = None
+            if core.scheduler.engine_policy.handoff_order is HandoffOrder.DESTINATION_FIRST:
+                joined = lambda error: core.destination_joined(request_id, error)  # noqa: E731
+            err = self.server.register(room, key, lambda: core.release_kv_hold(request_id), joined)
             if err is not None:
                 return err
         else:

@@ -44,8 +44,9 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
                    help=argparse.SUPPRESS)
     g.add_argument("--gpu", *_both("system"), dest="perf_gpu", default=None, metavar="GPU",
                    help="simulated GPU (default h100_sxm): h100_sxm, h200_sxm, b200_sxm, a100_sxm, l40s, ...")
-    g.add_argument("--perf-backend", *_both("backend"), dest="perf_backend", default="vllm",
-                   choices=["vllm", "sglang", "trtllm"], help="whose kernels to price (default vllm)")
+    g.add_argument("--perf-backend", *_both("backend"), dest="perf_backend", default=None,
+                   choices=["vllm", "sglang", "trtllm"],
+                   help="whose kernels to price (default: the --engine-type, vllm or sglang)")
     g.add_argument("--perf-backend-version", *_both("backend-version"), dest="perf_backend_version", default=None,
                    help="the estimator's data version (default: its current one)")
     g.add_argument("--perf-model-path", *_both("model-path"), dest="perf_model_path", default=None,
@@ -105,7 +106,8 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
 
     tp = ns.perf_tp or _vllm_flag(ns, "tensor_parallel_size", int) or 1
     target = AicTarget(
-        model=_served_name(ns), gpu=ns.perf_gpu or "h100_sxm", backend=ns.perf_backend,
+        model=_served_name(ns), gpu=ns.perf_gpu or "h100_sxm",
+        backend=ns.perf_backend or getattr(ns, "engine_type", None) or "vllm",  # SGLang's data for an SGLang engine
         backend_version=ns.perf_backend_version, tensor_parallel_size=tp,
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),

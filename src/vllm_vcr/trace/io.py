@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import msgspec
 
-from .schema import META_FIELDS, RECORD_FIELDS, TraceMeta, TraceRecord, validate_record
+from .schema import FPM_KEY, META_FIELDS, RECORD_FIELDS, TraceMeta, TraceRecord, validate_record
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class TraceError(ValueError):
 class Trace:
     meta: TraceMeta | None = None
     records: list[TraceRecord] = field(default_factory=list)
+    fpm: list[dict[str, Any]] = field(default_factory=list)  # the optional per-step records
     truncated: bool = False  # an unfinished gzip stream was cut short
 
 
@@ -197,9 +198,10 @@ def decode_record(obj: Any, path: str = "<trace>", line: int | None = None) -> T
     return rec
 
 
-def iter_trace(path: str | os.PathLike[str], state: ReadState | None = None
-               ) -> Iterator[TraceMeta | TraceRecord]:
-    """Yield the meta (if any, first) and then each record, validating as it goes."""
+def iter_trace(path: str | os.PathLike[str], state: ReadState | None = None,
+               fpm: Callable[[dict[str, Any]], None] | None = None) -> Iterator[TraceMeta | TraceRecord]:
+    """Yield the meta (if any, first) and then each record, validating as it goes. Step records
+    (`{"fpm": ...}`) go to `fpm` (skipped without it)."""
     spath = os.fspath(path)
     seen_content = False
     for lineno, raw in iter_lines(spath, state):
@@ -216,6 +218,12 @@ def iter_trace(path: str | os.PathLike[str], state: ReadState | None = None
             yield decode_meta(obj["meta"], spath, lineno)
             continue
         seen_content = True
+        if isinstance(obj, dict) and FPM_KEY in obj and len(obj) == 1:
+            if not isinstance(obj[FPM_KEY], dict):
+                raise TraceError(spath, lineno, "must be a JSON object", FPM_KEY)
+            if fpm is not None:
+                fpm(obj[FPM_KEY])
+            continue
         yield decode_record(obj, spath, lineno)
 
 
@@ -226,7 +234,7 @@ def read_trace(path: str | os.PathLike[str],
         raise TraceError(spath, None, "no such file")
     trace = Trace()
     state = ReadState(on_read=on_read)
-    for item in iter_trace(spath, state):
+    for item in iter_trace(spath, state, trace.fpm.append):
         if isinstance(item, TraceMeta):
             trace.meta = item
         else:
@@ -297,6 +305,12 @@ class TraceWriter:
     def write(self, rec: TraceRecord) -> None:
         self._out.write(encode_record(rec) + b"\n")
         self.count += 1
+        if self.flush_each:
+            self.flush()
+
+    def write_fpm(self, step: Any) -> None:
+        """One engine step's forward-pass metrics (the optional `{"fpm": ...}` record kind)."""
+        self._out.write(_encoder.encode({FPM_KEY: step}) + b"\n")
         if self.flush_each:
             self.flush()
 

@@ -1,5 +1,9 @@
 """The trace schema: one `{"meta": ...}` line, then one record per completed request.
 
+Optional record kind: `{"fpm": {...}}`, one engine step's forward-pass metrics (Dynamo's
+ForwardPassMetrics fields, see fpm/record.py). A trace without them is exactly the Rust tool's
+format; readers here collect them apart from the request records (`Trace.fpm`).
+
 Field names and meanings are those of the Rust vllm-vcr trace format so traces move between the
 two tools in both directions. Unknown keys are kept in `extra` and written back on save, so a
 trace written by a newer tool survives a read/write cycle here.
@@ -21,6 +25,9 @@ SOURCE_AIPERF = "aiperf"
 SOURCE_GEN_DEMO = "gen-demo"
 SOURCE_GEN_DEMO_FAST = "gen-demo-fast"
 SOURCE_REPLAY_ARRIVALS = "replay-arrivals"
+SOURCE_FPM = "fpm"  # serve --forward-pass-metrics-trace: step records only
+
+FPM_KEY = "fpm"  # the optional per-step record kind
 
 
 def _zero() -> int:

@@ -79,6 +79,7 @@ class StepBatch(NamedTuple):
     prefill_context: int = 0  # tokens already computed before this step's prefill chunks (sum)
     num_prefix_hit_tokens: int = 0  # prompt tokens found in the prefix cache by requests starting here
     decode_context_lens: tuple[int, ...] = ()  # each decode's context length
+    prefill_chunk_lens: tuple[int, ...] = ()  # each prefill chunk's length (forward-pass metrics)
 
 
 class StepRecord(NamedTuple):

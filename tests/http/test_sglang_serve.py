@@ -1,0 +1,63 @@
+"""`serve --engine-type sglang`: SGLang's HTTP routes and `sglang:` metric names, beside the OpenAI routes."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+
+@pytest.fixture
+def sglang(serve_process):
+    return serve_process("--engine-type", "sglang", "--inter-token-latency", "1")
+
+
+def test_generate_and_metrics(sglang):
+    with httpx.Client(base_url=sglang.url, timeout=30) as c:
+        r = c.post("/generate", json={"text": "Hello there", "sampling_params": {"max_new_tokens": 4,
+                                                                                  "ignore_eos": True}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["output_ids"]) == 4 and isinstance(body["text"], str)
+        meta = body["meta_info"]
+        assert meta["finish_reason"] == {"type": "length", "length": 4}
+        assert meta["completion_tokens"] == 4 and meta["prompt_tokens"] > 0
+        # streamed: every event carries the output so far, then [DONE]
+        events = []
+        with c.stream("POST", "/generate", json={"input_ids": [5, 6, 7], "stream": True,
+                                                  "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert len(last["output_ids"]) == 3 and last["meta_info"]["prompt_tokens"] == 3
+        assert [len(json.loads(e)["output_ids"]) for e in events[:-1]] == sorted(
+            len(json.loads(e)["output_ids"]) for e in events[:-1])
+        bad = c.post("/generate", json={"sampling_params": {"max_new_tokens": 1}})
+        assert bad.status_code == 400 and "text or input_ids" in bad.json()["error"]["message"]
+        stop = c.post("/generate", json={"text": "x", "sampling_params": {"stop": ["."]}})
+        assert stop.status_code == 400 and "stop_token_ids" in stop.json()["error"]["message"]
+        metrics = c.get("/metrics").text
+    assert "sglang:num_running_reqs{" in metrics and "sglang:prompt_tokens_total{" in metrics
+    assert "sglang:generation_tokens_total" in metrics and "vllm:" not in metrics
+    assert 'sglang:num_requests_total{model_name="vllm-vcr/sim"} 2.0' in metrics
+
+
+def test_router_routes_and_openai(sglang):
+    with httpx.Client(base_url=sglang.url, timeout=30) as c:
+        info = c.get("/get_model_info").json()
+        assert info["is_generation"] is True and info["model_path"]
+        assert c.get("/health_generate").status_code == 200
+        assert c.post("/flush_cache").status_code == 200
+    client = openai.OpenAI(base_url=sglang.url + "/v1", api_key="x")
+    out = client.completions.create(model="vllm-vcr/sim", prompt="hi", max_tokens=2)
+    assert out.usage.completion_tokens <= 2
+
+
+def test_vllm_engine_has_no_sglang_routes(serve_process):
+    sp = serve_process("--inter-token-latency", "0")
+    assert httpx.post(sp.url + "/generate", json={"text": "x"}).status_code == 404
+    assert "vllm:num_requests_running" in httpx.get(sp.url + "/metrics").text
