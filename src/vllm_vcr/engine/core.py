@@ -152,7 +152,7 @@ class EngineCore(EngineControls):
     def destination_joined(self, request_id: str, error: str | None = None) -> None:
         """A destination-first prefill's decoder joined its room (it may be scheduled now), or the
         handoff failed with `error` before it did."""
-        self._post(("destination_joined", request_id, error))
+        self.inbox.post(("destination_joined", request_id, error))
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.inbox.post(("shutdown", self.args.shutdown_timeout if timeout is None else timeout))
