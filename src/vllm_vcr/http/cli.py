@@ -17,6 +17,7 @@ from typing import Any
 from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
 from ..perf.cli import add_perf_args
+from .extension_args import positive_int
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 from .model_config import DEFAULT_MAX_MODEL_LEN
 
@@ -89,16 +90,6 @@ def _human_int(value: str) -> int:
     return int(result)
 
 
-def _positive_int(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def _port(value: str) -> int:
     try:
         v = int(value)
@@ -168,11 +159,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                f"config.json as vLLM does, else {DEFAULT_MAX_MODEL_LEN}")
     g.add("--disable-sliding-window", action=argparse.BooleanOptionalAction, default=False,
           help="cap the context length at the model's sliding window, as vLLM")
-    g.add("--max-num-seqs", type=_positive_int, default=None, help="max running requests per engine")
-    g.add("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
-    g.add("--block-size", type=_positive_int, default=None, help="tokens per KV block")
+    g.add("--max-num-seqs", type=positive_int, default=None, help="max running requests per engine")
+    g.add("--max-num-batched-tokens", type=positive_int, default=None, help="token budget per step")
+    g.add("--block-size", type=positive_int, default=None, help="tokens per KV block")
     g.add("--tokenizer", default=None, help="local HF tokenizer directory (never downloaded)")
-    g.add("--data-parallel-size", "-dp", type=_positive_int, default=None,
+    g.add("--data-parallel-size", "-dp", type=positive_int, default=None,
           help="engines in this process (same as --engine-count)")
     g.add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
           help="prefix caching in the simulated KV cache (default on)")
@@ -205,7 +196,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
           help="uvicorn's log level; default: VLLM_VCR_LOG / RUST_LOG decide (target `uvicorn`), as for "
                "every other logger")
     g.add("--enable-access-log", action="store_true", help="log every HTTP request (off: it costs)")
-    g.add("--stream-interval", type=_positive_int, default=1,
+    g.add("--stream-interval", type=positive_int, default=1,
           help="tokens per streamed SSE event: 1 sends every token as its own event (merging only when the "
                "client lags), N > 1 up to N tokens per event (the first and last go out at once)")
     g.add("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,

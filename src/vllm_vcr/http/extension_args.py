@@ -62,8 +62,7 @@ def _lora_rank(value: str) -> int:
     return v
 
 
-def _positive_int(value: str) -> int:
-    # not http/cli.py's: that module imports this one (no import cycle)
+def positive_int(value: str) -> int:
     try:
         v = int(value)
     except ValueError:
@@ -79,9 +78,9 @@ def add_lora_args(group: Any) -> None:
               help="serve LoRA adapters (--lora-modules, /v1/load_lora_adapter)")
     group.add("--lora-modules", nargs="+", action=_LoRAModulesAction, default=None, metavar="NAME=PATH|JSON",
               help='adapters loaded at start-up: name=path, or {"name":..,"path":..,"base_model_name":..}')
-    group.add("--max-loras", type=_positive_int, default=1, help="distinct adapters in one batch (vLLM default 1)")
+    group.add("--max-loras", type=positive_int, default=1, help="distinct adapters in one batch (vLLM default 1)")
     group.add("--max-lora-rank", type=_lora_rank, default=16, help="largest adapter rank accepted (default 16)")
-    group.add("--max-cpu-loras", type=_positive_int, default=None,
+    group.add("--max-cpu-loras", type=positive_int, default=None,
               help="adapters kept in the CPU pool (>= --max-loras; default --max-loras)")
     group.add("--lora-load-time", type=float, default=0.0, metavar="MS",
               help="simulated time to read an adapter from disk: first use, or after the CPU pool dropped it (ms)")
@@ -104,7 +103,7 @@ def add_pooling_args(group: Any) -> None:
               help="generate (default) or pooling: /v1/embeddings, /pooling, /score, /rerank")
     group.add("--convert", choices=["auto", "none", "embed", "classify"], default="auto",
               help="with --runner pooling: the pooling task (embed; classify is not simulated)")
-    group.add("--embedding-size", type=_positive_int, default=None, metavar="N",
+    group.add("--embedding-size", type=positive_int, default=None, metavar="N",
               help="dimensions of the simulated embeddings (default: hidden_size of MODEL/config.json, else 1024)")
     group.add("--is-matryoshka", action=argparse.BooleanOptionalAction, default=None,
               help="accept the `dimensions` request field (default: the model's config.json says)")
