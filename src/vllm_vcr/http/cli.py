@@ -14,10 +14,10 @@ import re
 import sys
 from typing import Any
 
+from ..cli_types import port_number, positive_int, probability
 from ..engine_cli import add_engine_args
 from ..kv_events.config import add_kv_events_args
 from ..perf.cli import add_perf_args
-from .extension_args import positive_int
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
 from .model_config import DEFAULT_MAX_MODEL_LEN
 
@@ -90,16 +90,6 @@ def _human_int(value: str) -> int:
     return int(result)
 
 
-def _port(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {v}")
-    return v
-
-
 def _json_list(flag: str) -> Any:
     """vLLM parses --allowed-origins/-methods/-headers with json.loads: a JSON list of strings."""
 
@@ -150,7 +140,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = _Group(p, "vLLM server")
     g.add("--model", dest="model_opt", default=None, help="same as MODEL")
     g.add("--host", default=None, help="bind address (default: all interfaces, as vLLM)")
-    g.add("--port", type=_port, default=DEFAULT_PORT)
+    g.add("--port", type=port_number, default=DEFAULT_PORT)
     g.add("--served-model-name", nargs="+", default=None, help="name(s) the API answers to")
     g.add("--config", default=None, metavar="FILE.yaml",
           help="vLLM's config file: each `key: value` is the flag --key; flags on the command line win")
@@ -187,7 +177,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
           help="let chat requests use tool_choice auto (needs --tool-call-parser), as vLLM")
     g.add("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_PARSERS),
           help="the format simulated tool calls are written in and parsed from")
-    g.add("--auto-tool-call-probability", type=_probability, default=1.0,
+    g.add("--auto-tool-call-probability", type=probability, default=1.0,
           help='how often tool_choice "auto" calls a tool (default 1.0)')
     g.add("--enable-scale-out", action="store_true",
           help="serve /inference/v1/generate and the render endpoints (else vLLM's 403)")
@@ -235,16 +225,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic")
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
 
 
 _PARSER: argparse.ArgumentParser | None = None

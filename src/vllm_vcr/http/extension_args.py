@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..cli_types import one_of, positive_int
+
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 
 
@@ -52,24 +54,7 @@ class _LoRAModulesAction(argparse.Action):
             parser.error(str(e))
 
 
-def _lora_rank(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if v not in MAX_LORA_RANKS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(map(str, MAX_LORA_RANKS))}, got {v}")
-    return v
-
-
-def positive_int(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+_lora_rank = one_of(int, MAX_LORA_RANKS)
 
 
 def add_lora_args(group: Any) -> None:
