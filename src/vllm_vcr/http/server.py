@@ -32,6 +32,7 @@ from ..engine.async_engine import AsyncEngine  # noqa: E402
 from ..engine.config import ConfigError  # noqa: E402
 from ..replay.inputs import engine_inputs  # noqa: E402
 from ..gc_tuning import tune_for_serving  # noqa: E402
+from ..heap_trim import start_idle_trimming  # noqa: E402
 from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: E402
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
@@ -196,6 +197,7 @@ class _ServeCommand:
 
     async def start_engines(self, stack: contextlib.AsyncExitStack) -> None:
         await self.engine.start()
+        start_idle_trimming(stack, lambda: self.engine.engines)
         # at start-up there is nothing to drain; after serving, drain() has stopped them already
         stack.push_async_callback(self.engine.stop, 0)
 

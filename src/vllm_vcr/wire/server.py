@@ -26,6 +26,7 @@ from ..engine.clock import RealClock
 from ..engine.config import ConfigError, EngineArgs
 from ..replay.inputs import engine_inputs
 from ..engine.core import EngineCore
+from ..heap_trim import start_idle_trimming
 from ..engine.types import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -422,6 +423,7 @@ class PlayServer:
                 self.create_engines()
                 await self.start_pd_services(stack)
                 core_tasks, io_tasks = await self.start_serving()
+                start_idle_trimming(stack, lambda: self.engines.engines)
                 rc = await self.serve_until_signal(core_tasks)
                 await self.drain(core_tasks, io_tasks)
                 return rc
