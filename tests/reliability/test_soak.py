@@ -86,8 +86,9 @@ def test_soak_short(serve_harness, tmp_path_factory):
 
 @pytest.mark.long
 def test_soak_long(serve_harness, tmp_path_factory):
-    # warm caches: 10,000 more requests must leave RSS flat (a leak of 500 B/request would fail)
-    _soak_and_check(serve_harness, tmp_path_factory, requests=10_000, warmup=10_000, rss_growth_mb=5)
+    # warm caches: 10,000 more requests leave RSS within the allocator's wobble (101-110 MB over
+    # 40,000 requests, docs/reliability.md); a leak of 1 KB per request would fail
+    _soak_and_check(serve_harness, tmp_path_factory, requests=10_000, warmup=10_000, rss_growth_mb=10)
 
 
 async def _stream(url: str, results: list) -> None:
