@@ -14,6 +14,7 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,19 @@ try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through AS
     )
 except ImportError:  # pragma: no cover - httptools is a dependency
     _HttptoolsCycle = None
+
+
+_TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def token_json_cache(tokenizer: Any) -> dict[int, bytes]:
+    """Per tokenizer: token id -> its text as a JSON string, for a token detokenized on its own
+    (no partial character held before or after it). Then its text depends on its bytes only, so
+    the fast case can send it without decoding and encoding it again."""
+    cache = _TOKEN_JSON.get(tokenizer)
+    if cache is None:
+        cache = _TOKEN_JSON[tokenizer] = {}
+    return cache
 
 
 class ChoiceStream:
@@ -59,11 +73,13 @@ class ChoiceStream:
         self.fast_chunk = b""  # a content chunk: %b the JSON text[, %d total and %d completion tokens]
         self.fast_prompt_len = -1  # >= 0: the template takes the usage numbers
         self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
+        self.token_json: dict[int, bytes] = {}
 
     def enable_fast(self, head: bytes, tail: bytes, usage: bytes | None, prompt_len: int) -> None:
         """Use the fast case for this single-choice stream once its first chunk is out. A chunk is
         `head + JSON text + tail [+ usage % (prompt_len, total, completion) + b"}\n\n"]`."""
         self.fast_ok = True
+        self.token_json = token_json_cache(self.states[0].tokenizer)
         template = head.replace(b"%", b"%%") + b"%b" + tail
         if usage is not None:
             template += usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
@@ -83,7 +99,16 @@ class ChoiceStream:
             return data
         # what SequenceState.process and feed_full do for a plain token, without the branches
         n = st.num_tokens = st.num_tokens + len(ids)
-        text = encode(st.detok.add(ids))
+        detok = st.detok
+        if len(ids) == 1 and not detok.pending:
+            i = ids[0]
+            text = self.token_json.get(i)
+            if text is None:
+                text = encode(detok.add(ids))
+                if not detok.pending:
+                    self.token_json[i] = text
+        else:
+            text = encode(detok.add(ids))
         pl = self.fast_prompt_len
         if pl < 0:
             return self.fast_chunk % text
