@@ -332,10 +332,7 @@ class ChatStream(ChoiceStream):
         st = states[0]
         if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
                 and not st.keep_ids):
-            if self.continuous:
-                self.enable_fast(self.heads[0], _MID, _USAGE, self.prompt_len)
-            else:
-                self.enable_fast(self.heads[0], _TAIL, None, self.prompt_len)
+            self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_len)
 
     def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
         pl = self.prompt_len

@@ -293,10 +293,7 @@ class CompletionStream(ChoiceStream):
         st = states[0]
         if self.single and self.plain and not self.echo and not st.stops and not st.keep_text and not st.keep_ids:
             # text_lens only serves logprobs offsets, which the fast case never has
-            if self.continuous:
-                self.enable_fast(self.heads[0], _MID, _USAGE, self.prompt_lens[0])
-            else:
-                self.enable_fast(self.heads[0], _TAIL, None, self.prompt_lens[0])
+            self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_lens[0])
 
     def feed_full(self, out: EngineCoreOutput) -> bytes:
         applied = self.apply(out)

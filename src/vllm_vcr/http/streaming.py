@@ -58,6 +58,8 @@ class ChoiceStream:
     path renders; everything else takes `feed_full`.
     """
 
+    continuous = False  # usage on every chunk (the renderer sets it before this __init__)
+
     def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
         self.total = len(states)
@@ -75,15 +77,18 @@ class ChoiceStream:
         self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
         self.token_json: dict[int, bytes] = {}
 
-    def enable_fast(self, head: bytes, tail: bytes, usage: bytes | None, prompt_len: int) -> None:
-        """Use the fast case for this single-choice stream once its first chunk is out. A chunk is
-        `head + JSON text + tail [+ usage % (prompt_len, total, completion) + b"}\n\n"]`."""
+    def enable_fast(self, head: bytes, tail: bytes, mid: bytes, usage: bytes, prompt_len: int) -> None:
+        """Use the fast case for this single-choice stream once its first chunk is out. A plain
+        token's chunk is `head + JSON text + tail`, or with continuous usage (`self.continuous`)
+        `head + JSON text + mid + usage % (prompt_len, total, completion) + b"}\n\n"`."""
         self.fast_ok = True
         self.token_json = token_json_cache(self.states[0].tokenizer)
-        template = head.replace(b"%", b"%%") + b"%b" + tail
-        if usage is not None:
-            template += usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
+        template = head.replace(b"%", b"%%") + b"%b"
+        if self.continuous:
+            template += mid + usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
             self.fast_prompt_len = prompt_len
+        else:
+            template += tail
         self.fast_chunk = template
 
     def feed(self, out: EngineCoreOutput) -> bytes:
