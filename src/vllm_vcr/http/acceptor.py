@@ -48,7 +48,8 @@ def stamping_arrival(protocol_class: type) -> type:
             self.scope[ARRIVAL] = time.time()
 
         cls = type(f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
-                   {"on_message_begin": on_message_begin, "__doc__": stamping_arrival.__doc__})
+                   {"on_message_begin": on_message_begin,
+                    "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
         _stamping[protocol_class] = cls
     return cls
 
