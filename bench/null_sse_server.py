@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""The machine's floor for W2: an SSE "server" that does nothing but write pre-built chunks.
+"""The machine's floor: an SSE "server" that does nothing but write pre-built chunks.
 
 Each POST gets `max_tokens` chat chunks (with continuous usage, like W2's), the first after
 --ttft-ms and then one every --itl-ms, on absolute deadlines from one heap; no engine, no JSON
 parsing beyond `max_tokens`, no tokenizer, no metrics. Whatever timing error W2 shows against it
 is the client's and the kernel's (one loopback write per chunk), not a server's: no real server can
-do better on the same cores.
+do better on the same cores. At --itl-ms 0 (W1) each pass over the heap sends one chunk per
+stream and then yields to the loop, as an engine step gives every running request one token.
 
 usage: python bench/null_sse_server.py --port 18400 --ttft-ms 100 --itl-ms 20
 """
@@ -59,6 +60,7 @@ class Streams:
         heap = self.heap
         while True:
             horizon = time.monotonic() + SLACK
+            later = []  # a stream's next chunk waits for the next pass, even when it is due already
             while heap and heap[0][0] <= horizon:
                 due, seq, conn, i, n = heapq.heappop(heap)
                 if conn.transport.is_closing():
@@ -67,7 +69,9 @@ class Streams:
                 body = CHUNK % (b'"length"' if last else b"null", 128 + i, i)
                 conn.transport.write(framed(body + DONE) + b"0\r\n\r\n" if last else framed(body))
                 if not last:
-                    heapq.heappush(heap, (due + self.itl, seq, conn, i + 1, n))
+                    later.append((due + self.itl, seq, conn, i + 1, n))
+            for item in later:
+                heapq.heappush(heap, item)
             self.wake = wake = loop.create_future()
             timer = loop.call_later(max(heap[0][0] - time.monotonic(), 0), _set, wake) if heap else None
             await wake

@@ -3,21 +3,27 @@
 
   W1 max speed      no simulated latency, ISL 128, OSL 256, concurrency 64
                     -> streamed output tok/s and server CPU us per output token
+                    (every server sends one token per SSE event; vllm-vcr-si16 shows --stream-interval 16)
+                    -> also SSE events/s and server CPU us per SSE event
   W2 timing         TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100, concurrency 32 / 256 / 1000
-                    -> measured TTFT, ITL (per chunk), TPOT p50/p99
+                    -> measured TTFT, ITL (per chunk), TPOT p50/p99; vllm-vcr against null at each C
+  burst (TTFT)      TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100: C streams opened at once (one wave,
+                    N = C, default C 256), `--burst-rounds` times -> TTFT p50/p99 against the
+                    configured 100 ms, with null as the floor
   aiperf            optional cross-check of one W1 and one W2 point (`--aiperf`)
 
 Servers (all on 127.0.0.1, each started in its own process group and killed with it):
   vllm-vcr          `python -m vllm_vcr serve ...` from this checkout
   dynamo            ai-dynamo frontend + mocker (file discovery, tcp request plane, no etcd/NATS)
   guidellm          `guidellm mock-server`
-  null              bench/null_sse_server.py: pre-built chunks on deadlines, nothing else (W2 only):
-                    the floor this machine and client put under any server's timing
+  null              bench/null_sse_server.py: pre-built chunks on deadlines, nothing else: the
+                    floor this machine and client put under any server's timing and CPU per event
 Peers come from bench/install-peers-bench.sh (venvs under $VLLM_VCR_PEERS).
 
 usage:
-  python bench/run_bench.py [--servers vllm-vcr,dynamo,guidellm] [--workloads w1,w2]
-                            [--w2-concurrency 32,256,1000] [--aiperf] [--out-dir DIR]
+  python bench/run_bench.py [--servers vllm-vcr,vllm-vcr-si16,dynamo,guidellm,null]
+                            [--workloads w1,w2,burst] [--w2-concurrency 32,256,1000]
+                            [--burst-concurrency 256] [--burst-rounds 3] [--aiperf] [--out-dir DIR]
 Writes DIR/results.json and DIR/results.md (markdown tables) and prints the tables.
 """
 
@@ -384,6 +390,62 @@ def table_w2(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def table_burst(rows: list[dict]) -> str:
+    out = ["| server | round | C = N | TTFT p50 ms (cfg 100) | TTFT p90 | TTFT p99 | TTFT max | p50 / cfg | p99 / cfg "
+           "| errors | server CPU % | client CPU % | others CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            out.append(f"| {r['label']} | {r.get('round', '')} | | failed | | | | | | | | | |")
+            continue
+        t = r["ttft_ms"]
+        cfg = r.get("ttft_cfg_ms", 100.0)
+        out.append(
+            f"| {r['label']} | {r.get('round', '')} | {r['concurrency']} | {fmt(t['p50'])} | {fmt(t['p90'])} "
+            f"| {fmt(t['p99'])} | {fmt(t['max'])} | {t['p50'] / cfg:.3f} | {t['p99'] / cfg:.3f} | {r['errors']} "
+            f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r['client_cpu_pct'])} | {fmt(r.get('other_cpu_pct'))} |")
+    return "\n".join(out)
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return None if not xs else xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def verdict_w2(rows: list[dict], server: str = "vllm-vcr") -> list[str]:
+    """Issue 12's W2 target, per C: one-token ITL p99 within 2 ms of null's, CPU per event <= 1.2x null's."""
+    out = []
+    for c in sorted({r["concurrency"] for r in rows if "failed" not in r}):
+        at = {r["label"]: r for r in rows if "failed" not in r and r["concurrency"] == c}
+        ours, null = at.get(server), at.get("null")
+        if ours is None or null is None:
+            continue
+        p99, p99n = (ours.get("itl_1tok_ms") or {}).get("p99"), (null.get("itl_1tok_ms") or {}).get("p99")
+        cpu, cpun = ours.get("server_cpu_us_per_event"), null.get("server_cpu_us_per_event")
+        if None in (p99, p99n, cpu, cpun) or not cpun:
+            continue
+        d, ratio = p99 - p99n, cpu / cpun
+        out.append(f"* {server} vs null, C={c}: one-token ITL p99 {p99:.2f} vs {p99n:.2f} ms (+{d:.2f}; target <= +2: "
+                   f"{'met' if d <= 2 else 'NOT met'}); server CPU {cpu:.1f} vs {cpun:.1f} us/event "
+                   f"({ratio:.2f}x; target <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'})")
+    return out
+
+
+def verdict_burst(rows: list[dict]) -> list[str]:
+    """Issue 12's TTFT target: p50 within 5 %, p99 within 20 % of the configured TTFT (medians of the rounds)."""
+    out = []
+    for label in dict.fromkeys(r["label"] for r in rows if "failed" not in r):
+        mine = [r for r in rows if r["label"] == label and "failed" not in r]
+        cfg = mine[0].get("ttft_cfg_ms", 100.0)
+        p50 = _median([r["ttft_ms"]["p50"] for r in mine])
+        p99 = _median([r["ttft_ms"]["p99"] for r in mine])
+        out.append(f"* {label}: TTFT p50 {p50:.1f} ms ({p50 / cfg - 1:+.1%}; target within 5 %: "
+                   f"{'met' if abs(p50 / cfg - 1) <= 0.05 else 'NOT met'}), p99 {p99:.1f} ms ({p99 / cfg - 1:+.1%}; "
+                   f"target within 20 %: {'met' if abs(p99 / cfg - 1) <= 0.20 else 'NOT met'}); "
+                   f"median of {len(mine)} round(s)")
+    return out
+
+
 def table_aiperf(rows: list[dict]) -> str:
     out = ["| run | C | N | req/s | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms (per-request mean) |",
            "|---|---|---|---|---|---|---|"]
@@ -417,12 +479,16 @@ def machine_info() -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="vllm-vcr,vllm-vcr-si16,dynamo,guidellm",
-                    help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys)")
-    ap.add_argument("--workloads", default="w1,w2")
+    ap.add_argument("--servers", default="vllm-vcr,vllm-vcr-si16,dynamo,guidellm,null",
+                    help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys); "
+                         "null: bench/null_sse_server.py, the floor")
+    ap.add_argument("--workloads", default="w1,w2", help="w1, w2, burst (the opening-burst TTFT)")
     ap.add_argument("--w1-requests", type=int, default=3000)
     ap.add_argument("--w2-concurrency", default="32,256,1000")
     ap.add_argument("--w2-rounds", type=int, default=4, help="W2 requests = rounds x concurrency (min 320)")
+    ap.add_argument("--burst-concurrency", type=int, default=256, help="streams opened at once (burst workload)")
+    ap.add_argument("--burst-rounds", type=int, default=3,
+                    help="burst workload: separate client runs, each one opening burst of C requests")
     ap.add_argument("--dynamo-speedup", type=float, default=1000.0,
                     help="W1 mocker --speedup-ratio (its polynomial model; 1000 => a few us per step)")
     ap.add_argument("--vcr-args", default="", help="extra args for vllm-vcr serve (split on spaces)")
@@ -447,12 +513,15 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     servers = [s for s in a.servers.split(",") if s]
     workloads = [w for w in a.workloads.split(",") if w]
+    if unknown := set(workloads) - {"w1", "w2", "burst"}:
+        raise SystemExit(f"unknown workload(s) {sorted(unknown)}: w1, w2, burst")
     w2_conc = [int(c) for c in a.w2_concurrency.split(",") if c]
     client_extra = a.client_args.split()
     # W2 asks for usage on every chunk (vLLM's continuous_usage_stats) so a chunk's token count is
     # exact; servers that ignore it make every content chunk count as one token
     w2_extra = client_extra + ([] if a.no_continuous_usage else ["--continuous-usage"])
-    results: dict = {"machine": machine_info(), "w1": [], "w2": [], "aiperf": [], "servers": {}, "profiles": []}
+    results: dict = {"machine": machine_info(), "w1": [], "w2": [], "burst": [], "aiperf": [], "servers": {},
+                     "profiles": []}
     port = a.base_port
 
     def start(name: str, ttft: float, itl: float) -> Server:
@@ -489,6 +558,13 @@ def main() -> int:
                         results["profiles"].append(run_profiled(
                             srv, label="vllm-vcr-w1", osl=256, conc=64, n=a.w1_requests * 3, model_dir=model_dir,
                             out_dir=out_dir, extra=client_extra))
+                elif wl == "burst":
+                    c = a.burst_concurrency
+                    for k in range(1, a.burst_rounds + 1):
+                        r = run_client(srv, label=name, osl=100, conc=c, n=c, model_dir=model_dir,
+                                       out=out_dir / f"{name}-burst-c{c}-r{k}.json", extra=client_extra)
+                        r.update(round=k, ttft_cfg_ms=ttft)
+                        results["burst"].append(r)
                 else:
                     for c in w2_conc:
                         n = max(320, a.w2_rounds * c)
@@ -512,9 +588,14 @@ def main() -> int:
 
     md = [f"Machine: {results['machine']}", ""]
     if results["w1"]:
-        md += ["### W1 (ISL 128, OSL 256, C 64, no simulated latency)", "", table_w1(results["w1"]), ""]
+        md += ["### W1 (ISL 128, OSL 256, C 64, no simulated latency; one token per SSE event, "
+               "vllm-vcr-si16 up to 16)", "", table_w1(results["w1"]), ""]
     if results["w2"]:
-        md += ["### W2 (TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)", "", table_w2(results["w2"]), ""]
+        md += ["### W2 (TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)", "", table_w2(results["w2"]), "",
+               *verdict_w2(results["w2"]), ""]
+    if results["burst"]:
+        md += [f"### Opening burst (C = N = {a.burst_concurrency} at once; TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)",
+               "", table_burst(results["burst"]), "", *verdict_burst(results["burst"]), ""]
     if results["aiperf"]:
         md += ["### aiperf cross-check", "", table_aiperf(results["aiperf"]), ""]
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))

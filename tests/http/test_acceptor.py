@@ -63,3 +63,52 @@ def test_a_backlog_of_connections_is_taken_in_a_few_turns_not_one_per_turn():
     assert turns <= 5 and reply == b"PING"
     plain, _ = uvloop.run(_turns_to_accept(use_acceptor=False))
     assert plain >= N // 2  # what it replaces: about one accept per turn
+
+
+async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_run():
+    """Requests that arrive together are stamped together, although each handler then takes
+    50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
+    import functools
+    import time
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from vllm_vcr.http.acceptor import ARRIVAL, stamping_arrival
+
+    calls: list[tuple[float, float]] = []
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        calls.append((scope[ARRIVAL], time.time()))
+        await receive()
+        time.sleep(0.05)  # the request's own work, holding the loop
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
+    config.load()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
+                                server_state=ServerState(), app_state={})
+    acceptor = BurstAcceptor(listener, factory)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(5)]
+    loop = asyncio.get_running_loop()
+    for _ in range(50):  # let every connection get its protocol
+        await asyncio.sleep(0.01)
+    body = b"{}"
+    for c in clients:  # all five requests arrive before the loop next reads
+        c.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n" + body)
+    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
+    acceptor.close()
+    for c in clients:
+        c.close()
+    listener.close()
+    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+    arrivals = sorted(a for a, _ in calls)
+    started = sorted(t for _, t in calls)
+    assert len(calls) == 5
+    assert started[-1] - started[0] >= 0.19  # the handlers ran one after another
+    assert arrivals[-1] - arrivals[0] < 0.1  # ... but their requests arrived together
+    assert all(a <= t for a, t in calls)

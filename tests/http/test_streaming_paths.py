@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 
 import httpx
+import pytest
 
-from vllm_vcr.http import streaming
+from vllm_vcr.http import serving_chat, streaming
 
 MODEL = "vllm-vcr/sim"
 
@@ -111,3 +113,50 @@ async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch)
     assert lines[-1] == "data: [DONE]" and flip["n"] >= 10
     counts = [json.loads(ln[6:])["usage"]["completion_tokens"] for ln in lines[:-1]]
     assert counts == sorted(counts) and counts[-1] == 60
+
+
+async def _stream_bytes(url: str, path: str, body: dict) -> list[bytes]:
+    async with httpx.AsyncClient(timeout=30) as c:
+        async with c.stream("POST", url + path, json=body) as r:
+            raw = b"".join([b async for b in r.aiter_raw()])
+    # `created` is the second the request came in: the only field two identical requests may differ in
+    return [re.sub(rb'"created":\d+', b'"created":0', e) for e in raw.split(b"\n\n") if e]
+
+
+@pytest.mark.parametrize("path,usage", [("/v1/chat/completions", "continuous"), ("/v1/chat/completions", "final"),
+                                        ("/v1/chat/completions", "none"), ("/v1/completions", "continuous"),
+                                        ("/v1/completions", "none")])
+async def test_the_per_token_fast_case_renders_the_full_paths_bytes(inprocess, monkeypatch, path, usage):
+    """Every event of a stream is byte for byte what the full renderer makes, with the fast case
+    on and off (a `%` in the id: the pre-rendered template must not read it as a format)."""
+    url, _ = await inprocess(itl_ms=0.2)
+    body = {"model": MODEL, "max_tokens": 300, "stream": True, "ignore_eos": True, "seed": 11,
+            "request_id": "fast-100%d-%s"}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hello"
+    if usage != "none":
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": usage == "continuous"}
+    fast_taken = {"n": 0}
+    with_fast = await _stream_bytes(url, path, body)
+    monkeypatch.setattr(streaming.ChoiceStream, "enable_fast", lambda self, *a: fast_taken.update(n=-1))
+    without = await _stream_bytes(url, path, body)
+    assert fast_taken["n"] == -1  # the second stream really went without the fast case
+    assert len(with_fast) >= 290 and with_fast == without
+
+
+async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
+    calls = {"full": 0}
+    real = serving_chat.ChatStream.feed_full
+
+    def feed_full(self, out):
+        calls["full"] += 1
+        return real(self, out)
+
+    monkeypatch.setattr(serving_chat.ChatStream, "feed_full", feed_full)
+    url, _ = await inprocess(itl_ms=0.2)
+    body = {"model": MODEL, "max_tokens": 100, "stream": True, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    events = await _stream_bytes(url, "/v1/chat/completions", body)
+    assert len(events) >= 100 and calls["full"] <= 3  # the first token, the last, maybe a stats-only output

@@ -134,11 +134,17 @@ class _PushQueue:
         for col in cols:
             col.queued = False
             w = col.waiter
+            out = col.pending
             # a reader that is awake (or about to be) takes the pending output itself
-            if w is None or w.done() or col.pending is None:
+            if w is None or out is None or w.done():
                 continue
-            col._hand_over()
-            if col.wake or col.error is not None:
+            col.pending = None  # _Collector._hand_over, inline: this runs once per output
+            try:
+                if col.deliver(out) or col.finished:
+                    col.wake = True
+                    w.set_result(None)
+            except Exception as e:
+                col.error = e
                 w.set_result(None)
 
 

@@ -1,10 +1,17 @@
-"""Accept every pending connection in one turn of the event loop.
+"""Accept every pending connection in one turn of the event loop, and stamp each request's
+arrival when its first bytes are parsed.
 
 uvloop's servers accept one connection per turn of the loop. A `serve` loop that is streaming to
 a thousand clients takes milliseconds per turn, so a burst of new connections (a load generator
 opening 1000 at once) waited seconds in the listen backlog before their first byte was read: a
 TTFT tail that no engine setting explains. Here a reader on the listening socket drains the
 backlog (up to `batch` per turn) and hands each connection to uvicorn's protocol.
+
+The same burst, once connected, sends its requests together: uvicorn parses all of them in one
+turn and queues one task per request, and each task runs its request up to the engine (body,
+templating, tokenizing) before the next one starts. A stamp taken when the task starts would hide
+that queue from the engine, so the configured TTFT would come on top of it; `stamping_arrival`
+takes the stamp (vLLM's `arrival_time`) in the parser's message-begin callback instead.
 """
 
 from __future__ import annotations
@@ -23,6 +30,28 @@ logger = logging.getLogger("vllm_vcr.http")
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_RETRY_DELAY = 1.0
 LOG_INTERVAL = 10.0  # at most one "accept failed" line per interval; the next one says how many were not logged
+
+
+ARRIVAL = "vllm_vcr.arrival"  # the scope key: time.time() when the request's first bytes were parsed
+_stamping: dict[type, type] = {}
+
+
+def stamping_arrival(protocol_class: type) -> type:
+    """uvicorn's HTTP protocol class, stamping `scope[ARRIVAL]` as each request begins (the
+    httptools protocol; any other is returned as it is, and the app stamps when it is called)."""
+    if not hasattr(protocol_class, "on_message_begin"):
+        return protocol_class
+    cls = _stamping.get(protocol_class)
+    if cls is None:
+        def on_message_begin(self) -> None:
+            protocol_class.on_message_begin(self)  # builds the request's scope
+            self.scope[ARRIVAL] = time.time()
+
+        cls = type(f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
+                   {"on_message_begin": on_message_begin,
+                    "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
+        _stamping[protocol_class] = cls
+    return cls
 
 
 class BurstAcceptor:

@@ -141,7 +141,8 @@ class OpenAIApp:
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         # vLLM's middleware order, outermost first: X-Request-Id, API key, CORS, router
         scope["vllm_vcr.send"] = send  # the server's own send: streams write to its transport directly
-        scope["vllm_vcr.arrival"] = time.time()  # vLLM's arrival_time: before the body is read and parsed
+        if "vllm_vcr.arrival" not in scope:  # the server stamps it as the request's bytes arrive (acceptor.py)
+            scope["vllm_vcr.arrival"] = time.time()  # vLLM's arrival_time: before the body is read and parsed
         if self.settings.request_id_headers:
             send = with_request_id(scope, send)
         if self._api_keys and scope["path"].startswith(_GUARDED) and not self._authorized(scope):

@@ -37,7 +37,7 @@ from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: 
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
-from .acceptor import BurstAcceptor  # noqa: E402
+from .acceptor import BurstAcceptor, stamping_arrival  # noqa: E402
 from ..faults import FaultController, FaultSpecError  # noqa: E402
 from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
@@ -84,7 +84,7 @@ class _Server(uvicorn.Server):
         # no uvloop server on the sockets: it would accept one connection per turn of the loop
         await super().startup(sockets=[])
         if self.started and sockets:
-            factory = functools.partial(self.config.http_protocol_class, config=self.config,
+            factory = functools.partial(stamping_arrival(self.config.http_protocol_class), config=self.config,
                                         server_state=self.server_state, app_state=self.lifespan.state)
             self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
         if self.started and self._on_ready is not None:

@@ -329,6 +329,10 @@ class ChatStream(ChoiceStream):
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
+        st = states[0]
+        if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
+                and not st.keep_ids):
+            self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_len)
 
     def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
         pl = self.prompt_len
@@ -353,7 +357,7 @@ class ChatStream(ChoiceStream):
                              + (self.usage_part(0) if cont else b"") + b"}\n\n")
         return b"".join(parts)
 
-    def feed(self, out: EngineCoreOutput) -> bytes:
+    def feed_full(self, out: EngineCoreOutput) -> bytes:
         applied = self.apply(out)
         if applied is None:
             return b""

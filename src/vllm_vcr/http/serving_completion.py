@@ -290,8 +290,12 @@ class CompletionStream(ChoiceStream):
         self.text_lens = [0] * total
         self.prompt_lens = [len(prompts[i // n].ids) for i in range(total)]
         self.first_cached: int | None = None
+        st = states[0]
+        if self.single and self.plain and not self.echo and not st.stops and not st.keep_text and not st.keep_ids:
+            # text_lens only serves logprobs offsets, which the fast case never has
+            self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_lens[0])
 
-    def feed(self, out: EngineCoreOutput) -> bytes:
+    def feed_full(self, out: EngineCoreOutput) -> bytes:
         applied = self.apply(out)
         if applied is None:
             return b""

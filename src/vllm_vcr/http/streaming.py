@@ -14,6 +14,7 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ import msgspec
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .errors import STREAM_INTERNAL_ERROR
 from .generation import OutputStream
-from .serving_base import ENGINE_GONE, RequestContext
+from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
 
 try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
@@ -33,9 +34,31 @@ except ImportError:  # pragma: no cover - httptools is a dependency
     _HttptoolsCycle = None
 
 
+_TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def token_json_cache(tokenizer: Any) -> dict[int, bytes]:
+    """Per tokenizer: token id -> its text as a JSON string, for a token detokenized on its own
+    (no partial character held before or after it). Then its text depends on its bytes only, so
+    the fast case can send it without decoding and encoding it again."""
+    cache = _TOKEN_JSON.get(tokenizer)
+    if cache is None:
+        cache = _TOKEN_JSON[tokenizer] = {}
+    return cache
+
+
 class ChoiceStream:
-    """A renderer's common part (ChatStream, CompletionStream add `feed` and `usage_chunk`):
-    applying outputs to their choice, counting ended choices, and the stream's end."""
+    """A renderer's common part (ChatStream, CompletionStream add `feed_full` and `usage_chunk`):
+    applying outputs to their choice, counting ended choices, the stream's end, and the per-token
+    fast case.
+
+    The fast case is the one W2 measures: one choice, a plain token (no finish, error, stats,
+    stop strings, reasoning, logprobs or token ids), after the first chunk. Its chunk is one
+    `%`-format of a template rendered once per stream (`fast_chunk`), the same bytes the full
+    path renders; everything else takes `feed_full`.
+    """
+
+    continuous = False  # usage on every chunk (the renderer sets it before this __init__)
 
     def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
@@ -48,6 +71,53 @@ class ChoiceStream:
         self.error = False
         self.tail = b""
         self.cancel: Callable[[int], None] | None = None
+        self.fast: Any = None  # the choice's SequenceState while the fast case applies
+        self.fast_chunk = b""  # a content chunk: %b the JSON text[, %d total and %d completion tokens]
+        self.fast_prompt_len = -1  # >= 0: the template takes the usage numbers
+        self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
+        self.token_json: dict[int, bytes] = {}
+
+    def enable_fast(self, head: bytes, tail: bytes, mid: bytes, usage: bytes, prompt_len: int) -> None:
+        """Use the fast case for this single-choice stream once its first chunk is out. A plain
+        token's chunk is `head + JSON text + tail`, or with continuous usage (`self.continuous`)
+        `head + JSON text + mid + usage % (prompt_len, total, completion) + b"}\n\n"`."""
+        self.fast_ok = True
+        self.token_json = token_json_cache(self.states[0].tokenizer)
+        template = head.replace(b"%", b"%%") + b"%b"
+        if self.continuous:
+            template += mid + usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
+            self.fast_prompt_len = prompt_len
+        else:
+            template += tail
+        self.fast_chunk = template
+
+    def feed(self, out: EngineCoreOutput) -> bytes:
+        """The bytes to send for one engine output (b"" for none)."""
+        st = self.fast
+        ids = out.new_token_ids
+        if (st is None or not ids or out.finish_reason is not None or out.error is not None
+                or out.prefill_stats is not None or out.kv_transfer_params is not None):
+            data = self.feed_full(out)
+            if self.fast_ok:
+                st = self.states[0]
+                self.fast = None if (st.finished or self.done or not st.num_tokens) else st
+            return data
+        # what SequenceState.process and feed_full do for a plain token, without the branches
+        n = st.num_tokens = st.num_tokens + len(ids)
+        detok = st.detok
+        if len(ids) == 1 and not detok.pending:
+            i = ids[0]
+            text = self.token_json.get(i)
+            if text is None:
+                text = encode(detok.add(ids))
+                if not detok.pending:
+                    self.token_json[i] = text
+        else:
+            text = encode(detok.add(ids))
+        pl = self.fast_prompt_len
+        if pl < 0:
+            return self.fast_chunk % text
+        return self.fast_chunk % (text, pl + n, n)
 
     def apply(self, out: EngineCoreOutput) -> tuple[int, Any, int, str, list[int]] | None:
         """Apply an output to its choice: (index, state, tokens before, delta text, delta ids);
@@ -82,8 +152,8 @@ class ChoiceStream:
             return self.tail + STREAM_INTERNAL_ERROR + DONE
         return self.tail + self.usage_chunk() + DONE
 
-    def feed(self, out: EngineCoreOutput) -> bytes:
-        """The bytes to send for one engine output (b"" for none)."""
+    def feed_full(self, out: EngineCoreOutput) -> bytes:
+        """feed, every case."""
         raise NotImplementedError
 
     def usage_chunk(self) -> bytes:

@@ -204,13 +204,13 @@ class Tokenizer:
 class IncrementalDetokenizer:
     """Token ids in, text out; holds back an incomplete UTF-8 sequence until it completes."""
 
-    __slots__ = ("_table", "_n", "_dec", "_pending")
+    __slots__ = ("_table", "_n", "_dec", "pending")
 
     def __init__(self, table: list[bytes]):
         self._table = table
         self._n = len(table)
         self._dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self._pending = False  # the incremental decoder holds part of a character
+        self.pending = False  # the incremental decoder holds part of a character
 
     def add(self, ids: list[int]) -> str:
         table = self._table
@@ -222,18 +222,18 @@ class IncrementalDetokenizer:
                 data = b"".join([table[i] for i in ids])
             except IndexError:
                 data = b"".join([table[i] if 0 <= i < self._n else b"" for i in ids])
-        if not self._pending:
+        if not self.pending:
             try:
                 return data.decode()  # the common case: whole characters, one C call
             except UnicodeDecodeError:
                 pass
         out = self._dec.decode(data)
-        self._pending = bool(self._dec.getstate()[0])
+        self.pending = bool(self._dec.getstate()[0])
         return out
 
     def flush(self) -> str:
         """At the end of a sequence: a dangling partial character becomes U+FFFD."""
-        self._pending = False
+        self.pending = False
         return self._dec.decode(b"", True)
 
 

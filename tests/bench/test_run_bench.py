@@ -1,0 +1,79 @@
+"""bench/run_bench.py's target lines and the null server's ITL-0 mode (the W1 floor)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _w2(label: str, c: int, p99: float, us: float) -> dict:
+    return {"label": label, "concurrency": c, "itl_1tok_ms": {"p99": p99}, "server_cpu_us_per_event": us}
+
+
+def test_w2_verdict_compares_with_null_at_the_same_concurrency():
+    rb = _load("run_bench")
+    rows = [_w2("vllm-vcr", 1000, 23.5, 16.0), _w2("null", 1000, 22.0, 13.6),
+            _w2("vllm-vcr", 256, 30.0, 30.0), _w2("null", 256, 22.0, 13.6), _w2("vllm-vcr", 32, 1.0, 1.0)]
+    lines = rb.verdict_w2(rows)
+    assert len(lines) == 2  # C=32 has no null row
+    at_256, at_1000 = lines
+    assert "C=1000" in at_1000 and "+1.50; target <= +2: met" in at_1000 and "1.18x; target <= 1.2x: met" in at_1000
+    assert "C=256" in at_256 and at_256.count("NOT met") == 2
+
+
+def test_burst_verdict_takes_the_median_of_the_rounds():
+    rb = _load("run_bench")
+    rows = [{"label": "vllm-vcr", "ttft_cfg_ms": 100.0, "ttft_ms": {"p50": p50, "p99": p99}}
+            for p50, p99 in ((103.0, 150.0), (104.0, 118.0), (140.0, 119.0))]
+    (line,) = rb.verdict_burst(rows)
+    assert "p50 104.0 ms (+4.0%; target within 5 %: met)" in line
+    assert "p99 119.0 ms (+19.0%; target within 20 %: met)" in line and "median of 3" in line
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_null_server_at_itl_0_streams_every_chunk():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(BENCH / "null_sse_server.py"), "--port", str(port),
+                             "--ttft-ms", "0", "--itl-ms", "0"])
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.1)
+        body = json.dumps({"max_tokens": 50}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
+        raw = b""
+        while not raw.endswith(b"0\r\n\r\n"):
+            data = sock.recv(65536)
+            assert data
+            raw += data
+        sock.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    events = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
+    assert len(events) == 51 and events[-1] == b"data: [DONE]"
+    assert b'"finish_reason":"length"' in events[-2] and b'"completion_tokens":50' in events[-2]
