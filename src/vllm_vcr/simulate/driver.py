@@ -17,15 +17,25 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
+from ..engine.decode_cohort import timing_only_unsupported
+from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
 from .router import Router
 from .workload import SimRequest
 
 START = 1000.0  # the virtual clock's origin (seconds); reported times are relative to it
+
+
+def content_hash(parent, token_ids, extra_keys):
+    """A block's chained hash for prefix-cache lookups only (Python's tuple hash: ~50x cheaper than
+    vLLM's sha256 of a pickle; a collision needs ~2^32 distinct blocks)."""
+    return hash((parent, tuple(token_ids), extra_keys))
 
 
 @dataclass(slots=True)
@@ -59,7 +69,8 @@ class Timeline:
 
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
-                 *, concurrency: int = 0, progress: Callable[[int], None] | None = None) -> None:
+                 *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
+                 timing_only: bool | None = None) -> None:
         self.clock = VirtualClock(START)
         self.args = args
         self.router = router
@@ -72,8 +83,18 @@ class Simulation:
         self.timeline.steps = [0] * num_engines
         self._progress = progress
         inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
-        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i), **inputs)
-                      for i in range(num_engines)]
+        if timing_only is None:  # nothing reads the tokens: by default, when the engine can
+            latency = inputs.get("latency")
+            timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
+                timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
+        self.timing_only = timing_only
+        if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
+            inputs["block_hasher"] = content_hash
+        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
+                                 timing_only=timing_only, **inputs) for i in range(num_engines)]
+        for core in self.cores:
+            if core.cohort is not None:
+                core.cohort.on_tokens = self._silent_tokens(core.cohort.step_ends)
         self._arrivals: list[tuple[float, int, SimRequest]] = []
         self._seq = 0
         self.wall_s = 0.0
@@ -83,6 +104,18 @@ class Simulation:
         def sink(client: int, outs: EngineCoreOutputs) -> None:
             self._on_outputs(engine, outs)
         return sink
+
+    def _silent_tokens(self, step_ends: array):
+        """Tokens a timing-only engine produced without outputs: one per cohort step first..last."""
+        def on_tokens(req, first: int, last: int) -> None:
+            rec = self.records.get(req.request_id)
+            if rec is None:
+                return
+            times = np.frombuffer(step_ends[first - 1:last], dtype=np.float64)
+            rec.gaps.frombytes(np.diff(times, prepend=rec.last).tobytes())
+            rec.num_out += last - first + 1
+            rec.last = step_ends[last - 1]
+        return on_tokens
 
     def _on_outputs(self, engine: int, outs: EngineCoreOutputs) -> None:
         t = outs.timestamp

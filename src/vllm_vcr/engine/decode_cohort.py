@@ -1,0 +1,234 @@
+"""Timing-only decodes: the running decodes of a timed engine advanced as one cohort, at a cost per
+step that does not grow with the batch (the offline simulator's fast path, `timing_only=True`).
+
+With a step-time model (`times_steps`) and zero per-request pacing, every running request past its
+prefill decodes one token in every step, and nothing reads the tokens of the steps in between
+(the simulator only counts them). So a decode's state is a function of the step counter: after
+`D` cohort steps a member that joined at step `d0` with `t0` tokens has `t0 + D - d0`. The cohort
+keeps the members' summed context (for the step's price), and two event queues in the plain
+scheduler's decode order (first-token time, then arrival): the step at which a member needs its
+next KV block (allocated then, by the scheduler's own `_allocate_or_preempt`, so preemption is
+unchanged), and the step that samples its last token (done by the plain `sample`). A member is
+materialized (its token ids, its computed count) only when it leaves: at its finish, or when it is
+preempted. Prefills, admission, preemption, first and last tokens all run the plain code.
+
+What it does not do: the tokens between a request's first and last are not sent as outputs (the
+simulator gets their step indices through `on_tokens`, their times from `step_ends`); output
+blocks of a finishing request are not registered in the prefix cache (no later prompt can contain
+its random ids; a preempted request's are, so its resume finds them); no KV events.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from typing import TYPE_CHECKING, Callable
+
+from .output import OutputProcessor
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+from .tokens import RandomTokens
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
+    from .core import EngineCore
+    from .latency import LatencyModel, StepBatch
+    from .policy import VLLMPolicy
+
+TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
+
+
+def cohort_eligible(req: Request) -> bool:
+    """A request whose decodes only the length can end, one token per step, with no gap of its own."""
+    return (req.burstable and req.chunk == 1 and type(req.token_source) is RandomTokens and not req.pooling
+            and req.plan is None and req.remote_prefill is None and not req.remote_decode)
+
+
+class _Member:
+    __slots__ = ("d0", "t0", "gen")
+
+    def __init__(self, d0: int, t0: int, gen: int) -> None:
+        self.d0 = d0  # the cohort step at which it joined
+        self.t0 = t0  # its tokens (prompt + output) then
+        self.gen = gen  # invalidates its stale queue entries after it leaves and rejoins
+
+
+class DecodeCohort:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.step = 0  # cohort steps taken (D)
+        self.step_ends = array("d")  # step_ends[D - 1]: when cohort step D ended
+        self.members: dict[Request, _Member] = {}
+        self._tokens_minus_join = 0  # sum over members of (t0 - d0): their context is this + n * D
+        self._boundaries: list[tuple] = []  # (step, due, seq, gen, req): needs a block before step+1
+        self._finishes: list[tuple] = []  # (step, due, seq, gen, req): its last token at step
+        self._gen = 0
+        self._prepared = -1  # the cohort step whose block allocations are done
+        self.on_tokens: TokensListener | None = None
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def tokens(self, req: Request) -> int:
+        m = self.members[req]
+        return m.t0 + self.step - m.d0
+
+    def join(self, req: Request, due: float, max_model_len: int) -> None:
+        """`req` has sampled a token and decodes from the next step on."""
+        self._gen += 1
+        d0, t0 = self.step, len(req.all_token_ids)
+        self.members[req] = _Member(d0, t0, self._gen)
+        self._tokens_minus_join += t0 - d0
+        idx = len(req.output_token_ids)
+        last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
+        if max_model_len:
+            last = min(last, max_model_len - req.num_prompt_tokens - 1)
+        heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, self._gen, req))
+        room = len(req.blocks) * self.block_size - t0 + 1  # steps until its tokens overflow its blocks
+        heapq.heappush(self._boundaries, (d0 + max(room, 0), due, req.seq, self._gen, req))
+
+    def leave(self, req: Request, materialize: bool, last: int | None = None, placeholders: bool = False) -> None:
+        """Take `req` out; with `materialize`, its tokens and computed count catch up first (to
+        cohort step `last`, default the current one): its source's ids, or with `placeholders`
+        (it is finishing: nothing will hash or read them) zeros."""
+        m = self.members.pop(req)
+        self._tokens_minus_join -= m.t0 - m.d0
+        if not materialize:
+            return
+        if last is None:
+            last = self.step
+        k = m.t0 + last - m.d0 - len(req.all_token_ids)
+        if k > 0:
+            new = [0] * k if placeholders else req.token_source.take(k)
+            req.output_token_ids += new
+            req.all_token_ids += new
+            if self.on_tokens is not None:
+                self.on_tokens(req, last - k + 1, last)
+        req.num_computed_tokens = len(req.all_token_ids) - 1
+
+    def extend(self, batch: StepBatch) -> StepBatch:
+        """The step's composition with the cohort's decodes (their count and summed context)."""
+        n = len(self.members)
+        if not n:
+            return batch
+        ctx = self._tokens_minus_join + n * self.step
+        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + ctx)
+
+    def allocate(self, sched: Scheduler, now: float) -> None:
+        """Before scheduling step D+1: the members whose next token needs a new block get it, in the
+        plain scheduler's decode order (a member preempted here leaves through `_preempt`)."""
+        if self._prepared == self.step:
+            return  # (the input gate may schedule twice in one step)
+        self._prepared = step = self.step
+        heap, members, bs = self._boundaries, self.members, self.block_size
+        while heap and heap[0][0] <= step:
+            entry = heapq.heappop(heap)
+            req = entry[4]
+            m = members.get(req)
+            if m is None or m.gen != entry[3]:
+                continue
+            req.num_computed_tokens = m.t0 + step - m.d0 - 1
+            if sched._allocate_or_preempt(req, 1, now):
+                heapq.heappush(heap, (step + bs, entry[1], entry[2], entry[3], req))
+
+    def advance(self, now: float) -> list[Request]:
+        """Cohort step D+1 ended at `now`: every member has one more token. Returns the members
+        whose last token this step sampled, materialized up to it and out of the cohort."""
+        self.step = step = self.step + 1
+        self.step_ends.append(now)
+        heap, members = self._finishes, self.members
+        done: list[Request] = []
+        while heap and heap[0][0] <= step:
+            entry = heapq.heappop(heap)
+            req = entry[4]
+            m = members.get(req)
+            if m is None or m.gen != entry[3]:
+                continue
+            self.leave(req, materialize=True, last=step - 1, placeholders=True)  # the last token is `sample`'s
+            req.num_computed_tokens += 1
+            done.append(req)
+        return done
+
+
+class CohortScheduler(Scheduler):
+    """The vLLM scheduler with eligible decodes in a DecodeCohort instead of the decode heap."""
+
+    def __init__(self, cohort: DecodeCohort, max_model_len: Callable[[], int], *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cohort = cohort
+        self.max_model_len = max_model_len
+
+    def push_decode(self, req: Request, due: float) -> None:
+        if cohort_eligible(req):
+            req.next_due = due
+            self.cohort.join(req, due, self.max_model_len())
+        else:
+            super().push_decode(req, due)
+
+    def has_immediate_work(self) -> bool:
+        return bool(self.cohort.members) or super().has_immediate_work()
+
+    def remove(self, req: Request, free_blocks: bool = True) -> None:
+        if req in self.cohort.members:
+            self.cohort.leave(req, materialize=False)  # an abort (a finish has left already)
+        super().remove(req, free_blocks)
+
+    def _preempt(self, req: Request, now: float) -> None:
+        if req in self.cohort.members:
+            self.cohort.leave(req, materialize=True)
+            self.kv.cache_computed_blocks(req)  # its resume finds them, as after plain decodes
+        super()._preempt(req, now)
+
+    def schedule(self, now: float) -> list:
+        self.engine_policy.on_step()
+        before = self.total_preemptions
+        self.cohort.allocate(self, now)
+        budget = self._config().max_num_batched_tokens - len(self.cohort.members)
+        scheduled, budget = self._schedule_decodes([], budget, now)  # ineligible decodes, if any
+        scheduled, budget = self._schedule_prefills(scheduled, budget, now)
+        if self.total_preemptions != before:
+            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
+        if not self.waiting or self.paused_new:
+            return scheduled
+        return self._schedule_waiting(scheduled, budget, now)[0]
+
+
+class CohortOutputProcessor(OutputProcessor):
+    """Step ends: the cohort advances and its finishing members sample their last token first
+    (as the plain path handles decodes before prefills), in the same output batch."""
+
+    def __init__(self, core: EngineCore, cohort: DecodeCohort) -> None:
+        super().__init__(core)
+        self.cohort = cohort
+        self._pending: tuple[list, list] | None = None
+
+    def update_from_output(self, scheduled, pulled, now: float, burst: int = 1, timed: bool = False) -> None:
+        outputs: list = []
+        finished: list = []
+        for req in self.cohort.advance(now):
+            self.sample(req, now, outputs, finished)
+        self._pending = (outputs, finished) if outputs or finished else None
+        super().update_from_output(scheduled, pulled, now, burst, timed)
+        if self._pending is not None:
+            self._pending = None
+            self.emit(outputs, finished, with_stats=True)
+
+    def emit(self, outputs, finished, with_stats: bool) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            outputs = pending[0] + outputs
+            finished = pending[1] + finished
+        super().emit(outputs, finished, with_stats)
+
+
+def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: EngineConfig) -> str | None:
+    """Why an engine cannot run timing-only decodes (None: it can)."""
+    if not latency.times_steps:
+        return "steps are not timed (no step-time or perf model)"
+    if policy.extend_first or policy.name != "vllm":
+        return "the engine type is not vllm"
+    if config.max_num_seqs > config.max_num_batched_tokens:
+        return "max_num_seqs exceeds max_num_batched_tokens (the budget could cut decodes)"
+    return None
+
+
