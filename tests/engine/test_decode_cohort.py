@@ -51,7 +51,7 @@ def _run(monkeypatch, args, workload_kw, engines, router, timing_only):
     sim = simulate(args, wl, engines=engines, router=router, concurrency=workload_kw.get("concurrency", 1),
                    timing_only=timing_only)
     assert sim.timing_only is timing_only
-    per_request = {r.request_id: (r.engine, r.first, r.last, r.end, r.num_out, r.cached, r.finish, list(r.gaps))
+    per_request = {r.request_id: (r.engine, r.first, r.last, r.end, r.num_out, r.cached, r.finish, list(r.gaps()))
                    for r in sim.done}
     for core in sim.cores:
         assert core.block_pool.num_free_blocks == core.block_pool.num_blocks

@@ -120,16 +120,33 @@ class DecodeCohort:
         if self._prepared == self.step:
             return  # (the input gate may schedule twice in one step)
         self._prepared = step = self.step
-        heap, members, bs = self._boundaries, self.members, self.block_size
+        heap, members = self._boundaries, self.members
+        due = []
         while heap and heap[0][0] <= step:
             entry = heapq.heappop(heap)
+            m = members.get(entry[4])
+            if m is not None and m.gen == entry[3]:
+                due.append(entry)
+        if not due:
+            return
+        pool = sched.kv.pool
+        if len(due) <= pool.num_free_blocks:  # one block each, in order: what the plain loop would take
+            for entry, block in zip(due, pool.allocate(len(due))):
+                entry[4].blocks.append(block)
+                self._next_boundary(entry)
+            return
+        for entry in due:  # KV pressure: one by one, preempting as the plain scheduler does
             req = entry[4]
             m = members.get(req)
-            if m is None or m.gen != entry[3]:
-                continue
+            if m is None:
+                continue  # preempted by an earlier member's allocation
             req.num_computed_tokens = m.t0 + step - m.d0 - 1
             if sched._allocate_or_preempt(req, 1, now):
-                heapq.heappush(heap, (step + bs, entry[1], entry[2], entry[3], req))
+                self._next_boundary(entry)
+
+    def _next_boundary(self, entry: tuple) -> None:
+        """Its next block: `block_size` tokens (steps) after the one it just got."""
+        heapq.heappush(self._boundaries, (self.step + self.block_size, *entry[1:]))
 
     def advance(self, now: float) -> list[Request]:
         """Cohort step D+1 ended at `now`: every member has one more token. Returns the members

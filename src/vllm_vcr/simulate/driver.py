@@ -51,7 +51,11 @@ class RequestRecord:
     num_out: int = 0
     cached: int = 0
     finish: str = ""
-    gaps: array = field(default_factory=lambda: array("d"))
+    times: array = field(default_factory=lambda: array("d"))  # of every token after the first
+
+    def gaps(self) -> np.ndarray:
+        """Every inter-token gap (seconds)."""
+        return np.diff(np.frombuffer(self.times, dtype=np.float64), prepend=self.first)
 
 
 @dataclass
@@ -111,8 +115,7 @@ class Simulation:
             rec = self.records.get(req.request_id)
             if rec is None:
                 return
-            times = np.frombuffer(step_ends[first - 1:last], dtype=np.float64)
-            rec.gaps.frombytes(np.diff(times, prepend=rec.last).tobytes())
+            rec.times.extend(step_ends[first - 1:last])
             rec.num_out += last - first + 1
             rec.last = step_ends[last - 1]
         return on_tokens
@@ -139,10 +142,11 @@ class Simulation:
                     rec.first = t
                     if o.prefill_stats is not None:
                         rec.cached = getattr(o.prefill_stats, "num_cached_tokens", 0) or 0
-                else:
-                    gap = (t - rec.last) / n
-                    for _ in range(n):
-                        rec.gaps.append(gap)
+                else:  # several tokens at once: spread evenly since the previous one
+                    last, gap = rec.last, (t - rec.last) / n
+                    for i in range(1, n):
+                        rec.times.append(last + gap * i)
+                    rec.times.append(t)
                 rec.num_out += n
                 rec.last = t
             if o.finish_reason is not None:
