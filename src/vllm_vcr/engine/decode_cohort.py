@@ -21,20 +21,27 @@ its random ids; a preempted request's are, so its resume finds them); no KV even
 from __future__ import annotations
 
 import heapq
+import logging
+import math
 from array import array
 from typing import TYPE_CHECKING, Callable
 
+from .block_pool import BlockPool
+from .latency import StepBatch
 from .output import OutputProcessor
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
+from .step import StepInFlight
 from .tokens import RandomTokens
 
 if TYPE_CHECKING:
     from .config import EngineConfig
     from .core import EngineCore
-    from .latency import LatencyModel, StepBatch
+    from .latency import LatencyModel
     from .policy import VLLMPolicy
 
+_engine_log = logging.getLogger("vllm_vcr.engine")
+TRACE_LEVEL = 5  # core.TRACE_LEVEL: every step is logged
 TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
 
 
@@ -120,29 +127,48 @@ class DecodeCohort:
         if self._prepared == self.step:
             return  # (the input gate may schedule twice in one step)
         self._prepared = step = self.step
-        heap, members = self._boundaries, self.members
+        due = self._pop_due()
+        if not due or self._allocate_all(due, sched.kv.pool):
+            return
+        for entry in due:  # KV pressure: one by one, preempting as the plain scheduler does
+            req = entry[4]
+            m = self.members.get(req)
+            if m is None:
+                continue  # preempted by an earlier member's allocation
+            req.num_computed_tokens = m.t0 + step - m.d0 - 1
+            if sched._allocate_or_preempt(req, 1, now):
+                self._next_boundary(entry)
+
+    def _pop_due(self) -> list[tuple]:
+        """The members whose next token needs a new block, in decode order."""
+        heap, members, step = self._boundaries, self.members, self.step
         due = []
         while heap and heap[0][0] <= step:
             entry = heapq.heappop(heap)
             m = members.get(entry[4])
             if m is not None and m.gen == entry[3]:
                 due.append(entry)
-        if not due:
-            return
-        pool = sched.kv.pool
-        if len(due) <= pool.num_free_blocks:  # one block each, in order: what the plain loop would take
-            for entry, block in zip(due, pool.allocate(len(due))):
-                entry[4].blocks.append(block)
-                self._next_boundary(entry)
-            return
-        for entry in due:  # KV pressure: one by one, preempting as the plain scheduler does
-            req = entry[4]
-            m = members.get(req)
-            if m is None:
-                continue  # preempted by an earlier member's allocation
-            req.num_computed_tokens = m.t0 + step - m.d0 - 1
-            if sched._allocate_or_preempt(req, 1, now):
-                self._next_boundary(entry)
+        return due
+
+    def _allocate_all(self, due: list[tuple], pool: BlockPool) -> bool:
+        """One block each, in order (what the plain loop takes), if the free blocks suffice."""
+        if len(due) > pool.num_free_blocks:
+            return False
+        for entry, block in zip(due, pool.allocate(len(due))):
+            entry[4].blocks.append(block)
+            self._next_boundary(entry)
+        return True
+
+    def next_finish(self) -> float:
+        """The cohort step at which the next member samples its last token (inf: none)."""
+        heap, members = self._finishes, self.members
+        while heap:
+            entry = heap[0]
+            m = members.get(entry[4])
+            if m is not None and m.gen == entry[3]:
+                return entry[0]
+            heapq.heappop(heap)
+        return math.inf
 
     def _next_boundary(self, entry: tuple) -> None:
         """Its next block: `block_size` tokens (steps) after the one it just got."""
@@ -249,3 +275,50 @@ def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: E
     return None
 
 
+
+
+def _quiet(core: EngineCore) -> bool:
+    """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
+    sched, life, kvt = core.scheduler, core.lifecycle, core.kv_transfer
+    return not (core._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
+                or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
+                or kvt.holds or kvt.transfers.remaining or core._pulled or core.timed.gate.hidden
+                or core._step_observers or _engine_log.isEnabledFor(TRACE_LEVEL))
+
+
+def fast_forward(core: EngineCore, horizon: float) -> int:
+    """Run, at once, the cohort-only steps of `core` that end before `horizon` (when its driver
+    knows no input arrives: the offline simulator), stopping before a step that samples a last
+    token. Each step is what the plain loop would do (advance, block boundaries, a priced step), without
+    its generic scheduling; a step whose blocks do not all fit runs the plain way. Returns the steps."""
+    cohort, timed = core.cohort, core.timed
+    batch = timed.in_flight
+    if cohort is None or batch is None or batch.scheduled or batch.pulled or not _quiet(core):
+        return 0
+    sched, pool, latency, rng = core.scheduler, core.kv.pool, core.latency, timed.rng
+    steps, now = 0, None
+    while batch.end < horizon and cohort.members and cohort.next_finish() > cohort.step + 1:
+        now = batch.end
+        cohort.advance(now)  # (no member finishes here)
+        timed.last_end = now
+        steps += 1
+        cohort._prepared = cohort.step
+        due = cohort._pop_due()
+        if due and not cohort._allocate_all(due, pool):  # KV pressure: the plain step preempts
+            for entry in due:
+                heapq.heappush(cohort._boundaries, entry)
+            cohort._prepared = -1
+            timed.in_flight = None
+            core.clock.advance_to(now)
+            core._start_step(now)
+            return steps
+        sched.engine_policy.on_step()
+        core.step_counter += 1
+        n = len(cohort.members)
+        step = StepBatch(n, 0, 0, 0, cohort._tokens_minus_join + n * cohort.step, False)
+        batch = StepInFlight(now + max(latency.step_duration(step, rng), 0.0) + core.admission.take_lora_time(),
+                             [], [])
+    timed.in_flight = batch
+    if now is not None:
+        core.clock.advance_to(now)
+    return steps

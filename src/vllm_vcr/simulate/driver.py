@@ -22,7 +22,7 @@ import numpy as np
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
-from ..engine.decode_cohort import timing_only_unsupported
+from ..engine.decode_cohort import fast_forward, timing_only_unsupported
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
@@ -178,6 +178,20 @@ class Simulation:
         self.cores[engine].add_request(EngineCoreRequest(
             request_id=req.request_id, prompt_token_ids=req.prompt, sampling_params=sp, arrival_time=now))
 
+    def _fast_forward(self, now: float) -> None:
+        """Let each engine run its decode-only steps up to the next event that could reach it: the
+        next arrival, or any other engine's next step end (a finish there may route a request here)."""
+        cores, arrivals = self.cores, self._arrivals
+        first = arrivals[0][0] if arrivals else math.inf
+        for i, core in enumerate(cores):
+            horizon = first
+            for j, other in enumerate(cores):
+                if j != i:
+                    w = other.next_wake()
+                    if w is not None and w < horizon:
+                        horizon = w
+            fast_forward(core, horizon)
+
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
         wall = time.perf_counter()
@@ -209,5 +223,7 @@ class Simulation:
                 w = core.next_wake()
                 if w is not None and w <= now:
                     core.run_until_idle(until=now)
+            if self.timing_only:
+                self._fast_forward(now)
         self.wall_s = time.perf_counter() - wall
         return self
