@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from bisect import insort
 import math
 from array import array
 from typing import TYPE_CHECKING, Callable
@@ -52,12 +53,14 @@ def cohort_eligible(req: Request) -> bool:
 
 
 class _Member:
-    __slots__ = ("d0", "t0", "gen")
+    __slots__ = ("d0", "t0", "gen", "slot", "bucket")
 
-    def __init__(self, d0: int, t0: int, gen: int) -> None:
+    def __init__(self, d0: int, t0: int, gen: int, slot: tuple, bucket: list) -> None:
         self.d0 = d0  # the cohort step at which it joined
         self.t0 = t0  # its tokens (prompt + output) then
-        self.gen = gen  # invalidates its stale queue entries after it leaves and rejoins
+        self.gen = gen  # invalidates its stale finish entry after it leaves and rejoins
+        self.slot = slot  # (due, seq, req): its entry in its block-boundary bucket
+        self.bucket = bucket
 
 
 class DecodeCohort:
@@ -67,7 +70,9 @@ class DecodeCohort:
         self.step_ends = array("d")  # step_ends[D - 1]: when cohort step D ended
         self.members: dict[Request, _Member] = {}
         self._tokens_minus_join = 0  # sum over members of (t0 - d0): their context is this + n * D
-        self._boundaries: list[tuple] = []  # (step, due, seq, gen, req): needs a block before step+1
+        # members by the phase (step % block_size) at which they need their next block, each bucket
+        # in the plain decode order (due, seq): a member's tokens cross a block every block_size steps
+        self._buckets: list[list[tuple]] = [[] for _ in range(block_size)]
         self._finishes: list[tuple] = []  # (step, due, seq, gen, req): its last token at step
         self._gen = 0
         self._prepared = -1  # the cohort step whose block allocations are done
@@ -84,15 +89,19 @@ class DecodeCohort:
         """`req` has sampled a token and decodes from the next step on."""
         self._gen += 1
         d0, t0 = self.step, len(req.all_token_ids)
-        self.members[req] = _Member(d0, t0, self._gen)
+        # steps until its tokens overflow its blocks: 0..block_size-1, as its blocks hold its computed tokens
+        room = len(req.blocks) * self.block_size - t0 + 1
+        if not 0 <= room < self.block_size:
+            raise AssertionError(f"{req.request_id}: {len(req.blocks)} blocks for {t0 - 1} computed tokens")
+        slot, bucket = (due, req.seq, req), self._buckets[(d0 + room) % self.block_size]
+        insort(bucket, slot)
+        self.members[req] = _Member(d0, t0, self._gen, slot, bucket)
         self._tokens_minus_join += t0 - d0
         idx = len(req.output_token_ids)
         last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
         if max_model_len:
             last = min(last, max_model_len - req.num_prompt_tokens - 1)
         heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, self._gen, req))
-        room = len(req.blocks) * self.block_size - t0 + 1  # steps until its tokens overflow its blocks
-        heapq.heappush(self._boundaries, (d0 + max(room, 0), due, req.seq, self._gen, req))
 
     def leave(self, req: Request, materialize: bool, last: int | None = None, placeholders: bool = False) -> None:
         """Take `req` out; with `materialize`, its tokens and computed count catch up first (to
@@ -100,6 +109,7 @@ class DecodeCohort:
         (it is finishing: nothing will hash or read them) zeros."""
         m = self.members.pop(req)
         self._tokens_minus_join -= m.t0 - m.d0
+        m.bucket.remove(m.slot)
         if not materialize:
             return
         if last is None:
@@ -127,36 +137,22 @@ class DecodeCohort:
         if self._prepared == self.step:
             return  # (the input gate may schedule twice in one step)
         self._prepared = step = self.step
-        due = self._pop_due()
+        due = self._buckets[step % self.block_size]
         if not due or self._allocate_all(due, sched.kv.pool):
             return
-        for entry in due:  # KV pressure: one by one, preempting as the plain scheduler does
-            req = entry[4]
+        for _, _, req in list(due):  # KV pressure: one by one, preempting as the plain scheduler does
             m = self.members.get(req)
             if m is None:
                 continue  # preempted by an earlier member's allocation
             req.num_computed_tokens = m.t0 + step - m.d0 - 1
-            if sched._allocate_or_preempt(req, 1, now):
-                self._next_boundary(entry)
-
-    def _pop_due(self) -> list[tuple]:
-        """The members whose next token needs a new block, in decode order."""
-        heap, members, step = self._boundaries, self.members, self.step
-        due = []
-        while heap and heap[0][0] <= step:
-            entry = heapq.heappop(heap)
-            m = members.get(entry[4])
-            if m is not None and m.gen == entry[3]:
-                due.append(entry)
-        return due
+            sched._allocate_or_preempt(req, 1, now)
 
     def _allocate_all(self, due: list[tuple], pool: BlockPool) -> bool:
         """One block each, in order (what the plain loop takes), if the free blocks suffice."""
         if len(due) > pool.num_free_blocks:
             return False
-        for entry, block in zip(due, pool.allocate(len(due))):
-            entry[4].blocks.append(block)
-            self._next_boundary(entry)
+        for slot, block in zip(due, pool.allocate(len(due))):
+            slot[2].blocks.append(block)
         return True
 
     def next_finish(self) -> float:
@@ -169,10 +165,6 @@ class DecodeCohort:
                 return entry[0]
             heapq.heappop(heap)
         return math.inf
-
-    def _next_boundary(self, entry: tuple) -> None:
-        """Its next block: `block_size` tokens (steps) after the one it just got."""
-        heapq.heappush(self._boundaries, (self.step + self.block_size, *entry[1:]))
 
     def advance(self, now: float) -> list[Request]:
         """Cohort step D+1 ended at `now`: every member has one more token. Returns the members
@@ -303,10 +295,8 @@ def fast_forward(core: EngineCore, horizon: float) -> int:
         timed.last_end = now
         steps += 1
         cohort._prepared = cohort.step
-        due = cohort._pop_due()
+        due = cohort._buckets[cohort.step % cohort.block_size]
         if due and not cohort._allocate_all(due, pool):  # KV pressure: the plain step preempts
-            for entry in due:
-                heapq.heappush(cohort._boundaries, entry)
             cohort._prepared = -1
             timed.in_flight = None
             core.clock.advance_to(now)
