@@ -43,9 +43,9 @@ class BlockPool:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.events = events
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.blocks = list(map(KVCacheBlock, range(num_blocks)))  # (tens of thousands on a big GPU)
         # free blocks, least recently freed first (eviction order)
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(zip(range(num_blocks), self.blocks))
         self.cached: dict[BlockHash, KVCacheBlock] = {}
 
     # --- queries -------------------------------------------------------------------------
