@@ -39,8 +39,8 @@ def _latency() -> AicStepLatency:
     return AicStepLatency(StepPricer(LinearKernels()), step_overhead_ms=1.5)
 
 
-def _args(kv_blocks: int, block: int, budget: int, seqs: int) -> EngineArgs:
-    cfg = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget)
+def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0) -> EngineArgs:
+    cfg = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=max_len)
     return EngineArgs(config=cfg, kv_cache_size=kv_blocks, tokens_per_block=block,
                       advertised_max_model_len=1 << 16).validate()
 
@@ -65,10 +65,10 @@ def _run(monkeypatch, args, workload_kw, engines, router, timing_only):
        osl=st.sampled_from(["uniform:1:60", "exp:20", "1", "2"]), arrival=st.sampled_from(["closed", "poisson"]),
        concurrency=st.integers(1, 12), kv_blocks=st.integers(40, 200), block=st.sampled_from([4, 16]),
        budget=st.integers(32, 256), seqs=st.integers(1, 16), engines=st.integers(1, 2),
-       prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3))
+       prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), max_len=st.sampled_from([0, 0, 96]))
 def test_timing_only_decodes_change_nothing_but_the_outputs(monkeypatch, n, isl, osl, arrival, concurrency, kv_blocks,
-                                                            block, budget, seqs, engines, prefixes, seed):
-    args = _args(kv_blocks, block, budget, min(seqs, budget))
+                                                            block, budget, seqs, engines, prefixes, seed, max_len):
+    args = _args(kv_blocks, block, budget, min(seqs, budget), max_len)
     wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
               concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
     router = "kv" if prefixes else "round_robin"
