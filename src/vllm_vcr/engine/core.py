@@ -25,9 +25,9 @@ from .admission import Admission, TokenSourceFactory, reject
 from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
-from .decode_cohort import CohortOutputProcessor, CohortScheduler, DecodeCohort, timing_only_unsupported
 from .config import EngineArgs
 from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
+from .decode_cohort import CohortOutputProcessor, CohortScheduler, DecodeCohort, timing_only_unsupported
 from .inbox import Inbox, run_call
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer

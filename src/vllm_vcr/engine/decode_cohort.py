@@ -5,12 +5,13 @@ With a step-time model (`times_steps`) and zero per-request pacing, every runnin
 prefill decodes one token in every step, and nothing reads the tokens of the steps in between
 (the simulator only counts them). So a decode's state is a function of the step counter: after
 `D` cohort steps a member that joined at step `d0` with `t0` tokens has `t0 + D - d0`. The cohort
-keeps the members' summed context (for the step's price), and two event queues in the plain
-scheduler's decode order (first-token time, then arrival): the step at which a member needs its
-next KV block (allocated then, by the scheduler's own `_allocate_or_preempt`, so preemption is
-unchanged), and the step that samples its last token (done by the plain `sample`). A member is
-materialized (its token ids, its computed count) only when it leaves: at its finish, or when it is
-preempted. Prefills, admission, preemption, first and last tokens all run the plain code.
+keeps the members' summed context (for the step's price); the members by the phase of the step
+(`D % block_size`) at which they need their next KV block, in the plain scheduler's decode order
+(first-token time, then arrival), allocated then (in one call while the free blocks cover them,
+else one by one through the scheduler's own `_allocate_or_preempt`, so preemption is unchanged);
+and a queue of the steps that sample each member's last token (done by the plain `sample`). A
+member is materialized (its token ids, its computed count) only when it leaves: at its finish, or
+when it is preempted. Prefills, admission, preemption, first and last tokens run the plain code.
 
 What it does not do: the tokens between a request's first and last are not sent as outputs (the
 simulator gets their step indices through `on_tokens`, their times from `step_ends`); output
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import heapq
 import logging
-from bisect import insort
 import math
 from array import array
+from bisect import insort
 from typing import TYPE_CHECKING, Callable
 
 from .block_pool import BlockPool
@@ -128,31 +129,37 @@ class DecodeCohort:
         n = len(self.members)
         if not n:
             return batch
-        ctx = self._tokens_minus_join + n * self.step
-        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + ctx)
+        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + self.context())
+
+    def context(self) -> int:
+        """The members' summed tokens: the context their decodes attend to in the next step."""
+        return self._tokens_minus_join + len(self.members) * self.step
 
     def allocate(self, sched: Scheduler, now: float) -> None:
         """Before scheduling step D+1: the members whose next token needs a new block get it, in the
         plain scheduler's decode order (a member preempted here leaves through `_preempt`)."""
         if self._prepared == self.step:
             return  # (the input gate may schedule twice in one step)
-        self._prepared = step = self.step
-        due = self._buckets[step % self.block_size]
-        if not due or self._allocate_all(due, sched.kv.pool):
+        if self.allocate_if_free(sched.kv.pool):
             return
-        for _, _, req in list(due):  # KV pressure: one by one, preempting as the plain scheduler does
+        self._prepared = step = self.step
+        for _, _, req in list(self._buckets[step % self.block_size]):  # KV pressure: one by one, preempting as the plain scheduler does
             m = self.members.get(req)
             if m is None:
                 continue  # preempted by an earlier member's allocation
             req.num_computed_tokens = m.t0 + step - m.d0 - 1
             sched._allocate_or_preempt(req, 1, now)
 
-    def _allocate_all(self, due: list[tuple], pool: BlockPool) -> bool:
-        """One block each, in order (what the plain loop takes), if the free blocks suffice."""
-        if len(due) > pool.num_free_blocks:
-            return False
-        for slot, block in zip(due, pool.allocate(len(due))):
-            slot[2].blocks.append(block)
+    def allocate_if_free(self, pool: BlockPool) -> bool:
+        """Before step D+1, when the free blocks cover every member at a block boundary: one block
+        each, in decode order, in one call (what the plain loop takes). False: nothing was done."""
+        due = self._buckets[self.step % self.block_size]
+        if due:
+            if len(due) > pool.num_free_blocks:
+                return False
+            for slot, block in zip(due, pool.allocate(len(due))):
+                slot[2].blocks.append(block)
+        self._prepared = self.step
         return True
 
     def next_finish(self) -> float:
@@ -267,8 +274,6 @@ def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: E
     return None
 
 
-
-
 def _quiet(core: EngineCore) -> bool:
     """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
     sched, life, kvt = core.scheduler, core.lifecycle, core.kv_transfer
@@ -294,18 +299,14 @@ def fast_forward(core: EngineCore, horizon: float) -> int:
         cohort.advance(now)  # (no member finishes here)
         timed.last_end = now
         steps += 1
-        cohort._prepared = cohort.step
-        due = cohort._buckets[cohort.step % cohort.block_size]
-        if due and not cohort._allocate_all(due, pool):  # KV pressure: the plain step preempts
-            cohort._prepared = -1
+        if not cohort.allocate_if_free(pool):  # KV pressure: the plain step preempts
             timed.in_flight = None
             core.clock.advance_to(now)
             core._start_step(now)
             return steps
         sched.engine_policy.on_step()
         core.step_counter += 1
-        n = len(cohort.members)
-        step = StepBatch(n, 0, 0, 0, cohort._tokens_minus_join + n * cohort.step, False)
+        step = StepBatch(len(cohort.members), 0, 0, 0, cohort.context(), False)  # = compose() + extend()
         batch = StepInFlight(now + max(latency.step_duration(step, rng), 0.0) + core.admission.take_lora_time(),
                              [], [])
     timed.in_flight = batch
