@@ -143,7 +143,8 @@ class DecodeCohort:
         if self.allocate_if_free(sched.kv.pool):
             return
         self._prepared = step = self.step
-        for _, _, req in list(self._buckets[step % self.block_size]):  # KV pressure: one by one, preempting as the plain scheduler does
+        # KV pressure: one by one, preempting as the plain scheduler does
+        for _, _, req in list(self._buckets[step % self.block_size]):
             m = self.members.get(req)
             if m is None:
                 continue  # preempted by an earlier member's allocation

@@ -22,7 +22,7 @@ import numpy as np
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in Mooncake traces
 _VOCAB = 30000  # prompt token ids are drawn from [1, _VOCAB]
-_SUFFIX_POOL = 1 << 16
+_SUFFIX_POOL = 1 << 16  # random ids a synthetic workload cuts its prompt suffixes from
 
 
 @dataclass(slots=True)
