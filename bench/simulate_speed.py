@@ -1,13 +1,20 @@
 #!/usr/bin/env python
-"""Speed of `vllm-vcr simulate`: simulated requests per wall second on one core.
+"""Speed of `vllm-vcr simulate`: simulated requests per CPU (and wall) second on one core.
 
 The workload of the issue: a 1,000-request trace at concurrency 64 with the GPU perf model
-(Llama-3.1-8B on one H100, vLLM): closed loop, ISL/OSL drawn per request. Reports wall and CPU
-seconds of the simulation alone (the estimator's one-off compile is timed apart) and the load
-average, since the box may be shared: numbers are only comparable on a quiet machine.
+(Llama-3.1-8B on one H100, vLLM): closed loop, ISL/OSL drawn per request. Each repeat runs the
+engines' plain path (`timing_only=False`: every token an output) and the timing-only path (the
+default of `simulate`: engine/decode_cohort.py) back to back, alternating which goes first, and
+reports CPU seconds (process time: the box may be shared) and wall seconds of the simulation
+alone (the estimator's one-off compile is timed apart), with the load average.
+
+`--dynamo PYTHON` also runs Dynamo's offline replay (`dynamo.replay.run_synthetic_trace_replay`,
+its default timing: it has no AIC without aiconfigurator-core in its venv) on the fixed-length
+shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way, and
+`--fixed` runs our side on that shape too.
 
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
-                                      [--osl lognormal:256:128] [--repeat 3]
+          [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,15 +36,20 @@ from vllm_vcr.perf.kv_sizing import estimate_kv_capacity  # noqa: E402
 from vllm_vcr.simulate.runner import simulate  # noqa: E402
 from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload  # noqa: E402
 
+DYNAMO_RUN = """
+import json, sys, time
+from dynamo.replay import run_synthetic_trace_replay
+isl, osl, n, c = (int(x) for x in sys.argv[1:5])
+c0, w0 = time.process_time(), time.perf_counter()
+r = run_synthetic_trace_replay(isl, osl, n, replay_concurrency=c)
+cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+s = r["summary"] if isinstance(r, dict) else r.summary
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
+                  "output_tokens": s["total_output_tokens"]}))
+"""
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--isl", default="lognormal:1024:512")
-    ap.add_argument("--osl", default="lognormal:256:128")
-    ap.add_argument("--repeat", type=int, default=3)
-    a = ap.parse_args()
+
+def _engine_args() -> tuple[EngineArgs, float]:
     t0 = time.perf_counter()
     target = AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm").resolved()
     compile_target(target)
@@ -45,20 +59,62 @@ def main() -> int:
     args = EngineArgs(config=EngineConfig(max_num_seqs=1024, max_num_batched_tokens=8192),
                       kv_cache_size=cap.num_blocks, perf_model=target.to_dict(),
                       advertised_max_model_len=1 << 20).validate()
+    return args, compile_s
+
+
+def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int, seed: int,
+          timing_only: bool) -> dict:
+    wl = SyntheticWorkload(num_requests=requests, isl=LengthDist.parse(isl, "--isl"),
+                           osl=LengthDist.parse(osl, "--osl"), arrival="closed", concurrency=concurrency, seed=seed)
+    load = os.getloadavg()[0]
+    w0, c0 = time.perf_counter(), time.process_time()
+    sim = simulate(args, wl, concurrency=concurrency, timing_only=timing_only)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    tokens = sum(r.num_out for r in sim.done)
+    return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed,
+            "cpu_s": cpu, "wall_s": wall, "requests_per_cpu_s": len(sim.done) / cpu,
+            "requests_per_wall_s": len(sim.done) / wall, "output_tokens": tokens, "loadavg_1m_before": load}
+
+
+def _dynamo(python: str, requests: int, concurrency: int) -> dict:
+    load = os.getloadavg()[0]
+    out = subprocess.run([python, "-c", DYNAMO_RUN, "1024", "256", str(requests), str(concurrency)],
+                         capture_output=True, text=True, timeout=600, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"path": "dynamo_offline_replay", "isl": "1024", "osl": "256", **r,
+            "requests_per_cpu_s": r["requests"] / r["cpu_s"], "requests_per_wall_s": r["requests"] / r["wall_s"],
+            "loadavg_1m_before": load}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--isl", default="lognormal:1024:512")
+    ap.add_argument("--osl", default="lognormal:256:128")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--fixed", action="store_true", help="also run ISL 1024 / OSL 256 exactly (Dynamo's shape)")
+    ap.add_argument("--dynamo", metavar="PYTHON", help="the interpreter of a venv with ai-dynamo installed")
+    a = ap.parse_args()
+    args, compile_s = _engine_args()
+    shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
     for i in range(a.repeat):
-        wl = SyntheticWorkload(num_requests=a.requests, isl=LengthDist.parse(a.isl, "--isl"),
-                               osl=LengthDist.parse(a.osl, "--osl"), arrival="closed", concurrency=a.concurrency,
-                               seed=i)
-        load = os.getloadavg()[0]
-        w0, c0 = time.perf_counter(), time.process_time()
-        sim = simulate(args, wl, concurrency=a.concurrency)
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        tokens = sum(r.num_out for r in sim.done)
-        runs.append({"wall_s": wall, "cpu_s": cpu, "requests_per_wall_s": len(sim.done) / wall,
-                     "requests_per_cpu_s": len(sim.done) / cpu, "output_tokens": tokens,
-                     "tokens_per_cpu_s": tokens / cpu, "loadavg_1m_before": load})
-    print(json.dumps({"workload": vars(a), "compile_s": compile_s, "cpus": os.cpu_count(), "runs": runs}, indent=1))
+        for isl, osl in shapes:
+            order = (False, True) if i % 2 == 0 else (True, False)  # alternate A/B on a shared box
+            runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
+        if a.dynamo:
+            runs.append(_dynamo(a.dynamo, a.requests, a.concurrency))
+    summary: dict[str, dict] = {}
+    for r in runs:
+        key = f"{r['path']} isl={r['isl']} osl={r['osl']}"
+        summary.setdefault(key, {"cpu_s": [], "requests_per_cpu_s": []})
+        summary[key]["cpu_s"].append(round(r["cpu_s"], 4))
+        summary[key]["requests_per_cpu_s"].append(round(r["requests_per_cpu_s"]))
+    for s in summary.values():
+        s["median_requests_per_cpu_s"] = statistics.median(s["requests_per_cpu_s"])
+    print(json.dumps({"workload": vars(a), "compile_s": compile_s, "cpus": os.cpu_count(), "runs": runs,
+                      "summary": summary}, indent=1))
     return 0
 
 

@@ -43,9 +43,9 @@ class BlockPool:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.events = events
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.blocks = list(map(KVCacheBlock, range(num_blocks)))  # (tens of thousands on a big GPU)
         # free blocks, least recently freed first (eviction order)
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(zip(range(num_blocks), self.blocks))
         self.cached: dict[BlockHash, KVCacheBlock] = {}
 
     # --- queries -------------------------------------------------------------------------
@@ -81,18 +81,18 @@ class BlockPool:
     def allocate(self, n: int) -> list[KVCacheBlock]:
         if n > len(self.free_queue):
             raise ValueError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
-        out: list[KVCacheBlock] = []
+        popitem = self.free_queue.popitem
+        out = [popitem(False)[1] for _ in range(n)]  # least recently freed first
         evicted: list[BlockHash] = []
-        fq = self.free_queue
-        for _ in range(n):
-            _, b = fq.popitem(last=False)
-            if b.block_hash is not None:
-                if self.cached.get(b.block_hash) is b:
-                    del self.cached[b.block_hash]
-                    evicted.append(b.block_hash)
+        cached = self.cached
+        for b in out:
+            h = b.block_hash
+            if h is not None:
+                if cached.get(h) is b:
+                    del cached[h]
+                    evicted.append(h)
                 b.block_hash = None
             b.ref_cnt = 1
-            out.append(b)
         if evicted and self.events is not None:
             self.events.removed(evicted)
         return out

@@ -27,6 +27,7 @@ from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
+from .decode_cohort import CohortOutputProcessor, CohortScheduler, DecodeCohort, timing_only_unsupported
 from .inbox import Inbox, run_call
 from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
@@ -64,7 +65,10 @@ class EngineCore(EngineControls):
                  output_sink: OutputSink | None = None, latency: LatencyModel | None = None,
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
                  token_source_factory: TokenSourceFactory | None = None,
-                 replay_table: OutputReplayTable | None = None, planner: Planner | None = None) -> None:
+                 replay_table: OutputReplayTable | None = None, planner: Planner | None = None,
+                 timing_only: bool = False) -> None:
+        """`timing_only`: decodes between a request's first and last token advance as one cohort
+        and emit no outputs (the offline simulator's fast path, decode_cohort.py)."""
         args.check_injected(latency, planner, replay_table)
         self.args = args
         self.engine_index = engine_index
@@ -76,8 +80,17 @@ class EngineCore(EngineControls):
         self.replay_table = replay_table
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
-        self.scheduler = Scheduler(lambda: self._config, self.kv, args.scheduling_policy,
-                                   args.long_prefill_token_threshold, policy_for(args.engine_type))
+        sched_args = (lambda: self._config, self.kv, args.scheduling_policy, args.long_prefill_token_threshold,
+                      policy_for(args.engine_type))
+        self.cohort: DecodeCohort | None = None
+        if timing_only:
+            why = timing_only_unsupported(self.latency, sched_args[-1], self._config)
+            if why is not None:
+                raise ValueError(f"timing-only decodes are unavailable: {why}")
+            self.cohort = DecodeCohort(args.tokens_per_block)
+            self.scheduler = CohortScheduler(self.cohort, lambda: self.output.max_model_len, *sched_args)
+        else:
+            self.scheduler = Scheduler(*sched_args)
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
@@ -85,7 +98,7 @@ class EngineCore(EngineControls):
         self.stats = EngineStats()
         self.dead: BaseException | None = None
         self.admission = Admission(self, token_source_factory)
-        self.output = OutputProcessor(self)
+        self.output = OutputProcessor(self) if self.cohort is None else CohortOutputProcessor(self, self.cohort)
         self.kv_transfer = KVTransfer(self, self.kv, self.scheduler)
         self.scheduler.on_admit = self.admission.on_admit
         self.scheduler.on_preempt = self.kv_transfer.cancel_pull
@@ -123,6 +136,8 @@ class EngineCore(EngineControls):
         """Collect BlockStored/BlockRemoved/AllBlocksCleared and hand them to `publish` once per step.
 
         `publish(events, wall_time)` must not block (the KV events publisher queues them)."""
+        if self.cohort is not None:
+            raise ValueError("KV events need every decode step: not with timing-only decodes")
         self.block_pool.events = collector
         self._kv_events = (collector, publish)
 
@@ -387,7 +402,7 @@ class EngineCore(EngineControls):
             scheduled = self.scheduler.schedule(now)
             pulled = kvt.complete_pulls(self._pulled, self.requests) if self._pulled else []
         self._pulled = []
-        if not scheduled and not pulled:
+        if not scheduled and not pulled and not (self.cohort and self.cohort.members):
             return False
         self.step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
@@ -395,6 +410,8 @@ class EngineCore(EngineControls):
         duration = 0.0
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self.timed.after_idle(now))
+            if self.cohort is not None:
+                batch = self.cohort.extend(batch)
             if timed:
                 duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0) + self.admission.take_lora_time()
             for observe in self._step_observers:

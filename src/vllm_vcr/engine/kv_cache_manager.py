@@ -32,9 +32,10 @@ class KVCacheManager:
         tokens = req.all_token_ids
         full = len(tokens) // bs
         hasher = self.hasher
+        keyed = req.lora_name is not None or req.cache_salt is not None
         for i in range(len(hashes), full):
             parent = hashes[i - 1] if i else None
-            hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i)))
+            hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None))
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
         """Prefix-cache hits for a request about to be scheduled from waiting."""

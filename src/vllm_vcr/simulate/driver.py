@@ -17,15 +17,25 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
+from ..engine.decode_cohort import fast_forward, timing_only_unsupported
+from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
 from .router import Router
 from .workload import SimRequest
 
 START = 1000.0  # the virtual clock's origin (seconds); reported times are relative to it
+
+
+def content_hash(parent, token_ids, extra_keys):
+    """A block's chained hash for prefix-cache lookups only (Python's tuple hash: ~50x cheaper than
+    vLLM's sha256 of a pickle; a collision needs ~2^32 distinct blocks)."""
+    return hash((parent, tuple(token_ids), extra_keys))
 
 
 @dataclass(slots=True)
@@ -41,7 +51,11 @@ class RequestRecord:
     num_out: int = 0
     cached: int = 0
     finish: str = ""
-    gaps: array = field(default_factory=lambda: array("d"))
+    times: array = field(default_factory=lambda: array("d"))  # of every token after the first
+
+    def gaps(self) -> np.ndarray:
+        """Every inter-token gap (seconds)."""
+        return np.diff(np.frombuffer(self.times, dtype=np.float64), prepend=self.first)
 
 
 @dataclass
@@ -59,7 +73,8 @@ class Timeline:
 
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
-                 *, concurrency: int = 0, progress: Callable[[int], None] | None = None) -> None:
+                 *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
+                 timing_only: bool | None = None) -> None:
         self.clock = VirtualClock(START)
         self.args = args
         self.router = router
@@ -72,8 +87,18 @@ class Simulation:
         self.timeline.steps = [0] * num_engines
         self._progress = progress
         inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
-        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i), **inputs)
-                      for i in range(num_engines)]
+        if timing_only is None:  # nothing reads the tokens: by default, when the engine can
+            latency = inputs.get("latency")
+            timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
+                timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
+        self.timing_only = timing_only
+        if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
+            inputs["block_hasher"] = content_hash
+        self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
+                                 timing_only=timing_only, **inputs) for i in range(num_engines)]
+        for core in self.cores:
+            if core.cohort is not None:
+                core.cohort.on_tokens = self._silent_tokens(core.cohort.step_ends)
         self._arrivals: list[tuple[float, int, SimRequest]] = []
         self._seq = 0
         self.wall_s = 0.0
@@ -83,6 +108,17 @@ class Simulation:
         def sink(client: int, outs: EngineCoreOutputs) -> None:
             self._on_outputs(engine, outs)
         return sink
+
+    def _silent_tokens(self, step_ends: array):
+        """Tokens a timing-only engine produced without outputs: one per cohort step first..last."""
+        def on_tokens(req, first: int, last: int) -> None:
+            rec = self.records.get(req.request_id)
+            if rec is None:
+                return
+            rec.times.extend(step_ends[first - 1:last])
+            rec.num_out += last - first + 1
+            rec.last = step_ends[last - 1]
+        return on_tokens
 
     def _on_outputs(self, engine: int, outs: EngineCoreOutputs) -> None:
         t = outs.timestamp
@@ -106,10 +142,11 @@ class Simulation:
                     rec.first = t
                     if o.prefill_stats is not None:
                         rec.cached = getattr(o.prefill_stats, "num_cached_tokens", 0) or 0
-                else:
-                    gap = (t - rec.last) / n
-                    for _ in range(n):
-                        rec.gaps.append(gap)
+                else:  # several tokens at once: spread evenly since the previous one
+                    last, gap = rec.last, (t - rec.last) / n
+                    for i in range(1, n):
+                        rec.times.append(last + gap * i)
+                    rec.times.append(t)
                 rec.num_out += n
                 rec.last = t
             if o.finish_reason is not None:
@@ -140,6 +177,20 @@ class Simulation:
         sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True)
         self.cores[engine].add_request(EngineCoreRequest(
             request_id=req.request_id, prompt_token_ids=req.prompt, sampling_params=sp, arrival_time=now))
+
+    def _fast_forward(self, now: float) -> None:
+        """Let each engine run its decode-only steps up to the next event that could reach it: the
+        next arrival, or any other engine's next step end (a finish there may route a request here)."""
+        cores, arrivals = self.cores, self._arrivals
+        first = arrivals[0][0] if arrivals else math.inf
+        for i, core in enumerate(cores):
+            horizon = first
+            for j, other in enumerate(cores):
+                if j != i:
+                    w = other.next_wake()
+                    if w is not None and w < horizon:
+                        horizon = w
+            fast_forward(core, horizon)
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
@@ -172,5 +223,7 @@ class Simulation:
                 w = core.next_wake()
                 if w is not None and w <= now:
                     core.run_until_idle(until=now)
+            if self.timing_only:
+                self._fast_forward(now)
         self.wall_s = time.perf_counter() - wall
         return self

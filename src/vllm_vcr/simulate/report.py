@@ -34,7 +34,7 @@ def request_metrics(sim: Simulation) -> dict[str, np.ndarray]:
     n_out = np.array([r.num_out for r in done])
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n_out > 1, (end - first) / np.maximum(n_out - 1, 1), np.nan) * 1e3
-    itl = np.concatenate([np.frombuffer(r.gaps, dtype=np.float64) for r in done]) * 1e3 if done else np.array([])
+    itl = np.concatenate([r.gaps() for r in done]) * 1e3 if done else np.array([])
     return {"ttft": (first - arrival) * 1e3, "tpot": tpot, "e2e": (end - arrival) * 1e3, "itl": itl}
 
 

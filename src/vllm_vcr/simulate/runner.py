@@ -12,10 +12,13 @@ from .router import make_router
 
 
 def simulate(args: EngineArgs, workload, *, engines: int = 1, router: str = "round_robin",
-             concurrency: int = 1, progress=None) -> Simulation:
-    """Run `workload` through `engines` EngineCores with `router`; returns the finished Simulation."""
+             concurrency: int = 1, progress=None, timing_only: bool | None = None) -> Simulation:
+    """Run `workload` through `engines` EngineCores with `router`; returns the finished Simulation.
+    `timing_only` (default: whenever the engines time their steps) runs decodes without token
+    outputs (engine/decode_cohort.py); False runs the plain path, token by token."""
     r = make_router(router, engines, block_size=args.tokens_per_block, capacity_blocks=args.kv_cache_size)
-    return Simulation(args, engines, r, workload, concurrency=concurrency, progress=progress).run()
+    return Simulation(args, engines, r, workload, concurrency=concurrency, progress=progress,
+                      timing_only=timing_only).run()
 
 
 def _meta(args: EngineArgs, workload, engines: int, router: str, concurrency: int) -> dict[str, Any]:

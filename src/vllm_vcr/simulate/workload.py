@@ -22,6 +22,7 @@ import numpy as np
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in Mooncake traces
 _VOCAB = 30000  # prompt token ids are drawn from [1, _VOCAB]
+_SUFFIX_POOL = 1 << 16  # random ids a synthetic workload cuts its prompt suffixes from
 
 
 @dataclass(slots=True)
@@ -93,12 +94,14 @@ class SyntheticWorkload:
     _t: float = field(init=False, default=0.0)
     _prefixes: list[list[int]] = field(init=False, default_factory=list)
     _np: np.random.Generator = field(init=False, repr=False)
+    _ids: list[int] = field(init=False, repr=False)  # random ids that suffixes are cut from
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
         self._np = np.random.default_rng(self.seed)
         self._prefixes = [_block_tokens(-(self.seed + 1) * 1000 - g, self.prefix_len)
                           for g in range(self.num_prefixes)]
+        self._ids = self._np.integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
 
     @property
     def closed_loop(self) -> bool:
@@ -110,10 +113,22 @@ class SyntheticWorkload:
         prompt: list[int] = []
         if self._prefixes:
             prompt = list(self._prefixes[rng.randrange(len(self._prefixes))][:max(isl - 1, 0)])
-        prompt.extend(self._np.integers(1, _VOCAB + 1, size=isl - len(prompt)).tolist())
         i = self._made
+        prompt.extend(self._suffix(i, isl - len(prompt)))
         self._made += 1
         return SimRequest(f"sim-{i}", prompt, self.osl.draw(rng), arrival)
+
+    def _suffix(self, i: int, n: int) -> list[int]:
+        """`n` ids of request `i`'s own: its index in two ids, then a run of random ids from a random
+        place (the index makes every block from there on differ from any other request's, at the
+        cost of a slice rather than n random draws)."""
+        head = [i // _VOCAB + 1, i % _VOCAB + 1][:n]
+        rest = n - len(head)
+        ids = self._ids
+        while len(ids) < rest:
+            ids = ids + ids
+        at = int(self._np.integers(len(ids) - rest + 1))  # (not self._rng: the lengths a seed draws stay)
+        return head + ids[at:at + rest]
 
     def open_arrivals(self) -> Iterator[SimRequest]:
         """Requests in arrival order (open loop)."""

@@ -1,0 +1,316 @@
+"""Timing-only decodes: the running decodes of a timed engine advanced as one cohort, at a cost per
+step that does not grow with the batch (the offline simulator's fast path, `timing_only=True`).
+
+With a step-time model (`times_steps`) and zero per-request pacing, every running request past its
+prefill decodes one token in every step, and nothing reads the tokens of the steps in between
+(the simulator only counts them). So a decode's state is a function of the step counter: after
+`D` cohort steps a member that joined at step `d0` with `t0` tokens has `t0 + D - d0`. The cohort
+keeps the members' summed context (for the step's price); the members by the phase of the step
+(`D % block_size`) at which they need their next KV block, in the plain scheduler's decode order
+(first-token time, then arrival), allocated then (in one call while the free blocks cover them,
+else one by one through the scheduler's own `_allocate_or_preempt`, so preemption is unchanged);
+and a queue of the steps that sample each member's last token (done by the plain `sample`). A
+member is materialized (its token ids, its computed count) only when it leaves: at its finish, or
+when it is preempted. Prefills, admission, preemption, first and last tokens run the plain code.
+
+What it does not do: the tokens between a request's first and last are not sent as outputs (the
+simulator gets their step indices through `on_tokens`, their times from `step_ends`); output
+blocks of a finishing request are not registered in the prefix cache (no later prompt can contain
+its random ids; a preempted request's are, so its resume finds them); no KV events.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from array import array
+from bisect import insort
+from typing import TYPE_CHECKING, Callable
+
+from .block_pool import BlockPool
+from .latency import StepBatch
+from .output import OutputProcessor
+from .request import Request, RequestStatus
+from .scheduler import Scheduler
+from .step import StepInFlight
+from .tokens import RandomTokens
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
+    from .core import EngineCore
+    from .latency import LatencyModel
+    from .policy import VLLMPolicy
+
+_engine_log = logging.getLogger("vllm_vcr.engine")
+TRACE_LEVEL = 5  # core.TRACE_LEVEL: every step is logged
+TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
+
+
+def cohort_eligible(req: Request) -> bool:
+    """A request whose decodes only the length can end, one token per step, with no gap of its own."""
+    return (req.burstable and req.chunk == 1 and type(req.token_source) is RandomTokens and not req.pooling
+            and req.plan is None and req.remote_prefill is None and not req.remote_decode)
+
+
+class _Member:
+    __slots__ = ("d0", "t0", "gen", "slot", "bucket")
+
+    def __init__(self, d0: int, t0: int, gen: int, slot: tuple, bucket: list) -> None:
+        self.d0 = d0  # the cohort step at which it joined
+        self.t0 = t0  # its tokens (prompt + output) then
+        self.gen = gen  # invalidates its stale finish entry after it leaves and rejoins
+        self.slot = slot  # (due, seq, req): its entry in its block-boundary bucket
+        self.bucket = bucket
+
+
+class DecodeCohort:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.step = 0  # cohort steps taken (D)
+        self.step_ends = array("d")  # step_ends[D - 1]: when cohort step D ended
+        self.members: dict[Request, _Member] = {}
+        self._tokens_minus_join = 0  # sum over members of (t0 - d0): their context is this + n * D
+        # members by the phase (step % block_size) at which they need their next block, each bucket
+        # in the plain decode order (due, seq): a member's tokens cross a block every block_size steps
+        self._buckets: list[list[tuple]] = [[] for _ in range(block_size)]
+        self._finishes: list[tuple] = []  # (step, due, seq, gen, req): its last token at step
+        self._gen = 0
+        self._prepared = -1  # the cohort step whose block allocations are done
+        self.on_tokens: TokensListener | None = None
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def tokens(self, req: Request) -> int:
+        m = self.members[req]
+        return m.t0 + self.step - m.d0
+
+    def join(self, req: Request, due: float, max_model_len: int) -> None:
+        """`req` has sampled a token and decodes from the next step on."""
+        self._gen += 1
+        d0, t0 = self.step, len(req.all_token_ids)
+        # steps until its tokens overflow its blocks: 0..block_size-1, as its blocks hold its computed tokens
+        room = len(req.blocks) * self.block_size - t0 + 1
+        if not 0 <= room < self.block_size:
+            raise AssertionError(f"{req.request_id}: {len(req.blocks)} blocks for {t0 - 1} computed tokens")
+        slot, bucket = (due, req.seq, req), self._buckets[(d0 + room) % self.block_size]
+        insort(bucket, slot)
+        self.members[req] = _Member(d0, t0, self._gen, slot, bucket)
+        self._tokens_minus_join += t0 - d0
+        idx = len(req.output_token_ids)
+        last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
+        if max_model_len:
+            last = min(last, max_model_len - req.num_prompt_tokens - 1)
+        heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, self._gen, req))
+
+    def leave(self, req: Request, materialize: bool, last: int | None = None, placeholders: bool = False) -> None:
+        """Take `req` out; with `materialize`, its tokens and computed count catch up first (to
+        cohort step `last`, default the current one): its source's ids, or with `placeholders`
+        (it is finishing: nothing will hash or read them) zeros."""
+        m = self.members.pop(req)
+        self._tokens_minus_join -= m.t0 - m.d0
+        m.bucket.remove(m.slot)
+        if not materialize:
+            return
+        if last is None:
+            last = self.step
+        k = m.t0 + last - m.d0 - len(req.all_token_ids)
+        if k > 0:
+            new = [0] * k if placeholders else req.token_source.take(k)
+            req.output_token_ids += new
+            req.all_token_ids += new
+            if self.on_tokens is not None:
+                self.on_tokens(req, last - k + 1, last)
+        req.num_computed_tokens = len(req.all_token_ids) - 1
+
+    def extend(self, batch: StepBatch) -> StepBatch:
+        """The step's composition with the cohort's decodes (their count and summed context)."""
+        n = len(self.members)
+        if not n:
+            return batch
+        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + self.context())
+
+    def context(self) -> int:
+        """The members' summed tokens: the context their decodes attend to in the next step."""
+        return self._tokens_minus_join + len(self.members) * self.step
+
+    def allocate(self, sched: Scheduler, now: float) -> None:
+        """Before scheduling step D+1: the members whose next token needs a new block get it, in the
+        plain scheduler's decode order (a member preempted here leaves through `_preempt`)."""
+        if self._prepared == self.step:
+            return  # (the input gate may schedule twice in one step)
+        if self.allocate_if_free(sched.kv.pool):
+            return
+        self._prepared = step = self.step
+        # KV pressure: one by one, preempting as the plain scheduler does
+        for _, _, req in list(self._buckets[step % self.block_size]):
+            m = self.members.get(req)
+            if m is None:
+                continue  # preempted by an earlier member's allocation
+            req.num_computed_tokens = m.t0 + step - m.d0 - 1
+            sched._allocate_or_preempt(req, 1, now)
+
+    def allocate_if_free(self, pool: BlockPool) -> bool:
+        """Before step D+1, when the free blocks cover every member at a block boundary: one block
+        each, in decode order, in one call (what the plain loop takes). False: nothing was done."""
+        due = self._buckets[self.step % self.block_size]
+        if due:
+            if len(due) > pool.num_free_blocks:
+                return False
+            for slot, block in zip(due, pool.allocate(len(due))):
+                slot[2].blocks.append(block)
+        self._prepared = self.step
+        return True
+
+    def next_finish(self) -> float:
+        """The cohort step at which the next member samples its last token (inf: none)."""
+        heap, members = self._finishes, self.members
+        while heap:
+            entry = heap[0]
+            m = members.get(entry[4])
+            if m is not None and m.gen == entry[3]:
+                return entry[0]
+            heapq.heappop(heap)
+        return math.inf
+
+    def advance(self, now: float) -> list[Request]:
+        """Cohort step D+1 ended at `now`: every member has one more token. Returns the members
+        whose last token this step sampled, materialized up to it and out of the cohort."""
+        self.step = step = self.step + 1
+        self.step_ends.append(now)
+        heap, members = self._finishes, self.members
+        done: list[Request] = []
+        while heap and heap[0][0] <= step:
+            entry = heapq.heappop(heap)
+            req = entry[4]
+            m = members.get(req)
+            if m is None or m.gen != entry[3]:
+                continue
+            self.leave(req, materialize=True, last=step - 1, placeholders=True)  # the last token is `sample`'s
+            req.num_computed_tokens += 1
+            done.append(req)
+        return done
+
+
+class CohortScheduler(Scheduler):
+    """The vLLM scheduler with eligible decodes in a DecodeCohort instead of the decode heap."""
+
+    def __init__(self, cohort: DecodeCohort, max_model_len: Callable[[], int], *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cohort = cohort
+        self.max_model_len = max_model_len
+
+    def push_decode(self, req: Request, due: float) -> None:
+        if cohort_eligible(req):
+            req.next_due = due
+            self.cohort.join(req, due, self.max_model_len())
+        else:
+            super().push_decode(req, due)
+
+    def has_immediate_work(self) -> bool:
+        return bool(self.cohort.members) or super().has_immediate_work()
+
+    def remove(self, req: Request, free_blocks: bool = True) -> None:
+        if req in self.cohort.members:
+            self.cohort.leave(req, materialize=False)  # an abort (a finish has left already)
+        super().remove(req, free_blocks)
+
+    def _preempt(self, req: Request, now: float) -> None:
+        if req in self.cohort.members:
+            self.cohort.leave(req, materialize=True)
+            self.kv.cache_computed_blocks(req)  # its resume finds them, as after plain decodes
+        super()._preempt(req, now)
+
+    def schedule(self, now: float) -> list:
+        self.engine_policy.on_step()
+        before = self.total_preemptions
+        self.cohort.allocate(self, now)
+        budget = self._config().max_num_batched_tokens - len(self.cohort.members)
+        scheduled, budget = self._schedule_decodes([], budget, now)  # ineligible decodes, if any
+        scheduled, budget = self._schedule_prefills(scheduled, budget, now)
+        if self.total_preemptions != before:
+            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
+        if not self.waiting or self.paused_new:
+            return scheduled
+        return self._schedule_waiting(scheduled, budget, now)[0]
+
+
+class CohortOutputProcessor(OutputProcessor):
+    """Step ends: the cohort advances and its finishing members sample their last token first
+    (as the plain path handles decodes before prefills), in the same output batch."""
+
+    def __init__(self, core: EngineCore, cohort: DecodeCohort) -> None:
+        super().__init__(core)
+        self.cohort = cohort
+        self._pending: tuple[list, list] | None = None
+
+    def update_from_output(self, scheduled, pulled, now: float, burst: int = 1, timed: bool = False) -> None:
+        outputs: list = []
+        finished: list = []
+        for req in self.cohort.advance(now):
+            self.sample(req, now, outputs, finished)
+        self._pending = (outputs, finished) if outputs or finished else None
+        super().update_from_output(scheduled, pulled, now, burst, timed)
+        if self._pending is not None:
+            self._pending = None
+            self.emit(outputs, finished, with_stats=True)
+
+    def emit(self, outputs, finished, with_stats: bool) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            outputs = pending[0] + outputs
+            finished = pending[1] + finished
+        super().emit(outputs, finished, with_stats)
+
+
+def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: EngineConfig) -> str | None:
+    """Why an engine cannot run timing-only decodes (None: it can)."""
+    if not latency.times_steps:
+        return "steps are not timed (no step-time or perf model)"
+    if policy.extend_first or policy.name != "vllm":
+        return "the engine type is not vllm"
+    if config.max_num_seqs > config.max_num_batched_tokens:
+        return "max_num_seqs exceeds max_num_batched_tokens (the budget could cut decodes)"
+    return None
+
+
+def _quiet(core: EngineCore) -> bool:
+    """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
+    sched, life, kvt = core.scheduler, core.lifecycle, core.kv_transfer
+    return not (core._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
+                or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
+                or kvt.holds or kvt.transfers.remaining or core._pulled or core.timed.gate.hidden
+                or core._step_observers or _engine_log.isEnabledFor(TRACE_LEVEL))
+
+
+def fast_forward(core: EngineCore, horizon: float) -> int:
+    """Run, at once, the cohort-only steps of `core` that end before `horizon` (when its driver
+    knows no input arrives: the offline simulator), stopping before a step that samples a last
+    token. Each step is what the plain loop would do (advance, block boundaries, a priced step), without
+    its generic scheduling; a step whose blocks do not all fit runs the plain way. Returns the steps."""
+    cohort, timed = core.cohort, core.timed
+    batch = timed.in_flight
+    if cohort is None or batch is None or batch.scheduled or batch.pulled or not _quiet(core):
+        return 0
+    sched, pool, latency, rng = core.scheduler, core.kv.pool, core.latency, timed.rng
+    steps, now = 0, None
+    while batch.end < horizon and cohort.members and cohort.next_finish() > cohort.step + 1:
+        now = batch.end
+        cohort.advance(now)  # (no member finishes here)
+        timed.last_end = now
+        steps += 1
+        if not cohort.allocate_if_free(pool):  # KV pressure: the plain step preempts
+            timed.in_flight = None
+            core.clock.advance_to(now)
+            core._start_step(now)
+            return steps
+        sched.engine_policy.on_step()
+        core.step_counter += 1
+        step = StepBatch(len(cohort.members), 0, 0, 0, cohort.context(), False)  # = compose() + extend()
+        batch = StepInFlight(now + max(latency.step_duration(step, rng), 0.0) + core.admission.take_lora_time(),
+                             [], [])
+    timed.in_flight = batch
+    if now is not None:
+        core.clock.advance_to(now)
+    return steps

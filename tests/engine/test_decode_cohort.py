@@ -1,0 +1,134 @@
+"""Timing-only decodes (engine/decode_cohort.py): the cohort must change only what is emitted.
+
+On the virtual clock, a simulation with timing-only engines and one with the plain engines must
+give every request the same first-token, last-token and finish times, the same token count,
+every inter-token gap, the same prefix hits and preemptions, the same steps, and leave every KV
+block free, whatever the load (KV pressure, chunked prefill, shared prefixes, several engines).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_vcr.engine.clock import VirtualClock
+from vllm_vcr.engine.config import EngineArgs, EngineConfig
+from vllm_vcr.engine.core import EngineCore
+from vllm_vcr.engine.latency import AicStepLatency, KnobLatency, StepPricer
+from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+from vllm_vcr.simulate import driver as driver_mod
+from vllm_vcr.simulate.runner import simulate
+from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
+
+
+class LinearKernels:
+    """A stand-in for the compiled estimator: step times linear in what the step computes."""
+
+    def decode_step_latency(self, batch: int, ctx: int, _osl: int) -> float:
+        return 4.0 + 0.05 * batch + 0.0004 * batch * ctx
+
+    def mixed_step_breakdown(self, tokens: int, decodes: int, dec_ctx: int, _osl: int, prefix: int):
+        shared = 3.0 + 0.01 * (tokens + decodes)
+        return 0.0, shared, 0.002 * tokens * (tokens + prefix) / 1024, 0.0004 * decodes * dec_ctx
+
+
+def _latency() -> AicStepLatency:
+    return AicStepLatency(StepPricer(LinearKernels()), step_overhead_ms=1.5)
+
+
+def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0) -> EngineArgs:
+    cfg = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=max_len)
+    return EngineArgs(config=cfg, kv_cache_size=kv_blocks, tokens_per_block=block,
+                      advertised_max_model_len=1 << 16).validate()
+
+
+def _run(monkeypatch, args, workload_kw, engines, router, timing_only):
+    monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
+    wl = SyntheticWorkload(**workload_kw)
+    sim = simulate(args, wl, engines=engines, router=router, concurrency=workload_kw.get("concurrency", 1),
+                   timing_only=timing_only)
+    assert sim.timing_only is timing_only
+    per_request = {r.request_id: (r.engine, r.first, r.last, r.end, r.num_out, r.cached, r.finish, list(r.gaps()))
+                   for r in sim.done}
+    for core in sim.cores:
+        assert core.block_pool.num_free_blocks == core.block_pool.num_blocks
+        assert not core.requests
+    return sim, per_request
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), isl=st.sampled_from(["uniform:1:120", "lognormal:60:40", "8"]),
+       osl=st.sampled_from(["uniform:1:60", "exp:20", "1", "2"]), arrival=st.sampled_from(["closed", "poisson"]),
+       concurrency=st.integers(1, 12), kv_blocks=st.integers(40, 200), block=st.sampled_from([4, 16]),
+       budget=st.integers(32, 256), seqs=st.integers(1, 16), engines=st.integers(1, 2),
+       prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), max_len=st.sampled_from([0, 0, 96]))
+def test_timing_only_decodes_change_nothing_but_the_outputs(monkeypatch, n, isl, osl, arrival, concurrency, kv_blocks,
+                                                            block, budget, seqs, engines, prefixes, seed, max_len):
+    args = _args(kv_blocks, block, budget, min(seqs, budget), max_len)
+    wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
+              concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
+    router = "kv" if prefixes else "round_robin"
+    plain, expected = _run(monkeypatch, args, wl, engines, router, False)
+    fast, got = _run(monkeypatch, args, wl, engines, router, True)
+    assert got == expected
+    assert fast.timeline.preemptions == plain.timeline.preemptions
+    assert fast.timeline.steps == plain.timeline.steps
+    assert len(got) == n
+
+
+def test_kv_pressure_preempts_members_and_their_resume_finds_their_blocks(monkeypatch):
+    # 24 blocks of 4 tokens for 6 requests growing to 80 tokens: preemption is certain
+    args = _args(24, 4, 64, 6)
+    wl = dict(num_requests=6, isl=LengthDist("fixed", 8), osl=LengthDist("fixed", 72), arrival="closed", concurrency=6)
+    plain, expected = _run(monkeypatch, args, wl, 1, "round_robin", False)
+    fast, got = _run(monkeypatch, args, wl, 1, "round_robin", True)
+    assert sum(plain.timeline.preemptions) > 0
+    assert got == expected and fast.timeline.preemptions == plain.timeline.preemptions
+    assert all(v[4] == 72 for v in got.values())
+
+
+def _core(timing_only: bool) -> tuple[EngineCore, list]:
+    batches: list = []
+    args = _args(256, 16, 512, 16)
+    core = EngineCore(args, clock=VirtualClock(0.0), output_sink=lambda c, o: batches.append(o), latency=_latency(),
+                      timing_only=timing_only)
+    return core, batches
+
+
+def test_members_are_silent_between_first_and_last_token_and_an_abort_frees_them():
+    core, batches = _core(True)
+    for i in range(3):
+        core.add_request(EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=list(range(1 + i, 40 + i)),
+                                           sampling_params=SamplingParams(max_tokens=30, ignore_eos=True)))
+    core.run_until_idle(until=0.05)
+    assert len(core.cohort) == 3 and core.block_pool.num_free_blocks < core.block_pool.num_blocks
+    core.abort_requests(["r1"])
+    core.run_until_idle()
+    outs = [o for b in batches for o in b.outputs]
+    sizes = {rid: [len(o.new_token_ids) for o in outs if o.request_id == rid] for rid in ("r0", "r1", "r2")}
+    assert sizes["r0"] == sizes["r2"] == [1, 1]  # the first token, then the last (with its finish)
+    assert sizes["r1"] == [1]
+    assert not core.requests and core.block_pool.num_free_blocks == core.block_pool.num_blocks
+    assert core.cohort.step == len(core.cohort.step_ends) and not core.cohort.members
+
+
+def test_timing_only_needs_timed_steps():
+    args = _args(64, 16, 512, 16)
+    with pytest.raises(ValueError, match="steps are not timed"):
+        EngineCore(args, clock=VirtualClock(0.0), latency=KnobLatency(args.config), timing_only=True)
+    core, _ = _core(True)
+    with pytest.raises(ValueError, match="KV events"):
+        core.attach_kv_events(object(), lambda events, t: None)
+
+
+def test_the_simulator_uses_it_only_when_steps_are_timed(monkeypatch):
+    wl = SyntheticWorkload(num_requests=20, isl=LengthDist("fixed", 16), osl=LengthDist("fixed", 8),
+                           arrival="closed", concurrency=4)
+    cfg = EngineConfig(time_to_first_token=10, inter_token_latency=2)
+    sim = simulate(EngineArgs(config=cfg).validate(), wl, concurrency=4)
+    assert not sim.timing_only and all(core.cohort is None for core in sim.cores)
+    assert all(math.isfinite(r.end) for r in sim.done)
