@@ -70,12 +70,12 @@ class BiasedTokens:
     (vLLM's min-tokens logits processor). Only requests with a bias or allowed ids use this class;
     every other random request keeps `RandomTokens`' batch draw."""
 
-    __slots__ = ("_rng", "_vocab", "_min_tokens", "_early", "_late")
+    __slots__ = ("_rng", "_min_tokens", "_early", "_late")
 
     def __init__(self, rng: random.Random, vocab_size: int, ending: frozenset[int], min_tokens: int,
                  bias: dict[int, float] | None, allowed: list[int] | None) -> None:
-        self._rng, self._vocab, self._min_tokens = rng, vocab_size, min_tokens
-        bias = {t: b for t, b in (bias or {}).items() if 0 <= t < vocab_size}
+        self._rng, self._min_tokens = rng, min_tokens
+        bias = bias or {}
         named = {t for t, b in bias.items() if b > 0} | set(allowed or ())
         drawable_endings = frozenset(t for t in ending if t in named and bias.get(t, 0.0) > BIAS_EXCLUDES)
         self._late = _WeightedDraw(vocab_size, ending - drawable_endings, bias, allowed)
@@ -103,7 +103,9 @@ class _WeightedDraw:
     def __init__(self, vocab_size: int, excluded: frozenset[int], bias: dict[int, float],
                  allowed: list[int] | None) -> None:
         self._vocab = vocab_size
-        named = list(dict.fromkeys(t for t in allowed if 0 <= t < vocab_size)) if allowed is not None else list(bias)
+        # the frontend checked the ids against the model's vocabulary, which may hold special tokens
+        # above the ordinary ids the uniform draw takes (`vocab_size`)
+        named = list(dict.fromkeys(allowed)) if allowed is not None else list(bias)
         ids, cum, total = [], [], 0.0
         for t in named:
             b = bias.get(t, 0.0)
@@ -114,7 +116,7 @@ class _WeightedDraw:
             cum.append(total)
         self._named_total = total
         self._skip = frozenset(bias) | excluded  # never drawn by the uniform rest
-        rest = 0 if allowed is not None else max(vocab_size - len(self._skip), 0)
+        rest = 0 if allowed is not None else vocab_size - sum(1 for t in self._skip if 0 <= t < vocab_size)
         if total == 0.0 and rest == 0:  # nothing left to draw: fall back to the named ids, unweighted
             ids = named or [0]
             cum = [float(i + 1) for i in range(len(ids))]
