@@ -84,9 +84,11 @@ class HistogramLengths:
             span, sep, weight = part.partition(":")
             lo_s, dash, hi_s = span.partition("-")
             try:
+                if not sep:
+                    raise ValueError
                 lo = int(lo_s)
                 hi = int(hi_s) if dash else lo
-                w = float(weight) if sep else math.nan
+                w = float(weight)
             except ValueError:
                 raise LengthError(f"bucket {part!r}, not LO-HI:WEIGHT or N:WEIGHT") from None
             if not 1 <= lo <= hi:
