@@ -126,7 +126,8 @@ def add_output_length_args(g) -> None:
                    help="standard deviation of the output length in tokens (lognormal, normal)")
     g.add_argument("--output-length-histogram", default=_env("MOCK_OUTPUT_LENGTH_HISTOGRAM", ""),
                    metavar="LO-HI:WEIGHT,...",
-                   help="output lengths from weighted buckets (N:WEIGHT is one length), e.g. 1-64:2,65-512:7,513-2048:1")
+                   help="output lengths from weighted buckets (N:WEIGHT is one length), "
+                        "e.g. 1-64:2,65-512:7,513-2048:1")
 
 
 def output_length_fields(ns: argparse.Namespace) -> dict:

@@ -55,8 +55,8 @@ def test_ignore_eos_gives_max_tokens_and_max_tokens_caps_with_length(client):
 
 
 def test_streaming_ends_with_stop_and_min_tokens_holds_it_back(client):
-    stream = client.chat.completions.create(model=MODEL, messages=HI, stream=True, stream_options={"include_usage": True},
-                                            extra_body={"min_tokens": 500})
+    stream = client.chat.completions.create(model=MODEL, messages=HI, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"min_tokens": 500})
     chunks = list(stream)
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["stop"] and chunks[-1].usage.completion_tokens >= 500

@@ -14,8 +14,8 @@ from .plan import RequestPlan, ScriptedPacing
 from .lora import LoRAResidency
 from .request import Request
 from .output_length import modeled_eos_at
-from .tokens import (PLANNED_OUTPUT_KEY, BiasedTokens, can_sample, EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens,
-                     ScriptedTokens, TokenSource)
+from .tokens import (PLANNED_OUTPUT_KEY, BiasedTokens, EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens,
+                     ScriptedTokens, TokenSource, can_sample)
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 if TYPE_CHECKING:
@@ -198,7 +198,8 @@ class Admission:
         if sp.seed is not None:
             rng = random.Random(f"output-length/{sp.seed}")
         elif sp.temperature is not None and sp.temperature < GREEDY_EPS:
-            rng = random.Random(hash((core.args.seed, tuple(ecr.prompt_token_ids))))
+            # greedy: the prompt decides (apart from the token draw, which the same hash seeds)
+            rng = random.Random(f"output-length/{hash((core.args.seed, tuple(ecr.prompt_token_ids)))}")
         return self._length_model.draw(rng)
 
     def plan_for(self, ecr: EngineCoreRequest) -> RequestPlan | None:
