@@ -215,3 +215,17 @@ def test_greedy_with_a_bias_is_deterministic(harness):
         return h.tokens("r")
 
     assert run() == run() and {11, 12} & set(run())
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mean=st.integers(8, 60), spread=st.floats(0.0, 0.5), dist=st.sampled_from(["lognormal", "normal"]),
+       seed=st.integers(0, 2**16))
+def test_engine_lengths_have_the_configured_mean(mean, spread, dist, seed):
+    std = mean * spread  # (a normal's resampling below 1 would move the mean of a wider one)
+    n = 150
+    h = Harness(output_length_distribution=dist, output_length_mean=mean, output_length_std_dev=std, seed=seed)
+    for i in range(n):
+        h.add(f"r{i}", max_tokens=None, eos_token_id=EOS)
+    h.run()
+    lengths = lengths_of(h, [f"r{i}" for i in range(n)])
+    assert abs(statistics.fmean(lengths) - mean) <= 4 * std / n ** 0.5 + 0.5
