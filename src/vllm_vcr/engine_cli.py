@@ -10,6 +10,7 @@ import argparse
 import os
 
 from .engine.config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
+from .engine.output_length import DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, DISTRIBUTIONS
 
 
 def _env(name: str, default):
@@ -48,7 +49,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--time-scale", type=float, default=1.0, help="divide every delay by this")
     g.add_argument("--mode", choices=["random", "echo"], default="random",
                    help="output tokens: random ids, or echo the prompt")
-    g.add_argument("--seed", type=int, default=0, help="base seed for token and failure draws")
+    add_output_length_args(g)
+    g.add_argument("--seed", type=int, default=0, help="base seed for token, output-length and failure draws")
     g.add_argument("--vocab-size", type=int, default=None, help="random tokens are drawn from [0, vocab)")
     g.add_argument("--shutdown-timeout", type=float, default=0.0,
                    help="seconds to drain on SIGTERM/SIGINT; 0 aborts everything at once")
@@ -109,6 +111,35 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "for 0.0.0.0:PORT); off unless set")
 
 
+def add_output_length_args(g) -> None:
+    """Where a random output's EOS falls (engine/output_length.py; docs/serve.md#output-length)."""
+    g.add_argument("--output-length-distribution", choices=DISTRIBUTIONS,
+                   default=_env("MOCK_OUTPUT_LENGTH_DISTRIBUTION", None),
+                   help=f"the length at which a random output ends on EOS, drawn per request unless it sets "
+                        f"ignore_eos (max_tokens still caps it with finish_reason length); default "
+                        f"{DEFAULT_DISTRIBUTION}, or histogram when --output-length-histogram is given; off: only "
+                        f"max_tokens and the context end an output")
+    g.add_argument("--output-length-mean", type=float, default=_env("MOCK_OUTPUT_LENGTH_MEAN", DEFAULT_MEAN),
+                   help="mean output length in tokens (lognormal, normal)")
+    g.add_argument("--output-length-std-dev", type=float,
+                   default=_env("MOCK_OUTPUT_LENGTH_STD_DEV", DEFAULT_STD_DEV),
+                   help="standard deviation of the output length in tokens (lognormal, normal)")
+    g.add_argument("--output-length-histogram", default=_env("MOCK_OUTPUT_LENGTH_HISTOGRAM", ""),
+                   metavar="LO-HI:WEIGHT,...",
+                   help="output lengths from weighted buckets (N:WEIGHT is one length), "
+                        "e.g. 1-64:2,65-512:7,513-2048:1")
+
+
+def output_length_fields(ns: argparse.Namespace) -> dict:
+    """The config's output_length_* fields from the flags (a histogram alone selects itself)."""
+    histogram = str(getattr(ns, "output_length_histogram", "") or "")
+    distribution = getattr(ns, "output_length_distribution", None) or ("histogram" if histogram else
+                                                                      DEFAULT_DISTRIBUTION)
+    return {"output_length_distribution": distribution, "output_length_histogram": histogram,
+            "output_length_mean": float(getattr(ns, "output_length_mean", DEFAULT_MEAN)),
+            "output_length_std_dev": float(getattr(ns, "output_length_std_dev", DEFAULT_STD_DEV))}
+
+
 def control_address_from_env(env) -> str | None:
     """MOCK_CONTROL_ADDRESS, else all interfaces on MOCK_CONTROL_PORT (how the container image turns
     the API on, at 8001); `off` in either disables it. The control server validates the value."""
@@ -138,6 +169,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
             failure_injection_rate=float(ns.failure_injection_rate),
             failure_types=parse_failure_types(ns.failure_types),
             log_requests=bool(ns.log_requests),
+            **output_length_fields(ns),
         )
         config.validate()
     except ConfigError as e:

@@ -123,8 +123,9 @@ def test_routes_and_codes_over_http(serve, ctl):
     from vllm_vcr.control.schema import CONFIG_FIELDS
     from vllm_vcr.faults import RATE_FIELDS
 
-    # the seed's 14 engine fields, plus serve's HTTP fault rates (docs/faults.md)
-    assert len(CONFIG_FIELDS) == 14 and set(cfg) == {*CONFIG_FIELDS, *RATE_FIELDS} and cfg["failure_types"] == ["error"]
+    # the seed's 14 engine fields and the 4 of the output-length distribution, plus serve's HTTP
+    # fault rates (docs/faults.md)
+    assert len(CONFIG_FIELDS) == 18 and set(cfg) == {*CONFIG_FIELDS, *RATE_FIELDS} and cfg["failure_types"] == ["error"]
     assert ctl.patch("/config", json={"max_num_seqs": 64}).json()["max_num_seqs"] == 64
     for method, path, body, status in [
         ("PATCH", "/config", {"failure_injection_rate": 7}, 400),

@@ -20,12 +20,13 @@ def status_of(raw: bytes) -> int:
     return ei.value.status
 
 
-def test_config_fields_are_the_14_of_the_seed():
+def test_config_fields_are_the_14_of_the_seed_and_the_output_length():
     assert CONFIG_FIELDS == (
         "time_to_first_token", "time_to_first_token_std_dev", "inter_token_latency",
         "inter_token_latency_std_dev", "prefill_overhead", "prefill_time_per_token",
         "prefill_time_std_dev", "time_factor_under_load", "max_num_seqs", "max_num_batched_tokens",
         "max_model_len", "failure_injection_rate", "failure_types", "log_requests",
+        "output_length_distribution", "output_length_mean", "output_length_std_dev", "output_length_histogram",
     )
 
 
@@ -58,6 +59,8 @@ def test_not_json_object_is_422(raw):
         {"time_to_first_token": "fast"},
         {"time_to_first_token": None},
         {"log_requests": "yes"},
+        {"output_length_mean": "long"},
+        {"output_length_histogram": [1, 64]},
         {"bogus": 1},
         {"max_num_seqs": 4, "time_to_first_tokens": 1},
     ],
@@ -78,6 +81,12 @@ def test_schema_mismatch_is_422(obj):
         {"prefill_time_per_token": -3},
         {"max_num_seqs": 0},
         {"max_model_len": -1},
+        {"output_length_distribution": "zipf"},
+        {"output_length_mean": 0},
+        {"output_length_std_dev": -1},
+        {"output_length_distribution": "histogram"},
+        {"output_length_histogram": "1-64"},
+        {"output_length_histogram": "64-1:1"},
     ],
 )
 def test_bad_value_is_400(obj):

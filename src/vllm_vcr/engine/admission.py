@@ -13,7 +13,9 @@ from .latency import RequestPacing
 from .plan import RequestPlan, ScriptedPacing
 from .lora import LoRAResidency
 from .request import Request
-from .tokens import EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens, ScriptedTokens, TokenSource
+from .output_length import modeled_eos_at
+from .tokens import (PLANNED_OUTPUT_KEY, BiasedTokens, EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens,
+                     ScriptedTokens, TokenSource, can_sample)
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 if TYPE_CHECKING:
@@ -65,6 +67,9 @@ class Admission:
         self.reasoning = ReasoningConfig.parse(args.reasoning) if args.reasoning else None
         self.failure_rng = random.Random(args.seed ^ (core.engine_index * 0x9E3779B9))
         self.latency_rng = random.Random(args.seed * 7919 + core.engine_index)
+        self.length_rng = random.Random(f"output-length/{args.seed}/{core.engine_index}")
+        self._length_config = None  # the config the cached length model was built from
+        self._length_model = None
         self.seq = 0
         avoid = set() if args.eos_token_id is None else {args.eos_token_id}
         if self.reasoning is not None:
@@ -146,12 +151,10 @@ class Admission:
         if plan is not None and plan.num_tokens is not None:
             max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
         eos_at = None
-        if plan is None:
-            open_ended = sp.max_tokens is None or prompt_len + sp.max_tokens >= max_len
-            if open_ended or (sp.eos_token_id is not None and not sp.ignore_eos):
-                n = core.latency.sample_output_len(self.latency_rng)
-                if n is not None and n < max_tokens:  # the recording says it would have stopped here
-                    max_tokens = eos_at = max(n, sp.min_tokens, 1)
+        if plan is None and self.may_end_on_eos(ecr, max_len):
+            eos_at = modeled_eos_at(self.draw_output_len(ecr), sp.min_tokens, max_tokens)
+            if eos_at is not None:
+                max_tokens = eos_at
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         self.seq += 1
@@ -163,6 +166,41 @@ class Admission:
         if ktp.get("do_remote_prefill") and not remote_decode:
             req.remote_prefill = ktp
         return req
+
+    def may_end_on_eos(self, ecr: EngineCoreRequest, max_len: int) -> bool:
+        """Whether the request's output may end on a modeled EOS: not `ignore_eos`, an EOS id to end
+        with (or no limit short of the context), and the engine's own tokens (not constrained)."""
+        sp = ecr.sampling_params
+        if sp.ignore_eos or sp.structured_outputs is not None:
+            return False
+        if sp.extra_args and PLANNED_OUTPUT_KEY in sp.extra_args:
+            return False
+        eos = sp.eos_token_id
+        if eos is not None and not can_sample(eos, sp.allowed_token_ids, sp.logit_bias):
+            return False  # the request masks its own EOS: only its budget can end it (as in vLLM)
+        return eos is not None or sp.max_tokens is None or len(ecr.prompt_token_ids) + sp.max_tokens >= max_len
+
+    def draw_output_len(self, ecr: EngineCoreRequest) -> int | None:
+        """An output length from the recording (`--latency-trace`), else from the configured
+        distribution (random mode only): per request `seed` when given, from the prompt when greedy,
+        else from the engine's own sequence (`--seed`)."""
+        core = self.core
+        n = core.latency.sample_output_len(self.latency_rng)
+        if n is not None or core.args.mode != "random":
+            return n
+        cfg = core.config
+        if cfg is not self._length_config:
+            self._length_config, self._length_model = cfg, cfg.output_length_model()
+        if self._length_model is None:
+            return None
+        sp = ecr.sampling_params
+        rng = self.length_rng
+        if sp.seed is not None:
+            rng = random.Random(f"output-length/{sp.seed}")
+        elif sp.temperature is not None and sp.temperature < GREEDY_EPS:
+            # greedy: the prompt decides (apart from the token draw, which the same hash seeds)
+            rng = random.Random(f"output-length/{hash((core.args.seed, tuple(ecr.prompt_token_ids)))}")
+        return self._length_model.draw(rng)
 
     def plan_for(self, ecr: EngineCoreRequest) -> RequestPlan | None:
         """A recorded trace's plan (planner), else the response replay table's planned ids."""
@@ -251,7 +289,11 @@ class Admission:
             avoid = self.avoid_tokens | req.stop_ids
             if req.eos_token_id is not None:
                 avoid = avoid | {req.eos_token_id}
-            src = RandomTokens(rng, args.vocab_size, avoid)
+            sp = req.sampling_params
+            if sp.logit_bias or sp.allowed_token_ids:
+                src = BiasedTokens(rng, args.vocab_size, avoid, req.min_tokens, sp.logit_bias, sp.allowed_token_ids)
+            else:
+                src = RandomTokens(rng, args.vocab_size, avoid)
         if self.reasoning is not None:
             src = ReasoningTokens(src, self.reasoning, req.max_tokens)
         return src

@@ -1,8 +1,9 @@
 """Engine configuration.
 
-`EngineConfig` holds the 14 fields of the runtime control API (the seed's Config section):
-same names, types and units (latency in milliseconds), each mirroring the CLI flag of the same
-name, patchable at a step boundary. `EngineArgs` holds everything fixed at start-up.
+`EngineConfig` holds the fields of the runtime control API: the seed's 14 (its Config section:
+same names, types and units, latency in milliseconds) and the output-length distribution, each
+mirroring the CLI flag of the same name, patchable at a step boundary. `EngineArgs` holds
+everything fixed at start-up.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import math
 from typing import Any
 
 import msgspec
+
+from .output_length import (DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, LengthError, OutputLengthModel,
+                            build_length_model)
 
 ENGINE_TYPES = ("vllm", "sglang")
 
@@ -52,6 +56,11 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     failure_injection_rate: float = 0.0
     failure_types: list[FailureType] = msgspec.field(default_factory=lambda: [FailureType.ERROR])
     log_requests: bool = False  # vLLM has logged requests only on request since 0.10
+    # where a random output's EOS falls (output_length.py); drawn per request at arrival
+    output_length_distribution: str = DEFAULT_DISTRIBUTION  # lognormal | normal | histogram | off
+    output_length_mean: float = DEFAULT_MEAN  # tokens
+    output_length_std_dev: float = DEFAULT_STD_DEV  # tokens
+    output_length_histogram: str = ""  # LO-HI:WEIGHT,... (output_length_distribution histogram)
 
     def validate(self) -> "EngineConfig":
         for name in LATENCY_FIELDS + ("failure_injection_rate",):
@@ -72,7 +81,16 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_model_len < 0:
             raise ConfigError(f"max_model_len must be >= 0, got {self.max_model_len}")
+        self.output_length_model()
         return self
+
+    def output_length_model(self) -> OutputLengthModel | None:
+        """The output-length distribution these fields describe (None: `off`)."""
+        try:
+            return build_length_model(self.output_length_distribution, self.output_length_mean,
+                                      self.output_length_std_dev, self.output_length_histogram)
+        except LengthError as e:
+            raise ConfigError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)

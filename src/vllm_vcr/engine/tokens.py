@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
 from typing import Protocol
+
+# sampling_params.extra_args key of ids a frontend planned (a tool call, a schema instance): the
+# engine emits them verbatim, and they end the output themselves
+PLANNED_OUTPUT_KEY = "vllm_vcr_planned_output_ids"
+BIAS_EXCLUDES = -100.0  # vLLM clamps logit_bias to [-100, 100]; -100 takes a token out of the draw
 
 
 class TokenSource(Protocol):
@@ -50,6 +57,85 @@ class RandomTokens:
                     t = int(rand() * vocab)
                 ids[j] = t
         return ids
+
+
+class BiasedTokens:
+    """Ids drawn as a model with flat logits would draw them under `logit_bias` and
+    `allowed_token_ids`: each candidate weighs exp(bias) (1 without one), a bias of -100 excludes
+    it, and `allowed_token_ids` (when given) are the only candidates.
+
+    Ending ids (EOS, stop_token_ids, reasoning markers: `ending`) stay out of the unbiased draw, as
+    in `RandomTokens`, unless the request names them itself (a positive bias, or an allowed id):
+    then they may be drawn, and end the request as a model's would, but never before `min_tokens`
+    (vLLM's min-tokens logits processor). Only requests with a bias or allowed ids use this class;
+    every other random request keeps `RandomTokens`' batch draw."""
+
+    __slots__ = ("_rng", "_min_tokens", "_early", "_late")
+
+    def __init__(self, rng: random.Random, vocab_size: int, ending: frozenset[int], min_tokens: int,
+                 bias: dict[int, float] | None, allowed: list[int] | None) -> None:
+        self._rng, self._min_tokens = rng, min_tokens
+        bias = bias or {}
+        named = {t for t, b in bias.items() if b > 0} | set(allowed or ())
+        drawable_endings = frozenset(t for t in ending if t in named and bias.get(t, 0.0) > BIAS_EXCLUDES)
+        self._late = _WeightedDraw(vocab_size, ending - drawable_endings, bias, allowed)
+        self._early = (_WeightedDraw(vocab_size, ending, bias, allowed) if drawable_endings and min_tokens > 0
+                       else self._late)
+
+    def next_token(self, index: int) -> int:
+        draw = self._early if index < self._min_tokens else self._late
+        return draw.pick(self._rng)
+
+
+def can_sample(token: int, allowed: list[int] | None, bias: dict[int, float] | None) -> bool:
+    """Whether `allowed_token_ids` and `logit_bias` leave `token` in the draw."""
+    if allowed is not None and token not in allowed:
+        return False
+    return not bias or bias.get(token, 0.0) > BIAS_EXCLUDES
+
+
+class _WeightedDraw:
+    """One weighted draw over the vocabulary: explicit candidates (allowed ids, biased ids) by
+    cumulative weight, the rest (unbiased ids, weight 1 each) uniformly by rejection."""
+
+    __slots__ = ("_vocab", "_ids", "_cum", "_named_total", "_total", "_skip")
+
+    def __init__(self, vocab_size: int, excluded: frozenset[int], bias: dict[int, float],
+                 allowed: list[int] | None) -> None:
+        self._vocab = vocab_size
+        # the frontend checked the ids against the model's vocabulary, which may hold special tokens
+        # above the ordinary ids the uniform draw takes (`vocab_size`)
+        named = list(dict.fromkeys(allowed)) if allowed is not None else list(bias)
+        ids, cum, total = [], [], 0.0
+        for t in named:
+            b = bias.get(t, 0.0)
+            if t in excluded or b <= BIAS_EXCLUDES:
+                continue
+            total += math.exp(b)
+            ids.append(t)
+            cum.append(total)
+        self._named_total = total
+        self._skip = frozenset(bias) | excluded  # never drawn by the uniform rest
+        rest = 0 if allowed is not None else vocab_size - sum(1 for t in self._skip if 0 <= t < vocab_size)
+        if total == 0.0 and rest == 0:  # nothing left to draw: fall back to the named ids, unweighted
+            ids = named or [0]
+            cum = [float(i + 1) for i in range(len(ids))]
+            total = self._named_total = float(len(ids))
+        self._ids, self._cum, self._total = ids, cum, total + rest
+        if rest and rest * 2 < vocab_size:  # a mostly excluded vocabulary: list the rest once
+            self._ids = ids + [t for t in range(vocab_size) if t not in self._skip]
+            self._cum = cum + [total + i + 1 for i in range(rest)]
+            self._named_total = self._total
+
+    def pick(self, rng: random.Random) -> int:
+        u = rng.random() * self._total
+        if u < self._named_total:
+            return self._ids[min(bisect.bisect_right(self._cum, u), len(self._ids) - 1)]
+        vocab, skip = self._vocab, self._skip
+        t = int(rng.random() * vocab)
+        while t in skip:
+            t = int(rng.random() * vocab)
+        return t
 
 
 class EchoTokens:

@@ -50,6 +50,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     eos_token_id: int | None = msgspec.field(default=None, name="_eos_token_id")
     all_stop_token_ids: list[int] = msgspec.field(default_factory=list, name="_all_stop_token_ids")
     repetition_detection: dict[str, Any] | None = None
+    # shape the random draw (tokens.py BiasedTokens); the frontend clamps biases to [-100, 100]
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     # vLLM's StructuredOutputsParams (a map): play's constrained token source reads it
     structured_outputs: dict[str, Any] | None = None
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
 from .errors import HTTPError, bad_request
-from .protocol import RequestValueError, stop_list
+from .protocol import RequestValueError, stop_list, token_choice_params
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 _STOP = FinishReason.STOP
@@ -113,6 +113,7 @@ def build_engine_request(
         extra["kv_transfer_params"] = req.kv_transfer_params
     if replay_id is not None:
         extra.setdefault("output_replay_id", replay_id)  # vllm_xargs wins over the header
+    logit_bias, allowed_token_ids = token_choice_params(req, tokenizer.vocab_size)
     sp = SamplingParams(
         n=1,
         temperature=1.0 if req.temperature is None else float(req.temperature),
@@ -129,6 +130,8 @@ def build_engine_request(
         extra_args=extra or None,
         eos_token_id=eos,
         all_stop_token_ids=all_stop,
+        logit_bias=logit_bias,
+        allowed_token_ids=allowed_token_ids,
     )
     return EngineCoreRequest(
         request_id=internal_id,

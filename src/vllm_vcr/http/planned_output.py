@@ -11,9 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.tokens import RandomTokens, ScriptedTokens, TokenSource
-
-PLANNED_OUTPUT_KEY = "vllm_vcr_planned_output_ids"
+from ..engine.tokens import PLANNED_OUTPUT_KEY, RandomTokens, ScriptedTokens, TokenSource
 
 
 def planned_token_source(vocab_size: int, avoid: frozenset[int] = frozenset()) -> Callable[[Any, random.Random],

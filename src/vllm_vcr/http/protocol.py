@@ -82,6 +82,7 @@ class _SamplingFields(_Base):
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     return_token_ids: bool | None = None
+    allowed_token_ids: list[int] | None = None
     use_beam_search: bool = False
     structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object
     prompt_logprobs: int | None = None
@@ -231,6 +232,36 @@ def check_sampling(req: _SamplingFields, max_tokens: int | None) -> None:
         raise RequestValueError("stop cannot contain an empty string.")
     if req.use_beam_search:
         raise RequestValueError("beam search is not supported by vllm-vcr.", "use_beam_search")
+
+
+def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | None, list[int] | None]:
+    """`logit_bias` (int ids, biases clamped to [-100, 100]) and `allowed_token_ids`, checked in
+    vLLM's order and words (SamplingParams.from_optional, then its vocabulary checks)."""
+    bias = getattr(req, "logit_bias", None)
+    allowed = getattr(req, "allowed_token_ids", None)
+    if bias is not None:
+        converted, invalid = {}, []
+        for key, value in bias.items():
+            try:
+                converted[int(key)] = min(100.0, max(-100.0, value))
+            except (TypeError, ValueError):
+                invalid.append(key)
+        if invalid:
+            raise RequestValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                                    f"{invalid!r}", "logit_bias", invalid)
+        out_of_vocab = [t for t in converted if not 0 <= t < vocab_size]
+        if out_of_vocab:
+            raise RequestValueError(f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab token ids. "
+                                    f"Vocabulary size: {vocab_size}", "logit_bias", out_of_vocab)
+        bias = converted or None
+    if allowed is not None:
+        if not allowed:
+            raise RequestValueError("allowed_token_ids is not None and empty!", "allowed_token_ids", allowed)
+        out_of_vocab = [t for t in allowed if not 0 <= t < vocab_size]
+        if out_of_vocab:
+            raise RequestValueError("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids",
+                                    out_of_vocab)
+    return bias, allowed
 
 
 def check_logprobs_limit(num: int | None) -> None:
