@@ -9,7 +9,7 @@ import sys
 
 from .. import event_loop
 from ..engine_cli import add_engine_args, engine_args_from_cli
-from ..engine.config import ConfigError
+from ..engine.config import ConfigError, EngineArgs
 from ..gc_tuning import tune_for_serving
 from ..perf.cli import add_perf_args
 from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
@@ -78,6 +78,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def play_engine_args(args: argparse.Namespace, advertised_max_model_len: int) -> EngineArgs:
+    """The engines' arguments from play's flags (ConfigError names a bad flag)."""
+    return engine_args_from_cli(args, advertised_max_model_len=advertised_max_model_len, engine_id=args.engine_id,
+                                min_step_time=args.min_step_time / 1000.0,
+                                **({"model_name": args.model_name} if args.model_name else {}))
+
+
 def run(args: argparse.Namespace) -> int:
     from .handshake import UNLIMITED_MODEL_LEN, ReadyInfo
     from .server import PlayServer
@@ -94,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     advertised = args.max_model_len if args.max_model_len > 0 else UNLIMITED_MODEL_LEN
     try:
-        eargs = engine_args_from_cli(args, advertised_max_model_len=advertised, engine_id=args.engine_id,
-                                     min_step_time=args.min_step_time / 1000.0,
-                                     **({"model_name": args.model_name} if args.model_name else {}))
+        eargs = play_engine_args(args, advertised)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
