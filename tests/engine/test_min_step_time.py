@@ -75,18 +75,15 @@ def test_an_idle_engine_answers_at_once(harness):
     assert h.emission_times("b") == pytest.approx([1.0, 1.0 + FLOOR, 1.0 + 2 * FLOOR])
 
 
-def test_configured_latency_above_the_floor_is_kept_exactly(harness):
-    h = harness(min_step_time=FLOOR, time_to_first_token=50.0, inter_token_latency=20.0)
-    h.add("r", max_tokens=5)
-    h.run()
-    assert h.emission_times("r") == pytest.approx([0.05, 0.07, 0.09, 0.11, 0.13])
-
-
-def test_latency_below_the_floor_is_raised_to_it(harness):
-    h = harness(min_step_time=FLOOR, inter_token_latency=1.0)
+@pytest.mark.parametrize("latency, expected", [
+    ({"time_to_first_token": 50.0, "inter_token_latency": 20.0}, [0.05, 0.07, 0.09, 0.11]),  # kept exactly
+    ({"inter_token_latency": 1.0}, [0.0, FLOOR, 2 * FLOOR, 3 * FLOOR]),  # below the floor: raised to it
+])
+def test_configured_latency_and_the_floor(harness, latency, expected):
+    h = harness(min_step_time=FLOOR, **latency)
     h.add("r", max_tokens=4)
     h.run()
-    assert h.emission_times("r") == pytest.approx([0.0, FLOOR, 2 * FLOOR, 3 * FLOOR])
+    assert h.emission_times("r") == pytest.approx(expected)
 
 
 def test_time_scale_divides_the_floor(harness):
