@@ -19,7 +19,7 @@ from .test_differential import LOGPROB_CASES, collapse_token_keys, diff, post, r
 
 pytestmark = pytest.mark.conformance
 
-STREAM_ATTEMPTS = 10  # a frontend that loses the CPU for longer than a step merges, as with a real GPU
+STREAM_ATTEMPTS = 20  # a frontend that loses the CPU for longer than a step merges, as with a real GPU
 USER = [{"role": "user", "content": "Tell me a story."}]
 
 
