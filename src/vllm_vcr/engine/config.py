@@ -121,6 +121,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # client sees never depends on internal batching; serve raises it with --stream-interval N,
     # where tokens leave N to an SSE event anyway
     max_burst: int = 1
+    # seconds an untimed step takes at least (divided by time_scale): steps start at least this far
+    # apart, so zero-latency outputs leave one step at a time at a pace a frontend reads
+    # (play --min-step-time); 0: back to back (serve, simulate)
+    min_step_time: float = 0.0
     advertised_max_model_len: int = 4096  # what the frontend is told; the arrival check uses config
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
@@ -206,6 +210,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
                                   f"with {flags}")
         if self.startup_time < 0:
             raise ConfigError(f"--startup-time must be >= 0, got {self.startup_time}")
+        if self.min_step_time < 0:
+            raise ConfigError(f"--min-step-time must be >= 0, got {self.min_step_time * 1000:g} ms")
         if self.max_burst < 1:
             raise ConfigError(f"max_burst must be >= 1, got {self.max_burst}")
         if self.shutdown_timeout < 0:

@@ -107,6 +107,9 @@ class EngineCore(EngineControls):
         self.step_counter = 0
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
         self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
+        # untimed steps start at least min_step_time apart (play: a real step never takes ~0 µs)
+        self._step_floor = args.min_step_time / args.time_scale
+        self._floor_until = 0.0
         self._pulled: list[str] = []
         self.inbox = Inbox()
         self._inbox = self.inbox.messages  # read every turn
@@ -267,12 +270,12 @@ class EngineCore(EngineControls):
             return drain if drain is not None and drain < batch.end else batch.end
         sched = self.scheduler
         if self._pulled or sched.has_immediate_work():
-            return self.clock.now()
+            return max(self.clock.now(), self._floor_until)
         wake = sched.next_deadline()
         for t in (drain, self.kv_transfer.next_event()):
             if t is not None and (wake is None or t < wake):
                 wake = t
-        return wake
+        return wake if wake is None or wake >= self._floor_until else self._floor_until
 
     def _process_inbox(self) -> None:
         outputs: list = []
@@ -388,6 +391,8 @@ class EngineCore(EngineControls):
 
     def _start_step(self, now: float) -> bool:
         """Schedule a step at `now`; apply it at once (untimed) or put it in flight. False: no work."""
+        if now < self._floor_until:
+            return False  # the previous (untimed) step still takes its minimum time
         timed = self.latency.times_steps
         kvt = self.kv_transfer
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
@@ -423,6 +428,8 @@ class EngineCore(EngineControls):
             burst = burst_size(self, scheduled, draining) if not pulled else 1
             self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
+            if self._step_floor:
+                self._floor_until = now + self._step_floor
             if draining:
                 self.lifecycle.drained()
         return True

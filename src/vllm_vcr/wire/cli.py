@@ -9,7 +9,7 @@ import sys
 
 from .. import event_loop
 from ..engine_cli import add_engine_args, engine_args_from_cli
-from ..engine.config import ConfigError
+from ..engine.config import ConfigError, EngineArgs
 from ..gc_tuning import tune_for_serving
 from ..perf.cli import add_perf_args
 from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
@@ -17,11 +17,20 @@ from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_event
 log = logging.getLogger("vllm_vcr.wire")
 
 DEFAULT_HANDSHAKE = "tcp://127.0.0.1:29550"
+# A real GPU step is never ~0 µs (a small model's decode step on a fast GPU takes 2-3 ms), and a
+# vLLM frontend merges every step's output it finds queued when it gets round to reading: at
+# latency 0, steps 2 ms apart let a frontend that is not overloaded send one token per SSE event.
+DEFAULT_MIN_STEP_TIME_MS = 2.0
 
 
 def _env_int(name: str, default: int) -> int:
     v = os.environ.get(name)
     return int(v) if v not in (None, "") else default
+
+
+def _env_float(name: str, default: float) -> float:
+    v = os.environ.get(name)
+    return float(v) if v not in (None, "") else default
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -58,10 +67,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, default=_env_int("MOCK_MAX_NUM_SEQS", 128))
     s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
     s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
+    s.add_argument("--min-step-time", type=float, metavar="MS",
+                   default=_env_float("MOCK_MIN_STEP_TIME_MS", DEFAULT_MIN_STEP_TIME_MS),
+                   help="the shortest a step takes, in ms (divided by --time-scale): steps start at least "
+                        "this far apart, so at latency 0 each step's tokens reach the frontend as their own "
+                        "output, as from a real GPU; 0 = back to back (default %(default)s)")
     add_engine_args(p)
     add_perf_args(p, vllm_gpu_flags=True)
     add_kv_events_args(p)  # vLLM's --kv-events-config / --enable-kv-cache-events
     return p
+
+
+def play_engine_args(args: argparse.Namespace, advertised_max_model_len: int) -> EngineArgs:
+    """The engines' arguments from play's flags (ConfigError names a bad flag)."""
+    return engine_args_from_cli(args, advertised_max_model_len=advertised_max_model_len, engine_id=args.engine_id,
+                                min_step_time=args.min_step_time / 1000.0,
+                                **({"model_name": args.model_name} if args.model_name else {}))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     advertised = args.max_model_len if args.max_model_len > 0 else UNLIMITED_MODEL_LEN
     try:
-        eargs = engine_args_from_cli(args, advertised_max_model_len=advertised, engine_id=args.engine_id,
-                                     **({"model_name": args.model_name} if args.model_name else {}))
+        eargs = play_engine_args(args, advertised)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

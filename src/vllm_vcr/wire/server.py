@@ -52,6 +52,7 @@ from .codec import (
     utility_success,
 )
 from .handshake import EngineSockets, ReadyInfo, handshake
+from .logprobs import LogprobsAttacher
 
 log = logging.getLogger("vllm_vcr.wire")
 
@@ -72,10 +73,11 @@ class _RateLimitedWarning:
 class EngineBridge:
     """One DP rank: its sockets, its EngineCore, and the wire-side state utilities need."""
 
-    def __init__(self, rank: int, sockets: EngineSockets, codec: Codec):
+    def __init__(self, rank: int, sockets: EngineSockets, codec: Codec, vocab_size: int = 32000):
         self.rank = rank
         self.sockets = sockets
         self.codec = codec
+        self.logprobs = LogprobsAttacher(vocab_size)  # requests that asked for logprobs
         self.core: EngineCore | None = None  # set by attach_core (the core needs our sink to be built)
         # request id -> client index, for every request the engine owes an answer
         self.inflight: dict[str, int] = {}
@@ -103,6 +105,9 @@ class EngineBridge:
     # ---- outputs (called synchronously from the engine loop; must not block) ----------------
     def sink(self, client_index: int, outs: EngineCoreOutputs) -> None:
         outs.engine_index = self.rank
+        if self.logprobs.requests:
+            for o in outs.outputs:
+                self.logprobs.attach(o)
         inflight = self.inflight
         if inflight:
             for o in outs.outputs:
@@ -156,6 +161,8 @@ class EngineBridge:
         """Finish requests the engine never saw (undecodable, refused while paused)."""
         for o in outputs:
             self.inflight.pop(o.request_id, None)
+        if self.logprobs.requests:
+            self.logprobs.discard(o.request_id for o in outputs)
         self._send(client_index, EngineCoreOutputs(
             engine_index=self.rank, outputs=outputs, timestamp=time.monotonic(),
             finished_requests=[o.request_id for o in outputs]))
@@ -241,6 +248,7 @@ class EngineBridge:
             return
         self.inflight[req.request_id] = req.client_index
         self._drained.clear()
+        self.logprobs.add(req)
         if self.paused == "hold":
             self.held.append(req)
             return
@@ -255,6 +263,8 @@ class EngineBridge:
             self.held = [r for r in self.held if r.request_id not in gone]
         for rid in ids:
             self.inflight.pop(rid, None)
+        if self.logprobs.requests:
+            self.logprobs.discard(ids)
         if not self.inflight:
             self._drained.set()
         self.core.abort_requests(ids)
@@ -500,7 +510,7 @@ class PlayServer:
         results = hs.result()
         for r in results:
             if isinstance(r, EngineSockets):
-                self.bridges.append(EngineBridge(r.rank, r, self.codec))
+                self.bridges.append(EngineBridge(r.rank, r, self.codec, self.args.vocab_size))
         failed = [r for r in results if isinstance(r, BaseException)]
         for e in failed:
             log.error("handshake failed: %s", e)
