@@ -28,6 +28,17 @@ except ImportError:
     sys.path.insert(0, str(SRC))
 
 
+@pytest.fixture(autouse=True)
+def _no_logging_left_installed():
+    """A test that runs a command's main() in-process installs the CLI's reloadable logging;
+    uninstall it after the test so later tests see the process as an embedder would."""
+    yield
+    from vllm_vcr import logging_setup
+
+    if logging_setup.reloadable_logging_installed():
+        logging_setup.uninstall_reloadable_logging()
+
+
 def _plugin_installed() -> bool:
     from importlib.metadata import entry_points
 
