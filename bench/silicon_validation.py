@@ -31,34 +31,36 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vllm_vcr.simulate.silicon import SiliconRow, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
+from vllm_vcr.simulate.silicon import SiliconRow, plan_for, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
-GRID = np.arange(0.0, 8.0001, 0.05)  # candidate host overheads per step (ms)
+GRID = np.arange(0.0, 6.0001, 0.05)  # candidate host overheads per step (ms)
+SEQ_GRID = np.arange(0.0, 0.0601, 0.002)  # candidate host overheads per running sequence per step (ms)
 
 
-def _job(task: tuple[dict, float, int]) -> dict:
-    row_d, overhead, max_tokens = task
+def _job(task: tuple[dict, tuple[float, float], int]) -> dict:
+    row_d, (overhead, per_seq), max_tokens = task
     logging.disable(logging.WARNING)
     row = SiliconRow(**row_d)
-    out = {"id": row.id, "split": row.split, "overhead_ms": overhead}
+    out = {"id": row.id, "split": row.split, "overhead_ms": overhead, "per_seq_ms": per_seq}
     why = supported(row)
     if why is not None:
         return {**out, "unsupported": why}
     s_ttft, s_tpot = static_estimate(row)
     t0 = time.perf_counter()
-    sim = simulate_row(row, step_overhead_ms=overhead, max_tokens=max_tokens)
+    sim = simulate_row(row, step_overhead_ms=overhead, per_seq_overhead_ms=per_seq, max_tokens=max_tokens)
     return {**out, "static_ttft_ms": s_ttft, "static_tpot_ms": s_tpot, "sim": sim,
             "cpu_s": time.perf_counter() - t0}
 
 
-def _run(rows: list[SiliconRow], overhead: float, args, done: dict[str, dict], out, budget_s: float) -> None:
-    todo = [r for r in rows if r.id not in done or done[r.id].get("overhead_ms") != overhead]
+def _run(rows: list[SiliconRow], overhead: tuple[float, float], args, done: dict[str, dict], out,
+         budget_s: float) -> None:
+    todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead]
     # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
-    todo.sort(key=lambda r: (r.concurrency + 16) * r.osl)
+    todo.sort(key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
     tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]
-    print(f"simulating {len(tasks)} rows at host overhead {overhead:.2f} ms/step with {args.jobs} job(s)",
+    print(f"simulating {len(tasks)} rows at host overhead {overhead} ms/step, ms/seq/step with {args.jobs} job(s)",
           file=sys.stderr)
     t0 = time.time()
     pool = Pool(args.jobs)
@@ -76,21 +78,30 @@ def _run(rows: list[SiliconRow], overhead: float, args, done: dict[str, dict], o
         pool.terminate()
 
 
-def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> float:
-    """The per-step host overhead minimising the median |TPOT error| on the training rows
-    (a step's overhead adds about itself to TPOT: one step per output token)."""
-    meas, sim = [], []
+def _overhead_of(res: dict) -> tuple[float, float]:
+    return res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0)
+
+
+def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> tuple[float, float]:
+    """The host overhead per step, a + b * running sequences, minimising the median |TPOT
+    error| on the training rows (each output token takes one step, so a step's overhead adds
+    about itself to TPOT; the running batch is about the per-engine concurrency)."""
+    meas, sim, batch = [], [], []
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
+            a0, b0 = _overhead_of(res)
+            c = res["sim"]["per_engine_concurrency"]
             meas.append(r.tpot_ms)
-            sim.append(res["sim"]["tpot_ms"] - res["overhead_ms"])
-    meas_a, sim_a = np.array(meas), np.array(sim)
-    errs = [np.median(np.abs(sim_a + o - meas_a) / meas_a) for o in GRID]
-    return float(GRID[int(np.argmin(errs))])
+            sim.append(res["sim"]["tpot_ms"] - a0 - b0 * c)
+            batch.append(c)
+    meas_a, sim_a, batch_a = np.array(meas), np.array(sim), np.array(batch)
+    best = min((float(np.median(np.abs(sim_a + a + b * batch_a - meas_a) / meas_a)), a, b)
+               for a in GRID for b in SEQ_GRID)
+    return round(float(best[1]), 3), round(float(best[2]), 4)
 
 
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: float) -> float:
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float]) -> float:
     """The constant first-token overhead of the frontend (HTTP, tokenisation, detokenisation:
     what `serve`/`play` add for real and `simulate` leaves out) minimising the median |TTFT
     error| on the training rows, simulated without host overhead (a step's overhead adds about
@@ -99,8 +110,10 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: float)
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res:
+            c = res["sim"]["per_engine_concurrency"]
+            (a0, b0), (a, b) = _overhead_of(res), overhead
             meas.append(r.ttft_ms)
-            sim.append(res["sim"]["ttft_ms"] + 2 * (overhead - res["overhead_ms"]))
+            sim.append(res["sim"]["ttft_ms"] + 2 * ((a - a0) + (b - b0) * c))
     meas_a, sim_a = np.array(meas), np.array(sim)
     grid = np.arange(0.0, 200.001, 1.0)
     errs = [np.median(np.abs(sim_a + f - meas_a) / meas_a) for f in grid]
@@ -138,7 +151,8 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
     return lines
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, frontend: float, command: str) -> str:
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: float,
+           command: str) -> str:
     held = [r for r in rows if r.split == "heldout"]
     train = [r for r in rows if r.split == "train"]
     unsupported: dict[str, int] = {}
@@ -158,12 +172,12 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, front
            f"measured, median and p90 over the rows. *sim* = the closed-loop workload through the engine with "
            f"`--perf-model aic`; *static* = the estimator's `run_static` with batch = concurrency.", "",
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
-           f"**{overhead:.2f} ms per step** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
+           f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
            f"(added to the simulated TTFT: `serve` and `play` have a real frontend, `simulate` has none). "
            f"Held-out rows ({len(held)}; {n_held} simulated with them):", "",
            *table(held, done, lambda r: r.gpu, "GPU", frontend), "",
            *table(held, done, lambda r: r.model, "model", frontend), "",
-           "Training rows, simulated without the correction (host overhead 0):", "",
+           "Training rows, simulated without the correction (host overhead 0, no frontend share):", "",
            *table(train, done, lambda r: r.gpu, "GPU"), "",
            "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
     out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
@@ -175,11 +189,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=200_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--max-tokens", type=int, default=40_000, help="output tokens simulated per row, at most")
     ap.add_argument("--budget-s", type=float, default=4200.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
-    ap.add_argument("--overhead", type=float, default=None, help="skip the fit: use this host overhead (ms)")
+    ap.add_argument("--overhead", type=float, nargs=2, default=None, metavar=("MS_PER_STEP", "MS_PER_SEQ"),
+                    help="skip the fit: use this host overhead")
     ap.add_argument("--frontend", type=float, default=None, help="skip the fit: use this frontend TTFT overhead (ms)")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
@@ -194,12 +209,12 @@ def main() -> int:
             done[res["id"]] = res
     with path.open("a") as out:
         if not args.render_only:
-            _run([r for r in rows if r.split == "train"], 0.0, args, done, out, args.budget_s / 3)
-        overhead = args.overhead if args.overhead is not None else fit_overhead(
+            _run([r for r in rows if r.split == "train"], (0.0, 0.0), args, done, out, args.budget_s / 3)
+        overhead = tuple(args.overhead) if args.overhead is not None else fit_overhead(
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
         frontend = args.frontend if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted host overhead: {overhead:.2f} ms/step, frontend {frontend:.0f} ms", file=sys.stderr)
+        print(f"fitted host overhead: {overhead} (ms/step, ms/seq/step), frontend {frontend:.0f} ms", file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)
     command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "")
