@@ -151,35 +151,58 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
     return lines
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: float,
-           command: str) -> str:
-    held = [r for r in rows if r.split == "heldout"]
-    train = [r for r in rows if r.split == "train"]
-    unsupported: dict[str, int] = {}
+def _conc_band(r: SiliconRow) -> str:
+    c = r.concurrency
+    return next(f"c {lo}–{hi}" for lo, hi in ((1, 8), (9, 32), (33, 128), (129, 1024), (1025, 10**9)) if c <= hi)
+
+
+HELD_OUT_TABLES = (  # (key, title) of the held-out tables
+    (lambda r: r.gpu, "GPU"),
+    (lambda r: r.model, "model"),
+    (lambda r: f"tp {r.tp}" + (f" × dp {r.attention_dp}" if r.attention_dp > 1 else ""), "parallelism"),
+    (lambda r: r.gemm_quant or "bf16", "GEMM precision"),
+    (_conc_band, "concurrency"),
+    (lambda r: f"{r.isl}/{r.osl}", "ISL/OSL"),
+    (lambda r: "InferenceX (burst, 10·C prompts)" if r.inferencex else "other (steady state)", "harness"),
+)
+
+
+def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
     for r in rows:
         why = done.get(r.id, {}).get("unsupported")
         if why:
             k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}"
-            unsupported[k] = unsupported.get(k, 0) + 1
-    n_sim = sum(1 for r in rows if "sim" in done.get(r.id, {}))
-    n_train = sum(1 for r in train if "sim" in done.get(r.id, {}))
-    n_held = sum(1 for r in held if "sim" in done.get(r.id, {}))
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: float,
+           command: str) -> str:
+    held = [r for r in rows if r.split == "heldout"]
+    train = [r for r in rows if r.split == "train"]
+    unsupported = _unsupported(rows, done)
+    sims = {r.id: done[r.id]["sim"] for r in rows if "sim" in done.get(r.id, {})}
+    n_train = sum(1 for r in train if r.id in sims)
+    n_held = sum(1 for r in held if r.id in sims)
     n_left = sum(1 for r in rows if r.id not in done)
+    n_short = sum(1 for r in rows if r.id in sims and sims[r.id].get("sim_osl", r.osl) < r.osl)
     out = [BEGIN, "", f"Made by `{command}`.", "",
-           f"{len(rows)} vLLM aggregated rows in the sample; {n_sim} simulated, "
-           f"{sum(unsupported.values())} the estimator cannot price (below), {n_left} left out for time (the "
-           f"costliest: concurrency × OSL; none of them were looked at). Errors are |predicted − measured| / "
-           f"measured, median and p90 over the rows. *sim* = the closed-loop workload through the engine with "
-           f"`--perf-model aic`; *static* = the estimator's `run_static` with batch = concurrency.", "",
+           f"{len(rows)} vLLM aggregated rows in the sample; {len(sims)} simulated ({n_short} of them with "
+           f"shortened requests, see the plan above), {sum(unsupported.values())} the estimator cannot price "
+           f"(below), {n_left} left out for time. Errors are |predicted − measured| / measured, median and p90 "
+           f"over the rows. *sim* = the row's benchmark through the engine with `--perf-model aic`; *static* = "
+           f"the estimator's `run_static` with batch = concurrency.", "",
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
-           f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
-           f"(added to the simulated TTFT: `serve` and `play` have a real frontend, `simulate` has none). "
-           f"Held-out rows ({len(held)}; {n_held} simulated with them):", "",
-           *table(held, done, lambda r: r.gpu, "GPU", frontend), "",
-           *table(held, done, lambda r: r.model, "model", frontend), "",
-           "Training rows, simulated without the correction (host overhead 0, no frontend share):", "",
-           *table(train, done, lambda r: r.gpu, "GPU"), "",
-           "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
+           f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a "
+           f"frontend first-token overhead of **{frontend:.0f} ms** (added to the simulated TTFT: `serve` and "
+           f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
+           f"with them):", ""]
+    for key, title in HELD_OUT_TABLES:
+        out += [*table(held, done, key, title, frontend), ""]
+    out += ["Training rows, simulated without the correction (host overhead 0, no frontend share):", "",
+            *table(train, done, lambda r: r.gpu, "GPU"), "",
+            "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
     out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
     out += ["", END]
     return "\n".join(out)
