@@ -4,13 +4,15 @@ systems/silicon_sample.csv that the estimator can price, simulated closed-loop t
 engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values, next to the
 estimator's own static estimate (run_static, batch = concurrency).
 
-One global correction, the engine's host overhead per step (ms), is fitted on the declared
-training split (rows with crc32(id) % 3 == 0) and the held-out rows are simulated with it; no
-per-row tuning. Results go to a JSONL (resumable) and the table into docs/fidelity.md between
+Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
+users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
+One global correction, the engine's host overhead per step (a ms + b ms per running sequence)
+and a frontend share of TTFT, is fitted on the declared training split (rows with
+crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning. Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 200000] [--budget-s 4200] [--limit N]
+                                          [--max-tokens 40000] [--budget-s 6000] [--limit N]
                                           [--render-only] [--write-docs]
 """
 
@@ -190,7 +192,7 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float,
     out = [BEGIN, "", f"Made by `{command}`.", "",
            f"{len(rows)} vLLM aggregated rows in the sample; {len(sims)} simulated ({n_short} of them with "
            f"shortened requests, see the plan above), {sum(unsupported.values())} the estimator cannot price "
-           f"(below), {n_left} left out for time. Errors are |predicted − measured| / measured, median and p90 "
+           f"(below), {n_left} not simulated in the run's time (the costliest by simulated tokens). Errors are |predicted − measured| / measured, median and p90 "
            f"over the rows. *sim* = the row's benchmark through the engine with `--perf-model aic`; *static* = "
            f"the estimator's `run_static` with batch = concurrency.", "",
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
@@ -213,7 +215,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
     ap.add_argument("--max-tokens", type=int, default=40_000, help="output tokens simulated per row, at most")
-    ap.add_argument("--budget-s", type=float, default=4200.0,
+    ap.add_argument("--budget-s", type=float, default=6000.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
     ap.add_argument("--overhead", type=float, nargs=2, default=None, metavar=("MS_PER_STEP", "MS_PER_SEQ"),
