@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from multiprocessing import Pool
@@ -132,6 +133,11 @@ def _stats(values: list[float]) -> str:
     return f"{np.median(values):.1f} % | {np.percentile(values, 90):.1f} %"
 
 
+def _natural(name: str) -> list:
+    """Numbers in a name sort as numbers (c 8 before c 129, 1024/128 before 1024/1024)."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+
 def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, frontend_ms: float = 0.0) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
@@ -140,7 +146,7 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
             groups.setdefault(key(r), []).append((r, res))
     lines = [f"| {title} | rows | TPOT sim median | p90 | TPOT static median | p90 | TTFT sim median | p90 "
              f"| TTFT static median | p90 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in sorted(groups) + ["**all**"]:
+    for name in sorted(groups, key=_natural) + ["**all**"]:
         items = [x for g in groups.values() for x in g] if name == "**all**" else groups[name]
         e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
         for r, res in items:
