@@ -8,7 +8,8 @@ Each row is simulated as the benchmark that measured it (silicon.py: InferenceX'
 users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
 One global correction, the engine's host overhead per step (a ms + b ms per running sequence)
 and a frontend share of TTFT, is fitted on the declared training split (rows with
-crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning. Results go to a JSONL (resumable) and the table into docs/fidelity.md between
+crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
+Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
