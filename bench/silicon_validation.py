@@ -4,13 +4,16 @@ systems/silicon_sample.csv that the estimator can price, simulated closed-loop t
 engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values, next to the
 estimator's own static estimate (run_static, batch = concurrency).
 
-One global correction, the engine's host overhead per step (ms), is fitted on the declared
-training split (rows with crc32(id) % 3 == 0) and the held-out rows are simulated with it; no
-per-row tuning. Results go to a JSONL (resumable) and the table into docs/fidelity.md between
+Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
+users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
+One global correction, the engine's host overhead per step (a ms + b ms per running sequence)
+and a frontend share of TTFT, is fitted on the declared training split (rows with
+crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
+Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 200000] [--budget-s 4200] [--limit N]
+                                          [--max-tokens 40000] [--budget-s 6000] [--limit N]
                                           [--render-only] [--write-docs]
 """
 
@@ -21,6 +24,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from multiprocessing import Pool
@@ -31,34 +35,36 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vllm_vcr.simulate.silicon import SiliconRow, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
+from vllm_vcr.simulate.silicon import SiliconRow, plan_for, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
-GRID = np.arange(0.0, 8.0001, 0.05)  # candidate host overheads per step (ms)
+GRID = np.arange(0.0, 6.0001, 0.05)  # candidate host overheads per step (ms)
+SEQ_GRID = np.arange(0.0, 0.0601, 0.002)  # candidate host overheads per running sequence per step (ms)
 
 
-def _job(task: tuple[dict, float, int]) -> dict:
-    row_d, overhead, max_tokens = task
+def _job(task: tuple[dict, tuple[float, float], int]) -> dict:
+    row_d, (overhead, per_seq), max_tokens = task
     logging.disable(logging.WARNING)
     row = SiliconRow(**row_d)
-    out = {"id": row.id, "split": row.split, "overhead_ms": overhead}
+    out = {"id": row.id, "split": row.split, "overhead_ms": overhead, "per_seq_ms": per_seq}
     why = supported(row)
     if why is not None:
         return {**out, "unsupported": why}
     s_ttft, s_tpot = static_estimate(row)
     t0 = time.perf_counter()
-    sim = simulate_row(row, step_overhead_ms=overhead, max_tokens=max_tokens)
+    sim = simulate_row(row, step_overhead_ms=overhead, per_seq_overhead_ms=per_seq, max_tokens=max_tokens)
     return {**out, "static_ttft_ms": s_ttft, "static_tpot_ms": s_tpot, "sim": sim,
             "cpu_s": time.perf_counter() - t0}
 
 
-def _run(rows: list[SiliconRow], overhead: float, args, done: dict[str, dict], out, budget_s: float) -> None:
-    todo = [r for r in rows if r.id not in done or done[r.id].get("overhead_ms") != overhead]
+def _run(rows: list[SiliconRow], overhead: tuple[float, float], args, done: dict[str, dict], out,
+         budget_s: float) -> None:
+    todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead]
     # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
-    todo.sort(key=lambda r: (r.concurrency + 16) * r.osl)
+    todo.sort(key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
     tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]
-    print(f"simulating {len(tasks)} rows at host overhead {overhead:.2f} ms/step with {args.jobs} job(s)",
+    print(f"simulating {len(tasks)} rows at host overhead {overhead} ms/step, ms/seq/step with {args.jobs} job(s)",
           file=sys.stderr)
     t0 = time.time()
     pool = Pool(args.jobs)
@@ -76,21 +82,30 @@ def _run(rows: list[SiliconRow], overhead: float, args, done: dict[str, dict], o
         pool.terminate()
 
 
-def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> float:
-    """The per-step host overhead minimising the median |TPOT error| on the training rows
-    (a step's overhead adds about itself to TPOT: one step per output token)."""
-    meas, sim = [], []
+def _overhead_of(res: dict) -> tuple[float, float]:
+    return res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0)
+
+
+def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> tuple[float, float]:
+    """The host overhead per step, a + b * running sequences, minimising the median |TPOT
+    error| on the training rows (each output token takes one step, so a step's overhead adds
+    about itself to TPOT; the running batch is about the per-engine concurrency)."""
+    meas, sim, batch = [], [], []
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
+            a0, b0 = _overhead_of(res)
+            c = res["sim"]["per_engine_concurrency"]
             meas.append(r.tpot_ms)
-            sim.append(res["sim"]["tpot_ms"] - res["overhead_ms"])
-    meas_a, sim_a = np.array(meas), np.array(sim)
-    errs = [np.median(np.abs(sim_a + o - meas_a) / meas_a) for o in GRID]
-    return float(GRID[int(np.argmin(errs))])
+            sim.append(res["sim"]["tpot_ms"] - a0 - b0 * c)
+            batch.append(c)
+    meas_a, sim_a, batch_a = np.array(meas), np.array(sim), np.array(batch)
+    best = min((float(np.median(np.abs(sim_a + a + b * batch_a - meas_a) / meas_a)), a, b)
+               for a in GRID for b in SEQ_GRID)
+    return round(float(best[1]), 3), round(float(best[2]), 4)
 
 
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: float) -> float:
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float]) -> float:
     """The constant first-token overhead of the frontend (HTTP, tokenisation, detokenisation:
     what `serve`/`play` add for real and `simulate` leaves out) minimising the median |TTFT
     error| on the training rows, simulated without host overhead (a step's overhead adds about
@@ -99,8 +114,10 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: float)
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res:
+            c = res["sim"]["per_engine_concurrency"]
+            (a0, b0), (a, b) = _overhead_of(res), overhead
             meas.append(r.ttft_ms)
-            sim.append(res["sim"]["ttft_ms"] + 2 * (overhead - res["overhead_ms"]))
+            sim.append(res["sim"]["ttft_ms"] + 2 * ((a - a0) + (b - b0) * c))
     meas_a, sim_a = np.array(meas), np.array(sim)
     grid = np.arange(0.0, 200.001, 1.0)
     errs = [np.median(np.abs(sim_a + f - meas_a) / meas_a) for f in grid]
@@ -117,6 +134,11 @@ def _stats(values: list[float]) -> str:
     return f"{np.median(values):.1f} % | {np.percentile(values, 90):.1f} %"
 
 
+def _natural(name: str) -> list:
+    """Numbers in a name sort as numbers (c 8 before c 129, 1024/128 before 1024/1024)."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+
 def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, frontend_ms: float = 0.0) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
@@ -125,7 +147,7 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
             groups.setdefault(key(r), []).append((r, res))
     lines = [f"| {title} | rows | TPOT sim median | p90 | TPOT static median | p90 | TTFT sim median | p90 "
              f"| TTFT static median | p90 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name in sorted(groups) + ["**all**"]:
+    for name in sorted(groups, key=_natural) + ["**all**"]:
         items = [x for g in groups.values() for x in g] if name == "**all**" else groups[name]
         e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
         for r, res in items:
@@ -138,34 +160,58 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
     return lines
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: float, frontend: float, command: str) -> str:
-    held = [r for r in rows if r.split == "heldout"]
-    train = [r for r in rows if r.split == "train"]
-    unsupported: dict[str, int] = {}
+def _conc_band(r: SiliconRow) -> str:
+    c = r.concurrency
+    return next(f"c {lo}–{hi}" for lo, hi in ((1, 8), (9, 32), (33, 128), (129, 1024), (1025, 10**9)) if c <= hi)
+
+
+HELD_OUT_TABLES = (  # (key, title) of the held-out tables
+    (lambda r: r.gpu, "GPU"),
+    (lambda r: r.model, "model"),
+    (lambda r: f"tp {r.tp}" + (f" × dp {r.attention_dp}" if r.attention_dp > 1 else ""), "parallelism"),
+    (lambda r: r.gemm_quant or "bf16", "GEMM precision"),
+    (_conc_band, "concurrency"),
+    (lambda r: f"{r.isl}/{r.osl}", "ISL/OSL"),
+    (lambda r: "InferenceX (burst, 10·C prompts)" if r.inferencex else "other (steady state)", "harness"),
+)
+
+
+def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
     for r in rows:
         why = done.get(r.id, {}).get("unsupported")
         if why:
             k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}"
-            unsupported[k] = unsupported.get(k, 0) + 1
-    n_sim = sum(1 for r in rows if "sim" in done.get(r.id, {}))
-    n_train = sum(1 for r in train if "sim" in done.get(r.id, {}))
-    n_held = sum(1 for r in held if "sim" in done.get(r.id, {}))
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: float,
+           command: str) -> str:
+    held = [r for r in rows if r.split == "heldout"]
+    train = [r for r in rows if r.split == "train"]
+    unsupported = _unsupported(rows, done)
+    sims = {r.id: done[r.id]["sim"] for r in rows if "sim" in done.get(r.id, {})}
+    n_train = sum(1 for r in train if r.id in sims)
+    n_held = sum(1 for r in held if r.id in sims)
     n_left = sum(1 for r in rows if r.id not in done)
+    n_short = sum(1 for r in rows if r.id in sims and sims[r.id].get("sim_osl", r.osl) < r.osl)
     out = [BEGIN, "", f"Made by `{command}`.", "",
-           f"{len(rows)} vLLM aggregated rows in the sample; {n_sim} simulated, "
-           f"{sum(unsupported.values())} the estimator cannot price (below), {n_left} left out for time (the "
-           f"costliest: concurrency × OSL; none of them were looked at). Errors are |predicted − measured| / "
-           f"measured, median and p90 over the rows. *sim* = the closed-loop workload through the engine with "
-           f"`--perf-model aic`; *static* = the estimator's `run_static` with batch = concurrency.", "",
+           f"{len(rows)} vLLM aggregated rows in the sample; {len(sims)} simulated ({n_short} of them with "
+           f"shortened requests, see the plan above), {sum(unsupported.values())} the estimator cannot price "
+           f"(below), {n_left} not simulated in the run's time (the costliest by simulated tokens). Errors are |predicted − measured| / measured, median and p90 "
+           f"over the rows. *sim* = the row's benchmark through the engine with `--perf-model aic`; *static* = "
+           f"the estimator's `run_static` with batch = concurrency.", "",
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
-           f"**{overhead:.2f} ms per step** (simulated) and a frontend first-token overhead of **{frontend:.0f} ms** "
-           f"(added to the simulated TTFT: `serve` and `play` have a real frontend, `simulate` has none). "
-           f"Held-out rows ({len(held)}; {n_held} simulated with them):", "",
-           *table(held, done, lambda r: r.gpu, "GPU", frontend), "",
-           *table(held, done, lambda r: r.model, "model", frontend), "",
-           "Training rows, simulated without the correction (host overhead 0):", "",
-           *table(train, done, lambda r: r.gpu, "GPU"), "",
-           "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
+           f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a "
+           f"frontend first-token overhead of **{frontend:.0f} ms** (added to the simulated TTFT: `serve` and "
+           f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
+           f"with them):", ""]
+    for key, title in HELD_OUT_TABLES:
+        out += [*table(held, done, key, title, frontend), ""]
+    out += ["Training rows, simulated without the correction (host overhead 0, no frontend share):", "",
+            *table(train, done, lambda r: r.gpu, "GPU"), "",
+            "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
     out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
     out += ["", END]
     return "\n".join(out)
@@ -175,11 +221,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=200_000, help="output tokens simulated per row, at most")
-    ap.add_argument("--budget-s", type=float, default=4200.0,
+    ap.add_argument("--max-tokens", type=int, default=40_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--budget-s", type=float, default=6000.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
-    ap.add_argument("--overhead", type=float, default=None, help="skip the fit: use this host overhead (ms)")
+    ap.add_argument("--overhead", type=float, nargs=2, default=None, metavar=("MS_PER_STEP", "MS_PER_SEQ"),
+                    help="skip the fit: use this host overhead")
     ap.add_argument("--frontend", type=float, default=None, help="skip the fit: use this frontend TTFT overhead (ms)")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
@@ -194,12 +241,12 @@ def main() -> int:
             done[res["id"]] = res
     with path.open("a") as out:
         if not args.render_only:
-            _run([r for r in rows if r.split == "train"], 0.0, args, done, out, args.budget_s / 3)
-        overhead = args.overhead if args.overhead is not None else fit_overhead(
+            _run([r for r in rows if r.split == "train"], (0.0, 0.0), args, done, out, args.budget_s / 3)
+        overhead = tuple(args.overhead) if args.overhead is not None else fit_overhead(
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
         frontend = args.frontend if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted host overhead: {overhead:.2f} ms/step, frontend {frontend:.0f} ms", file=sys.stderr)
+        print(f"fitted host overhead: {overhead} (ms/step, ms/seq/step), frontend {frontend:.0f} ms", file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)
     command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "")

@@ -27,11 +27,12 @@ def test_the_sample_has_the_vllm_aggregated_rows_and_a_declared_split():
 
 @pytest.mark.parametrize("row_id", SLICE)
 def test_a_measured_deployment_is_reproduced_closely(row_id):
+    from vllm_vcr.perf.aic import DEFAULT_STEP_OVERHEAD_MS
     from vllm_vcr.simulate.silicon import simulate_row, static_estimate, supported
 
     row = _rows()[row_id]
     assert supported(row) is None
-    sim = simulate_row(row, step_overhead_ms=2.55, max_tokens=30_000)
+    sim = simulate_row(row, step_overhead_ms=DEFAULT_STEP_OVERHEAD_MS, max_tokens=30_000)
     assert sim["preemptions"] == 0
     assert sim["tpot_ms"] == pytest.approx(row.tpot_ms, rel=0.25)
     assert sim["ttft_ms"] == pytest.approx(row.ttft_ms, rel=0.5)  # the engine's share, no frontend
@@ -44,3 +45,42 @@ def test_what_the_estimator_cannot_price_says_why():
 
     gpt_oss = next(r for r in _rows().values() if r.model == "openai/gpt-oss-120b" and r.gpu == "h100_sxm")
     assert "fp4_tc_flops" in supported(gpt_oss)
+
+
+def _row(**kw):
+    from vllm_vcr.simulate.silicon import SiliconRow
+
+    base = dict(id="r", model="meta-llama/Llama-3.1-70B", gpu="h100_sxm", backend_version="0.18.0", tp=4,
+                attention_dp=1, moe_tp=None, moe_ep=None, gemm_quant="fp8", moe_quant=None, isl=1024, osl=1024,
+                concurrency=16, ttft_ms=100.0, tpot_ms=10.0, source="source_file=2026-04-06.csv; image=x")
+    return SiliconRow(**{**base, **kw})
+
+
+def test_the_benchmark_harness_is_told_by_the_rows_source():
+    assert _row().inferencex and _row().range_ratio == 0.8
+    assert _row(source="db-dump/2026-04-27; vllm/vllm-openai:v0.19.0").inferencex
+    gap = _row(source="source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv")
+    assert not gap.inferencex and gap.range_ratio == 1.0
+
+
+def test_the_whole_benchmark_is_simulated_when_it_fits_else_two_waves_then_shorter_requests():
+    from vllm_vcr.simulate.silicon import plan_for
+
+    small = plan_for(_row(concurrency=2, osl=1024), max_tokens=40_000)
+    assert (small.requests, small.osl) == (20, 1024)  # 10 * C, as InferenceX sends
+    mid = plan_for(_row(concurrency=16, osl=1024), max_tokens=40_000)
+    assert (mid.requests, mid.osl) == (39, 1024)  # fewer requests, at least two waves
+    big = plan_for(_row(concurrency=256, isl=8192, osl=1024), max_tokens=40_000)
+    assert big.requests == 512 and big.osl == 1024  # 4x the burst's 256 prefill steps caps the cut
+    long = plan_for(_row(concurrency=64, osl=8192), max_tokens=40_000)
+    assert long.requests == 128 and 256 <= long.osl < 8192
+    steady = plan_for(_row(concurrency=4, source="kimi-gap.csv"), max_tokens=40_000)
+    assert steady.requests == 16  # the users' first requests and as many measured
+
+
+def test_the_benchmark_mean_counts_each_request_not_simulated_as_the_steady_state():
+    from vllm_vcr.simulate.silicon import benchmark_means
+
+    # 2 users: the first wave (burst) 10 and 30, then steady requests 4 and 6
+    assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=20) == pytest.approx((40 + 18 * 5) / 20)
+    assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=4) == pytest.approx(12.5)

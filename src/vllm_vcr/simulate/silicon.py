@@ -6,7 +6,13 @@ For one vLLM aggregated row: the estimator for that model/GPU/parallelism/precis
 cache vLLM would get on that GPU, vLLM's default scheduler limits for that GPU, and the row's
 closed-loop workload (its concurrency, fixed ISL/OSL, random prompts, `ignore_eos`) simulated
 through the same EngineCore as `serve` (attention-DP ranks are separate engines, round robin).
-TTFT and TPOT are the means over the requests, as a benchmark client reports them.
+
+The workload is the benchmark that measured the row, not an idealised steady state: vLLM's
+`benchmark_serving.py` as InferenceX runs it (`--request-rate inf --max-concurrency C
+--num-prompts 10*C --random-range-ratio 0.8 --ignore-eos`): all C users send at once (the first
+wave's prompts queue behind each other in chunked prefill), lengths uniform in [0.8 L, L] for
+the rows measured with the `vllm/vllm-openai` images (fixed lengths for the other sources), and
+TTFT and TPOT are the means over all 10*C requests, the first wave included.
 """
 
 from __future__ import annotations
@@ -41,16 +47,30 @@ class SiliconRow:
     concurrency: int
     ttft_ms: float
     tpot_ms: float
+    source: str = ""
+
+    @property
+    def inferencex(self) -> bool:
+        """Measured with InferenceX's harness (its database dump and CSV exports: the
+        `vllm/vllm-openai` images on its ISL/OSL grid); the other sources (AIConfigurator's gap
+        analyses) are taken as steady-state measurements of fixed-length requests."""
+        return self.source.startswith(("db-dump", "source_file=2026-"))
+
+    @property
+    def range_ratio(self) -> float:
+        """`--random-range-ratio` of the row's benchmark: lengths uniform in [r L, L]."""
+        return 0.8 if self.inferencex else 1.0
 
     @property
     def split(self) -> str:
         """A fixed, declared split: about one row in three trains the global correction."""
         return "train" if zlib.crc32(self.id.encode()) % 3 == 0 else "heldout"
 
-    def target(self, step_overhead_ms: float = 0.0) -> AicTarget:
+    def target(self, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0) -> AicTarget:
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
-                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant, step_overhead_ms=step_overhead_ms)
+                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant, step_overhead_ms=step_overhead_ms,
+                         per_seq_overhead_ms=per_seq_overhead_ms)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -78,7 +98,8 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
                 moe_tp=_int(r["moe_tp_size"]), moe_ep=_int(r["moe_ep_size"]),
                 gemm_quant=_str(r["gemm_quant_mode"]), moe_quant=_str(r["moe_quant_mode"]),
                 isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=int(float(r["batch_size"])),
-                ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]))
+                ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
+                source=r["silicon_data_source"])
 
 
 def vllm_defaults(gpu_bytes: int) -> tuple[int, int]:
@@ -97,53 +118,100 @@ def static_estimate(row: SiliconRow) -> tuple[float, float]:
     return ctx, gen / max(row.osl - 1, 1)
 
 
-def num_requests_for(row: SiliconRow, max_tokens: int) -> int:
-    """The users' first requests (the ramp, not measured) and then as many measured ones again,
-    fewer when that would simulate more than `max_tokens` output tokens (at least 8 measured)."""
+BENCH_WAVES = 10  # InferenceX: --num-prompts 10 * concurrency
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    """How much of the row's benchmark to simulate: `requests` of the 10*C, each with at most
+    `osl` output tokens (the row's OSL, or fewer when the benchmark is too costly)."""
+
+    requests: int
+    osl: int
+
+
+def plan_for(row: SiliconRow, max_tokens: int) -> SimPlan:
+    """The whole benchmark when it fits in `max_tokens` simulated output tokens; else fewer
+    requests, down to two waves (the burst and one wave in steady state: the rest of the
+    benchmark repeats the second wave, see `benchmark_means`); when even two waves do not fit,
+    two waves of shorter requests (at least 256 tokens and 4x the steps of the first wave's
+    prefill burst, so the burst stays a small part of a request's life)."""
     c = row.concurrency
-    measured = max(c, 16)
-    if (c + measured) * row.osl > max_tokens:
-        measured = max(int(max_tokens / row.osl) - c, 8)
-    return c + measured
+    full = BENCH_WAVES * c if row.inferencex else 2 * max(c, 8)
+    n = min(full, max(max_tokens // max(row.osl, 1), 2 * c))
+    if n * row.osl <= max_tokens:
+        return SimPlan(n, row.osl)
+    burst_steps = math.ceil(c // max(row.attention_dp, 1) * row.isl / 8192)
+    return SimPlan(n, min(row.osl, max(max_tokens // n, 256, 4 * burst_steps)))
+
+
+def benchmark_means(values_in_order: list[float], concurrency: int, total: int) -> float:
+    """The benchmark's mean over `total` requests from the simulated ones (in request order):
+    the simulated requests count as themselves and each request not simulated as the mean of
+    the requests after the first wave (the closed loop's steady state)."""
+    vals = values_in_order
+    if not vals:
+        return math.nan
+    steady = vals[concurrency:] or vals
+    missing = max(total - len(vals), 0)
+    return (sum(vals) + missing * sum(steady) / len(steady)) / (len(vals) + missing)
 
 
 def request_lifetime_s(row: SiliconRow) -> float:
     """A request's expected duration at the row's load (the estimator's prefill + decode steps):
-    the users' start-up ramp, so the closed loop starts in steady state instead of in waves."""
+    for a steady-state row, the users start spread over it, so the loop starts without waves."""
     h = compile_target(row.target())
     per_engine = max(row.concurrency // max(row.attention_dp, 1), 1)
     decode = h.decode_step_latency(per_engine, row.isl + row.osl // 2, 2)
     return (h.predict_prefill_latency(1, row.isl) + row.osl * decode) / 1e3
 
 
-def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, max_tokens: int = 400_000) -> dict[str, Any]:
-    """Simulate the row's closed-loop benchmark; TTFT/TPOT means in ms."""
+def _context_correction_ms(row: SiliconRow, plan: SimPlan) -> float:
+    """A shortened run decodes at shorter contexts: the estimator's decode step at the row's mean
+    context minus at the simulated one (0 when the run is not shortened)."""
+    if plan.osl >= row.osl:
+        return 0.0
+    h = compile_target(row.target())
+    b = max(row.concurrency // max(row.attention_dp, 1), 1)
+    return h.decode_step_latency(b, row.isl + row.osl // 2, 2) - h.decode_step_latency(b, row.isl + plan.osl // 2, 2)
+
+
+def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
+                 max_tokens: int = 40_000) -> dict[str, Any]:
+    """Simulate the row's benchmark (see the module doc); TTFT/TPOT means in ms."""
     from ..engine.config import EngineArgs, EngineConfig
     from ..perf.kv_sizing import estimate_kv_capacity
     from .runner import simulate
     from .workload import LengthDist, SyntheticWorkload
 
-    target = row.target(step_overhead_ms).resolved()
+    target = row.target(step_overhead_ms, per_seq_overhead_ms).resolved()
     compile_target(target)
     engines = max(row.attention_dp, 1)
-    per_engine = max(row.concurrency // engines, 1)
-    seqs, budget = 1024, 8192
     cap = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9,
-                               max_num_batched_tokens=budget, max_num_seqs=seqs)
+                               max_num_batched_tokens=8192, max_num_seqs=1024)
     seqs, budget = vllm_defaults(cap.gpu_bytes)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
                       kv_cache_size=cap.num_blocks, tokens_per_block=16, perf_model=target.to_dict(),
                       advertised_max_model_len=row.isl + row.osl + 16).validate()
-    n = num_requests_for(row, max_tokens)
-    workload = SyntheticWorkload(num_requests=n, isl=LengthDist("fixed", row.isl), osl=LengthDist("fixed", row.osl),
-                                 arrival="closed", concurrency=row.concurrency, ramp_up=request_lifetime_s(row),
-                                 seed=zlib.crc32(row.id.encode()))
+    plan = plan_for(row, max_tokens)
+    r = row.range_ratio
+    isl = LengthDist("uniform", int(row.isl * r), row.isl) if r < 1 else LengthDist("fixed", row.isl)
+    osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
+    workload = SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
+                                 concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
+                                 ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
     sim = simulate(args, workload, engines=engines, router="round_robin", concurrency=row.concurrency)
-    measured = [r for r in sim.done if int(r.request_id.rsplit("-", 1)[1]) >= row.concurrency]
-    ttft = [(r.first - r.arrival) * 1e3 for r in measured]
-    tpot = [(r.end - r.first) * 1e3 / (r.num_out - 1) for r in measured if r.num_out > 1]
-    return {"ttft_ms": sum(ttft) / len(ttft), "tpot_ms": sum(tpot) / len(tpot) if tpot else math.nan,
-            "requests": n, "kv_blocks": cap.num_blocks, "per_engine_concurrency": per_engine,
+    done = sorted(sim.done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
+    if row.inferencex:
+        total = BENCH_WAVES * row.concurrency
+    else:  # steady state: the users' first requests (the ramp) are not measured
+        done, total = done[row.concurrency:], len(done) - row.concurrency
+    ttft = [(d.first - d.arrival) * 1e3 for d in done]
+    tpot = [(d.end - d.first) * 1e3 / (d.num_out - 1) for d in done if d.num_out > 1]
+    return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
+            "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
+            "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
+            "per_engine_concurrency": max(row.concurrency // engines, 1),
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 
