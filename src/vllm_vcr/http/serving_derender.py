@@ -1,0 +1,256 @@
+"""The derender routes of --enable-scale-out / --tokens-only, as vLLM 0.32 serves them: a token-out
+answer of /inference/v1/generate turned back into a chat or completion response, without
+generating. `POST /v1/chat/completions/derender` and `POST /v1/completions/derender` take a
+whole GenerateResponse (`stream: false`) or one stream chunk plus the `stream_state` the previous
+call returned (`stream: true`: the server keeps nothing between calls).
+
+With a tool or reasoning parser configured the chat routes need the `chat_request` the render
+step saw (as vLLM: plain detokenization would leak the parser's markup); its tools and
+tool_choice decide how calls are read back, with the same parsers `serve` uses for chat.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .chat_outputs import ChatOutputPlan
+from .errors import HTTPError
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .serving_base import RequestContext, encode, parse_request
+from .sse import send_bytes
+from .tools.streaming import ToolDeltas
+
+_PARSER_NEEDS_REQUEST = ("chat_request is required when a tool or reasoning parser is configured because plain "
+                         "detokenization would leak raw parser markup into content.")
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TokensChoice(_Lenient):
+    index: int
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class TokensResponse(_Lenient):
+    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    choices: list[TokensChoice]
+    prompt_token_ids: list[int] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    output_mode: Literal["tokens"] = "tokens"
+
+
+class StreamState(_Lenient):
+    """DerenderStreamState: what the client carries between streamed calls (this server decodes
+    the whole output each call, so only the replay fields are read; the others go back as sent)."""
+
+    prev_tokens: list[str] = Field(default_factory=list, max_length=1024)
+    prefix_offset: int = Field(default=0, ge=0)
+    read_offset: int = Field(default=0, ge=0)
+    role_sent: bool = False
+    logprob_context_token_ids: list[int] = Field(default_factory=list, max_length=4)
+    logprob_text_offset: int = Field(default=0, ge=0)
+    output_token_ids: list[int] = Field(default_factory=list)
+    output_chunk_lens: list[int] = Field(default_factory=list)
+    tools_streamed: bool = False
+    last_tool_call_ids: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _lens_add_up(self) -> StreamState:
+        if sum(self.output_chunk_lens) != len(self.output_token_ids):
+            raise ValueError(f"output_chunk_lens must sum to len(output_token_ids) (got sum="
+                             f"{sum(self.output_chunk_lens)}, len(output_token_ids)={len(self.output_token_ids)})")
+        return self
+
+
+class DerenderChat(_Lenient):
+    stream: bool = False
+    model: str | None = None
+    generate_response: TokensResponse | None = None
+    generate_chunk: TokensResponse | None = None
+    stream_state: StreamState | None = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[int] | None = None
+    chat_request: ChatCompletionRequest | None = None
+
+
+class DerenderCompletion(_Lenient):
+    stream: bool = False
+    model: str | None = None
+    generate_responses: list[TokensResponse] | None = None
+    generate_chunk: TokensResponse | None = None
+    stream_state: StreamState | None = None
+    prompt_tokens: list[int] | int | None = None
+    prompt_token_ids: list[list[int] | None] | list[int] | None = None
+    completion_request: CompletionRequest | None = None
+
+
+def _bad(message: str) -> HTTPError:
+    return HTTPError(400, message, "BadRequestError")
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+            "prompt_tokens_details": None}
+
+
+class DerenderServing:
+    def __init__(self, app: Any) -> None:
+        self.chat = app.chat
+        self.settings = app.settings
+        self.tokenizer = app.chat.tokenizer
+
+    def routes(self) -> dict[str, Any]:
+        return {"/v1/chat/completions/derender": self.derender_chat,
+                "/v1/completions/derender": self.derender_completion}
+
+    @property
+    def has_parser(self) -> bool:
+        return self.settings.tools.available or bool(self.settings.reasoning_parser)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check_bounds(self, responses: list[TokensResponse]) -> None:
+        max_n = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
+        max_len = self.settings.max_model_len
+        if len(responses) > max_n:
+            raise _bad(f"generate_responses count ({len(responses)}) exceeds server maximum ({max_n}). "
+                       "Set VLLM_MAX_N_SEQUENCES to increase this limit.")
+        for gen in responses:
+            if len(gen.choices) > max_n:
+                raise _bad(f"choices count ({len(gen.choices)}) in response '{gen.request_id}' exceeds server "
+                           f"maximum ({max_n}).")
+            for c in gen.choices:
+                if c.token_ids and len(c.token_ids) > max_len:
+                    raise _bad(f"token_ids length ({len(c.token_ids)}) in choice {c.index} exceeds max_model_len "
+                               f"({max_len}).")
+
+    def _check_prompt_ids(self, ids: list[int] | None) -> None:
+        if ids is not None and len(ids) > self.settings.max_model_len:
+            raise _bad(f"prompt_token_ids length ({len(ids)}) exceeds max_model_len ({self.settings.max_model_len}).")
+
+    # -- text and messages -------------------------------------------------------------------------
+
+    def _decode(self, ids: list[int], skip_special: bool) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    def _split_reasoning(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """(reasoning ids, content ids) by the reasoning parser's start / end tokens."""
+        marks = self.settings.reasoning_ids
+        if not self.settings.reasoning_parser or marks is None or marks[1] not in ids:
+            return [], ids
+        start, end = marks
+        cut = ids.index(end)
+        return [i for i in ids[:cut] if i != start], ids[cut + 1:]
+
+    def _message(self, ids: list[int], req: ChatCompletionRequest | None) -> dict[str, Any]:
+        if req is None or not self.has_parser:
+            skip = req.skip_special_tokens if req is not None else True
+            return {"role": "assistant", "content": self._decode(ids, skip)}
+        thought, rest = self._split_reasoning(ids)
+        text = self._decode(rest, False)
+        plan = ChatOutputPlan(req, self.settings.tools, self.settings.reasoning_ids)
+        content, calls, _ = plan.message_parts(text)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:  # derender's ids are uuids
+            message["tool_calls"] = [{**c, "id": uuid.uuid4().hex} for c in calls]
+        message["reasoning"] = self._decode(thought, False) if thought and req.include_reasoning else None
+        return message
+
+    # -- chat --------------------------------------------------------------------------------------
+
+    async def derender_chat(self, ctx: RequestContext) -> None:
+        body = parse_request(ctx.body, DerenderChat)
+        model = self.chat.check_model(body.model)
+        if body.stream:
+            from .derender_stream import chat_chunk
+
+            await send_bytes(ctx.send, 200, encode(chat_chunk(self, body, model)))
+            return
+        gen = body.generate_response
+        if gen is None:
+            raise _bad("generate_response: Field required")
+        self._check_bounds([gen])
+        self._check_prompt_ids(body.prompt_token_ids)
+        if self.has_parser and body.chat_request is None:
+            raise _bad(_PARSER_NEEDS_REQUEST)
+        req = body.chat_request
+        rti = req is not None and req.return_token_ids and (not self.has_parser or req.include_reasoning)
+        choices = []
+        for c in gen.choices:
+            if not c.token_ids:
+                raise _bad(f"choice {c.index} has empty or null token_ids")
+            choices.append({"index": c.index, "message": self._message(c.token_ids, req), "logprobs": None,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                            "token_ids": c.token_ids if rti else None})
+        completion = sum(len(c.token_ids or ()) for c in gen.choices)
+        out = {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+               "choices": choices, "usage": _usage(body.prompt_tokens or 0, completion),
+               "kv_transfer_params": gen.kv_transfer_params}
+        await send_bytes(ctx.send, 200, encode(out))
+
+    # -- completions -------------------------------------------------------------------------------
+
+    async def derender_completion(self, ctx: RequestContext) -> None:
+        body = parse_request(ctx.body, DerenderCompletion)
+        model = self.chat.check_model(body.model)
+        if body.stream:
+            from .derender_stream import completion_chunk
+
+            await send_bytes(ctx.send, 200, encode(completion_chunk(self, body, model)))
+            return
+        gens = body.generate_responses or []
+        if not gens:
+            raise _bad("generate_responses must not be empty")
+        self._check_bounds(gens)
+        for ids in body.prompt_token_ids or ():
+            self._check_prompt_ids(ids if isinstance(ids, list) else None)
+        skip = body.completion_request.skip_special_tokens if body.completion_request is not None else True
+        choices, completion = [], 0
+        for gen in gens:
+            for c in gen.choices:
+                if not c.token_ids:
+                    raise _bad(f"choice {c.index} in response {gen.request_id} has empty or null token_ids")
+                choices.append({"index": len(choices), "text": self._decode(c.token_ids, skip), "logprobs": None,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                                "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None})
+                completion += len(c.token_ids)
+        prompt = sum(body.prompt_tokens) if isinstance(body.prompt_tokens, list) else 0
+        kv = gens[0].kv_transfer_params
+        out = {"id": gens[0].request_id, "object": "text_completion", "created": int(time.time()), "model": model,
+               "choices": choices, "usage": _usage(prompt, completion),
+               "kv_transfer_params": kv if all(g.kv_transfer_params == kv for g in gens) else None}
+        await send_bytes(ctx.send, 200, encode(out))
+
+
+def replay_tool_deltas(serving: DerenderServing, req: ChatCompletionRequest, state: StreamState,
+                       new_ids: list[int], finished: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The content and tool-call deltas of this chunk: the earlier chunks are replayed through a
+    fresh ToolDeltas (nothing is kept on the server) and their output thrown away."""
+    plan = ChatOutputPlan(req, serving.settings.tools, serving.settings.reasoning_ids)
+    deltas = ToolDeltas(plan)
+    seen: list[int] = []
+    start = 0
+    for n in state.output_chunk_lens:
+        before = serving._decode(seen, False)
+        seen += state.output_token_ids[start:start + n]
+        start += n
+        deltas.advance(serving._decode(seen, False)[len(before):], False)
+    before = serving._decode(seen, False)
+    content, calls = deltas.advance(serving._decode(seen + new_ids, False)[len(before):], finished)
+    for call in calls:  # ids stay what the first call that named them said
+        if "id" in call:
+            k = call["index"]
+            if k < len(state.last_tool_call_ids):
+                call["id"] = state.last_tool_call_ids[k]
+            else:
+                state.last_tool_call_ids.append(call["id"])
+    return content, calls
