@@ -91,6 +91,9 @@ class ToolCallFormat:
     typed_argument_deltas = False
     # its streamed deltas with tool calls carry `"content": null` (hermes sets the field explicitly)
     null_content_in_call_deltas = False
+    # its parser answers every token after a complete call with an empty fragment, so the finish
+    # chunk carries `{index, function: {arguments: ""}}` (llama3_json re-reads the whole JSON)
+    empty_fragment_at_finish = False
 
     def call_id(self) -> str:
         """A tool call's id as this parser makes it."""
@@ -143,6 +146,7 @@ class HermesFormat(ToolCallFormat):
 
 class Llama3JsonFormat(ToolCallFormat):
     name = "llama3_json"
+    empty_fragment_at_finish = True
     _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
     def render(self, calls: list[tuple[str, Any]]) -> str:

@@ -7,9 +7,9 @@
 - The JSON vLLM forces for "required" / a named function (pythonic): the header entry carries the
   name and the arguments written so far together; later entries only new argument text.
 - A delta with tool calls has no `content` key unless there is content (hermes: `null`, as its
-  parser sets the field); the finish chunk's delta
-  is empty once everything went out; the finish reason is "tool_calls" when calls went out
-  (except for a named tool_choice).
+  parser sets the field). The finish chunk's delta is empty once everything went out (llama3_json:
+  an empty fragment of the last call, as its parser re-reads the finished JSON); the finish
+  reason is "tool_calls" when calls went out (except for a named tool_choice).
 
 Only requests with tools take this path: the plain chat stream (ChatStream) is untouched; its
 per-token `feed` stays inline there, which is why this one repeats its first lines.
@@ -80,6 +80,8 @@ class ToolDeltas:
                 piece.update(index=k, function={"arguments": call.arguments[len(sent):]})
                 deltas.append(piece)
                 self.args_sent[k] = call.arguments
+        if finished and not deltas and self.names and fmt.empty_fragment_at_finish and not forced_json:
+            deltas.append({"index": len(self.names) - 1, "function": {"arguments": ""}})
         if self.plan.req.parallel_tool_calls is False:
             deltas = [d for d in deltas if d["index"] == 0]
         self.streamed = self.streamed or bool(deltas)
