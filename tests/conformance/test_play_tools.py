@@ -39,11 +39,13 @@ def stack(request, vllm_version):
     model = peers.tool_model_dir()
     template = ["--chat-template", str(model / f"tool_chat_template_{request.param}.jinja")] \
         if request.param in ("mistral", "hermes") else []
+    # 40 ms a token: slow enough that a busy frontend still sends one token per chunk, which the
+    # delta-shape comparison needs
     st = peers.start_stack(vllm_version, model_dir=model,
                            frontend_args=["--enable-auto-tool-choice", "--tool-call-parser", request.param,
                                           *template],
                            play_args=["--tokenizer", str(model), "--seed", "5",
-                                      "--inter-token-latency", "10", "--time-to-first-token", "0"])
+                                      "--inter-token-latency", "40", "--time-to-first-token", "0"])
     st.parser = request.param
     yield st
     st.stop()
