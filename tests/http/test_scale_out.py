@@ -133,7 +133,7 @@ def test_derender_completion_joins_the_prompts(scale_out):
     back = post(scale_out, "/v1/completions/derender", {"generate_responses": outs, "prompt_tokens": [2, 3]}).json()
     assert [c["index"] for c in back["choices"]] == [0, 1]
     assert back["usage"] == {"prompt_tokens": 5, "total_tokens": 11, "completion_tokens": 6,
-                             "prompt_tokens_details": None}
+                             "prompt_tokens_details": None, "completion_tokens_details": None}
 
 
 def test_derender_stream_adds_up(scale_out):

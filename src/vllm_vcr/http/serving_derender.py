@@ -99,7 +99,13 @@ def _bad(message: str) -> HTTPError:
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None}
+            "prompt_tokens_details": None, "completion_tokens_details": None}
+
+
+# vLLM answers the response models whole (model_dump): the fields derender leaves at their default
+_CHAT_TAIL = {"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "ec_transfer_params": None,
+              "metrics": None}
+_MESSAGE_NULLS = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
 
 
 class DerenderServing:
@@ -154,12 +160,12 @@ class DerenderServing:
     def _message(self, ids: list[int], req: ChatCompletionRequest | None) -> dict[str, Any]:
         if req is None or not self.has_parser:
             skip = req.skip_special_tokens if req is not None else True
-            return {"role": "assistant", "content": self._decode(ids, skip)}
+            return {"role": "assistant", "content": self._decode(ids, skip), **_MESSAGE_NULLS, "reasoning": None}
         thought, rest = self._split_reasoning(ids)
         text = self._decode(rest, False)
         plan = ChatOutputPlan(req, self.settings.tools, self.settings.reasoning_ids)
         content, calls, _ = plan.message_parts(text)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: dict[str, Any] = {"role": "assistant", "content": content, **_MESSAGE_NULLS}
         if calls:  # derender's ids are uuids
             message["tool_calls"] = [{**c, "id": uuid.uuid4().hex} for c in calls]
         message["reasoning"] = self._decode(thought, False) if thought and req.include_reasoning else None
@@ -190,10 +196,11 @@ class DerenderServing:
                 raise _bad(f"choice {c.index} has empty or null token_ids")
             choices.append({"index": c.index, "message": self._message(c.token_ids, req), "logprobs": None,
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                            "token_ids": c.token_ids if rti else None})
+                            "token_ids": c.token_ids if rti else None, "routed_experts": None})
         completion = sum(len(c.token_ids or ()) for c in gen.choices)
         out = {"id": gen.request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-               "choices": choices, "usage": _usage(body.prompt_tokens or 0, completion),
+               "choices": choices, "service_tier": None, "system_fingerprint": None,
+               "usage": _usage(body.prompt_tokens or 0, completion), **_CHAT_TAIL,
                "kv_transfer_params": gen.kv_transfer_params}
         await send_bytes(ctx.send, 200, encode(out))
 
@@ -221,13 +228,15 @@ class DerenderServing:
                     raise _bad(f"choice {c.index} in response {gen.request_id} has empty or null token_ids")
                 choices.append({"index": len(choices), "text": self._decode(c.token_ids, skip), "logprobs": None,
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                                "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None})
+                                "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+                                "routed_experts": None})
                 completion += len(c.token_ids)
         prompt = sum(body.prompt_tokens) if isinstance(body.prompt_tokens, list) else 0
         kv = gens[0].kv_transfer_params
         out = {"id": gens[0].request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-               "choices": choices, "usage": _usage(prompt, completion),
-               "kv_transfer_params": kv if all(g.kv_transfer_params == kv for g in gens) else None}
+               "choices": choices, "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt, completion),
+               "kv_transfer_params": kv if all(g.kv_transfer_params == kv for g in gens) else None,
+               "ec_transfer_params": None}
         await send_bytes(ctx.send, 200, encode(out))
 
 
