@@ -11,15 +11,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .serving_derender import _PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, DerenderServing, \
-    StreamState, TokensChoice, _bad, replay_tool_deltas
+from .chat_outputs import ChatOutputPlan
+from .derender_protocol import PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, StreamState, TokensChoice, \
+    bad_request
+from .protocol import ChatCompletionRequest
+from .tools.streaming import ToolDeltas
 
 
 def _one_choice(chunk: Any) -> TokensChoice | None:
     if chunk is None:
-        raise _bad("generate_chunk: Field required")
+        raise bad_request("generate_chunk: Field required")
     if len(chunk.choices) > 1:
-        raise _bad(f"derender_chat_stream expects at most one choice per chunk (got {len(chunk.choices)}).")
+        raise bad_request(f"derender_chat_stream expects at most one choice per chunk (got {len(chunk.choices)}).")
     return chunk.choices[0] if chunk.choices else None
 
 
@@ -29,17 +32,17 @@ def _advance(state: StreamState, new_ids: list[int]) -> None:
         state.output_chunk_lens.append(len(new_ids))
 
 
-def _text_delta(serving: DerenderServing, state: StreamState, new_ids: list[int], skip: bool) -> str:
+def _text_delta(serving: Any, state: StreamState, new_ids: list[int], skip: bool) -> str:
     before = serving._decode(state.output_token_ids, skip)
     return serving._decode(state.output_token_ids + new_ids, skip)[len(before):]
 
 
-def chat_chunk(serving: DerenderServing, body: DerenderChat, model: str) -> dict[str, Any]:
+def chat_chunk(serving: Any, body: DerenderChat, model: str) -> dict[str, Any]:
     req = body.chat_request
     if serving.has_parser and req is None:
-        raise _bad(_PARSER_NEEDS_REQUEST)
+        raise bad_request(PARSER_NEEDS_REQUEST)
     if serving.has_parser and body.prompt_token_ids is None:
-        raise _bad("prompt_token_ids is required when a tool or reasoning parser is configured. Without it "
+        raise bad_request("prompt_token_ids is required when a tool or reasoning parser is configured. Without it "
                    "parse_delta cannot tell whether the prompt left reasoning open (e.g. a chat template that "
                    "pre-opens <think>) and would misclassify reasoning content as plain content.")
     choice = _one_choice(body.generate_chunk)
@@ -47,7 +50,7 @@ def chat_chunk(serving: DerenderServing, body: DerenderChat, model: str) -> dict
     new_ids = list(choice.token_ids or ()) if choice is not None else []
     prompt_len = len(body.prompt_token_ids or ())
     if prompt_len + len(state.output_token_ids) + len(new_ids) > serving.settings.max_model_len:
-        raise _bad(f"prompt_token_ids length ({prompt_len}) plus output_token_ids length "
+        raise bad_request(f"prompt_token_ids length ({prompt_len}) plus output_token_ids length "
                    f"({len(state.output_token_ids)}) plus delta ({len(new_ids)}) exceeds max_model_len "
                    f"({serving.settings.max_model_len}).")
     finished = choice is not None and choice.finish_reason is not None
@@ -79,7 +82,7 @@ def chat_chunk(serving: DerenderServing, body: DerenderChat, model: str) -> dict
     return {"chunk": chunk, "stream_state": state.model_dump()}
 
 
-def completion_chunk(serving: DerenderServing, body: DerenderCompletion, model: str) -> dict[str, Any]:
+def completion_chunk(serving: Any, body: DerenderCompletion, model: str) -> dict[str, Any]:
     prompt_ids = body.prompt_token_ids if body.prompt_token_ids and isinstance(body.prompt_token_ids[0], int) \
         else None
     serving._check_prompt_ids(prompt_ids)
@@ -95,3 +98,28 @@ def completion_chunk(serving: DerenderServing, body: DerenderCompletion, model: 
     chunk = {"id": body.generate_chunk.request_id, "object": "text_completion", "created": int(time.time()),
              "model": model, "choices": choices}
     return {"chunk": chunk, "stream_state": state.model_dump()}
+
+
+def replay_tool_deltas(serving: Any, req: ChatCompletionRequest, state: StreamState,
+                       new_ids: list[int], finished: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The content and tool-call deltas of this chunk: the earlier chunks are replayed through a
+    fresh ToolDeltas (nothing is kept on the server) and their output thrown away."""
+    plan = ChatOutputPlan(req, serving.settings.tools, serving.settings.reasoning_ids)
+    deltas = ToolDeltas(plan)
+    seen: list[int] = []
+    start = 0
+    for n in state.output_chunk_lens:
+        before = serving._decode(seen, False)
+        seen += state.output_token_ids[start:start + n]
+        start += n
+        deltas.advance(serving._decode(seen, False)[len(before):], False)
+    before = serving._decode(seen, False)
+    content, calls = deltas.advance(serving._decode(seen + new_ids, False)[len(before):], finished)
+    for call in calls:  # ids stay what the first call that named them said
+        if "id" in call:
+            k = call["index"]
+            if k < len(state.last_tool_call_ids):
+                call["id"] = state.last_tool_call_ids[k]
+            else:
+                state.last_tool_call_ids.append(call["id"])
+    return content, calls

@@ -14,87 +14,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from .chat_outputs import ChatOutputPlan
-from .errors import HTTPError
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .derender_protocol import PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, TokensResponse, bad_request
+from .derender_stream import chat_chunk, completion_chunk
+from .protocol import ChatCompletionRequest
 from .serving_base import RequestContext, encode, parse_request
 from .sse import send_bytes
-from .tools.streaming import ToolDeltas
-
-_PARSER_NEEDS_REQUEST = ("chat_request is required when a tool or reasoning parser is configured because plain "
-                         "detokenization would leak raw parser markup into content.")
-
-
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class TokensChoice(_Lenient):
-    index: int
-    finish_reason: str | None = "stop"
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-
-
-class TokensResponse(_Lenient):
-    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
-    choices: list[TokensChoice]
-    prompt_token_ids: list[int] | None = None
-    kv_transfer_params: dict[str, Any] | None = None
-    output_mode: Literal["tokens"] = "tokens"
-
-
-class StreamState(_Lenient):
-    """DerenderStreamState: what the client carries between streamed calls (this server decodes
-    the whole output each call, so only the replay fields are read; the others go back as sent)."""
-
-    prev_tokens: list[str] = Field(default_factory=list, max_length=1024)
-    prefix_offset: int = Field(default=0, ge=0)
-    read_offset: int = Field(default=0, ge=0)
-    role_sent: bool = False
-    logprob_context_token_ids: list[int] = Field(default_factory=list, max_length=4)
-    logprob_text_offset: int = Field(default=0, ge=0)
-    output_token_ids: list[int] = Field(default_factory=list)
-    output_chunk_lens: list[int] = Field(default_factory=list)
-    tools_streamed: bool = False
-    last_tool_call_ids: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _lens_add_up(self) -> StreamState:
-        if sum(self.output_chunk_lens) != len(self.output_token_ids):
-            raise ValueError(f"output_chunk_lens must sum to len(output_token_ids) (got sum="
-                             f"{sum(self.output_chunk_lens)}, len(output_token_ids)={len(self.output_token_ids)})")
-        return self
-
-
-class DerenderChat(_Lenient):
-    stream: bool = False
-    model: str | None = None
-    generate_response: TokensResponse | None = None
-    generate_chunk: TokensResponse | None = None
-    stream_state: StreamState | None = None
-    prompt_tokens: int | None = None
-    prompt_token_ids: list[int] | None = None
-    chat_request: ChatCompletionRequest | None = None
-
-
-class DerenderCompletion(_Lenient):
-    stream: bool = False
-    model: str | None = None
-    generate_responses: list[TokensResponse] | None = None
-    generate_chunk: TokensResponse | None = None
-    stream_state: StreamState | None = None
-    prompt_tokens: list[int] | int | None = None
-    prompt_token_ids: list[list[int] | None] | list[int] | None = None
-    completion_request: CompletionRequest | None = None
-
-
-def _bad(message: str) -> HTTPError:
-    return HTTPError(400, message, "BadRequestError")
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -128,20 +55,20 @@ class DerenderServing:
         max_n = int(os.environ.get("VLLM_MAX_N_SEQUENCES", "16384"))
         max_len = self.settings.max_model_len
         if len(responses) > max_n:
-            raise _bad(f"generate_responses count ({len(responses)}) exceeds server maximum ({max_n}). "
+            raise bad_request(f"generate_responses count ({len(responses)}) exceeds server maximum ({max_n}). "
                        "Set VLLM_MAX_N_SEQUENCES to increase this limit.")
         for gen in responses:
             if len(gen.choices) > max_n:
-                raise _bad(f"choices count ({len(gen.choices)}) in response '{gen.request_id}' exceeds server "
+                raise bad_request(f"choices count ({len(gen.choices)}) in response '{gen.request_id}' exceeds server "
                            f"maximum ({max_n}).")
             for c in gen.choices:
                 if c.token_ids and len(c.token_ids) > max_len:
-                    raise _bad(f"token_ids length ({len(c.token_ids)}) in choice {c.index} exceeds max_model_len "
+                    raise bad_request(f"token_ids length ({len(c.token_ids)}) in choice {c.index} exceeds max_model_len "
                                f"({max_len}).")
 
     def _check_prompt_ids(self, ids: list[int] | None) -> None:
         if ids is not None and len(ids) > self.settings.max_model_len:
-            raise _bad(f"prompt_token_ids length ({len(ids)}) exceeds max_model_len ({self.settings.max_model_len}).")
+            raise bad_request(f"prompt_token_ids length ({len(ids)}) exceeds max_model_len ({self.settings.max_model_len}).")
 
     # -- text and messages -------------------------------------------------------------------------
 
@@ -177,23 +104,21 @@ class DerenderServing:
         body = parse_request(ctx.body, DerenderChat)
         model = self.chat.check_model(body.model)
         if body.stream:
-            from .derender_stream import chat_chunk
-
             await send_bytes(ctx.send, 200, encode(chat_chunk(self, body, model)))
             return
         gen = body.generate_response
         if gen is None:
-            raise _bad("generate_response: Field required")
+            raise bad_request("generate_response: Field required")
         self._check_bounds([gen])
         self._check_prompt_ids(body.prompt_token_ids)
         if self.has_parser and body.chat_request is None:
-            raise _bad(_PARSER_NEEDS_REQUEST)
+            raise bad_request(PARSER_NEEDS_REQUEST)
         req = body.chat_request
         rti = req is not None and req.return_token_ids and (not self.has_parser or req.include_reasoning)
         choices = []
         for c in gen.choices:
             if not c.token_ids:
-                raise _bad(f"choice {c.index} has empty or null token_ids")
+                raise bad_request(f"choice {c.index} has empty or null token_ids")
             choices.append({"index": c.index, "message": self._message(c.token_ids, req), "logprobs": None,
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                             "token_ids": c.token_ids if rti else None, "routed_experts": None})
@@ -210,13 +135,11 @@ class DerenderServing:
         body = parse_request(ctx.body, DerenderCompletion)
         model = self.chat.check_model(body.model)
         if body.stream:
-            from .derender_stream import completion_chunk
-
             await send_bytes(ctx.send, 200, encode(completion_chunk(self, body, model)))
             return
         gens = body.generate_responses or []
         if not gens:
-            raise _bad("generate_responses must not be empty")
+            raise bad_request("generate_responses must not be empty")
         self._check_bounds(gens)
         for ids in body.prompt_token_ids or ():
             self._check_prompt_ids(ids if isinstance(ids, list) else None)
@@ -225,7 +148,7 @@ class DerenderServing:
         for gen in gens:
             for c in gen.choices:
                 if not c.token_ids:
-                    raise _bad(f"choice {c.index} in response {gen.request_id} has empty or null token_ids")
+                    raise bad_request(f"choice {c.index} in response {gen.request_id} has empty or null token_ids")
                 choices.append({"index": len(choices), "text": self._decode(c.token_ids, skip), "logprobs": None,
                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                                 "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
@@ -238,28 +161,3 @@ class DerenderServing:
                "kv_transfer_params": kv if all(g.kv_transfer_params == kv for g in gens) else None,
                "ec_transfer_params": None}
         await send_bytes(ctx.send, 200, encode(out))
-
-
-def replay_tool_deltas(serving: DerenderServing, req: ChatCompletionRequest, state: StreamState,
-                       new_ids: list[int], finished: bool) -> tuple[str, list[dict[str, Any]]]:
-    """The content and tool-call deltas of this chunk: the earlier chunks are replayed through a
-    fresh ToolDeltas (nothing is kept on the server) and their output thrown away."""
-    plan = ChatOutputPlan(req, serving.settings.tools, serving.settings.reasoning_ids)
-    deltas = ToolDeltas(plan)
-    seen: list[int] = []
-    start = 0
-    for n in state.output_chunk_lens:
-        before = serving._decode(seen, False)
-        seen += state.output_token_ids[start:start + n]
-        start += n
-        deltas.advance(serving._decode(seen, False)[len(before):], False)
-    before = serving._decode(seen, False)
-    content, calls = deltas.advance(serving._decode(seen + new_ids, False)[len(before):], finished)
-    for call in calls:  # ids stay what the first call that named them said
-        if "id" in call:
-            k = call["index"]
-            if k < len(state.last_tool_call_ids):
-                call["id"] = state.last_tool_call_ids[k]
-            else:
-                state.last_tool_call_ids.append(call["id"])
-    return content, calls
