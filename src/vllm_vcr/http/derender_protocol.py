@@ -12,7 +12,7 @@ from .errors import HTTPError
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 PARSER_NEEDS_REQUEST = ("chat_request is required when a tool or reasoning parser is configured because plain "
-                         "detokenization would leak raw parser markup into content.")
+                        "detokenization would leak raw parser markup into content.")
 
 
 class _Lenient(BaseModel):
