@@ -115,13 +115,15 @@ def constrained_token_source(tokenizer: Any, vocab_size: int) -> Callable[[Any, 
         def draw_seed() -> int:  # drawn only when needed: free-text requests keep their random stream
             return sp.seed if sp is not None and sp.seed is not None else rng.getrandbits(32)
 
-        prompt = tokenizer.decode(req.prompt_token_ids or [], skip_special_tokens=False)
+        def prompt() -> str:
+            return tokenizer.decode(getattr(req, "prompt_token_ids", None) or [], skip_special_tokens=False)
+
         if not structured:  # unconstrained: a tool call if the prompt offers tools
-            text = prompt_call_text(prompt, vocab, draw_seed)
+            text = prompt_call_text(prompt(), vocab, draw_seed)
             return _scripted(text, rng) if text is not None else None
         seed = draw_seed()
         try:
-            text = constrained_text(structured, seed, prompt_tool_schemas(prompt)
+            text = constrained_text(structured, seed, prompt_tool_schemas(prompt())
                                     if structured.get("structural_tag") else None)
         except (InstanceError, ValueError) as e:
             logger.warning("request %s: cannot satisfy its structured outputs (%s); free text", req.request_id, e)
