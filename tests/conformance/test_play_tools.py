@@ -1,4 +1,4 @@
-"""llama3_json and mistral tool calls through the real vLLM frontends: `vllm-vcr play
+"""llama3_json, mistral and hermes tool calls through the real vLLM frontends: `vllm-vcr play
 --tokenizer` behind them writes calls in the model family's own format (read from the tools the
 chat template rendered into the prompt, or from the constraint the frontend sends), and the
 frontend's real parser extracts calls whose arguments validate against the tool's schema,
@@ -6,7 +6,11 @@ non-streaming and streaming, for tool_choice auto, required and a named function
 
 The model is scripts/make_tiny_tool_model.py's: a tiny tokenizer with `<|python_tag|>` and the
 Mistral v0.3 tokens (`[TOOL_CALLS]`, `[AVAILABLE_TOOLS]`, ...), without which the frontend
-refuses these parsers."""
+refuses these parsers, and Llama 3.1 / Mistral / Hermes chat templates.
+
+The second half compares the delta structure of `serve`'s tool-call streams with the real
+frontend's (which entries carry id, type, name, arguments; the content key; the id form; the
+finish chunk), not the text."""
 
 from __future__ import annotations
 
