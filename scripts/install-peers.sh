@@ -5,6 +5,7 @@
 #   $CACHE/vllm-0.33   vllm 0.33.0 (a CUDA wheel) installed --no-deps over the CPU dependency set;
 #                      its API-server frontend runs here with VLLM_TARGET_DEVICE=cpu
 #   $CACHE/tinymodel   a tiny local Llama directory with a real tokenizer (scripts/make_tiny_model.py)
+#   $CACHE/tinymodel-tools  the same with tool-call tokens and templates (scripts/make_tiny_tool_model.py)
 #
 # usage: scripts/install-peers.sh [CACHE_DIR] [--only 0.32|0.33|model]
 # env:   VLLM_VCR_PEERS (default cache dir: $HOME/.cache/vllm-vcr/peers), PYTHON (default python3)
@@ -109,13 +110,17 @@ if want 0.33; then
 fi
 
 if want model; then
+  # any Python with `tokenizers` will do: the peers' venv always has it
+  PY=$PYTHON
+  "$PY" -c "import tokenizers" 2>/dev/null || PY=$CACHE/vllm-0.32/bin/python
   if [[ -f $CACHE/tinymodel/config.json && -f $CACHE/tinymodel/tokenizer.json ]]; then
     log "tiny model already in $CACHE/tinymodel"
   else
-    # any Python with `tokenizers` will do: the peers' venv always has it
-    PY=$PYTHON
-    "$PY" -c "import tokenizers" 2>/dev/null || PY=$CACHE/vllm-0.32/bin/python
     "$PY" "$HERE/make_tiny_model.py" "$CACHE/tinymodel"
+  fi
+  # the llama3_json / mistral / hermes tool tokens and templates (tests/conformance/test_play_tools.py)
+  if [[ ! -f $CACHE/tinymodel-tools/config.json ]]; then
+    "$PY" "$HERE/make_tiny_tool_model.py" "$CACHE/tinymodel-tools"
   fi
 fi
 log "done: $CACHE"

@@ -38,11 +38,11 @@ def corpus_files(limit: int = 200) -> list[str]:
     return sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:limit]
 
 
-def build_tokenizer(vocab_size: int) -> Tokenizer:
+def build_tokenizer(vocab_size: int, extra_specials: tuple[str, ...] = ()) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS + list(extra_specials), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train(corpus_files(), trainer)
     # The chat template writes BOS itself, so only plain (completion) prompts get one added here.
@@ -57,26 +57,21 @@ def write_json(out: str, name: str, obj: dict) -> None:
         f.write("\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-
-    tok = build_tokenizer(a.vocab_size)
-    tok.save(os.path.join(a.out, "tokenizer.json"))
+def write_model(out: str, tok: Tokenizer, chat_template: str, special_tokens: dict[str, str] | None = None) -> None:
+    """The model directory around a trained tokenizer: tokenizer files, config, generation config."""
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
     vocab = tok.get_vocab_size()
     bos, eos, pad, eot = (tok.token_to_id(s) for s in (BOS, EOS, PAD, EOT))
 
-    write_json(a.out, "tokenizer_config.json", {
+    write_json(out, "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
         "model_max_length": 2048, "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template, **(special_tokens or {}),
     })
-    write_json(a.out, "special_tokens_map.json", {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD})
-    write_json(a.out, "config.json", {
+    write_json(out, "special_tokens_map.json", {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD})
+    write_json(out, "config.json", {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
@@ -86,8 +81,16 @@ def main() -> None:
         "attention_bias": False, "mlp_bias": False,
     })
     # generation_config's eos list is what the frontend turns into stop_token_ids (EOS and EOT).
-    write_json(a.out, "generation_config.json", {"bos_token_id": bos, "eos_token_id": [eos, eot], "pad_token_id": pad})
-    print(f"tiny model: vocab {vocab}, eos {eos}, eot {eot} -> {a.out}")
+    write_json(out, "generation_config.json", {"bos_token_id": bos, "eos_token_id": [eos, eot], "pad_token_id": pad})
+    print(f"tiny model: vocab {vocab}, eos {eos}, eot {eot} -> {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--vocab-size", type=int, default=4096)
+    a = ap.parse_args()
+    write_model(a.out, build_tokenizer(a.vocab_size), CHAT_TEMPLATE)
 
 
 if __name__ == "__main__":

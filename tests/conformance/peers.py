@@ -27,6 +27,19 @@ CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-
 VERSIONS = ("0.32", "0.33")
 MODEL_DIR = CACHE / "tinymodel"
 VOCAB_SIZE = 4096  # scripts/make_tiny_model.py's default: random tokens must be real ids
+TOOL_MODEL_DIR = CACHE / "tinymodel-tools"  # scripts/make_tiny_tool_model.py: llama3 / mistral tool tokens
+
+
+def tool_model_dir() -> Path:
+    """The tiny tool-token model, written on first use (a few seconds: no download)."""
+    if not (TOOL_MODEL_DIR / "config.json").is_file():
+        building = TOOL_MODEL_DIR.with_name(f"{TOOL_MODEL_DIR.name}.{os.getpid()}")
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_tool_model.py"), str(building)],
+                       check=True, capture_output=True)
+        with contextlib.suppress(OSError):  # another run got there first: keep its copy
+            building.rename(TOOL_MODEL_DIR)
+        shutil.rmtree(building, ignore_errors=True)
+    return TOOL_MODEL_DIR
 
 
 def venv(version: str) -> Path:
@@ -123,6 +136,7 @@ class Stack:
     engine_count: int = 1
     got_engine: bool = False
     extra: dict = field(default_factory=dict)
+    model_dir: Path = MODEL_DIR
 
     @property
     def base_url(self) -> str:
@@ -134,7 +148,7 @@ class Stack:
 
     @property
     def model(self) -> str:
-        return str(MODEL_DIR)
+        return str(self.model_dir)
 
     def logs(self) -> str:
         return "\n".join(p.tail() for p in (self.frontend, self.play) if p is not None)
@@ -151,15 +165,16 @@ class Stack:
 
 def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | None = None,
                 play_args: list[str] = (), frontend_args: list[str] = (), timeout: float = 240.0,
-                frontend_env: dict[str, str] | None = None) -> Stack:
+                frontend_env: dict[str, str] | None = None, model_dir: Path = MODEL_DIR) -> Stack:
     workdir = _new_workdir(version)
-    st = Stack(version, free_port(), free_port(), free_port(), workdir, engine_count=engine_count)
+    st = Stack(version, free_port(), free_port(), free_port(), workdir, engine_count=engine_count,
+               model_dir=model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
                VLLM_SERVER_DEV_MODE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
                DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
     env.update(frontend_env or {})
-    fe_cmd = [str(venv(version) / "bin" / "vllm"), "serve", str(MODEL_DIR),
+    fe_cmd = [str(venv(version) / "bin" / "vllm"), "serve", str(model_dir),
               "--host", "127.0.0.1", "--port", str(st.http_port),
               "--data-parallel-size", str(engine_count), "--data-parallel-size-local", "0",
               "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(st.rpc_port),

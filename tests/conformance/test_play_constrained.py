@@ -22,7 +22,8 @@ MSGS = [{"role": "user", "content": "Weather in Paris?"}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
           "required": ["name", "n"]}
 # The real frontend refuses to start llama3_json (no <|python_tag|> token) and mistral (no
-# [TOOL_CALLS] token) with the tiny model's tokenizer; their formats are covered in tests/http.
+# [TOOL_CALLS] token) with the tiny model's tokenizer: test_play_tools.py runs them on the tiny
+# tool model (scripts/make_tiny_tool_model.py).
 PARSERS = ["hermes", "pythonic"]
 
 

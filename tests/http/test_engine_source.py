@@ -50,3 +50,18 @@ def test_factory_emits_the_text_then_eos():
     assert re.fullmatch(r"\d{4}", tok.decode(ids[:end]))
     assert factory(SimpleNamespace(sampling_params=SimpleNamespace(structured_outputs=None, seed=None),
                                    request_id="r"), random.Random(0)) is None
+
+
+def test_unconstrained_prompt_with_tools_gets_a_call():
+    """No structured outputs, but the prompt offers tools (Hermes style): play writes a call."""
+    tok = load_tokenizer()
+    factory = constrained_token_source(tok, tok.vocab_size)
+    tool = {"type": "function", "function": {"name": "ping", "parameters": {
+        "type": "object", "properties": {"host": {"type": "string"}}, "required": ["host"]}}}
+    prompt = f"<tools>\n{json.dumps(tool)}\n</tools>\nuser: ping it"
+    sp = SimpleNamespace(structured_outputs=None, seed=3)
+    src = factory(SimpleNamespace(sampling_params=sp, request_id="r", prompt_token_ids=tok.encode(prompt)),
+                  random.Random(0))
+    ids = [src.next_token(i) for i in range(200)]
+    text = tok.decode(ids[:ids.index(tok.eos_token_id)])
+    assert text.startswith("<tool_call>\n") and json.loads(text.split("\n")[1])["name"] == "ping"

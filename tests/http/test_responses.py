@@ -106,6 +106,38 @@ def test_background_and_cancel(stored):
         c.responses.cancel(done.id)
 
 
+def test_background_stream_and_replay(stored):
+    """background + stream (vLLM 0.32 runs it): the POST streams the events as they come; GET
+    ?stream=true replays them after `starting_after`, and the stored response completes."""
+    c = client(stored)
+    events = list(c.responses.create(model=MODEL, input="hello", max_output_tokens=6, background=True, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    rid = events[0].response.id
+    replay = list(c.responses.retrieve(rid, stream=True, starting_after=2))
+    assert [e.model_dump() for e in replay] == [e.model_dump() for e in events[3:]]
+    stored = c.responses.retrieve(rid)
+    assert stored.status == events[-1].response.status != "queued"
+    assert stored.output[0].content[0].text == events[-1].response.output[0].content[0].text
+
+
+def test_background_stream_cancelled(stored):
+    c = client(stored)
+    stream = c.responses.create(model=MODEL, input="long", max_output_tokens=2000, background=True, stream=True)
+    first = next(iter(stream))
+    assert c.responses.cancel(first.response.id).status == "cancelled"
+    rest = list(stream)  # the stream ends when the response is cancelled
+    assert all(e.type != "response.completed" for e in rest)
+    assert c.responses.retrieve(first.response.id).status == "cancelled"
+
+
+def test_stream_retrieve_of_a_foreground_response(stored):
+    c = client(stored)
+    r = c.responses.create(model=MODEL, input="one", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match=f"Unknown response_id: {r.id}"):
+        list(c.responses.retrieve(r.id, stream=True))
+
+
 def test_without_store_nothing_is_found(default):
     c = client(default)
     r = c.responses.create(model=MODEL, input="one", max_output_tokens=2)

@@ -5,6 +5,7 @@ nothing reaching the engine for a refused request."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -55,7 +56,8 @@ def received(sp) -> int:
 
 
 def check_call(call) -> None:
-    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert call.type == "function"
+    assert call.id.startswith("chatcmpl-tool-") or re.fullmatch("[A-Za-z0-9]{9}", call.id)
     jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
@@ -114,6 +116,49 @@ def test_streamed_deltas_add_up_to_the_call(tool_server):
     assert finish == "tool_calls"
     assert [(calls[k]["name"], json.loads(calls[k]["arguments"])) for k in sorted(calls)] == \
         [(t.function.name, json.loads(t.function.arguments)) for t in full]
+
+
+def tool_deltas(sp, choice) -> list[tuple[dict, str | None]]:
+    """(delta, finish_reason) of every chunk after the role chunk, as raw JSON."""
+    body = {"model": MODEL, "messages": MSGS, "tools": TOOLS, "tool_choice": choice, "seed": 7, "max_tokens": 400,
+            "stream": True}
+    out = []
+    with httpx.stream("POST", sp.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                out += [(c["delta"], c["finish_reason"]) for c in json.loads(line[6:])["choices"]]
+    return out[1:]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "add"}}])
+def test_streamed_delta_shape(tool_server, choice):
+    """The delta sequence of vLLM 0.32's streaming parsers (tests/conformance/test_play_tools.py
+    checks the same rules against the real frontend)."""
+    deltas = tool_deltas(tool_server, choice)
+    forced_json = tool_server.parser == "pythonic" and choice != "auto"
+    seen: set[int] = set()
+    for delta, _ in deltas:
+        calls = delta.get("tool_calls") or []
+        if calls:  # hermes sets content explicitly (null); the other parsers leave it out
+            assert ("content" in delta) == (tool_server.parser == "hermes" and not forced_json), delta
+        for entry in calls:
+            fn = entry["function"]
+            if entry["index"] not in seen:  # the header: id, type, name (+ arguments on the JSON path)
+                seen.add(entry["index"])
+                assert entry["type"] == "function" and "name" in fn and entry["id"]
+                assert ("arguments" in fn) == forced_json, entry
+                if tool_server.parser == "mistral":
+                    assert re.fullmatch("[A-Za-z0-9]{9}", entry["id"])
+            else:
+                assert "id" not in entry and "name" not in fn and "arguments" in fn
+                assert ("type" in entry) == (tool_server.parser == "mistral"), entry
+    assert seen, deltas
+    last, finish = deltas[-1]
+    assert finish == ("stop" if isinstance(choice, dict) else "tool_calls")
+    if tool_server.parser == "llama3_json" and not forced_json:  # its parser re-reads the finished JSON
+        assert last == {"tool_calls": [{"index": max(seen), "function": {"arguments": ""}}]}
+    else:
+        assert last == {}
 
 
 def test_none_answers_in_text(tool_server):

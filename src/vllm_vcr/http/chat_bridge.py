@@ -49,7 +49,9 @@ async def run_chat(chat: Any, ctx: RequestContext, body: dict[str, Any],
     """The chat answer for `body`: the response dict (non-streaming), or None after every chunk
     went to `on_chunk`. An error answer is raised as the HTTPError the chat handler would send."""
     capture = _Capture(on_chunk if body.get("stream") else None)
-    inner = RequestContext(ctx.scope, ctx.receive, capture, encode(body))
+    # without the server's raw send: the chat stream must not write to the client's socket itself
+    scope = {k: v for k, v in ctx.scope.items() if k != "vllm_vcr.send"}
+    inner = RequestContext(scope, ctx.receive, capture, encode(body))
     inner.arrival = ctx.arrival
     try:
         await chat.handle(inner)

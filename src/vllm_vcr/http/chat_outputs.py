@@ -22,7 +22,6 @@ from .tools.calls import (
     check_tool_usage,
     effective_tool_choice,
     extract_calls,
-    make_tool_call_id,
     named_choice,
     plan_calls,
     render_calls,
@@ -112,7 +111,7 @@ class ChatOutputPlan:
         content, calls = extract_calls(self.fmt, text or "", self.tool_choice) or (text, [])
         if self.req.parallel_tool_calls is False:
             calls = calls[:1]
-        tool_calls = [{"id": make_tool_call_id(), "type": "function",
+        tool_calls = [{"id": self.fmt.call_id(), "type": "function",
                        "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         if self.tool_choice != "auto":
             return content or "", tool_calls, False

@@ -1,6 +1,7 @@
 """The render routes of --enable-scale-out: a chat, completion, Anthropic messages or Responses
 request turned into the GenerateRequest that /inference/v1/generate accepts (prompt token ids
-plus sampling params), without generating. The derender routes are not offered (501)."""
+plus sampling params), without generating. The derender routes (the way back) are in
+serving_derender.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .errors import HTTPError
 from .generation import check_output_budget, check_prompt_tokens, effective_max_tokens
 from .protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, check_sampling, stop_list
 from .serving_base import RequestContext, encode, parse_request
+from .serving_derender import DerenderServing
 from .sse import send_bytes
 from .structured.constraints import request_constraint
 
@@ -53,7 +55,7 @@ class RenderServing:
     def routes(self) -> dict[str, Any]:
         return {"/v1/chat/completions/render": self.render_chat, "/v1/completions/render": self.render_completion,
                 "/v1/messages/render": self.render_messages, "/v1/responses/render": self.render_responses,
-                "/v1/chat/completions/derender": _derender, "/v1/completions/derender": _derender}
+                **DerenderServing(self.app).routes()}
 
     def _chat(self, ctx: RequestContext, req: ChatCompletionRequest) -> dict[str, Any]:
         self.chat.check_model(req.model)
@@ -118,7 +120,3 @@ class RenderServing:
         except RequestValueError as e:
             raise HTTPError(400, str(e), "BadRequestError", e.param) from None
         await send_bytes(ctx.send, 200, encode(body))
-
-
-async def _derender(ctx: RequestContext) -> None:
-    raise HTTPError(501, "The derender routes are not offered by vllm-vcr serve.", "NotImplementedError")

@@ -3,7 +3,9 @@
 As in vLLM 0.32, the store is off unless VLLM_ENABLE_RESPONSES_API_STORE=1: `store: true` is
 then silently ignored, GET and `previous_response_id` find nothing (404), and background mode is
 a 400. With the store on, responses (and the messages that led to them) are kept in memory;
-`background: true` answers "queued" at once and the generation runs on, cancellable.
+`background: true` answers "queued" at once and the generation runs on, cancellable; with
+`stream: true` as well, the POST streams the events as they come and GET ?stream=true replays
+them (background.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import os
 import time
 from typing import Any
+from urllib.parse import parse_qs
 
 from ..chat_bridge import run_chat
 from ..errors import HTTPError
@@ -19,6 +22,7 @@ from ..protocol import RequestValueError
 from ..serving_base import RequestContext, encode, parse_request
 from ..serving_chat import CACHE_DETAILS_KEY
 from ..sse import SSEWriter, send_bytes
+from .background import EventLog, send_events
 from .events import EventStream, output_items
 from .protocol import ResponsesRequest, chat_tools, input_messages, response_format
 
@@ -52,6 +56,7 @@ class ResponsesServing:
         self.responses: dict[str, dict[str, Any]] = {}
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.tasks: dict[str, asyncio.Task] = {}
+        self.event_logs: dict[str, EventLog] = {}  # background streams' events, for GET ?stream=true
 
     # -- POST /v1/responses -------------------------------------------------------------------
 
@@ -77,7 +82,9 @@ class ResponsesServing:
         body = self.chat_body(req, messages, model)
         if store:
             self.messages[req.request_id] = messages
-        if req.background:
+        if req.background and req.stream:
+            await self._background_stream(ctx, req, body, model)
+        elif req.background:
             await self._background(ctx, req, body, model)
         elif req.stream:
             await self._stream(ctx, req, body, model, store)
@@ -150,9 +157,9 @@ class ResponsesServing:
     # -- streaming -----------------------------------------------------------------------------
 
     async def _stream(self, ctx: RequestContext, req: ResponsesRequest, body: dict[str, Any], model: str,
-                      store: bool) -> None:
+                      store: bool, sink: EventLog | None = None) -> None:
         created = int(time.time())
-        w = SSEWriter(ctx.send)
+        w = sink or SSEWriter(ctx.send)
         events = EventStream()
         usage: dict[str, Any] = {}
         finish: list[str] = []
@@ -188,18 +195,44 @@ class ResponsesServing:
         tail = head + b"".join(events.close())
         status = "incomplete" if finish and finish[0] == "length" else "completed"
         final = self.response_body(req, model, created, events.items, status, usage or None)
-        if store:
+        if store and self.responses.get(final["id"], {}).get("status") != "cancelled":
             self.responses[final["id"]] = final
         ctx.finishing = True
         await w.close(tail + events.event("response.completed", response=final))
 
     # -- background, GET and cancel ------------------------------------------------------------
 
-    async def _background(self, ctx: RequestContext, req: ResponsesRequest, body: dict[str, Any],
-                          model: str) -> None:
+    def _queue(self, ctx: RequestContext, req: ResponsesRequest, model: str) -> tuple[dict[str, Any], RequestContext]:
+        """The stored "queued" response, and a context the detached generation runs in."""
         queued = self.response_body(req, model, int(time.time()), [], "queued", None)
         self.responses[queued["id"]] = queued
-        detached = RequestContext({**ctx.scope}, _never_disconnects, _discard, b"")
+        return queued, RequestContext({**ctx.scope}, _never_disconnects, _discard, b"")
+
+    def _keep_task(self, rid: str, task: asyncio.Task) -> None:
+        self.tasks[rid] = task
+        task.add_done_callback(lambda t: (self.tasks.pop(rid, None), t.cancelled() or t.exception()))
+
+    async def _background_stream(self, ctx: RequestContext, req: ResponsesRequest, body: dict[str, Any],
+                                 model: str) -> None:
+        queued, detached = self._queue(ctx, req, model)
+        log = self.event_logs[queued["id"]] = EventLog()
+
+        async def run() -> None:
+            try:
+                await self._stream(detached, req, body, model, True, log)
+            except BaseException:
+                if queued["status"] not in ("completed", "cancelled"):
+                    queued["status"] = "failed"
+                raise
+            finally:
+                await log.close()  # readers of a cancelled or failed stream stop here
+
+        self._keep_task(queued["id"], asyncio.ensure_future(run()))
+        await send_events(ctx, log, 0)
+
+    async def _background(self, ctx: RequestContext, req: ResponsesRequest, body: dict[str, Any],
+                          model: str) -> None:
+        queued, detached = self._queue(ctx, req, model)
 
         async def run() -> None:
             try:
@@ -211,9 +244,7 @@ class ResponsesServing:
             if self.responses.get(done["id"], {}).get("status") != "cancelled":
                 self.responses[done["id"]] = done
 
-        task = asyncio.ensure_future(run())
-        self.tasks[queued["id"]] = task
-        task.add_done_callback(lambda t: (self.tasks.pop(queued["id"], None), t.cancelled() or t.exception()))
+        self._keep_task(queued["id"], asyncio.ensure_future(run()))
         ctx.finishing = True
         await send_bytes(ctx.send, 200, encode(queued))
 
@@ -222,7 +253,14 @@ class ResponsesServing:
         response = self.responses.get(rid)
         if response is None:
             raise self.not_found(rid)
-        await send_bytes(ctx.send, 200, encode(response))
+        stream, starting_after = retrieve_query(ctx)
+        if not stream:
+            await send_bytes(ctx.send, 200, encode(response))
+            return
+        log = self.event_logs.get(rid)
+        if log is None:  # vLLM fails this inside its stream (after the 200); here it is a plain 400
+            raise _invalid(f"Unknown response_id: {rid}", "response_id")
+        await send_events(ctx, log, 0 if starting_after is None else starting_after + 1)
 
     async def cancel(self, ctx: RequestContext) -> None:
         rid = ctx.scope["path"].split("/")[-2]
@@ -245,6 +283,20 @@ class ResponsesServing:
 
 class _StreamFailed(Exception):
     pass
+
+
+def retrieve_query(ctx: RequestContext) -> tuple[bool, int | None]:
+    """GET /v1/responses/{id}'s `stream` and `starting_after` query parameters."""
+    query = parse_qs(ctx.scope.get("query_string", b"").decode("latin-1"))
+    stream = (query.get("stream") or ["false"])[-1].strip().lower() in ("1", "true", "yes", "on")
+    after = (query.get("starting_after") or [None])[-1]
+    if after is None:
+        return stream, None
+    try:
+        return stream, int(after)
+    except ValueError:
+        raise _invalid(f"Input should be a valid integer, unable to parse string as an integer: {after!r}",
+                       "starting_after") from None
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

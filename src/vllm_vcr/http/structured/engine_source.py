@@ -23,6 +23,7 @@ from ...engine.tokens import RandomTokens, ScriptedTokens, TokenSource
 from .constraints import request_constraint
 from .instances import InstanceError, dump_json, json_instance
 from ..chat_outputs import instance_text
+from ..tools.prompt_calls import prompt_call_text, prompt_tool_schemas
 
 logger = logging.getLogger("vllm_vcr.structured")
 
@@ -42,17 +43,22 @@ def _tags(node: Any) -> list[dict[str, Any]]:
     return found
 
 
+_FREE = {"type": "object"}
+
+
 def _schema_of(content: dict[str, Any]) -> Any:
     """The tag's argument schema; a free one (`true`: the tool is not strict) is written as a
     small object, as a model writes arguments."""
     for key in ("json_schema", "schema"):
         if isinstance(content.get(key), dict):
             return content[key]
-    return {"type": "object"}
+    return _FREE
 
 
-def structural_tag_text(tag_json: str, seed: int) -> str | None:
-    """A text that one tag of the structural tag accepts; None when no tag can be filled."""
+def structural_tag_text(tag_json: str, seed: int, prompt_schemas: dict[str, Any] | None = None) -> str | None:
+    """A text that one tag of the structural tag accepts; None when no tag can be filled. A tag
+    whose content is free (the tool is not strict) is filled per the tool's schema in the prompt
+    (`prompt_schemas`, by the tool name its `begin` writes), as a model writes its arguments."""
     try:
         doc = json.loads(tag_json)
     except ValueError:
@@ -61,7 +67,10 @@ def structural_tag_text(tag_json: str, seed: int) -> str | None:
     if not tags:
         return None
     tag = tags[random.Random(seed).randrange(len(tags))]
-    value = json_instance(_schema_of(tag["content"]), seed)
+    schema = _schema_of(tag["content"])
+    if schema == _FREE and prompt_schemas:
+        schema = next((s for n, s in prompt_schemas.items() if json.dumps(n) in tag["begin"]), schema)
+    value = json_instance(schema, seed)
     return tag["begin"] + dump_json(value) + tag["end"]
 
 
@@ -80,9 +89,9 @@ def grammar_choices(grammar: str) -> list[str] | None:
         return None
 
 
-def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
+def constrained_text(structured: dict[str, Any], seed: int, prompt_schemas: dict[str, Any] | None = None) -> str | None:
     if structured.get("structural_tag"):
-        return structural_tag_text(structured["structural_tag"], seed)
+        return structural_tag_text(structured["structural_tag"], seed, prompt_schemas)
     if structured.get("grammar") and structured.get("choice") is None:
         choices = grammar_choices(structured["grammar"])
         if choices:
@@ -94,22 +103,34 @@ def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
 
 
 def constrained_token_source(tokenizer: Any, vocab_size: int) -> Callable[[Any, random.Random], TokenSource | None]:
-    """An EngineCore `token_source_factory` for requests carrying `structured_outputs`."""
+    """An EngineCore `token_source_factory` for requests carrying `structured_outputs` (or, unconstrained,
+    a prompt that offers tools: tools/prompt_calls.py)."""
     eos = tokenizer.eos_token_id
+    vocab = tokenizer.hf.get_vocab()
 
     def factory(req: Any, rng: random.Random) -> TokenSource | None:
         sp = req.sampling_params
         structured = getattr(sp, "structured_outputs", None) if sp is not None else None
-        if not structured:
-            return None
-        seed = sp.seed if sp.seed is not None else rng.getrandbits(32)
+
+        def draw_seed() -> int:  # drawn only when needed: free-text requests keep their random stream
+            return sp.seed if sp is not None and sp.seed is not None else rng.getrandbits(32)
+
+        def prompt() -> str:
+            return tokenizer.decode(getattr(req, "prompt_token_ids", None) or [], skip_special_tokens=False)
+
+        if not structured:  # unconstrained: a tool call if the prompt offers tools
+            text = prompt_call_text(prompt(), vocab, draw_seed)
+            return _scripted(text, rng) if text is not None else None
+        seed = draw_seed()
         try:
-            text = constrained_text(structured, seed)
+            text = constrained_text(structured, seed, prompt_tool_schemas(prompt())
+                                    if structured.get("structural_tag") else None)
         except (InstanceError, ValueError) as e:
             logger.warning("request %s: cannot satisfy its structured outputs (%s); free text", req.request_id, e)
             return None
-        if text is None:
-            return None
+        return _scripted(text, rng) if text is not None else None
+
+    def _scripted(text: str, rng: random.Random) -> TokenSource:
         ids = tokenizer.encode(text, add_special_tokens=False) + ([eos] if eos is not None else [])
         return ScriptedTokens(ids, RandomTokens(rng, vocab_size, frozenset({eos} if eos is not None else ())))
 

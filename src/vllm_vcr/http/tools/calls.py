@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,5 +145,3 @@ def extract_calls(fmt: ToolCallFormat, text: str, tool_choice: Any) -> tuple[str
     return content, calls
 
 
-def make_tool_call_id() -> str:
-    return f"chatcmpl-tool-{secrets.token_hex(8)}"

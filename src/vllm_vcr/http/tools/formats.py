@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,17 @@ class ToolCallFormat:
     # tool_choice "required"/named: this parser reads JSON (a list of {name, parameters}, or the
     # bare arguments) rather than its own format (vLLM: supports_required_and_named)
     json_for_forced = False
+    # vLLM's streamed argument fragments of this parser carry `"type": "function"` as well
+    typed_argument_deltas = False
+    # its streamed deltas with tool calls carry `"content": null` (hermes sets the field explicitly)
+    null_content_in_call_deltas = False
+    # its parser answers every token after a complete call with an empty fragment, so the finish
+    # chunk carries `{index, function: {arguments: ""}}` (llama3_json re-reads the whole JSON)
+    empty_fragment_at_finish = False
+
+    def call_id(self) -> str:
+        """A tool call's id as this parser makes it."""
+        return f"chatcmpl-tool-{secrets.token_hex(8)}"
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         raise NotImplementedError
@@ -98,6 +111,7 @@ class ToolCallFormat:
 
 class HermesFormat(ToolCallFormat):
     name = "hermes"
+    null_content_in_call_deltas = True
     START, END = "<tool_call>", "</tool_call>"
     _ARGS = re.compile(r'"arguments"\s*:\s*')
     _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
@@ -132,6 +146,7 @@ class HermesFormat(ToolCallFormat):
 
 class Llama3JsonFormat(ToolCallFormat):
     name = "llama3_json"
+    empty_fragment_at_finish = True
     _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
@@ -169,6 +184,12 @@ class Llama3JsonFormat(ToolCallFormat):
 class MistralFormat(ToolCallFormat):
     name = "mistral"
     BOT = "[TOOL_CALLS]"
+    typed_argument_deltas = True
+    _ID_CHARS = string.ascii_letters + string.digits
+
+    def call_id(self) -> str:
+        """Mistral's tool-call ids: 9 letters and digits."""
+        return "".join(secrets.choice(self._ID_CHARS) for _ in range(9))
 
     def render(self, calls: list[tuple[str, Any]]) -> str:
         return "".join(f"{self.BOT}{n}[ARGS]{dump_json(a)}" for n, a in calls)
