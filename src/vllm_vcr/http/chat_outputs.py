@@ -15,7 +15,9 @@ from typing import Any
 
 from .protocol import ChatCompletionRequest
 from .structured.constraints import Constraint, check_request_constraints, request_constraint
+from .structured.grammar import grammar_instance
 from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .structured.structural_tag import structural_tag_instance
 from .tools.calls import (
     ToolSettings,
     check_tool_gates,
@@ -34,7 +36,7 @@ _GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
 
 
 def instance_text(constraint: Constraint, seed: int) -> str | None:
-    """Text satisfying the constraint; None for kinds no generator covers (grammar, structural tags)."""
+    """Text satisfying the constraint (InstanceError when none can be generated)."""
     kind = constraint.kind
     if kind in ("json", "json_object"):
         return dump_json(json_instance(constraint.value, seed))
@@ -42,6 +44,10 @@ def instance_text(constraint: Constraint, seed: int) -> str | None:
         return regex_instance(constraint.value, seed)
     if kind == "choice":
         return choice_instance(constraint.value, seed)
+    if kind == "grammar":
+        return grammar_instance(constraint.value, seed)
+    if kind == "structural_tag":
+        return structural_tag_instance(constraint.value, seed)
     return None
 
 

@@ -3,7 +3,8 @@
 `response_format` (text / json_object / json_schema / structural_tag) overrides
 `structured_outputs` (json / regex / choice / grammar / json_object / structural_tag), as
 `structured_outputs_from_response_format` does; the checks and their messages are those of the
-request validators, SamplingParams and the xgrammar backend. Legacy `guided_*` fields are not
+request validators, SamplingParams and the xgrammar backend (grammars: `grammar.check_grammar`,
+structural tags: `structural_tag.check_structural_tag`). Legacy `guided_*` fields are not
 read by 0.32 (they are ignored extra fields), so they are ignored here too.
 """
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol import RequestValueError
+from .grammar import check_grammar
+from .structural_tag import check_structural_tag
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _MAX_NESTING = 64  # vLLM's check_json_nesting bound (deeper schemas are refused)
@@ -35,6 +38,8 @@ def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any) -> N
     if isinstance(rf, dict) and rf.get("type") == "json_schema" and rf.get("json_schema") is None:
         raise RequestValueError("When response_format type is 'json_schema', the 'json_schema' field must "
                                 "be provided.", "response_format")
+    if isinstance(rf, dict) and rf.get("type") == "structural_tag":
+        check_structural_tag(rf, "response_format")
     so = _get(body, "structured_outputs")
     if not isinstance(so, dict):
         return
@@ -44,6 +49,8 @@ def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any) -> N
                                 "('json', 'regex' or 'choice').")
     if count > 0 and (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required"):
         raise RequestValueError("You can only either use constraints for structured outputs or tools, not both.")
+    if so.get("structural_tag") is not None:
+        check_structural_tag(so["structural_tag"], "structured_outputs")
 
 
 def _get(body: Any, name: str) -> Any:
@@ -100,6 +107,7 @@ def _validated(kind: str, value: Any) -> Constraint:
     if kind == "grammar":
         if not str(value).strip():
             raise RequestValueError("structured_outputs.grammar cannot be an empty string")
+        check_grammar(str(value))
         return Constraint("grammar", str(value))
     if not str(value).strip():
         raise RequestValueError("structured_outputs.structural_tag cannot be an empty string")

@@ -22,6 +22,7 @@ from typing import Any
 from ...engine.tokens import RandomTokens, ScriptedTokens, TokenSource
 from .constraints import request_constraint
 from .instances import InstanceError, dump_json, json_instance
+from .structural_tag import structural_tag_instance
 from ..chat_outputs import instance_text
 
 logger = logging.getLogger("vllm_vcr.structured")
@@ -82,7 +83,7 @@ def grammar_choices(grammar: str) -> list[str] | None:
 
 def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
     if structured.get("structural_tag"):
-        return structural_tag_text(structured["structural_tag"], seed)
+        return _structural_tag_answer(structured["structural_tag"], seed)
     if structured.get("grammar") and structured.get("choice") is None:
         choices = grammar_choices(structured["grammar"])
         if choices:
@@ -91,6 +92,14 @@ def constrained_text(structured: dict[str, Any], seed: int) -> str | None:
               if structured.get(k) is not None}
     constraint = request_constraint(None, fields) if fields else None
     return instance_text(constraint, seed) if constraint is not None else None
+
+
+def _structural_tag_answer(tag_json: str, seed: int) -> str | None:
+    """The whole format's text; a format with no generator falls back to filling one of its tags."""
+    try:
+        return structural_tag_instance(tag_json, seed)
+    except InstanceError:
+        return structural_tag_text(tag_json, seed)
 
 
 def constrained_token_source(tokenizer: Any, vocab_size: int) -> Callable[[Any, random.Random], TokenSource | None]:

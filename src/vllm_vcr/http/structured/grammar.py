@@ -1,0 +1,114 @@
+"""`structured_outputs.grammar`: which grammars vLLM 0.32 accepts, and texts in their language.
+
+vLLM's default ("auto") backend tries xgrammar first: a lark grammar (no `::=` line) or a GBNF
+one (`root ::= ...`). When xgrammar refuses it, llguidance gets it, and llguidance's refusal is
+the 400 ("Invalid grammar specification: ..." or "Grammar error: ..."). Here lark stands in for
+xgrammar (lark's own grammars; GBNF through `gbnf.gbnf_to_lark`), and llguidance itself decides
+the rest with its own message. Texts come from hypothesis's `from_lark`, and each one is parsed
+back with lark before it is used.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from lark import Lark
+from lark.exceptions import LarkError
+
+from ..protocol import RequestValueError
+from .gbnf import GbnfError, gbnf_to_lark
+from .instances import InstanceError, draw_examples
+
+_COMMENT = re.compile(r"(#|//).*$")
+# lark features neither xgrammar nor llguidance take (priorities, templates): they are refused there
+_UNSUPPORTED_LARK = re.compile(r"^\s*[?!_]?\w+(\.-?\d+|\{[^}]*\})\s*:", re.M)
+_PRINTABLE = (32, 126)
+_TRIES = 12
+
+
+def is_lark_syntax(grammar: str) -> bool:
+    """vLLM's test: a grammar with no `name ::=` line (comments aside) is read as lark."""
+    return not any("::=" in _COMMENT.sub("", line) for line in grammar.split("\n"))
+
+
+class _Unsupported(ValueError):
+    pass
+
+
+@lru_cache(maxsize=128)
+def compiled_grammar(grammar: str) -> Lark:
+    """The grammar as a lark parser (Earley: any context-free grammar); ValueError if lark or the
+    GBNF translation cannot read it."""
+    if is_lark_syntax(grammar):
+        if _UNSUPPORTED_LARK.search(grammar):
+            raise _Unsupported("rule priorities and templates are not supported")
+        text = grammar
+    else:
+        text = gbnf_to_lark(grammar)
+    try:
+        return Lark(text, start="start", parser="earley")
+    except LarkError as e:
+        raise GbnfError(f"lark: {e}") from None
+
+
+def check_grammar(grammar: str) -> None:
+    """vLLM's 400 for a grammar both backends refuse; nothing for one either accepts."""
+    try:
+        compiled_grammar(grammar)
+        return
+    except ValueError:
+        pass
+    message = _llguidance_error(grammar)
+    if message is not None:
+        raise RequestValueError(message)
+
+
+def _llguidance_error(grammar: str) -> str | None:
+    """llguidance's verdict on the grammar, worded as vLLM's guidance backend words it."""
+    import llguidance
+
+    try:
+        serialized = llguidance.grammar_from("grammar", grammar)
+    except (ValueError, KeyError, TypeError) as e:
+        return f"Invalid grammar specification: {e}"
+    err = llguidance.LLMatcher.validate_grammar(serialized, None)
+    return f"Grammar error: {err}" if err else None
+
+
+@lru_cache(maxsize=128)
+def _strategy(grammar: str, printable: bool) -> Any:
+    from hypothesis import strategies as st
+    from hypothesis.extra.lark import from_lark
+
+    alphabet = st.characters(min_codepoint=_PRINTABLE[0], max_codepoint=_PRINTABLE[1]) if printable \
+        else st.characters(codec="utf-8", exclude_categories=["Cs"])
+    return from_lark(compiled_grammar(grammar), alphabet=alphabet)
+
+
+def grammar_accepts(grammar: str, text: str) -> bool:
+    try:
+        compiled_grammar(grammar).parse(text)
+    except LarkError:
+        return False
+    return True
+
+
+def grammar_instance(grammar: str, seed: int) -> str:
+    """A text in the grammar's language (printable ASCII where the grammar allows it), checked by
+    parsing it; the same (grammar, seed) gives the same text."""
+    try:
+        compiled_grammar(grammar)
+    except ValueError as e:
+        raise InstanceError(f"no generator for this grammar: {e}") from None
+    for printable in (True, False):
+        try:
+            examples = draw_examples(_strategy(grammar, printable), seed, _TRIES)
+        except InstanceError:
+            continue
+        valid = [t for t in examples if grammar_accepts(grammar, t)]
+        valid = [t for t in valid if t.strip()] or valid  # an empty answer only when it is the only one
+        if valid:
+            return valid[seed % len(valid)]
+    raise InstanceError("cannot generate a text the grammar accepts")
