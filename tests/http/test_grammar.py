@@ -86,11 +86,11 @@ VERDICTS = [
                     "Unexpected end of input at line 1, 'root ::= \"a' ^ ''"),
     ('a ::= "x"', "Invalid grammar specification: Failed to convert the grammar from GBNF to Lark: "
                   "No 'root' rule found"),
-    ("start: foo", 'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^\n'),
+    ("start: foo", 'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^'),
     ('start: a.2\na: "q"', "Grammar error: 1(9): Expected value (at \".\" ('.'))\n   1 | start: a.2\n"
-                           "               ^\n   2 | a: \"q\"\n"),
+                           "               ^\n   2 | a: \"q\""),
     ('start: x{"a"}\nx{p}: p p', 'Grammar error: at 2(7): params not supported yet\n   1 | start: x{"a"}\n'
-                                 '   2 | x{p}: p p\n             ^\n'),
+                                 '   2 | x{p}: p p\n             ^'),
 ]
 
 

@@ -96,7 +96,7 @@ BAD = [
     ({"structured_outputs": {"grammar": "root ::= foo"}},
      "Invalid grammar specification: Failed to convert the grammar from GBNF to Lark: Rule 'foo' not found", None),
     ({"structured_outputs": {"grammar": "start: foo"}},
-     'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^\n', None),
+     'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^', None),
     ({"structured_outputs": {"grammar": "  "}}, "structured_outputs.grammar cannot be an empty string", None),
     ({"response_format": {"type": "structural_tag", "format": {"type": "bogus"}}},
      "Invalid response_format structural_tag specification. (parameter=response_format)", "response_format"),

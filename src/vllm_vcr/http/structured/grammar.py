@@ -17,6 +17,7 @@ from typing import Any
 from lark import Lark
 from lark.exceptions import LarkError
 
+from ..errors import sanitize
 from ..protocol import RequestValueError
 from .gbnf import GbnfError, gbnf_to_lark
 from .instances import InstanceError, draw_examples
@@ -62,7 +63,7 @@ def check_grammar(grammar: str) -> None:
         pass
     message = _llguidance_error(grammar)
     if message is not None:
-        raise RequestValueError(message)
+        raise RequestValueError(sanitize(message))  # vLLM's error responses are stripped (and path-free)
 
 
 def _llguidance_error(grammar: str) -> str | None:
