@@ -83,9 +83,14 @@ def _strategy(grammar: str, printable: bool) -> Any:
     from hypothesis import strategies as st
     from hypothesis.extra.lark import from_lark
 
-    alphabet = st.characters(min_codepoint=_PRINTABLE[0], max_codepoint=_PRINTABLE[1]) if printable \
-        else st.characters(codec="utf-8", exclude_categories=["Cs"])
-    return from_lark(compiled_grammar(grammar), alphabet=alphabet)
+    compiled = compiled_grammar(grammar)
+    if not printable:
+        return from_lark(compiled, alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]))
+    # printable ASCII, plus the characters the grammar's own literals need
+    literal_chars = sorted({c for t in compiled.terminals if t.pattern.type == "str" for c in t.pattern.value
+                            if not _PRINTABLE[0] <= ord(c) <= _PRINTABLE[1]})
+    alphabet = st.characters(min_codepoint=_PRINTABLE[0], max_codepoint=_PRINTABLE[1])
+    return from_lark(compiled, alphabet=alphabet | st.sampled_from(literal_chars) if literal_chars else alphabet)
 
 
 def grammar_accepts(grammar: str, text: str) -> bool:
