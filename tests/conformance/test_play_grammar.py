@@ -106,17 +106,31 @@ def test_format_structural_tag(stack):
     jsonschema.validate(json.loads(m.group(1)), SCHEMA)
 
 
+ROUTES = {"/v1/chat/completions": {"messages": MSGS}, "/v1/completions": {"prompt": "Answer:"}}
+COMPLETION_ONLY = {"two_kinds": {"structured_outputs": {"regex": "a", "choice": ["a"]}}}
+
+
 def test_verdicts_match_serve(stack, sim):
-    """The same status and error object from the real frontend and from serve."""
+    """The same status and error object from the real frontend and from serve, on both routes."""
     differences = []
-    for name, body in {**BAD, **EDGE_OK}.items():
-        answers = []
-        for base, model in ((stack.base_url, stack.model), (sim["base_url"], str(peers.MODEL_DIR))):
-            r = httpx.post(base + "/v1/chat/completions", timeout=60,
-                           json={"model": model, "messages": MSGS, "max_tokens": 5, **body})
-            answers.append((r.status_code, r.json().get("error") if r.status_code != 200 else None))
-        real, ours = answers
-        assert real[0] == (200 if name in EDGE_OK else 400), (name, real)
-        if real != ours:
-            differences.append(f"{name}: real {real!r}\n  serve {ours!r}")
+    for path, prompt in ROUTES.items():
+        cases = {**BAD, **EDGE_OK, **(COMPLETION_ONLY if path == "/v1/completions" else {})}
+        for name, body in cases.items():
+            answers = []
+            for base, model in ((stack.base_url, stack.model), (sim["base_url"], str(peers.MODEL_DIR))):
+                r = httpx.post(base + path, timeout=60, json={"model": model, "max_tokens": 5, **prompt, **body})
+                answers.append((r.status_code, r.json().get("error") if r.status_code != 200 else None))
+            real, ours = answers
+            assert real[0] == (200 if name in EDGE_OK else 400), (path, name, real)
+            if real != ours:
+                differences.append(f"{path} {name}: real {real!r}\n  serve {ours!r}")
     assert not differences, "\n".join(differences)
+
+
+def test_completion_grammar(stack):
+    r = httpx.post(stack.base_url + "/v1/completions", timeout=120, json={
+        "model": stack.model, "prompt": "Answer:", "max_tokens": 400, "seed": 4, "n": 2,
+        "structured_outputs": {"grammar": GBNF}})
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert re.fullmatch(r"[a-z]{2,5}=[0-9]+(,[a-z]{2,5}=[0-9]+){1,3}", choice["text"]), choice["text"]

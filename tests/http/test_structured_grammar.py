@@ -116,3 +116,35 @@ def test_refused_as_vllm_refuses(server, body, message, param):
     assert r.status_code == 400
     assert r.json() == {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
     assert httpx.get(server.control + "/stats", timeout=5).json()["requests_received"] == before
+
+
+def complete(sp, **body) -> dict:
+    r = httpx.post(sp.url + "/v1/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "Answer:", "max_tokens": 400, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("body,check", [
+    ({"structured_outputs": {"grammar": GBNF}},
+     lambda t: re.fullmatch(r"[a-z]{2,5}=[0-9]+(,[a-z]{2,5}=[0-9]+){1,3}", t)),
+    ({"structured_outputs": {"regex": r"[A-Z]{3}\d"}}, lambda t: re.fullmatch(r"[A-Z]{3}\d", t)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": SCHEMA}}},
+     lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+    ({"response_format": LEGACY_TAG}, lambda t: TAGGED.search(t)),
+])
+def test_completions_are_constrained_too(server, body, check):
+    for seed in range(2):
+        r = complete(server, seed=seed, n=2, **body)
+        for choice in r["choices"]:
+            assert check(choice["text"]), choice["text"]
+            assert choice["finish_reason"] == "stop"
+
+
+def test_completion_count_error_names_the_parameter(server):
+    r = httpx.post(server.url + "/v1/completions", timeout=10, json={
+        "model": MODEL, "prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "You can only use one kind of constraints for structured outputs "
+                                            "('json', 'regex' or 'choice'). (parameter=structured_outputs)",
+                                 "type": "BadRequestError", "param": "structured_outputs", "code": 400}

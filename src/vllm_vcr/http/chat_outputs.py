@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .protocol import ChatCompletionRequest
 from .structured.constraints import Constraint, check_request_constraints, request_constraint
 from .structured.grammar import grammar_instance
-from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .structured.instances import GENERATOR, InstanceError, choice_instance, dump_json, json_instance, regex_instance
 from .structured.structural_tag import structural_tag_instance
 from .tools.calls import (
     ToolSettings,
@@ -30,9 +29,6 @@ from .tools.calls import (
     render_calls,
 )
 from .tools.formats import ToolCallFormat, get_format
-
-# instance generation (hypothesis) runs off the event loop, one at a time
-_GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
 
 
 def instance_text(constraint: Constraint, seed: int) -> str | None:
@@ -89,7 +85,7 @@ class ChatOutputPlan:
         """The ids this choice generates; None leaves the engine's own source (free text)."""
         seed = secrets.randbits(32) if seed is None else seed
         try:
-            text = await asyncio.get_running_loop().run_in_executor(_GENERATOR, self._text, seed)
+            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, self._text, seed)
         except InstanceError:
             return None  # a schema the generator cannot sample: the output is free text
         if text is None:

@@ -32,8 +32,9 @@ class Constraint:
         return self.kind
 
 
-def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any) -> None:
-    """The request model's before-validators: response_format and structured_outputs counts."""
+def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any, *, completion: bool = False) -> None:
+    """The request model's before-validators: response_format and structured_outputs counts (a
+    completion request names the parameter in its count error and has no tools)."""
     rf = _get(body, "response_format")
     if isinstance(rf, dict) and rf.get("type") == "json_schema" and rf.get("json_schema") is None:
         raise RequestValueError("When response_format type is 'json_schema', the 'json_schema' field must "
@@ -46,8 +47,8 @@ def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any) -> N
     count = sum(so.get(k) is not None for k in ("json", "regex", "choice"))
     if count > 1:
         raise RequestValueError("You can only use one kind of constraints for structured outputs "
-                                "('json', 'regex' or 'choice').")
-    if count > 0 and (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required"):
+                                "('json', 'regex' or 'choice').", "structured_outputs" if completion else None)
+    if not completion and count > 0 and (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required"):
         raise RequestValueError("You can only either use constraints for structured outputs or tools, not both.")
     if so.get("structural_tag") is not None:
         check_structural_tag(so["structural_tag"], "structured_outputs")
