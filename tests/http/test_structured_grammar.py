@@ -92,32 +92,6 @@ def test_streamed_grammar_answer_is_the_same(server):
     assert "".join(parts) == full
 
 
-BAD = [
-    ({"structured_outputs": {"grammar": "root ::= foo"}},
-     "Invalid grammar specification: Failed to convert the grammar from GBNF to Lark: Rule 'foo' not found", None),
-    ({"structured_outputs": {"grammar": "start: foo"}},
-     'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^', None),
-    ({"structured_outputs": {"grammar": "  "}}, "structured_outputs.grammar cannot be an empty string", None),
-    ({"response_format": {"type": "structural_tag", "format": {"type": "bogus"}}},
-     "Invalid response_format structural_tag specification. (parameter=response_format)", "response_format"),
-    ({"response_format": {**LEGACY_TAG, "triggers": ["<tool>"]}},
-     "Invalid response_format structural_tag specification. (parameter=response_format)", "response_format"),
-    ({"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": {
-        "type": "regex", "pattern": "(a"}})}},
-     "Invalid structured_outputs structural_tag specification. (parameter=structured_outputs)", "structured_outputs"),
-]
-
-
-@pytest.mark.parametrize("body,message,param", BAD)
-def test_refused_as_vllm_refuses(server, body, message, param):
-    before = httpx.get(server.control + "/stats", timeout=5).json()["requests_received"]
-    r = httpx.post(server.url + "/v1/chat/completions",
-                   json={"model": MODEL, "messages": MSGS, "max_tokens": 5, **body}, timeout=10)
-    assert r.status_code == 400
-    assert r.json() == {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
-    assert httpx.get(server.control + "/stats", timeout=5).json()["requests_received"] == before
-
-
 def complete(sp, **body) -> dict:
     r = httpx.post(sp.url + "/v1/completions", timeout=30,
                    json={"model": MODEL, "prompt": "Answer:", "max_tokens": 400, **body})
