@@ -27,7 +27,8 @@ LEGACY_TAG = {"type": "structural_tag", "triggers": ["<function="],
               "structures": [{"begin": "<function=weather>", "schema": SCHEMA, "end": "</function>"}]}
 FORMAT_TAG = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
     {"type": "const_string", "value": "Result: "},
-    {"type": "tag", "begin": "<answer>", "content": {"type": "json_schema", "json_schema": SCHEMA}, "end": "</answer>"}]}}
+    {"type": "tag", "begin": "<answer>", "content": {"type": "json_schema", "json_schema": SCHEMA},
+     "end": "</answer>"}]}}
 BAD = {
     "gbnf_undefined_rule": {"structured_outputs": {"grammar": "root ::= foo"}},
     "gbnf_unterminated": {"structured_outputs": {"grammar": 'root ::= "a'}},

@@ -32,9 +32,9 @@ ACCEPTED = [
     LEGACY,
     st(tag("<a>", {"type": "json_schema", "json_schema": {"type": "integer"}}, "</a>")),
     st({"type": "triggered_tags", "triggers": ["<f"],
-        "tags": [{"begin": "<f1>", "content": {"type": "json_schema", "json_schema": {"type": "object"}}, "end": "</f1>"}]}),
-    st({"type": "sequence", "elements": [{"type": "const_string", "value": "A: "}, {"type": "regex", "pattern": "[0-9]{3}"},
-                                         {"type": "any_text"}]}),
+        "tags": [tag("<f1>", {"type": "json_schema", "json_schema": {"type": "object"}}, "</f1>")]}),
+    st({"type": "sequence", "elements": [{"type": "const_string", "value": "A: "},
+                                         {"type": "regex", "pattern": "[0-9]{3}"}, {"type": "any_text"}]}),
     st({"type": "or", "elements": [{"type": "grammar", "grammar": 'root ::= "x" [0-9]'},
                                    {"type": "const_string", "value": "q"}]}),
     st({"type": "sequence", "elements": [{"value": "x"}]}),  # xgrammar types a format by its fields

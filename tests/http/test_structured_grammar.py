@@ -46,7 +46,8 @@ def test_grammar_answers_parse(server, grammar):
     parser = lark.Lark(LARK) if grammar is LARK else None
     texts = set()
     for seed in range(4):
-        text = chat(server, seed=seed, extra_body={"structured_outputs": {"grammar": grammar}}).choices[0].message.content
+        r = chat(server, seed=seed, extra_body={"structured_outputs": {"grammar": grammar}})
+        text = r.choices[0].message.content
         if parser is not None:
             parser.parse(text)
         else:

@@ -35,8 +35,8 @@ from .request_checks import (
 )
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .sse import DONE, SSEWriter, send_bytes
-from .structured.completion_outputs import CompletionOutputPlan
 from .streaming import ChoiceStream, stream_response
+from .structured.completion_outputs import CompletionOutputPlan
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'

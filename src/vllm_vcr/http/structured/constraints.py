@@ -48,7 +48,8 @@ def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any, *, c
     if count > 1:
         raise RequestValueError("You can only use one kind of constraints for structured outputs "
                                 "('json', 'regex' or 'choice').", "structured_outputs" if completion else None)
-    if not completion and count > 0 and (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required"):
+    forcing = (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required")
+    if not completion and count > 0 and forcing:
         raise RequestValueError("You can only either use constraints for structured outputs or tools, not both.")
     if so.get("structural_tag") is not None:
         check_structural_tag(so["structural_tag"], "structured_outputs")
