@@ -8,8 +8,9 @@ tokenizer, then EOS; requests without a constraint keep the engine's own source.
 A structural tag is written whole by `structural_tag.structural_tag_instance` (both shapes, the
 format tree; grammars by `grammar.grammar_instance`). A tag it has no generator for (token-level
 formats, XML argument styles) is read generically instead: every tag with a `begin`, a
-JSON-schema `content` and an `end` is a call the model may write (e.g. hermes' `<tool_call>\\n{"name": "f", "arguments": ` ...
-`}\\n</tool_call>`); one of them is written, filled with an instance of its schema.
+JSON-schema `content` and an `end` is a call the model may write (e.g. hermes'
+`<tool_call>\\n{"name": "f", "arguments": ` ... `}\\n</tool_call>`); one of them is written,
+filled with an instance of its schema.
 """
 
 from __future__ import annotations
