@@ -17,6 +17,7 @@ from typing import Any
 
 from ..protocol import RequestValueError
 from .grammar import check_grammar
+from .schemas import check_schema
 from .structural_tag import check_structural_tag
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -128,26 +129,6 @@ def _schema(value: Any) -> dict[str, Any] | bool:
         raise RequestValueError(f"structured_outputs.json exceeds the maximum nesting depth of {_MAX_NESTING}.")
     check_schema(value)
     return value
-
-
-def check_schema(schema: Any) -> None:
-    """A schema the JSON Schema meta-schema rejects is the 400 xgrammar's compiler gives."""
-    from jsonschema import exceptions, validators
-
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise RequestValueError(f"Grammar error: Invalid schema: {schema!r}")
-    try:
-        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
-    except exceptions.SchemaError as e:
-        raise RequestValueError(f"Grammar error: {_schema_error_text(e)}") from None
-
-
-def _schema_error_text(e: Any) -> str:
-    if e.validator == "anyOf" and list(e.path)[-1:] == ["type"] or (e.path and e.path[-1] == "type"):
-        return f"Invalid type: {e.instance}"
-    return e.message
 
 
 def _depth(v: Any, d: int = 0) -> int:

@@ -22,7 +22,9 @@ import re
 from typing import Any
 
 from ..protocol import RequestValueError
+from .grammar import check_grammar, grammar_instance
 from .instances import InstanceError, dump_json, json_instance, regex_instance
+from .schemas import check_schema
 
 _STR, _LIST, _DICT = str, list, dict
 _SCHEMA = (bool, dict)
@@ -95,9 +97,6 @@ def _check(fmt: Any, default_type: str | None = None) -> None:
 
 
 def _check_content(kind: str, fmt: dict[str, Any]) -> None:
-    from .constraints import check_schema
-    from .grammar import check_grammar
-
     if kind in ("json_schema", "qwen_xml_parameter"):
         check_schema(fmt["json_schema"])
     elif kind == "regex":
@@ -171,8 +170,6 @@ class _Writer:
         return regex_instance(fmt["pattern"], self.seed())
 
     def _grammar(self, fmt: dict[str, Any]) -> str:
-        from .grammar import grammar_instance
-
         return grammar_instance(fmt["grammar"], self.seed())
 
     def _any_text(self, fmt: dict[str, Any]) -> str:
