@@ -19,7 +19,7 @@ from lark.exceptions import LarkError
 
 from ..errors import sanitize
 from ..protocol import RequestValueError
-from .gbnf import GbnfError, gbnf_to_lark
+from .gbnf import gbnf_to_lark
 from .instances import InstanceError, draw_examples
 
 _COMMENT = re.compile(r"(#|//).*$")
@@ -34,8 +34,8 @@ def is_lark_syntax(grammar: str) -> bool:
     return not any("::=" in _COMMENT.sub("", line) for line in grammar.split("\n"))
 
 
-class _Unsupported(ValueError):
-    pass
+class _Unreadable(ValueError):
+    """lark cannot read the grammar (or it uses lark features the backends lack)."""
 
 
 @lru_cache(maxsize=128)
@@ -44,14 +44,14 @@ def compiled_grammar(grammar: str) -> Lark:
     GBNF translation cannot read it."""
     if is_lark_syntax(grammar):
         if _UNSUPPORTED_LARK.search(grammar):
-            raise _Unsupported("rule priorities and templates are not supported")
+            raise _Unreadable("rule priorities and templates are not supported")
         text = grammar
     else:
         text = gbnf_to_lark(grammar)
     try:
         return Lark(text, start="start", parser="earley")
     except LarkError as e:
-        raise GbnfError(f"lark: {e}") from None
+        raise _Unreadable(f"lark: {e}") from None
 
 
 def check_grammar(grammar: str) -> None:
