@@ -122,6 +122,20 @@ BAD = [
     ({"structured_outputs": {"json_object": False}},
      "structured_outputs.json_object must be True if set; omit structured_outputs to disable structured outputs",
      None),
+    # grammars (vLLM's xgrammar-then-llguidance verdict) and structural tags
+    ({"structured_outputs": {"grammar": "root ::= foo"}},
+     "Invalid grammar specification: Failed to convert the grammar from GBNF to Lark: Rule 'foo' not found", None),
+    ({"structured_outputs": {"grammar": "start: foo"}},
+     'Grammar error: at 1(8): unknown name: "foo"\n   1 | start: foo\n              ^', None),
+    ({"structured_outputs": {"grammar": "  "}}, "structured_outputs.grammar cannot be an empty string", None),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "bogus"}}},
+     "Invalid response_format structural_tag specification. (parameter=response_format)", "response_format"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<tool>"], "structures": [
+        {"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}]}},
+     "Invalid response_format structural_tag specification. (parameter=response_format)", "response_format"),
+    ({"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": {
+        "type": "regex", "pattern": "(a"}})}},
+     "Invalid structured_outputs structural_tag specification. (parameter=structured_outputs)", "structured_outputs"),
 ]
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .protocol import ChatCompletionRequest
 from .structured.constraints import Constraint, check_request_constraints, request_constraint
-from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .structured.grammar import grammar_instance
+from .structured.instances import GENERATOR, InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .structured.structural_tag import structural_tag_instance
 from .tools.calls import (
     ToolSettings,
     check_tool_gates,
@@ -28,12 +29,9 @@ from .tools.calls import (
 )
 from .tools.formats import ToolCallFormat, get_format
 
-# instance generation (hypothesis) runs off the event loop, one at a time
-_GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
-
 
 def instance_text(constraint: Constraint, seed: int) -> str | None:
-    """Text satisfying the constraint; None for kinds no generator covers (grammar, structural tags)."""
+    """Text satisfying the constraint (InstanceError when none can be generated)."""
     kind = constraint.kind
     if kind in ("json", "json_object"):
         return dump_json(json_instance(constraint.value, seed))
@@ -41,6 +39,10 @@ def instance_text(constraint: Constraint, seed: int) -> str | None:
         return regex_instance(constraint.value, seed)
     if kind == "choice":
         return choice_instance(constraint.value, seed)
+    if kind == "grammar":
+        return grammar_instance(constraint.value, seed)
+    if kind == "structural_tag":
+        return structural_tag_instance(constraint.value, seed)
     return None
 
 
@@ -82,7 +84,7 @@ class ChatOutputPlan:
         """The ids this choice generates; None leaves the engine's own source (free text)."""
         seed = secrets.randbits(32) if seed is None else seed
         try:
-            text = await asyncio.get_running_loop().run_in_executor(_GENERATOR, self._text, seed)
+            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, self._text, seed)
         except InstanceError:
             return None  # a schema the generator cannot sample: the output is free text
         if text is None:

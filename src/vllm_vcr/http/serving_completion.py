@@ -36,6 +36,7 @@ from .request_checks import (
 from .serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from .sse import DONE, SSEWriter, send_bytes
 from .streaming import ChoiceStream, stream_response
+from .structured.completion_outputs import CompletionOutputPlan
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
@@ -97,6 +98,7 @@ class CompletionServing(ServingBase):
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, req.logprobs), self.tokenizer.vocab_size)
         for pr in prompts:
             self.check_token_ids(pr.ids)
+        plan = CompletionOutputPlan.for_request(req)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
 
@@ -121,6 +123,8 @@ class CompletionServing(ServingBase):
         if echo_only:
             await self._echo_only(ctx, req, rid, created, model, prompts)
             return
+        if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
+            await plan.plan(self.tokenizer, req.seed, engine_reqs)
         metrics_arrival(self.metrics, ctx, engine_reqs, n, rid)
         try:
             if req.stream:

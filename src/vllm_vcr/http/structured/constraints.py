@@ -3,7 +3,8 @@
 `response_format` (text / json_object / json_schema / structural_tag) overrides
 `structured_outputs` (json / regex / choice / grammar / json_object / structural_tag), as
 `structured_outputs_from_response_format` does; the checks and their messages are those of the
-request validators, SamplingParams and the xgrammar backend. Legacy `guided_*` fields are not
+request validators, SamplingParams and the xgrammar backend (grammars: `grammar.check_grammar`,
+structural tags: `structural_tag.check_structural_tag`). Legacy `guided_*` fields are not
 read by 0.32 (they are ignored extra fields), so they are ignored here too.
 """
 
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol import RequestValueError
+from .grammar import check_grammar
+from .schemas import check_schema
+from .structural_tag import check_structural_tag
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _MAX_NESTING = 64  # vLLM's check_json_nesting bound (deeper schemas are refused)
@@ -29,21 +33,27 @@ class Constraint:
         return self.kind
 
 
-def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any) -> None:
-    """The request model's before-validators: response_format and structured_outputs counts."""
+def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any, *, completion: bool = False) -> None:
+    """The request model's before-validators: response_format and structured_outputs counts (a
+    completion request names the parameter in its count error and has no tools)."""
     rf = _get(body, "response_format")
     if isinstance(rf, dict) and rf.get("type") == "json_schema" and rf.get("json_schema") is None:
         raise RequestValueError("When response_format type is 'json_schema', the 'json_schema' field must "
                                 "be provided.", "response_format")
+    if isinstance(rf, dict) and rf.get("type") == "structural_tag":
+        check_structural_tag(rf, "response_format")
     so = _get(body, "structured_outputs")
     if not isinstance(so, dict):
         return
     count = sum(so.get(k) is not None for k in ("json", "regex", "choice"))
     if count > 1:
         raise RequestValueError("You can only use one kind of constraints for structured outputs "
-                                "('json', 'regex' or 'choice').")
-    if count > 0 and (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required"):
+                                "('json', 'regex' or 'choice').", "structured_outputs" if completion else None)
+    forcing = (tool_choice if tool_choice is not None else "none") not in ("none", "auto", "required")
+    if not completion and count > 0 and forcing:
         raise RequestValueError("You can only either use constraints for structured outputs or tools, not both.")
+    if so.get("structural_tag") is not None:
+        check_structural_tag(so["structural_tag"], "structured_outputs")
 
 
 def _get(body: Any, name: str) -> Any:
@@ -100,6 +110,7 @@ def _validated(kind: str, value: Any) -> Constraint:
     if kind == "grammar":
         if not str(value).strip():
             raise RequestValueError("structured_outputs.grammar cannot be an empty string")
+        check_grammar(str(value))
         return Constraint("grammar", str(value))
     if not str(value).strip():
         raise RequestValueError("structured_outputs.structural_tag cannot be an empty string")
@@ -118,26 +129,6 @@ def _schema(value: Any) -> dict[str, Any] | bool:
         raise RequestValueError(f"structured_outputs.json exceeds the maximum nesting depth of {_MAX_NESTING}.")
     check_schema(value)
     return value
-
-
-def check_schema(schema: Any) -> None:
-    """A schema the JSON Schema meta-schema rejects is the 400 xgrammar's compiler gives."""
-    from jsonschema import exceptions, validators
-
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise RequestValueError(f"Grammar error: Invalid schema: {schema!r}")
-    try:
-        validators.validator_for(schema, default=validators.Draft202012Validator).check_schema(schema)
-    except exceptions.SchemaError as e:
-        raise RequestValueError(f"Grammar error: {_schema_error_text(e)}") from None
-
-
-def _schema_error_text(e: Any) -> str:
-    if e.validator == "anyOf" and list(e.path)[-1:] == ["type"] or (e.path and e.path[-1] == "type"):
-        return f"Invalid type: {e.instance}"
-    return e.message
 
 
 def _depth(v: Any, d: int = 0) -> int:

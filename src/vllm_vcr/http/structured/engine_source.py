@@ -5,9 +5,12 @@ choice / json_object, or a structural tag: how tool parsers force and shape call
 `token_source_factory` turns it into the ids of a text that satisfies it, with the model's
 tokenizer, then EOS; requests without a constraint keep the engine's own source.
 
-Structural tags are read generically: every tag with a `begin`, a JSON-schema `content` and an
-`end` is a call the model may write (e.g. hermes' `<tool_call>\\n{"name": "f", "arguments": ` ...
-`}\\n</tool_call>`); one of them is written, filled with an instance of its schema.
+A structural tag is written whole by `structural_tag.structural_tag_instance` (both shapes, the
+format tree; grammars by `grammar.grammar_instance`). A tag it has no generator for (token-level
+formats, XML argument styles) is read generically instead: every tag with a `begin`, a
+JSON-schema `content` and an `end` is a call the model may write (e.g. hermes'
+`<tool_call>\\n{"name": "f", "arguments": ` ... `}\\n</tool_call>`); one of them is written,
+filled with an instance of its schema.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from ...engine.tokens import RandomTokens, ScriptedTokens, TokenSource
 from .constraints import request_constraint
 from .instances import InstanceError, dump_json, json_instance
+from .structural_tag import structural_tag_instance
 from ..chat_outputs import instance_text
 from ..tools.prompt_calls import prompt_call_text, prompt_tool_schemas
 
@@ -91,7 +95,7 @@ def grammar_choices(grammar: str) -> list[str] | None:
 
 def constrained_text(structured: dict[str, Any], seed: int, prompt_schemas: dict[str, Any] | None = None) -> str | None:
     if structured.get("structural_tag"):
-        return structural_tag_text(structured["structural_tag"], seed, prompt_schemas)
+        return _structural_tag_answer(structured["structural_tag"], seed, prompt_schemas)
     if structured.get("grammar") and structured.get("choice") is None:
         choices = grammar_choices(structured["grammar"])
         if choices:
@@ -100,6 +104,18 @@ def constrained_text(structured: dict[str, Any], seed: int, prompt_schemas: dict
               if structured.get(k) is not None}
     constraint = request_constraint(None, fields) if fields else None
     return instance_text(constraint, seed) if constraint is not None else None
+
+
+def _structural_tag_answer(tag_json: str, seed: int, prompt_schemas: dict[str, Any] | None) -> str | None:
+    """The whole format's text; a format with no generator falls back to filling one of its tags.
+    A tool call (the prompt offers tools) is filled by the tag filler, which takes arguments the
+    tag leaves unconstrained from the tool's schema in the prompt."""
+    if prompt_schemas:
+        return structural_tag_text(tag_json, seed, prompt_schemas)
+    try:
+        return structural_tag_instance(tag_json, seed)
+    except InstanceError:
+        return structural_tag_text(tag_json, seed)
 
 
 def constrained_token_source(tokenizer: Any, vocab_size: int) -> Callable[[Any, random.Random], TokenSource | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -17,10 +18,14 @@ _WORD = "^[a-z][a-z0-9 _-]{0,14}$"
 _MAX_ITEMS = 3
 _MAX_PROPERTIES = 3
 _NUMBER_BOUND = 1000
-_EXAMPLES = 4
+_EXAMPLES = 4  # hypothesis tries the simplest value first; a later example varies with the seed
 # keywords that already shape an object's keys (directly or through sub-schemas)
 _SHAPING = frozenset({"additionalProperties", "patternProperties", "propertyNames", "required", "anyOf", "oneOf",
-                      "allOf", "not", "$ref", "dependentRequired", "dependentSchemas", "if"})  # hypothesis tries the simplest value first; a later example varies with the seed
+                      "allOf", "not", "$ref", "dependentRequired", "dependentSchemas", "if"})
+
+
+# instance generation (hypothesis) runs off the event loop, one at a time
+GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
 
 
 class InstanceError(ValueError):
@@ -56,15 +61,16 @@ def narrow_schema(schema: Any) -> Any:
     return out
 
 
-def _draw(strategy: Any, seed: int) -> Any:
-    """The seed's example of a hypothesis strategy, without the test machinery's randomness."""
+def draw_examples(strategy: Any, seed: int, count: int = _EXAMPLES) -> list[Any]:
+    """The seed's first `count` examples of a hypothesis strategy, without the test machinery's
+    randomness (hypothesis tries the simplest value first; later ones vary with the seed)."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
     examples: list[Any] = []
 
     @hseed(seed)
-    @settings(max_examples=_EXAMPLES, database=None, phases=[Phase.generate], deadline=None,
+    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(strategy)
     def collect(value: Any) -> None:
@@ -76,6 +82,12 @@ def _draw(strategy: Any, seed: int) -> Any:
         raise InstanceError(f"cannot generate an instance: {e}") from None
     if not examples:
         raise InstanceError("cannot generate an instance")
+    return examples
+
+
+def _draw(strategy: Any, seed: int) -> Any:
+    """The seed's example of a hypothesis strategy."""
+    examples = draw_examples(strategy, seed)
     return examples[seed % len(examples)]
 
 

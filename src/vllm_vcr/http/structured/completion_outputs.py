@@ -1,0 +1,52 @@
+"""Structured outputs on `/v1/completions`: vLLM's completion-request checks, then each choice's
+text (an instance of the constraint) as planned output ids, as chat does for its answers."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+from .constraints import Constraint, check_request_constraints, request_constraint
+from .instances import GENERATOR, InstanceError
+
+
+class CompletionOutputPlan:
+    """The constraint of one completion request (`response_format` wins over `structured_outputs`)."""
+
+    def __init__(self, constraint: Constraint):
+        self.constraint = constraint
+
+    @classmethod
+    def for_request(cls, req: Any) -> CompletionOutputPlan | None:
+        """vLLM's checks (400s before anything reaches the engine); None without a constraint."""
+        response_format = (req.model_extra or {}).get("response_format")  # not a declared field here
+        if response_format is None and req.structured_outputs is None:
+            return None
+        check_request_constraints({"response_format": response_format, "structured_outputs": req.structured_outputs},
+                                  None, completion=True)
+        constraint = request_constraint(response_format, req.structured_outputs)
+        return cls(constraint) if constraint is not None else None
+
+    async def plan(self, tokenizer: Any, seed: int | None, engine_reqs: list[Any]) -> None:
+        """Each choice's planned ids (choice j draws with seed + j, as vLLM seeds n)."""
+        from ..planned_output import attach_planned_ids
+
+        for j, er in enumerate(engine_reqs):
+            ids = await self.output_ids(tokenizer, None if seed is None else seed + j)
+            if ids is not None:
+                attach_planned_ids(er, ids)
+
+    async def output_ids(self, tokenizer: Any, seed: int | None) -> list[int] | None:
+        """The text's ids then EOS; None (free text) when no instance can be generated."""
+        from ..chat_outputs import instance_text
+
+        seed = secrets.randbits(32) if seed is None else seed
+        try:
+            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, instance_text, self.constraint, seed)
+        except InstanceError:
+            return None
+        if text is None:
+            return None
+        eos = tokenizer.eos_token_id
+        return tokenizer.encode(text, add_special_tokens=False) + ([eos] if eos is not None else [])
