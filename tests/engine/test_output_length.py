@@ -229,3 +229,24 @@ def test_engine_lengths_have_the_configured_mean(mean, spread, dist, seed):
     h.run()
     lengths = lengths_of(h, [f"r{i}" for i in range(n)])
     assert abs(statistics.fmean(lengths) - mean) <= 4 * std / n ** 0.5 + 0.5
+
+
+def test_a_source_that_writes_the_whole_answer_is_not_cut_by_the_modeled_length(harness):
+    """A token source from the factory (play's tool call read from the prompt, a constrained
+    answer) ends with its own EOS; the modeled length (here always 5) must not cut it short."""
+    from vllm_vcr.engine.tokens import ScriptedTokens
+
+    answer = [100 + i for i in range(30)] + [EOS]
+
+    class EosAfter:
+        def next_token(self, index: int) -> int:
+            return EOS
+
+    h = harness(output_length_mean=5, output_length_std_dev=0)
+    h.core.admission.token_source_factory = lambda req, rng: (
+        ScriptedTokens(answer, EosAfter()) if req.request_id == "call" else None)
+    h.add("call", max_tokens=200, eos_token_id=EOS)
+    h.add("text", max_tokens=200, eos_token_id=EOS)
+    h.run()
+    assert h.tokens("call") == answer and h.finish("call") is FinishReason.STOP
+    assert len(h.tokens("text")) == 5 and h.finish("text") is FinishReason.STOP

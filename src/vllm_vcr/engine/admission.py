@@ -150,7 +150,7 @@ class Admission:
         plan = self.plan_for(ecr)
         if plan is not None and plan.num_tokens is not None:
             max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
-        eos_at = None
+        eos_at, without_eos = None, max_tokens
         if plan is None and self.may_end_on_eos(ecr, max_len):
             eos_at = modeled_eos_at(self.draw_output_len(ecr), sp.min_tokens, max_tokens)
             if eos_at is not None:
@@ -162,6 +162,8 @@ class Admission:
         req.planned = plan.token_ids if plan is not None else None
         req.plan = plan
         req.eos_at = eos_at
+        if eos_at is not None and not remote_decode:
+            req.max_tokens_without_eos = max(without_eos, 0)
         req.remote_decode = remote_decode
         if ktp.get("do_remote_prefill") and not remote_decode:
             req.remote_prefill = ktp
@@ -279,6 +281,10 @@ class Admission:
     def _token_source(self, req: Request, rng: random.Random) -> TokenSource:
         args = self.core.args
         src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        if src is not None and req.eos_at is not None:
+            # the source writes the whole answer (a tool call read from the prompt) and ends it
+            # with its own EOS: a modeled length must not cut it short
+            req.eos_at, req.max_tokens = None, req.max_tokens_without_eos
         if src is None and req.planned is not None:
             src = ScriptedTokens(req.planned, RandomTokens(rng, args.vocab_size, self.avoid_tokens))
         if src is not None:

@@ -28,7 +28,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "block_hashes", "blocks", "pacing", "next_due",
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
-        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at",
+        "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
         "burstable", "pooling", "frontend_delay",
     )
 
@@ -81,6 +81,7 @@ class Request:
         self.plan: Any = None  # RequestPlan from a trace, if any
         self.chunk = 1  # tokens the next sample emits (recorded chunking)
         self.eos_at: int | None = None  # a fitted model decided the request stops (EOS) here
+        self.max_tokens_without_eos = max_tokens  # the budget had no modeled EOS cut it
         self.burstable = False  # decodes with no gap between tokens: zero-latency steps may merge
 
     @property
