@@ -153,7 +153,13 @@ def delta_shape(deltas: list[tuple[dict, str | None, int]]) -> dict:
             if "id" in entry:
                 shape["id"].add("9 alphanumerics" if re.fullmatch("[A-Za-z0-9]{9}", entry["id"]) else
                                 "chatcmpl-tool-" if entry["id"].startswith("chatcmpl-tool-") else entry["id"])
-    shape["finish"] = (deltas[-1][0], deltas[-1][1])
+    # the finish delta may close the last call (llama3_json's empty fragment): which index that
+    # is depends on how many calls this stream made, not on the shape
+    finish = dict(deltas[-1][0])
+    if finish.get("tool_calls"):
+        finish["tool_calls"] = [{**e, "index": "last call" if e["index"] == max(seen) else e["index"]}
+                                for e in finish["tool_calls"]]
+    shape["finish"] = (finish, deltas[-1][1])
     return shape
 
 
