@@ -63,7 +63,8 @@ async def trim_after_busy_periods(cores: Callable[[], Sequence[_Core]], poll_s: 
             trimmed = last_steps is None  # the first poll only takes the count
             last_steps = steps
         elif not trimmed and all(c.num_unfinished == 0 for c in now):
-            trimmed = trim_heap() or True
+            trim_heap()
+            trimmed = True
 
 
 def start_idle_trimming(stack: contextlib.AsyncExitStack, cores: Callable[[], Sequence[_Core]]) -> None:
