@@ -130,3 +130,15 @@ def test_output_length_flags_are_validated_and_patchable(serve_harness, tmp_path
             assert r.status_code == 400 and "output_length_mean" in r.json()["error"]
     finally:
         sp.stop()
+
+
+def test_output_length_distribution_flag_reaches_the_engine():
+    from vllm_vcr.cli import build_parser
+    from vllm_vcr.engine_cli import engine_args_from_cli
+
+    parser, _ = build_parser()
+    for argv, dist in ((["serve", "--output-length-distribution", "normal"], "normal"),
+                       (["play", "--output-length-distribution", "off"], "off")):
+        assert engine_args_from_cli(parser.parse_args(argv)).config.output_length_distribution == dist
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--output-length-distribution", "zipf"])

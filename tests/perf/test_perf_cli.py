@@ -106,3 +106,10 @@ def test_serve_paces_with_the_perf_model_and_refuses_latency_patches(serve_proce
     line = next(x for x in metrics.splitlines() if x.startswith("vllm:cache_config_info"))
     blocks = int(line.split('num_gpu_blocks="')[1].split('"')[0])
     assert blocks > 20_000
+
+
+@needs_aic
+def test_step_overhead_flag_sets_the_host_time_per_step():
+    default = _engine_args("serve", LLAMA_8B, "--perf-model", "aic")
+    set_ = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--perf-step-overhead-ms", "0.5")
+    assert set_.perf_model["step_overhead_ms"] == 0.5 and default.perf_model["step_overhead_ms"] != 0.5
