@@ -84,7 +84,7 @@ class Scheduler:
         req.next_due = due
         gen = req.heap_gen = req.heap_gen + 1
         lane = self.decode_lane
-        if not lane or lane[-1][0] < due:
+        if not lane or lane[-1][0] < due or (lane[-1][0] == due and lane[-1][1] < req.seq):
             lane.append((due, req.seq, gen, req))
         else:
             heapq.heappush(self.decode_heap, (due, req.seq, gen, req))
