@@ -117,7 +117,7 @@ class Scheduler:
 
     def has_immediate_work(self) -> bool:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
-        if any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
+        if self.prefilling and any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
         return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked and not self.paused_new
                 and len(self.running) < self._config().max_num_seqs)
