@@ -24,6 +24,7 @@ from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs
 from vllm_vcr.engine.core import EngineCore
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+from vllm_vcr.gc_tuning import tune_for_serving
 
 CONCURRENCY = 1000
 ARRIVAL_GAP = 0.00002  # the opening requests arrive 20 µs apart: deadlines spread over one ITL
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--osl", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
+    tune_for_serving()  # the collector settings `serve` runs with
     runs = [run(a.requests, a.osl) for _ in range(a.repeat)]
     per_token = sorted(cpu / tokens * 1e6 for cpu, tokens in runs)
     print(f"engine CPU µs per token, W2 shape: min {per_token[0]:.3f}, median {statistics.median(per_token):.3f} "
