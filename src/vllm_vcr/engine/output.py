@@ -87,20 +87,9 @@ class OutputProcessor:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
         conditions, then finish the request or set its next deadline."""
         source = req.token_source
+        if burst == 1 and type(source) is RandomTokens and self._steady_decode(req, source, outputs):
+            return
         max_len = self.max_model_len
-        if (type(source) is RandomTokens and burst == 1 and req.chunk == 1 and req.prefill_stats_sent
-                and not req.pending_events and not req.pooling and req.pacing.itl_std == 0.0):
-            # the steady decode (W2's per-event path): one random token that does not end the
-            # request, its deadline one fixed gap after the last; what the branches below do then
-            out_ids = req.output_token_ids
-            all_ids = req.all_token_ids
-            if req.max_tokens - len(out_ids) > 1 and (not max_len or max_len - len(all_ids) > 1) and out_ids:
-                tok = source.next_token(0)
-                out_ids.append(tok)
-                all_ids.append(tok)
-                self._push_next(req, req.next_due + req.pacing.itl_mean)
-                outputs.append((req.client_index, EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])))
-                return
         idx = len(req.output_token_ids)
         count = burst if burst > 1 else req.chunk
         if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
@@ -146,6 +135,25 @@ class OutputProcessor:
             base = req.first_due if idx == 0 else req.next_due
             self._push_decode(req, base + gap)
         outputs.append((req.client_index, out))
+
+    def _steady_decode(self, req: Request, source: RandomTokens, outputs: list) -> bool:
+        """The steady decode (W2's per-event path), what `sample` does for it without its branches:
+        one random token that does not end the request, the next deadline one fixed gap after the
+        last. False (nothing done) for any other case."""
+        if (req.chunk != 1 or not req.prefill_stats_sent or req.pending_events or req.pooling
+                or req.pacing.itl_std != 0.0):
+            return False
+        out_ids = req.output_token_ids
+        all_ids = req.all_token_ids
+        max_len = self.max_model_len
+        if not out_ids or req.max_tokens - len(out_ids) <= 1 or (max_len and max_len - len(all_ids) <= 1):
+            return False
+        tok = source.next_token(0)
+        out_ids.append(tok)
+        all_ids.append(tok)
+        self._push_next(req, req.next_due + req.pacing.itl_mean)
+        outputs.append((req.client_index, EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])))
+        return True
 
     def update_from_output(self, scheduled: Scheduled, pulled: list[Request], now: float, burst: int = 1,
                            timed: bool = False) -> None:
