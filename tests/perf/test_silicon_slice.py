@@ -84,3 +84,16 @@ def test_the_benchmark_mean_counts_each_request_not_simulated_as_the_steady_stat
     # 2 users: the first wave (burst) 10 and 30, then steady requests 4 and 6
     assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=20) == pytest.approx((40 + 18 * 5) / 20)
     assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=4) == pytest.approx(12.5)
+
+
+def test_an_expert_parallel_row_is_the_one_engine_inferencex_launched():
+    """`{tp: 4, ep: 4}` is `vllm serve -tp 4 --enable-expert-parallel` on 4 GPUs: the sample
+    also spells it attention DP 4 × EP 16 with a per-rank batch; both spellings of one
+    measurement map onto the same deployment and the benchmark's whole concurrency."""
+    rows = _rows()
+    dp_spelling = rows["minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c64_cfg691"]
+    tp_spelling = next(r for r in rows.values() if r.id.endswith("_1024x1024_c64_tp4_0_ep4_0_65"))
+    for r in (dp_spelling, tp_spelling):
+        assert (r.tp, r.attention_dp, r.moe_tp, r.moe_ep, r.concurrency) == (4, 1, 1, 4, 64)
+    assert dp_spelling.tpot_ms == pytest.approx(tp_spelling.tpot_ms, rel=0.02)
+    assert all(r.attention_dp == 1 for r in rows.values() if r.inferencex)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
@@ -92,7 +93,7 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
         for r in csv.DictReader(f):
             if r["backend"] != "vllm" or r["mode"] != "agg":
                 continue
-            yield SiliconRow(
+            row = SiliconRow(
                 id=r["id"], model=r["model_path"], gpu=r["system"], backend_version=r["backend_version"],
                 tp=_int(r["tp_size"], 1), attention_dp=_int(r["attention_dp_size"], 1),
                 moe_tp=_int(r["moe_tp_size"]), moe_ep=_int(r["moe_ep_size"]),
@@ -100,6 +101,25 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
                 isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=int(float(r["batch_size"])),
                 ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
                 source=r["silicon_data_source"])
+            yield _as_deployed(row)
+
+
+_BENCH_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+def _as_deployed(row: SiliconRow) -> SiliconRow:
+    """The deployment InferenceX ran, where the sample's conversion recorded another.
+
+    InferenceX's `{tp: N, ep: N}` configs launch `vllm serve --tensor-parallel-size N
+    --enable-expert-parallel`: N GPUs, attention TP N, MoE experts spread over the same N GPUs
+    (EP N, MoE TP 1), one engine. Part of the sample records them as attention DP N with EP N*N
+    and a per-rank batch of C/N (the same measurements appear under both spellings, with the
+    same TTFT/TPOT): taken literally, that prices 16 GPUs with cross-node all-to-all for a
+    4-GPU run. The benchmark's concurrency is `silicon_concurrency` in the row's source."""
+    m = _BENCH_CONCURRENCY.search(row.source)
+    if not row.inferencex or row.attention_dp <= 1 or m is None:
+        return row
+    return replace(row, attention_dp=1, moe_tp=1, moe_ep=row.tp, concurrency=int(m.group(1)))
 
 
 def vllm_defaults(gpu_bytes: int) -> tuple[int, int]:
