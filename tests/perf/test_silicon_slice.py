@@ -97,3 +97,26 @@ def test_an_expert_parallel_row_is_the_one_engine_inferencex_launched():
         assert (r.tp, r.attention_dp, r.moe_tp, r.moe_ep, r.concurrency) == (4, 1, 1, 4, 64)
     assert dp_spelling.tpot_ms == pytest.approx(tp_spelling.tpot_ms, rel=0.02)
     assert all(r.attention_dp == 1 for r in rows.values() if r.inferencex)
+
+
+def test_vllms_default_token_budget_follows_the_version_that_ran():
+    from vllm_vcr.simulate.silicon_harness import GIB, vllm_defaults
+
+    assert vllm_defaults(180 * GIB, "0.19.0") == (1024, 8192)  # the >= 160 GiB tier came with 0.28
+    assert vllm_defaults(180 * GIB, "0.28.0") == (1024, 16384)
+    assert vllm_defaults(141 * GIB, "0.12.0") == (1024, 8192)
+    assert vllm_defaults(48 * GIB, "0.12.0") == (256, 2048)
+
+
+def test_a_rows_server_flags_are_those_of_the_script_that_measured_it():
+    from vllm_vcr.simulate.silicon_harness import inferencex_flags
+
+    llama = _row()  # 70b_fp8_h100: kv fp8, a budget of 8192, --max-num-seqs $CONC
+    assert llama.server.kv_cache_fp8 and llama.server.max_num_batched_tokens == 8192
+    assert llama.server.max_num_seqs_is_concurrency and llama.target().kv_cache_quant == "fp8"
+    early = inferencex_flags("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "db-dump; measured=2026-03-11T00:00")
+    late = inferencex_flags("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "db-dump; measured=2026-04-22T00:00")
+    assert (early.kv_cache_fp8, early.gpu_memory_utilization, early.block_size) == (False, 0.95, 32)
+    assert (late.kv_cache_fp8, late.gpu_memory_utilization, late.block_size) == (True, 0.9, 32)
+    gap = _row(source="source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv")
+    assert gap.server == type(gap.server)()  # another harness: vLLM's defaults

@@ -27,8 +27,7 @@ from typing import Any, Iterator
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import package_root
 from ..perf.errors import PerfModelError
-
-GIB = 1 << 30
+from .silicon_harness import ServerFlags, inferencex_flags, scheduler_limits
 
 
 @dataclass(frozen=True)
@@ -67,11 +66,19 @@ class SiliconRow:
         """A fixed, declared split: about one row in three trains the global correction."""
         return "train" if zlib.crc32(self.id.encode()) % 3 == 0 else "heldout"
 
+    @property
+    def server(self) -> ServerFlags:
+        """The server flags of the row's deployment (silicon_harness.py)."""
+        if not self.inferencex:
+            return ServerFlags()
+        return inferencex_flags(self.model, self.gpu, self.gemm_quant, self.source)
+
     def target(self, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0) -> AicTarget:
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
-                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant, step_overhead_ms=step_overhead_ms,
-                         per_seq_overhead_ms=per_seq_overhead_ms)
+                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
+                         kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
+                         step_overhead_ms=step_overhead_ms, per_seq_overhead_ms=per_seq_overhead_ms)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -120,15 +127,6 @@ def _as_deployed(row: SiliconRow) -> SiliconRow:
     if not row.inferencex or row.attention_dp <= 1 or m is None:
         return row
     return replace(row, attention_dp=1, moe_tp=1, moe_ep=row.tp, concurrency=int(m.group(1)))
-
-
-def vllm_defaults(gpu_bytes: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks for a GPU of this size."""
-    if gpu_bytes >= 160 * GIB:
-        return 1024, 16384
-    if gpu_bytes >= 70 * GIB:
-        return 1024, 8192
-    return 256, 2048
 
 
 def static_estimate(row: SiliconRow) -> tuple[float, float]:
@@ -207,11 +205,15 @@ def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_over
     target = row.target(step_overhead_ms, per_seq_overhead_ms).resolved()
     compile_target(target)
     engines = max(row.attention_dp, 1)
-    cap = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9,
-                               max_num_batched_tokens=8192, max_num_seqs=1024)
-    seqs, budget = vllm_defaults(cap.gpu_bytes)
+    server = row.server
+    seqs, budget = 1024, 8192
+    for _ in range(2):  # the activations of a budget-sized pass come off the KV cache
+        cap = estimate_kv_capacity(target, block_size=server.block_size,
+                                   gpu_memory_utilization=server.gpu_memory_utilization,
+                                   max_num_batched_tokens=budget, max_num_seqs=seqs)
+        seqs, budget = scheduler_limits(server, cap.gpu_bytes, row.backend_version, row.concurrency)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
-                      kv_cache_size=cap.num_blocks, tokens_per_block=16, perf_model=target.to_dict(),
+                      kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=target.to_dict(),
                       advertised_max_model_len=row.isl + row.osl + 16).validate()
     plan = plan_for(row, max_tokens)
     r = row.range_ratio
@@ -231,7 +233,8 @@ def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_over
     return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
             "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
-            "per_engine_concurrency": max(row.concurrency // engines, 1),
+            "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
+            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 
