@@ -120,3 +120,15 @@ def test_a_rows_server_flags_are_those_of_the_script_that_measured_it():
     assert (late.kv_cache_fp8, late.gpu_memory_utilization, late.block_size) == (True, 0.9, 32)
     gap = _row(source="source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv")
     assert gap.server == type(gap.server)()  # another harness: vLLM's defaults
+
+
+def test_a_block_fp8_checkpoint_is_priced_with_block_scaled_kernels_where_vllm_can_shard_it():
+    rows = [r for r in _rows().values() if r.gpu == "h200_sxm"]
+    qwen = [r for r in rows if r.model == "Qwen/Qwen3-235B-A22B-FP8"]
+    assert qwen and all(r.gemm_quant == "fp8_block" for r in qwen)
+    minimax_tp4 = [r for r in rows if r.model == "MiniMaxAI/MiniMax-M2.5" and r.tp == 4]
+    minimax_tp8 = [r for r in rows if r.model == "MiniMaxAI/MiniMax-M2.5" and r.tp == 8]
+    assert {r.moe_quant for r in minimax_tp4} == {"fp8_block"}  # 1536 / 4 = 3 blocks of 128
+    assert {r.moe_quant for r in minimax_tp8} == {"fp8"}  # 1536 / 8 = 192: no block-scaled shard
+    llama = [r for r in rows if r.model == "nvidia/Llama-3.1-8B-Instruct-FP8"]
+    assert {r.gemm_quant for r in llama} == {"fp8"}  # a per-tensor FP8 checkpoint

@@ -18,6 +18,8 @@ TTFT and TPOT are the means over all 10*C requests, the first wave included.
 from __future__ import annotations
 
 import csv
+import functools
+import json
 import math
 import re
 import zlib
@@ -25,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
-from ..perf.catalog import package_root
+from ..perf.catalog import package_root, resolve_model
 from ..perf.errors import PerfModelError
 from .silicon_harness import ServerFlags, inferencex_flags, scheduler_limits
 
@@ -108,10 +110,38 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
                 isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=int(float(r["batch_size"])),
                 ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
                 source=r["silicon_data_source"])
-            yield _as_deployed(row)
+            yield _checkpoint_precision(_as_deployed(row))
 
 
 _BENCH_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+_FP8_BLOCK = 128  # the weight block of block-scaled FP8 checkpoints (weight_block_size [128, 128])
+_HOPPER = ("h100_sxm", "h200_sxm")
+
+
+@functools.lru_cache(maxsize=32)
+def _checkpoint_config(model: str) -> dict:
+    name, _ = resolve_model(model)
+    path = package_root() / "model_configs" / f"{name.replace('/', '--', 1)}_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
+    """The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
+    deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
+    (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
+    the estimator's `fp8_block` tables, where vLLM can shard the experts that way (each
+    rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
+    `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
+    concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
+    cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
+    if "weight_block_size" not in (cfg.get("quantization_config") or {}):
+        return row
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    if width // (row.moe_tp or row.tp) % _FP8_BLOCK:
+        return row
+    return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
 
 
 def _as_deployed(row: SiliconRow) -> SiliconRow:
