@@ -96,7 +96,13 @@ def test_an_expert_parallel_row_is_the_one_engine_inferencex_launched():
     for r in (dp_spelling, tp_spelling):
         assert (r.tp, r.attention_dp, r.moe_tp, r.moe_ep, r.concurrency) == (4, 1, 1, 4, 64)
     assert dp_spelling.tpot_ms == pytest.approx(tp_spelling.tpot_ms, rel=0.02)
-    assert all(r.attention_dp == 1 for r in rows.values() if r.inferencex)
+    dp_attn = {(r.model, r.gemm_quant, r.tp, r.moe_ep) for r in rows.values() if r.inferencex and r.attention_dp > 1}
+    assert dp_attn == {("MiniMaxAI/MiniMax-M2.5", "nvfp4", 1, 2)}  # only `{tp: 2, ep: 2, dp-attn: true}`
+
+
+def test_a_gap_analysis_row_with_a_wider_moe_than_attention_is_data_parallel():
+    qwen = [r for r in _rows().values() if r.model == "Qwen/Qwen3-235B-A22B-FP8" and r.moe_tp == 4]
+    assert {(r.tp, r.attention_dp) for r in qwen} == {(1, 4), (2, 2), (4, 1)}
 
 
 def test_vllms_default_token_budget_follows_the_version_that_ran():

@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import package_root, resolve_model
 from ..perf.errors import PerfModelError
-from .silicon_harness import ServerFlags, inferencex_flags, scheduler_limits
+from .silicon_harness import ServerFlags, inferencex_dp_attention, inferencex_flags, scheduler_limits
 
 
 @dataclass(frozen=True)
@@ -152,11 +152,27 @@ def _as_deployed(row: SiliconRow) -> SiliconRow:
     (EP N, MoE TP 1), one engine. Part of the sample records them as attention DP N with EP N*N
     and a per-rank batch of C/N (the same measurements appear under both spellings, with the
     same TTFT/TPOT): taken literally, that prices 16 GPUs with cross-node all-to-all for a
-    4-GPU run. The benchmark's concurrency is `silicon_concurrency` in the row's source."""
+    4-GPU run. The benchmark's concurrency is `silicon_concurrency` in the row's source. Only
+    the configs marked `dp-attn` ran attention DP: N engines of TP 1, EP N over all of them."""
     m = _BENCH_CONCURRENCY.search(row.source)
-    if not row.inferencex or row.attention_dp <= 1 or m is None:
+    if not row.inferencex:
+        return _data_parallel(row)
+    if row.attention_dp <= 1 or m is None:
         return row
-    return replace(row, attention_dp=1, moe_tp=1, moe_ep=row.tp, concurrency=int(m.group(1)))
+    c = int(m.group(1))
+    if inferencex_dp_attention(row.model, row.gemm_quant, row.tp, c, row.source):
+        return replace(row, tp=1, attention_dp=row.tp, moe_tp=1, moe_ep=row.tp, concurrency=c)
+    return replace(row, attention_dp=1, moe_tp=1, moe_ep=row.tp, concurrency=c)
+
+
+def _data_parallel(row: SiliconRow) -> SiliconRow:
+    """A gap-analysis row whose MoE spans more GPUs than its attention TP (`moe_tp` 2 at TP 1)
+    leaves its attention DP blank: vLLM's `--data-parallel-size D` without expert parallelism
+    runs the experts tensor-parallel over all D x TP GPUs, so D = MoE width / TP engines."""
+    width = (row.moe_tp or 1) * (row.moe_ep or 1)
+    if row.attention_dp > 1 or width <= row.tp or width % row.tp:
+        return row
+    return replace(row, attention_dp=width // row.tp)
 
 
 def static_estimate(row: SiliconRow) -> tuple[float, float]:

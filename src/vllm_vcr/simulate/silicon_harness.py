@@ -79,6 +79,15 @@ def inferencex_flags(model: str, gpu: str, gemm_quant: str | None, source: str) 
     return max(match, key=lambda r: r.since).flags if match else ServerFlags()
 
 
+def inferencex_dp_attention(model: str, gemm_quant: str | None, tp: int, concurrency: int, source: str) -> bool:
+    """Whether the row ran InferenceX's `{tp: 2, ep: 2, dp-attn: true}` config (minimaxm2.5_fp4
+    on B200/B300: `--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel`):
+    from C 512 (from 2026-04-22: C 256) up; below, `{tp: 2, ep: 2}` ran one TP-2 engine."""
+    m = _MEASURED.search(source)
+    first = 256 if m and m.group(1) >= "2026-04-22" else 512
+    return "MiniMax-M2.5" in model and gemm_quant == "nvfp4" and tp == 2 and concurrency >= first
+
+
 def _version(v: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", v or "")
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
