@@ -27,9 +27,9 @@ class KVEventSink(Protocol):
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash")
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, ref_cnt: int = 0) -> None:
         self.block_id = block_id
-        self.ref_cnt = 0
+        self.ref_cnt = ref_cnt
         self.block_hash: BlockHash | None = None
 
     def __repr__(self) -> str:
@@ -37,24 +37,36 @@ class KVCacheBlock:
 
 
 class BlockPool:
+    """The free queue is vLLM's: least recently freed first, every block free at the start in id
+    order. Blocks never allocated yet are kept as a range (ids `_fresh`..`num_blocks - 1`, always
+    at the head of the queue, since freed blocks join at its tail): a pool of tens of thousands of
+    blocks costs nothing until they are used, and `free_queue` holds only blocks freed since."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.events = events
-        self.blocks = list(map(KVCacheBlock, range(num_blocks)))  # (tens of thousands on a big GPU)
-        # free blocks, least recently freed first (eviction order)
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(zip(range(num_blocks), self.blocks))
+        self._created: list[KVCacheBlock] = []  # blocks 0.._fresh-1, by id
+        self._fresh = 0  # the first block id never allocated
+        # blocks freed since their allocation, least recently freed first (eviction order)
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
 
     # --- queries -------------------------------------------------------------------------
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block, by id (creates the ones never allocated: for tests and inspection)."""
+        self._created += map(KVCacheBlock, range(len(self._created), self.num_blocks))
+        return self._created
+
+    def is_free(self, block: KVCacheBlock) -> bool:
+        return block.block_id >= self._fresh or block.block_id in self.free_queue
 
     def usage(self) -> float:
-        return 1.0 - len(self.free_queue) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
         """The longest run of leading blocks already in the prefix cache."""
@@ -76,16 +88,34 @@ class BlockPool:
         for b in blocks:
             if b.ref_cnt == 0:
                 del fq[b.block_id]
+                self.num_free_blocks -= 1
             b.ref_cnt += 1
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
-        if n > len(self.free_queue):
-            raise ValueError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free_blocks} free")
+        self.num_free_blocks -= n
+        fresh = self._fresh
+        if fresh < self.num_blocks:  # the head of the queue: blocks never used, in id order
+            k = min(n, self.num_blocks - fresh)
+            if len(self._created) == fresh:
+                out = [KVCacheBlock(i, 1) for i in range(fresh, fresh + k)]
+                self._created += out
+            else:  # (created already by `blocks`)
+                out = self._created[fresh:fresh + k]
+                for b in out:
+                    b.ref_cnt = 1
+            self._fresh = fresh + k
+            if k == n:
+                return out
+            n -= k
+        else:
+            out = []
         popitem = self.free_queue.popitem
-        out = [popitem(False)[1] for _ in range(n)]  # least recently freed first
         evicted: list[BlockHash] = []
         cached = self.cached
-        for b in out:
+        for _ in range(n):  # least recently freed first
+            b = popitem(False)[1]
             h = b.block_hash
             if h is not None:
                 if cached.get(h) is b:
@@ -93,6 +123,7 @@ class BlockPool:
                     evicted.append(h)
                 b.block_hash = None
             b.ref_cnt = 1
+            out.append(b)
         if evicted and self.events is not None:
             self.events.removed(evicted)
         return out
@@ -100,10 +131,13 @@ class BlockPool:
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
         fq = self.free_queue
+        freed = 0
         for b in blocks:
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
                 fq[b.block_id] = b
+                freed += 1
+        self.num_free_blocks += freed
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
@@ -123,11 +157,11 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is in use, as vLLM does."""
-        if len(self.free_queue) != self.num_blocks:
+        if self.num_free_blocks != self.num_blocks:
             return False
         had = bool(self.cached)
         self.cached.clear()
-        for b in self.blocks:
+        for b in self._created:
             b.block_hash = None
         if had and self.events is not None:
             self.events.cleared()

@@ -15,6 +15,7 @@ class KVCacheManager:
         self.block_size = pool.block_size
         # vLLM's own block hash (sha256 by default), so KV events match a real engine's
         self.hasher = hasher or make_block_hasher()
+        self._chain = getattr(self.hasher, "chain", None)  # a run of blocks in one call (ContentHasher)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -33,7 +34,12 @@ class KVCacheManager:
         full = len(tokens) // bs
         hasher = self.hasher
         keyed = req.lora_name is not None or req.cache_salt is not None
-        for i in range(len(hashes), full):
+        start = len(hashes)
+        if not keyed and self._chain is not None:
+            if full > start:
+                hashes += self._chain(hashes[-1] if start else None, tokens, start, full, bs)
+            return
+        for i in range(start, full):
             parent = hashes[i - 1] if i else None
             hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None))
 
