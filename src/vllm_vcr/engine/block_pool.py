@@ -36,6 +36,20 @@ class KVCacheBlock:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
 
 
+class DeferredChain:
+    """The blocks of one request entered in the prefix cache without their hashes yet (their
+    `block_hash` is this chain: see deferred_hashes.py). `live`: those not evicted since."""
+
+    __slots__ = ("h0", "tokens", "req", "blocks", "live")
+
+    def __init__(self, h0, tokens: list[int], req) -> None:
+        self.h0 = h0  # the hash of its first block
+        self.tokens = tokens  # the request's token ids (its prompt and outputs), by reference
+        self.req = req  # None once the request freed its blocks
+        self.blocks: list[KVCacheBlock] = []  # its blocks 0..n-1
+        self.live = 0
+
+
 class BlockPool:
     """The free queue is vLLM's: least recently freed first, every block free at the start in id
     order. Blocks never allocated yet are kept as a range (ids `_fresh`..`num_blocks - 1`, always
@@ -54,6 +68,10 @@ class BlockPool:
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
+        # deferred hashing (deferred_hashes.py): chains by the hash of their first block, and the
+        # first blocks that more than one request has had (hashed eagerly)
+        self.deferred: dict[BlockHash, DeferredChain] = {}
+        self.shared_first_blocks: set[BlockHash] = set()
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -118,7 +136,11 @@ class BlockPool:
             b = popitem(False)[1]
             h = b.block_hash
             if h is not None:
-                if cached.get(h) is b:
+                if type(h) is DeferredChain:  # a deferred entry: its chain forgets it
+                    h.live -= 1
+                    if not h.live and self.deferred.get(h.h0) is h:
+                        del self.deferred[h.h0]
+                elif cached.get(h) is b:
                     del cached[h]
                     evicted.append(h)
                 b.block_hash = None
@@ -161,6 +183,8 @@ class BlockPool:
             return False
         had = bool(self.cached)
         self.cached.clear()
+        self.deferred.clear()
+        self.shared_first_blocks.clear()
         for b in self._created:
             b.block_hash = None
         if had and self.events is not None:
