@@ -122,9 +122,11 @@ def test_deferred_hashing_finds_what_eager_hashing_finds(seed, num_ops, num_bloc
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "cache", "touch", "blocks", "reset"]),
-                              st.integers(0, 6)), max_size=60), num_blocks=st.integers(1, 12))
-def test_lazily_created_pool_is_an_lru_free_queue(ops, num_blocks):
+@given(seed=st.integers(0, 1 << 32), num_ops=st.integers(1, 300), num_blocks=st.integers(1, 12))
+def test_lazily_created_pool_is_an_lru_free_queue(seed, num_ops, num_blocks):
+    rng = random.Random(seed)
+    ops = [(rng.choice(["alloc", "alloc", "free", "free", "cache", "touch", "touch", "blocks", "reset"]), rng.randrange(7))
+           for _ in range(num_ops)]
     pool = BlockPool(num_blocks, BS)
     ref = OrderedDict((i, None) for i in range(num_blocks))  # free block ids, eviction order
     held: list = []
@@ -161,6 +163,6 @@ def test_lazily_created_pool_is_an_lru_free_queue(ops, num_blocks):
             assert [b.block_id for b in pool.blocks] == list(range(num_blocks))
         elif op == "reset" and pool.reset_prefix_cache():
             hashes.clear()
-        assert pool.num_free_blocks == len(ref)
+        assert pool.num_free_blocks == len(ref) and pool.free_queue() == list(ref)
         assert all(pool.is_free(b) == (b.ref_cnt == 0) for b in held)
         assert all(pool.cached[h].block_hash == h for h in pool.cached)

@@ -7,7 +7,7 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
@@ -25,12 +25,13 @@ class KVEventSink(Protocol):
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "queued")
 
     def __init__(self, block_id: int, ref_cnt: int = 0) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash: BlockHash | None = None
+        self.queued = 0  # its entries in the pool's free queue (only the last can be live)
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
@@ -54,7 +55,9 @@ class BlockPool:
     """The free queue is vLLM's: least recently freed first, every block free at the start in id
     order. Blocks never allocated yet are kept as a range (ids `_fresh`..`num_blocks - 1`, always
     at the head of the queue, since freed blocks join at its tail): a pool of tens of thousands of
-    blocks costs nothing until they are used, and `free_queue` holds only blocks freed since."""
+    blocks costs nothing until they are used. Blocks freed since are a deque in the order they were
+    freed; a cache hit that takes a free block leaves its entry behind (stale), skipped when it
+    reaches the head: an entry is live only if its block is free and it is the block's last entry."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  events: KVEventSink | None = None) -> None:
@@ -64,8 +67,8 @@ class BlockPool:
         self.events = events
         self._created: list[KVCacheBlock] = []  # blocks 0.._fresh-1, by id
         self._fresh = 0  # the first block id never allocated
-        # blocks freed since their allocation, least recently freed first (eviction order)
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        # blocks freed since their allocation, least recently freed first (eviction order), and stale entries
+        self._queue: deque[KVCacheBlock] = deque()
         self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         # deferred hashing (deferred_hashes.py): chains by the hash of their first block, and the
@@ -81,7 +84,17 @@ class BlockPool:
         return self._created
 
     def is_free(self, block: KVCacheBlock) -> bool:
-        return block.block_id >= self._fresh or block.block_id in self.free_queue
+        return block.block_id >= self._fresh or block.ref_cnt == 0
+
+    def free_queue(self) -> list[int]:
+        """The free block ids in eviction order (for tests and inspection)."""
+        seen: set[int] = set()
+        live = []
+        for b in reversed(self._queue):  # a block's last entry is its place
+            if b.ref_cnt == 0 and b.block_id not in seen:
+                live.append(b.block_id)
+            seen.add(b.block_id)
+        return list(range(self._fresh, self.num_blocks)) + live[::-1]
 
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
@@ -101,11 +114,9 @@ class BlockPool:
 
     # --- reference counting ----------------------------------------------------------------
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take a reference on cache hits (removing them from the eviction queue)."""
-        fq = self.free_queue
+        """Take a reference on cache hits (their entries in the free queue go stale)."""
         for b in blocks:
             if b.ref_cnt == 0:
-                del fq[b.block_id]
                 self.num_free_blocks -= 1
             b.ref_cnt += 1
 
@@ -129,11 +140,15 @@ class BlockPool:
             n -= k
         else:
             out = []
-        popitem = self.free_queue.popitem
+        popleft = self._queue.popleft
         evicted: list[BlockHash] = []
         cached = self.cached
-        for _ in range(n):  # least recently freed first
-            b = popitem(False)[1]
+        while n:  # least recently freed first
+            b = popleft()
+            b.queued -= 1
+            if b.ref_cnt or b.queued:
+                continue  # a stale entry: taken by a cache hit since (and maybe freed again later)
+            n -= 1
             h = b.block_hash
             if h is not None:
                 if type(h) is DeferredChain:  # a deferred entry: its chain forgets it
@@ -152,14 +167,27 @@ class BlockPool:
 
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
-        fq = self.free_queue
+        append = self._queue.append
         freed = 0
         for b in blocks:
             b.ref_cnt -= 1
             if b.ref_cnt == 0:
-                fq[b.block_id] = b
+                append(b)
+                b.queued += 1
                 freed += 1
         self.num_free_blocks += freed
+        if len(self._queue) > 2 * self.num_blocks:  # (many cache hits on free blocks since the last allocation)
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries of the free queue."""
+        live: deque[KVCacheBlock] = deque()
+        for b in self._queue:
+            if b.queued == 1 and b.ref_cnt == 0:
+                live.append(b)
+            else:
+                b.queued -= 1
+        self._queue = live
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
