@@ -33,7 +33,6 @@ from .latency import StepBatch
 from .output import OutputProcessor
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
-from .step import StepInFlight
 from .tokens import RandomTokens
 
 if TYPE_CHECKING:
@@ -293,24 +292,46 @@ def fast_forward(core: EngineCore, horizon: float) -> int:
     batch = timed.in_flight
     if cohort is None or batch is None or batch.scheduled or batch.pulled or not _quiet(core):
         return 0
-    sched, pool, latency, rng = core.scheduler, core.kv.pool, core.latency, timed.rng
-    steps, now = 0, None
-    while batch.end < horizon and cohort.members and cohort.next_finish() > cohort.step + 1:
-        now = batch.end
-        cohort.advance(now)  # (no member finishes here)
-        timed.last_end = now
+    # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
+    n = len(cohort.members)
+    last_step = cohort.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
+    if not n or cohort.step > last_step:
+        return 0
+    pool, buckets, block_size = core.kv.pool, cohort._buckets, cohort.block_size
+    on_step, step_duration, rng = core.scheduler.engine_policy.on_step, core.latency.step_duration, timed.rng
+    admission, step_ends, base = core.admission, cohort.step_ends, cohort._tokens_minus_join
+    step, end, steps = cohort.step, batch.end, 0
+    while end < horizon and step <= last_step:
+        step += 1  # cohort step `step` ended at `end` (no member finishes here)
+        step_ends.append(end)
+        now = end
         steps += 1
-        if not cohort.allocate_if_free(pool):  # KV pressure: the plain step preempts
-            timed.in_flight = None
-            core.clock.advance_to(now)
-            core._start_step(now)
-            return steps
-        sched.engine_policy.on_step()
-        core.step_counter += 1
-        step = StepBatch(len(cohort.members), 0, 0, 0, cohort.context(), False)  # = compose() + extend()
-        batch = StepInFlight(now + max(latency.step_duration(step, rng), 0.0) + core.admission.take_lora_time(),
-                             [], [])
-    timed.in_flight = batch
-    if now is not None:
-        core.clock.advance_to(now)
+        due = buckets[step % block_size]
+        if due:  # members crossing a block boundary get their block, in decode order
+            if len(due) > pool.num_free_blocks:  # KV pressure: the plain step preempts
+                cohort.step = step
+                _end_run(core, now, steps - 1)
+                timed.in_flight = None
+                core._start_step(now)
+                return steps
+            for slot, block in zip(due, pool.allocate(len(due))):
+                slot[2].blocks.append(block)
+        on_step()
+        # = compose() + extend() of a step of the cohort's decodes alone
+        composition = tuple.__new__(StepBatch, (n, 0, 0, 0, base + n * step, False, 0, 0, (), ()))
+        end = now + max(step_duration(composition, rng), 0.0)
+        if admission.lora_time:
+            end += admission.take_lora_time()
+    if steps:
+        cohort.step = cohort._prepared = step
+        batch.end = end  # (the step in flight: nothing scheduled in it but the cohort)
+        _end_run(core, now, steps)
     return steps
+
+
+def _end_run(core: EngineCore, now: float, priced: int) -> None:
+    """The engine's clock and counters after fast-forwarded steps, the last ending at `now` (`priced`:
+    the steps that started)."""
+    core.timed.last_end = now
+    core.step_counter += priced
+    core.clock.advance_to(now)
