@@ -166,3 +166,22 @@ def test_lazily_created_pool_is_an_lru_free_queue(seed, num_ops, num_blocks):
         assert pool.num_free_blocks == len(ref) and pool.free_queue() == list(ref)
         assert all(pool.is_free(b) == (b.ref_cnt == 0) for b in held)
         assert all(pool.cached[h].block_hash == h for h in pool.cached)
+
+
+def test_pool_lets_go_of_read_entries_and_keeps_lru_order():
+    # many allocate/free cycles over a few thousand blocks: the queue's read entries are dropped
+    pool = BlockPool(3000, BS)
+    ref = OrderedDict((i, None) for i in range(3000))
+    rng = random.Random(1)
+    held: list = []
+    for _ in range(400):
+        got = pool.allocate(rng.randint(1, 60))
+        assert [b.block_id for b in got] == [ref.popitem(last=False)[0] for _ in got]
+        held += got
+        rng.shuffle(held)
+        k = rng.randint(0, len(held))
+        freed, held = held[:k], held[k:]
+        pool.free(freed)
+        for b in freed:
+            ref[b.block_id] = None
+    assert pool._head < 8192 and pool.free_queue() == list(ref)

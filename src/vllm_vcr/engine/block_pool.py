@@ -7,7 +7,6 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
@@ -25,13 +24,12 @@ class KVEventSink(Protocol):
 
 
 class KVCacheBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "queued")
+    __slots__ = ("block_id", "ref_cnt", "block_hash")
 
     def __init__(self, block_id: int, ref_cnt: int = 0) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash: BlockHash | None = None
-        self.queued = 0  # its entries in the pool's free queue (only the last can be live)
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
@@ -55,9 +53,10 @@ class BlockPool:
     """The free queue is vLLM's: least recently freed first, every block free at the start in id
     order. Blocks never allocated yet are kept as a range (ids `_fresh`..`num_blocks - 1`, always
     at the head of the queue, since freed blocks join at its tail): a pool of tens of thousands of
-    blocks costs nothing until they are used. Blocks freed since are a deque in the order they were
-    freed; a cache hit that takes a free block leaves its entry behind (stale), skipped when it
-    reaches the head: an entry is live only if its block is free and it is the block's last entry."""
+    blocks costs nothing until they are used. Blocks freed since are a list in the order they were
+    freed, read from `_head` on (so an allocation takes a slice). A cache hit that takes a free block
+    leaves its entry behind (stale: counted in `_stale`, skipped when it comes up; a block's stale
+    entries all precede its live one)."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  events: KVEventSink | None = None) -> None:
@@ -67,8 +66,9 @@ class BlockPool:
         self.events = events
         self._created: list[KVCacheBlock] = []  # blocks 0.._fresh-1, by id
         self._fresh = 0  # the first block id never allocated
-        # blocks freed since their allocation, least recently freed first (eviction order), and stale entries
-        self._queue: deque[KVCacheBlock] = deque()
+        self._queue: list[KVCacheBlock] = []  # from _head on: freed blocks, least recently freed first
+        self._head = 0
+        self._stale: dict[KVCacheBlock, int] = {}  # stale entries in the queue, by block
         self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         # deferred hashing (deferred_hashes.py): chains by the hash of their first block, and the
@@ -88,13 +88,14 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """The free block ids in eviction order (for tests and inspection)."""
-        seen: set[int] = set()
+        stale = dict(self._stale)
         live = []
-        for b in reversed(self._queue):  # a block's last entry is its place
-            if b.ref_cnt == 0 and b.block_id not in seen:
+        for b in self._queue[self._head:]:
+            if stale.get(b):
+                stale[b] -= 1
+            else:
                 live.append(b.block_id)
-            seen.add(b.block_id)
-        return list(range(self._fresh, self.num_blocks)) + live[::-1]
+        return list(range(self._fresh, self.num_blocks)) + live
 
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
@@ -114,10 +115,12 @@ class BlockPool:
 
     # --- reference counting ----------------------------------------------------------------
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take a reference on cache hits (their entries in the free queue go stale)."""
+        """Take a reference on cache hits (the entry of a free one in the free queue goes stale)."""
+        stale = self._stale
         for b in blocks:
             if b.ref_cnt == 0:
                 self.num_free_blocks -= 1
+                stale[b] = stale.get(b, 0) + 1
             b.ref_cnt += 1
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
@@ -140,15 +143,10 @@ class BlockPool:
             n -= k
         else:
             out = []
-        popleft = self._queue.popleft
+        taken = self._take(n)
         evicted: list[BlockHash] = []
         cached = self.cached
-        while n:  # least recently freed first
-            b = popleft()
-            b.queued -= 1
-            if b.ref_cnt or b.queued:
-                continue  # a stale entry: taken by a cache hit since (and maybe freed again later)
-            n -= 1
+        for b in taken:  # least recently freed first
             h = b.block_hash
             if h is not None:
                 if type(h) is DeferredChain:  # a deferred entry: its chain forgets it
@@ -160,34 +158,62 @@ class BlockPool:
                     evicted.append(h)
                 b.block_hash = None
             b.ref_cnt = 1
-            out.append(b)
         if evicted and self.events is not None:
             self.events.removed(evicted)
-        return out
+        return out + taken if out else taken
+
+    def _take(self, n: int) -> list[KVCacheBlock]:
+        """The next `n` live entries of the free queue, taken off it."""
+        q, head, stale = self._queue, self._head, self._stale
+        if not stale:
+            taken = q[head:head + n]
+            head += n
+        else:
+            taken = []
+            while len(taken) < n:
+                b = q[head]
+                head += 1
+                c = stale.get(b)
+                if c:  # a stale entry (its block was taken by a cache hit since)
+                    if c == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = c - 1
+                else:
+                    taken.append(b)
+        if head > 4096 and 2 * head > len(q):  # let go of the entries read
+            del q[:head]
+            head = 0
+        self._head = head
+        return taken
 
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
-        append = self._queue.append
-        freed = 0
+        shared = False
         for b in blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                append(b)
-                b.queued += 1
-                freed += 1
-        self.num_free_blocks += freed
-        if len(self._queue) > 2 * self.num_blocks:  # (many cache hits on free blocks since the last allocation)
+            r = b.ref_cnt - 1
+            b.ref_cnt = r
+            if r:
+                shared = True
+        if shared:
+            blocks = [b for b in blocks if not b.ref_cnt]
+        self._queue += blocks
+        self.num_free_blocks += len(blocks)
+        if len(self._queue) - self._head > 2 * self.num_blocks:  # (many cache hits on free blocks)
             self._compact()
 
     def _compact(self) -> None:
         """Drop the stale entries of the free queue."""
-        live: deque[KVCacheBlock] = deque()
-        for b in self._queue:
-            if b.queued == 1 and b.ref_cnt == 0:
-                live.append(b)
+        stale = self._stale
+        live = []
+        for b in self._queue[self._head:]:
+            c = stale.get(b)
+            if c:
+                stale[b] = c - 1
             else:
-                b.queued -= 1
-        self._queue = live
+                live.append(b)
+        stale.clear()
+        self._queue, self._head = live, 0
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
