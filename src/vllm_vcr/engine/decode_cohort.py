@@ -48,8 +48,40 @@ TokensListener = Callable[[Request, int, int], None]  # (request, first step, la
 
 def cohort_eligible(req: Request) -> bool:
     """A request whose decodes only the length can end, one token per step, with no gap of its own."""
-    return (req.burstable and req.chunk == 1 and type(req.token_source) is RandomTokens and not req.pooling
+    return (req.burstable and req.chunk == 1 and type(req.token_source) in _LENGTH_ONLY and not req.pooling
             and req.plan is None and req.remote_prefill is None and not req.remote_decode)
+
+
+class CountedTokens:
+    """Token ids for a driver that never reads them (the offline simulator): no random draw, the
+    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), repeated.
+    What ids are for there: a preempted request's output blocks are hashed for its resume, and
+    must be its own, as random ids would be (two requests' ids never form the same block)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, seq: int, vocab_size: int) -> None:
+        half = max(vocab_size // 2, 1)
+        hi, lo = divmod(seq, half)
+        self._ids = (hi % half, half + lo)
+
+    def next_token(self, index: int) -> int:
+        return self._ids[index & 1]
+
+    def take(self, k: int) -> list[int]:
+        return list(self._ids) * (k // 2) + list(self._ids[:k & 1])
+
+
+def counted_token_source(vocab_size: int):
+    """An EngineCore `token_source_factory`: `CountedTokens` for the requests that would draw plain
+    random ids with nothing to end them but their length (None, the engine's own choice, otherwise)."""
+    def factory(req: Request, rng) -> CountedTokens | None:
+        sp = req.sampling_params
+        if req.planned is not None or req.eos_at is not None or req.eos_token_id is not None or req.stop_ids \
+                or sp.logit_bias or sp.allowed_token_ids:
+            return None
+        return CountedTokens(req.seq, vocab_size)
+    return factory
 
 
 class _Member:
@@ -261,6 +293,9 @@ class CohortOutputProcessor(OutputProcessor):
             outputs = pending[0] + outputs
             finished = pending[1] + finished
         super().emit(outputs, finished, with_stats)
+
+
+_LENGTH_ONLY = (RandomTokens, CountedTokens)  # sources that never emit an ending id
 
 
 def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: EngineConfig) -> str | None:

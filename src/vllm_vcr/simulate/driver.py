@@ -25,7 +25,7 @@ from ..engine.block_hash import ContentHasher
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
-from ..engine.decode_cohort import fast_forward, timing_only_unsupported
+from ..engine.decode_cohort import counted_token_source, fast_forward, timing_only_unsupported
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
@@ -107,6 +107,8 @@ class Simulation:
         self.timing_only = timing_only
         if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
             inputs["block_hasher"] = ContentHasher()
+            if args.mode == "random" and not args.reasoning:  # nothing reads the ids: none are drawn
+                inputs["token_source_factory"] = counted_token_source(args.vocab_size)
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
                                  timing_only=timing_only, **inputs) for i in range(num_engines)]
         for core in self.cores:
