@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -75,8 +76,13 @@ OPS = ["add", "add", "compute", "compute", "compute", "finish", "finish", "preem
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 1 << 32), num_ops=st.integers(1, 400), num_blocks=st.integers(4, 40),
-       shared=st.sampled_from([0.0, 0.5, 0.9]))
-def test_deferred_hashing_finds_what_eager_hashing_finds(seed, num_ops, num_blocks, shared):
+       shared=st.sampled_from([0.0, 0.5, 0.9]), compact_at=st.sampled_from([2, 0]))
+def test_deferred_hashing_finds_what_eager_hashing_finds(seed, num_ops, num_blocks, shared, compact_at):
+    with mock.patch.object(BlockPool, "COMPACT_AT", compact_at):  # 0: the free queue is compacted at every free
+        _twin_lives(seed, num_ops, num_blocks, shared)
+
+
+def _twin_lives(seed: int, num_ops: int, num_blocks: int, shared: float) -> None:
     rng = random.Random(seed)  # long random lives (many evictions, resumes, re-shared prefixes) per example
     prefixes = [[p * 100 + i for i in range(24)] for p in range(3)]
     twins = [Twin(KVCacheManager(BlockPool(num_blocks, BS), _eager_hasher)),

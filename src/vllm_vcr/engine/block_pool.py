@@ -7,6 +7,7 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
@@ -36,17 +37,23 @@ class KVCacheBlock:
 
 
 class DeferredChain:
-    """The blocks of one request entered in the prefix cache without their hashes yet (their
-    `block_hash` is this chain: see deferred_hashes.py). `live`: those not evicted since."""
+    """The blocks of one request entered in the prefix cache without their hashes yet (see
+    deferred_hashes.py). Once its request freed them, they sit in the free queue as one run (tail
+    first) from entry `start` on: block i is still the chain's until entry `start + n - 1 - i` is read."""
 
-    __slots__ = ("h0", "tokens", "req", "blocks", "live")
+    __slots__ = ("h0", "tokens", "req", "blocks", "start", "n")
 
     def __init__(self, h0, tokens: list[int], req) -> None:
         self.h0 = h0  # the hash of its first block
         self.tokens = tokens  # the request's token ids (its prompt and outputs), by reference
         self.req = req  # None once the request freed its blocks
-        self.blocks: list[KVCacheBlock] = []  # its blocks 0..n-1
-        self.live = 0
+        self.blocks: list[KVCacheBlock] = []  # its blocks 0..len-1
+        self.start = -1  # the free-queue entry of its request's last block (-1: not freed yet)
+        self.n = 0  # its request's blocks, freed as one run
+
+    def holds(self, i: int, read: int) -> bool:
+        """Whether block i still holds the chain's tokens (`read`: the free queue's entries read)."""
+        return self.start < 0 or self.start + self.n - 1 - i >= read
 
 
 class BlockPool:
@@ -58,6 +65,8 @@ class BlockPool:
     leaves its entry behind (stale: counted in `_stale`, skipped when it comes up; a block's stale
     entries all precede its live one)."""
 
+    COMPACT_AT = 2  # stale entries are dropped when the free queue grows past this many times the pool
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
@@ -68,6 +77,7 @@ class BlockPool:
         self._fresh = 0  # the first block id never allocated
         self._queue: list[KVCacheBlock] = []  # from _head on: freed blocks, least recently freed first
         self._head = 0
+        self._base = 0  # entries dropped from the front of _queue (entry numbers count from the first ever)
         self._stale: dict[KVCacheBlock, int] = {}  # stale entries in the queue, by block
         self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
@@ -75,6 +85,7 @@ class BlockPool:
         # first blocks that more than one request has had (hashed eagerly)
         self.deferred: dict[BlockHash, DeferredChain] = {}
         self.shared_first_blocks: set[BlockHash] = set()
+        self.released: deque[DeferredChain] = deque()  # deferred chains freed, in free-queue order
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -149,11 +160,7 @@ class BlockPool:
         for b in taken:  # least recently freed first
             h = b.block_hash
             if h is not None:
-                if type(h) is DeferredChain:  # a deferred entry: its chain forgets it
-                    h.live -= 1
-                    if not h.live and self.deferred.get(h.h0) is h:
-                        del self.deferred[h.h0]
-                elif cached.get(h) is b:
+                if cached.get(h) is b:
                     del cached[h]
                     evicted.append(h)
                 b.block_hash = None
@@ -183,9 +190,27 @@ class BlockPool:
                     taken.append(b)
         if head > 4096 and 2 * head > len(q):  # let go of the entries read
             del q[:head]
+            self._base += head
             head = 0
         self._head = head
+        released = self.released
+        if released:  # forget the deferred chains whose blocks are all taken (the first block's entry is last)
+            read = self._base + head
+            while released and released[0].start + released[0].n <= read:
+                c = released.popleft()
+                if self.deferred.get(c.h0) is c:
+                    del self.deferred[c.h0]
         return taken
+
+    @property
+    def entries_read(self) -> int:
+        """Free-queue entries read since the pool was made (deferred chains tell their blocks by it)."""
+        return self._base + self._head
+
+    def release_deferred(self, chain: DeferredChain, num_blocks: int) -> None:
+        """The request of `chain` is about to free its `num_blocks` blocks (one run, none shared)."""
+        chain.start, chain.n = self._base + len(self._queue), num_blocks
+        self.released.append(chain)
 
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
@@ -199,21 +224,35 @@ class BlockPool:
             blocks = [b for b in blocks if not b.ref_cnt]
         self._queue += blocks
         self.num_free_blocks += len(blocks)
-        if len(self._queue) - self._head > 2 * self.num_blocks:  # (many cache hits on free blocks)
+        if len(self._queue) - self._head > self.COMPACT_AT * self.num_blocks:  # (many cache hits on free blocks)
             self._compact()
 
     def _compact(self) -> None:
-        """Drop the stale entries of the free queue."""
-        stale = self._stale
-        live = []
-        for b in self._queue[self._head:]:
+        """Drop the stale entries of the free queue (the runs of released deferred chains, never stale,
+        are renumbered: their entries read stay read, the others keep their order)."""
+        stale, read = self._stale, self._base + self._head
+        runs = []
+        for c in self.released:
+            if c.start + c.n > read:
+                runs.append(c)
+            elif self.deferred.get(c.h0) is c:  # (all its blocks were taken: forgotten)
+                del self.deferred[c.h0]
+        for c in runs:  # (its first unread entry, and how many of its entries were read)
+            c.n, c.start = c.n - max(read - c.start, 0), max(c.start, read)
+        live: list[KVCacheBlock] = []
+        i = 0
+        for j, b in enumerate(self._queue[self._head:], read):
+            while i < len(runs) and runs[i].start == j:
+                runs[i].start = read + len(live)
+                i += 1
             c = stale.get(b)
             if c:
                 stale[b] = c - 1
             else:
                 live.append(b)
         stale.clear()
-        self._queue, self._head = live, 0
+        self._queue, self._head, self._base = live, 0, read
+        self.released = deque(runs)
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
@@ -239,6 +278,7 @@ class BlockPool:
         self.cached.clear()
         self.deferred.clear()
         self.shared_first_blocks.clear()
+        self.released.clear()
         for b in self._created:
             b.block_hash = None
         if had and self.events is not None:

@@ -3,7 +3,7 @@
 A block's chained hash depends on every token before it, so two requests can share cached blocks
 only if their first blocks are equal. While no other request has had a request's first block
 (its hash `h0`, one hash per request), nothing can look its later blocks up: they are marked with
-the request's `DeferredChain` instead of being hashed and entered in the prefix cache. The first
+the request's `DeferredChain` (not hashed, not entered in the prefix cache). The first
 time another request (or the same one, resumed after preemption) comes with that `h0`, the chain
 is hashed and its blocks that were not evicted meanwhile are entered, in the order the eager
 manager would have entered them; from then on every request with that `h0` is hashed eagerly.
@@ -48,15 +48,14 @@ class DeferredHashes:
         pool = self.pool
         blocks = chain.blocks
         hashes = self.hasher.chain(None, chain.tokens, 0, len(blocks), self.block_size)
-        cached = pool.cached
-        for h, b in zip(hashes, blocks):
-            if b.block_hash is chain:
+        cached, read = pool.cached, pool.entries_read
+        for i, (h, b) in enumerate(zip(hashes, blocks)):
+            if chain.holds(i, read):  # (not taken off the free queue since its request freed it)
                 b.block_hash = h
                 cached.setdefault(h, b)
         del pool.deferred[chain.h0]
         pool.shared_first_blocks.add(chain.h0)
         chain.blocks = []
-        chain.live = -1
         req = chain.req
         if req is not None:  # still running: hashed eagerly from now on
             del self.by_request[req]
@@ -64,22 +63,16 @@ class DeferredHashes:
             chain.req = None
 
     def register(self, chain: DeferredChain, req: Request, start: int, full: int) -> None:
-        """Blocks `start`..`full - 1` of `req` are full of computed tokens: mark them as the chain's."""
-        new = req.blocks[start:full]
-        for b in new:
-            b.block_hash = chain
-        chain.blocks += new
-        chain.live += len(new)
+        """Blocks `start`..`full - 1` of `req` are full of computed tokens: the chain's (unhashed)."""
+        chain.blocks += req.blocks[start:full]
 
     def release(self, req: Request) -> None:
-        """`req` freed its blocks (finished or preempted): its chain stays until entered or evicted."""
+        """`req` is about to free its blocks (finished or preempted): its chain stays until entered,
+        or until the free queue gives its first block to another request."""
         chain = self.by_request.pop(req, None)
         if chain is not None:
             chain.req = None
             if not chain.blocks:  # (aborted before a block was computed: nothing to keep)
                 del self.pool.deferred[chain.h0]
-
-    def clear(self) -> None:
-        for chain in self.by_request.values():
-            chain.req = None
-        self.by_request.clear()
+            else:
+                self.pool.release_deferred(chain, len(req.blocks))
