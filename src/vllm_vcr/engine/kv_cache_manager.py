@@ -63,9 +63,9 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed: Sequence[KVCacheBlock] = ()) -> bool:
         total = req.num_computed_tokens + len(new_computed) * self.block_size + num_new_tokens
-        needed = self.blocks_needed(total) - len(req.blocks) - len(new_computed)
+        needed = -(-total // self.block_size) - len(req.blocks) - len(new_computed)
         # hits sitting in the free queue stop being evictable once touched
-        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0)
+        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0) if new_computed else 0
         if max(needed, 0) + evictable_hits > self.pool.num_free_blocks:
             return False
         if new_computed:
