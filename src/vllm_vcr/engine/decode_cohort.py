@@ -325,12 +325,12 @@ def fast_forward(core: EngineCore, horizon: float) -> int:
     its generic scheduling; a step whose blocks do not all fit runs the plain way. Returns the steps."""
     cohort, timed = core.cohort, core.timed
     batch = timed.in_flight
-    if cohort is None or batch is None or batch.scheduled or batch.pulled or not _quiet(core):
+    if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon:
         return 0
     # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
     n = len(cohort.members)
     last_step = cohort.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
-    if not n or cohort.step > last_step:
+    if not n or cohort.step > last_step or not _quiet(core):
         return 0
     pool, buckets, block_size = core.kv.pool, cohort._buckets, cohort.block_size
     on_step, step_duration, rng = core.scheduler.engine_policy.on_step, core.latency.step_duration, timed.rng
