@@ -208,7 +208,8 @@ class BlockPool:
         return self._base + self._head
 
     def release_deferred(self, chain: DeferredChain, num_blocks: int) -> None:
-        """The request of `chain` is about to free its `num_blocks` blocks (one run, none shared)."""
+        """The request of `chain` is about to free its `num_blocks` blocks: one run, since a deferred
+        request's blocks are its own (it never takes a cache hit)."""
         chain.start, chain.n = self._base + len(self._queue), num_blocks
         self.released.append(chain)
 

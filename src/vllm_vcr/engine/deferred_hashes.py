@@ -2,11 +2,13 @@
 
 A block's chained hash depends on every token before it, so two requests can share cached blocks
 only if their first blocks are equal. While no other request has had a request's first block
-(its hash `h0`, one hash per request), nothing can look its later blocks up: they are marked with
-the request's `DeferredChain` (not hashed, not entered in the prefix cache). The first
-time another request (or the same one, resumed after preemption) comes with that `h0`, the chain
-is hashed and its blocks that were not evicted meanwhile are entered, in the order the eager
-manager would have entered them; from then on every request with that `h0` is hashed eagerly.
+(its hash `h0`, one hash per request), nothing can look its later blocks up: they are kept in the
+request's `DeferredChain` (not hashed, not entered in the prefix cache). The first time another
+request (or the same one, resumed after preemption) comes with that `h0`, the chain is hashed and
+its blocks that were not evicted meanwhile are entered, in the order the eager manager would have
+entered them; from then on every request with that `h0` is hashed eagerly. A deferred request
+never takes a cache hit, so its blocks are its own and leave in one run when it frees them: the
+free queue's position tells which of them were taken since (block_pool.py).
 So every lookup finds what the eager manager's would, block for block (tests/engine/
 test_deferred_hashes.py), and a simulation of requests that share nothing hashes one block each.
 
