@@ -37,7 +37,7 @@ def _request(rid: str, prompt: list[int], seq: int) -> Request:
 
 
 class Twin:
-    """One request's state in one manager."""
+    """One manager and the requests it holds."""
 
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
