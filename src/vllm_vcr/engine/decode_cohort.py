@@ -160,7 +160,8 @@ class DecodeCohort:
         n = len(self.members)
         if not n:
             return batch
-        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + self.context())
+        decodes, tokens, prefills, firsts, context, *rest = batch  # (a namedtuple's _replace is slow)
+        return tuple.__new__(StepBatch, (decodes + n, tokens, prefills, firsts, context + self.context(), *rest))
 
     def context(self) -> int:
         """The members' summed tokens: the context their decodes attend to in the next step."""

@@ -12,6 +12,7 @@ same id appears, so its prefix reuse reaches the engines' prefix caches as it wa
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -69,9 +70,14 @@ class LengthDist:
         elif k == "exp":
             v = rng.expovariate(1 / self.a)
         else:  # lognormal with the given mean and standard deviation of the length itself
-            s2 = math.log(1 + (self.b / self.a) ** 2)
-            v = rng.lognormvariate(math.log(self.a) - s2 / 2, math.sqrt(s2))
+            v = rng.lognormvariate(*self._lognormal)
         return max(int(round(v)), 1)
+
+    @functools.cached_property
+    def _lognormal(self) -> tuple[float, float]:
+        """mu and sigma of the underlying normal, for the length's mean `a` and deviation `b`."""
+        s2 = math.log(1 + (self.b / self.a) ** 2)
+        return math.log(self.a) - s2 / 2, math.sqrt(s2)
 
 
 @dataclass
