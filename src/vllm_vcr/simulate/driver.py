@@ -28,6 +28,7 @@ from ..engine.core import EngineCore
 from ..engine.decode_cohort import counted_token_source, fast_forward, timing_only_unsupported
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from ..gc_tuning import YOUNG_THRESHOLD
 from ..replay.inputs import engine_inputs
 from .router import Router
 from .workload import SimRequest
@@ -68,16 +69,14 @@ class Timeline:
     steps: list[int] = field(default_factory=list)  # per engine: its step counter
 
 
-GC_GEN0_THRESHOLD = 50_000  # allocations between two young-generation collections while a simulation runs
-
-
 @contextmanager
 def _rare_collections():
-    """Collect reference cycles less often during a run: it allocates many small objects that live
-    long (blocks, requests, records), and at the default threshold (700) a tenth of its time went
-    to the cyclic collector; the threshold is restored after."""
+    """Collect reference cycles less often during a run, at the serving processes' young threshold
+    (gc_tuning.py): a run allocates many small objects that live long (blocks, requests, records),
+    and at the default threshold (700) a tenth of its time went to the cyclic collector. The
+    threshold is restored after."""
     before = gc.get_threshold()
-    gc.set_threshold(max(before[0], GC_GEN0_THRESHOLD), *before[1:])
+    gc.set_threshold(max(before[0], YOUNG_THRESHOLD), *before[1:])
     try:
         yield
     finally:
