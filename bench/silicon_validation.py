@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import time
+import zlib
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -105,12 +106,20 @@ def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> tuple[float, 
     return round(float(best[1]), 3), round(float(best[2]), 4)
 
 
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float]) -> float:
-    """The constant first-token overhead of the frontend (HTTP, tokenisation, detokenisation:
-    what `serve`/`play` add for real and `simulate` leaves out) minimising the median |TTFT
-    error| on the training rows, simulated without host overhead (a step's overhead adds about
-    twice itself to TTFT: the step the request waits for and its prefill)."""
-    meas, sim = [], []
+Frontend = tuple[float, float]  # first-token share: ms + ms per 1000 prompt tokens
+
+
+def frontend_ms(frontend: Frontend, row: SiliconRow) -> float:
+    return frontend[0] + frontend[1] * row.isl / 1000
+
+
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float]) -> Frontend:
+    """The frontend's share of the first token, `f0 + f1 * ISL` (HTTP and the first streamed
+    chunk; tokenising and handing over the prompt, which grow with it: what `serve`/`play` add for
+    real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
+    simulated without host overhead (a step's overhead adds about twice itself to TTFT: the step
+    the request waits for and its prefill)."""
+    meas, sim, isl = [], [], []
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res:
@@ -118,10 +127,11 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[
             (a0, b0), (a, b) = _overhead_of(res), overhead
             meas.append(r.ttft_ms)
             sim.append(res["sim"]["ttft_ms"] + 2 * ((a - a0) + (b - b0) * c))
-    meas_a, sim_a = np.array(meas), np.array(sim)
-    grid = np.arange(0.0, 200.001, 1.0)
-    errs = [np.median(np.abs(sim_a + f - meas_a) / meas_a) for f in grid]
-    return float(grid[int(np.argmin(errs))])
+            isl.append(r.isl / 1000)
+    meas_a, sim_a, isl_a = np.array(meas), np.array(sim), np.array(isl)
+    best = min((float(np.median(np.abs(sim_a + f0 + f1 * isl_a - meas_a) / meas_a)), f0, f1)
+               for f0 in np.arange(0.0, 150.001, 1.0) for f1 in np.arange(0.0, 30.001, 0.5))
+    return float(best[1]), float(best[2])
 
 
 def _err(pred: float, meas: float) -> float:
@@ -139,7 +149,8 @@ def _natural(name: str) -> list:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
-def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, frontend_ms: float = 0.0) -> list[str]:
+def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str,
+          frontend: Frontend = (0.0, 0.0)) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
         res = done.get(r.id)
@@ -152,7 +163,7 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
         e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
         for r, res in items:
             e["tpot"].append(_err(res["sim"]["tpot_ms"], r.tpot_ms))
-            e["ttft"].append(_err(res["sim"]["ttft_ms"] + frontend_ms, r.ttft_ms))
+            e["ttft"].append(_err(res["sim"]["ttft_ms"] + frontend_ms(frontend, r), r.ttft_ms))
             e["s_tpot"].append(_err(res["static_tpot_ms"], r.tpot_ms))
             e["s_ttft"].append(_err(res["static_ttft_ms"], r.ttft_ms))
         lines.append(f"| {name} | {len(items)} | {_stats(e['tpot'])} | {_stats(e['s_tpot'])} | "
@@ -162,7 +173,7 @@ def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str, fronte
 
 def _conc_band(r: SiliconRow) -> str:
     c = r.concurrency
-    return next(f"c {lo}–{hi}" for lo, hi in ((1, 8), (9, 32), (33, 128), (129, 1024), (1025, 10**9)) if c <= hi)
+    return next((f"c {lo}–{hi}" for lo, hi in ((1, 8), (9, 32), (33, 128), (129, 1024)) if c <= hi), "c 1025+")
 
 
 HELD_OUT_TABLES = (  # (key, title) of the held-out tables
@@ -186,7 +197,7 @@ def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int
     return out
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: float,
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: Frontend,
            command: str) -> str:
     held = [r for r in rows if r.split == "heldout"]
     train = [r for r in rows if r.split == "train"]
@@ -204,7 +215,8 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float,
            f"the estimator's `run_static` with batch = concurrency.", "",
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
            f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a "
-           f"frontend first-token overhead of **{frontend:.0f} ms** (added to the simulated TTFT: `serve` and "
+           f"frontend share of the first token of **{frontend[0]:.0f} ms + {frontend[1]:.1f} ms per 1000 prompt "
+           f"tokens** (added to the simulated TTFT: `serve` and "
            f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
            f"with them):", ""]
     for key, title in HELD_OUT_TABLES:
@@ -217,6 +229,20 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float,
     return "\n".join(out)
 
 
+def stratified_sample(rows: list[SiliconRow], n: int) -> list[SiliconRow]:
+    """`n` rows spread over models, GPUs and concurrency bands (a fixed pick: crc32 order), for
+    iterating on a slice; the split of each row is kept."""
+    groups: dict[tuple, list[SiliconRow]] = {}
+    for r in sorted(rows, key=lambda r: zlib.crc32(r.id.encode())):
+        groups.setdefault((r.model, r.gpu, _conc_band(r)), []).append(r)
+    picked: list[SiliconRow] = []
+    while len(picked) < n and any(groups.values()):
+        for g in groups.values():
+            if g and len(picked) < n:
+                picked.append(g.pop(0))
+    return picked
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
@@ -225,13 +251,19 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=6000.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="only N rows spread over models, GPUs and concurrencies (iterate on a slice; give it its "
+                         "own --results file)")
     ap.add_argument("--overhead", type=float, nargs=2, default=None, metavar=("MS_PER_STEP", "MS_PER_SEQ"),
                     help="skip the fit: use this host overhead")
-    ap.add_argument("--frontend", type=float, default=None, help="skip the fit: use this frontend TTFT overhead (ms)")
+    ap.add_argument("--frontend", type=float, nargs=2, default=None, metavar=("MS", "MS_PER_1000_TOKENS"),
+                    help="skip the fit: use this frontend share of TTFT")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
     args = ap.parse_args()
     rows = list(vllm_agg_rows())[: args.limit]
+    if args.sample:
+        rows = stratified_sample(rows, args.sample)
     path = Path(args.results)
     path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict] = {}
@@ -245,11 +277,13 @@ def main() -> int:
         overhead = tuple(args.overhead) if args.overhead is not None else fit_overhead(
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
-        frontend = args.frontend if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted host overhead: {overhead} (ms/step, ms/seq/step), frontend {frontend:.0f} ms", file=sys.stderr)
+        frontend = tuple(args.frontend) if args.frontend is not None else fit_frontend(train, done, overhead)
+        print(f"fitted host overhead: {overhead} (ms/step, ms/seq/step), frontend {frontend} (ms, ms/1000 tokens)",
+              file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)
-    command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "")
+    command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "") \
+        + (f" --sample {args.sample}" if args.sample else "")
     text = render(rows, done, overhead, frontend, command)
     print(text)
     if args.write_docs:

@@ -132,3 +132,34 @@ def test_the_simulator_uses_it_only_when_steps_are_timed(monkeypatch):
     sim = simulate(EngineArgs(config=cfg).validate(), wl, concurrency=4)
     assert not sim.timing_only and all(core.cohort is None for core in sim.cores)
     assert all(math.isfinite(r.end) for r in sim.done)
+
+
+def test_identical_prompts_under_kv_pressure_keep_their_own_output_blocks(monkeypatch):
+    # timing-only engines draw no ids (CountedTokens): requests with the same prompt, preempted with
+    # outputs, must still not find each other's output blocks (as with random ids)
+    from vllm_vcr.simulate.workload import SimRequest, TraceWorkload
+
+    monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
+    args = _args(30, 4, 64, 8)
+    prompt = list(range(1, 13))
+
+    def run(timing_only: bool):
+        wl = TraceWorkload([SimRequest(f"r{i}", list(prompt), 70, arrival=0.001 * i) for i in range(8)])
+        sim = simulate(args, wl, timing_only=timing_only)
+        return sim, {r.request_id: (r.first, r.end, r.num_out, r.cached, list(r.gaps())) for r in sim.done}
+
+    plain, expected = run(False)
+    fast, got = run(True)
+    assert sum(plain.timeline.preemptions) > 0 and fast.timeline.preemptions == plain.timeline.preemptions
+    assert got == expected
+
+
+def test_counted_tokens_spell_the_request_in_two_disjoint_ids():
+    from vllm_vcr.engine.decode_cohort import CountedTokens
+
+    seen = {}
+    for seq in (0, 1, 2, 15999, 16000, 16001, 10**6):
+        t = CountedTokens(seq, 32000)
+        ids = t.take(5)
+        assert ids == [t.next_token(i) for i in range(5)] and all(0 <= x < 32000 for x in ids)
+        assert ids[0] < 16000 <= ids[1] and seen.setdefault(tuple(ids[:2]), seq) == seq

@@ -83,6 +83,6 @@ def test_block_pool_refcounts_and_free_queue_agree(ops):
             pool.touch(hits)
             held.extend(hits)
         in_use = {b.block_id for b in held}
-        assert all((b.ref_cnt == 0) == (b.block_id in pool.free_queue) for b in pool.blocks)
+        assert all((b.ref_cnt == 0) == pool.is_free(b) for b in pool.blocks)
         assert all(pool.blocks[i].ref_cnt > 0 for i in in_use)
         assert all(pool.cached[h].block_hash == h for h in pool.cached)

@@ -20,7 +20,8 @@ pytestmark = needs_aic
 def model():
     from vllm_vcr.perf.aic import AicTarget, step_latency
 
-    return step_latency(AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0))  # the estimator's own times
+    # the estimator's own times: no host overhead
+    return step_latency(AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0, per_seq_overhead_ms=0.0))
 
 
 def test_served_names_map_onto_the_estimators_models():
@@ -48,11 +49,12 @@ def test_prefill_context_and_decodes_make_a_step_longer(model):
 
 
 def test_host_overhead_is_added_to_every_step(model):
-    from vllm_vcr.perf.aic import DEFAULT_STEP_OVERHEAD_MS, AicTarget, step_latency
+    from vllm_vcr.perf.aic import DEFAULT_PER_SEQ_OVERHEAD_MS, DEFAULT_STEP_OVERHEAD_MS, AicTarget, step_latency
 
     default = step_latency(AicTarget(LLAMA_8B, "h100_sxm"))
     b = StepBatch(8, 0, 0, 0, 8 * 512)
-    assert default.step_ms(b) == pytest.approx(model.step_ms(b) + DEFAULT_STEP_OVERHEAD_MS)
+    host = DEFAULT_STEP_OVERHEAD_MS + 8 * DEFAULT_PER_SEQ_OVERHEAD_MS  # the fitted a + b x running sequences
+    assert default.step_ms(b) == pytest.approx(model.step_ms(b) + host)
 
 
 def test_time_scale_divides_the_step(model):
@@ -67,7 +69,7 @@ def _closed_loop(concurrency: int, isl: int = 512, osl: int = 64, n: int | None 
                  **engine):
     from vllm_vcr.perf.aic import AicTarget
 
-    target = AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0).resolved().to_dict()
+    target = AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0, per_seq_overhead_ms=0.0).resolved().to_dict()
     args = EngineArgs(config=EngineConfig(max_num_seqs=engine.pop("max_num_seqs", 256), max_num_batched_tokens=8192),
                       perf_model=target, advertised_max_model_len=isl + osl + 16, **engine).validate()
     wl = SyntheticWorkload(num_requests=n or 2 * concurrency, isl=LengthDist("fixed", isl),

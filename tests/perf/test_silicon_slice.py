@@ -84,3 +84,57 @@ def test_the_benchmark_mean_counts_each_request_not_simulated_as_the_steady_stat
     # 2 users: the first wave (burst) 10 and 30, then steady requests 4 and 6
     assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=20) == pytest.approx((40 + 18 * 5) / 20)
     assert benchmark_means([10.0, 30.0, 4.0, 6.0], concurrency=2, total=4) == pytest.approx(12.5)
+
+
+def test_an_expert_parallel_row_is_the_one_engine_inferencex_launched():
+    """`{tp: 4, ep: 4}` is `vllm serve -tp 4 --enable-expert-parallel` on 4 GPUs: the sample
+    also spells it attention DP 4 × EP 16 with a per-rank batch; both spellings of one
+    measurement map onto the same deployment and the benchmark's whole concurrency."""
+    rows = _rows()
+    dp_spelling = rows["minimaxm2_5_b200_vllm_fp8_agg_1024x1024_c64_cfg691"]
+    tp_spelling = next(r for r in rows.values() if r.id.endswith("_1024x1024_c64_tp4_0_ep4_0_65"))
+    for r in (dp_spelling, tp_spelling):
+        assert (r.tp, r.attention_dp, r.moe_tp, r.moe_ep, r.concurrency) == (4, 1, 1, 4, 64)
+    assert dp_spelling.tpot_ms == pytest.approx(tp_spelling.tpot_ms, rel=0.02)
+    dp_attn = {(r.model, r.gemm_quant, r.tp, r.moe_ep) for r in rows.values() if r.inferencex and r.attention_dp > 1}
+    assert dp_attn == {("MiniMaxAI/MiniMax-M2.5", "nvfp4", 1, 2)}  # only `{tp: 2, ep: 2, dp-attn: true}`
+
+
+def test_a_gap_analysis_row_with_a_wider_moe_than_attention_is_data_parallel():
+    qwen = [r for r in _rows().values() if r.model == "Qwen/Qwen3-235B-A22B-FP8" and r.moe_tp == 4]
+    assert {(r.tp, r.attention_dp) for r in qwen} == {(1, 4), (2, 2), (4, 1)}
+
+
+def test_vllms_default_token_budget_follows_the_version_that_ran():
+    from vllm_vcr.simulate.silicon_harness import GIB, vllm_defaults
+
+    assert vllm_defaults(180 * GIB, "0.19.0") == (1024, 8192)  # the >= 160 GiB tier came with 0.28
+    assert vllm_defaults(180 * GIB, "0.28.0") == (1024, 16384)
+    assert vllm_defaults(141 * GIB, "0.12.0") == (1024, 8192)
+    assert vllm_defaults(48 * GIB, "0.12.0") == (256, 2048)
+
+
+def test_a_rows_server_flags_are_those_of_the_script_that_measured_it():
+    from vllm_vcr.simulate.silicon_harness import inferencex_flags
+
+    llama = _row()  # 70b_fp8_h100: kv fp8, a budget of 8192, --max-num-seqs $CONC
+    assert llama.server.kv_cache_fp8 and llama.server.max_num_batched_tokens == 8192
+    assert llama.server.max_num_seqs_is_concurrency and llama.target().kv_cache_quant == "fp8"
+    early = inferencex_flags("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "db-dump; measured=2026-03-11T00:00")
+    late = inferencex_flags("MiniMaxAI/MiniMax-M2.5", "b200_sxm", "fp8", "db-dump; measured=2026-04-22T00:00")
+    assert (early.kv_cache_fp8, early.gpu_memory_utilization, early.block_size) == (False, 0.95, 32)
+    assert (late.kv_cache_fp8, late.gpu_memory_utilization, late.block_size) == (True, 0.9, 32)
+    gap = _row(source="source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv")
+    assert gap.server == type(gap.server)()  # another harness: vLLM's defaults
+
+
+def test_a_block_fp8_checkpoint_is_priced_with_block_scaled_kernels_where_vllm_can_shard_it():
+    rows = [r for r in _rows().values() if r.gpu == "h200_sxm"]
+    qwen = [r for r in rows if r.model == "Qwen/Qwen3-235B-A22B-FP8"]
+    assert qwen and all(r.gemm_quant == "fp8_block" for r in qwen)
+    minimax_tp4 = [r for r in rows if r.model == "MiniMaxAI/MiniMax-M2.5" and r.tp == 4]
+    minimax_tp8 = [r for r in rows if r.model == "MiniMaxAI/MiniMax-M2.5" and r.tp == 8]
+    assert {r.moe_quant for r in minimax_tp4} == {"fp8_block"}  # 1536 / 4 = 3 blocks of 128
+    assert {r.moe_quant for r in minimax_tp8} == {"fp8"}  # 1536 / 8 = 192: no block-scaled shard
+    llama = [r for r in rows if r.model == "nvidia/Llama-3.1-8B-Instruct-FP8"]
+    assert {r.gemm_quant for r in llama} == {"fp8"}  # a per-tensor FP8 checkpoint

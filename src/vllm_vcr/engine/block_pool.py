@@ -7,7 +7,7 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
@@ -27,34 +27,89 @@ class KVEventSink(Protocol):
 class KVCacheBlock:
     __slots__ = ("block_id", "ref_cnt", "block_hash")
 
-    def __init__(self, block_id: int) -> None:
+    def __init__(self, block_id: int, ref_cnt: int = 0) -> None:
         self.block_id = block_id
-        self.ref_cnt = 0
+        self.ref_cnt = ref_cnt
         self.block_hash: BlockHash | None = None
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
 
 
+class DeferredChain:
+    """The blocks of one request entered in the prefix cache without their hashes yet (see
+    deferred_hashes.py). Once its request freed them, they sit in the free queue as one run (tail
+    first) from entry `start` on: block i is still the chain's until entry `start + n - 1 - i` is read."""
+
+    __slots__ = ("h0", "tokens", "req", "blocks", "start", "n")
+
+    def __init__(self, h0, tokens: list[int], req) -> None:
+        self.h0 = h0  # the hash of its first block
+        self.tokens = tokens  # the request's token ids (its prompt and outputs), by reference
+        self.req = req  # None once the request freed its blocks
+        self.blocks: list[KVCacheBlock] = []  # its blocks 0..len-1
+        self.start = -1  # the free-queue entry of its request's last block (-1: not freed yet)
+        self.n = 0  # its request's blocks, freed as one run
+
+    def holds(self, i: int, read: int) -> bool:
+        """Whether block i still holds the chain's tokens (`read`: the free queue's entries read)."""
+        return self.start < 0 or self.start + self.n - 1 - i >= read
+
+
 class BlockPool:
+    """The free queue is vLLM's: least recently freed first, every block free at the start in id
+    order. Blocks never allocated yet are kept as a range (ids `_fresh`..`num_blocks - 1`, always
+    at the head of the queue, since freed blocks join at its tail): a pool of tens of thousands of
+    blocks costs nothing until they are used. Blocks freed since are a list in the order they were
+    freed, read from `_head` on (so an allocation takes a slice). A cache hit that takes a free block
+    leaves its entry behind (stale: counted in `_stale`, skipped when it comes up; a block's stale
+    entries all precede its live one)."""
+
+    COMPACT_AT = 2  # stale entries are dropped when the free queue grows past this many times the pool
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
                  events: KVEventSink | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.events = events
-        self.blocks = list(map(KVCacheBlock, range(num_blocks)))  # (tens of thousands on a big GPU)
-        # free blocks, least recently freed first (eviction order)
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(zip(range(num_blocks), self.blocks))
+        self._created: list[KVCacheBlock] = []  # blocks 0.._fresh-1, by id
+        self._fresh = 0  # the first block id never allocated
+        self._queue: list[KVCacheBlock] = []  # from _head on: freed blocks, least recently freed first
+        self._head = 0
+        self._base = 0  # entries dropped from the front of _queue (entry numbers count from the first ever)
+        self._stale: dict[KVCacheBlock, int] = {}  # stale entries in the queue, by block
+        self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
+        # deferred hashing (deferred_hashes.py): chains by the hash of their first block, and the
+        # first blocks that more than one request has had (hashed eagerly)
+        self.deferred: dict[BlockHash, DeferredChain] = {}
+        self.shared_first_blocks: set[BlockHash] = set()
+        self.released: deque[DeferredChain] = deque()  # deferred chains freed, in free-queue order
 
     # --- queries -------------------------------------------------------------------------
     @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+    def blocks(self) -> list[KVCacheBlock]:
+        """Every block, by id (creates the ones never allocated: for tests and inspection)."""
+        self._created += map(KVCacheBlock, range(len(self._created), self.num_blocks))
+        return self._created
+
+    def is_free(self, block: KVCacheBlock) -> bool:
+        return block.block_id >= self._fresh or block.ref_cnt == 0
+
+    def free_queue(self) -> list[int]:
+        """The free block ids in eviction order (for tests and inspection)."""
+        stale = dict(self._stale)
+        live = []
+        for b in self._queue[self._head:]:
+            if stale.get(b):
+                stale[b] -= 1
+            else:
+                live.append(b.block_id)
+        return list(range(self._fresh, self.num_blocks)) + live
 
     def usage(self) -> float:
-        return 1.0 - len(self.free_queue) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
         """The longest run of leading blocks already in the prefix cache."""
@@ -71,21 +126,38 @@ class BlockPool:
 
     # --- reference counting ----------------------------------------------------------------
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Take a reference on cache hits (removing them from the eviction queue)."""
-        fq = self.free_queue
+        """Take a reference on cache hits (the entry of a free one in the free queue goes stale)."""
+        stale = self._stale
         for b in blocks:
             if b.ref_cnt == 0:
-                del fq[b.block_id]
+                self.num_free_blocks -= 1
+                stale[b] = stale.get(b, 0) + 1
             b.ref_cnt += 1
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
-        if n > len(self.free_queue):
-            raise ValueError(f"cannot allocate {n} blocks, {len(self.free_queue)} free")
-        popitem = self.free_queue.popitem
-        out = [popitem(False)[1] for _ in range(n)]  # least recently freed first
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot allocate {n} blocks, {self.num_free_blocks} free")
+        self.num_free_blocks -= n
+        fresh = self._fresh
+        if fresh < self.num_blocks:  # the head of the queue: blocks never used, in id order
+            k = min(n, self.num_blocks - fresh)
+            if len(self._created) == fresh:
+                out = [KVCacheBlock(i, 1) for i in range(fresh, fresh + k)]
+                self._created += out
+            else:  # (created already by `blocks`)
+                out = self._created[fresh:fresh + k]
+                for b in out:
+                    b.ref_cnt = 1
+            self._fresh = fresh + k
+            if k == n:
+                return out
+            n -= k
+        else:
+            out = []
+        taken = self._take(n)
         evicted: list[BlockHash] = []
         cached = self.cached
-        for b in out:
+        for b in taken:  # least recently freed first
             h = b.block_hash
             if h is not None:
                 if cached.get(h) is b:
@@ -95,15 +167,93 @@ class BlockPool:
             b.ref_cnt = 1
         if evicted and self.events is not None:
             self.events.removed(evicted)
-        return out
+        return out + taken if out else taken
+
+    def _take(self, n: int) -> list[KVCacheBlock]:
+        """The next `n` live entries of the free queue, taken off it."""
+        q, head, stale = self._queue, self._head, self._stale
+        if not stale:
+            taken = q[head:head + n]
+            head += n
+        else:
+            taken = []
+            while len(taken) < n:
+                b = q[head]
+                head += 1
+                c = stale.get(b)
+                if c:  # a stale entry (its block was taken by a cache hit since)
+                    if c == 1:
+                        del stale[b]
+                    else:
+                        stale[b] = c - 1
+                else:
+                    taken.append(b)
+        if head > 4096 and 2 * head > len(q):  # let go of the entries read
+            del q[:head]
+            self._base += head
+            head = 0
+        self._head = head
+        released = self.released
+        if released:  # forget the deferred chains whose blocks are all taken (the first block's entry is last)
+            read = self._base + head
+            while released and released[0].start + released[0].n <= read:
+                c = released.popleft()
+                if self.deferred.get(c.h0) is c:
+                    del self.deferred[c.h0]
+        return taken
+
+    @property
+    def entries_read(self) -> int:
+        """Free-queue entries read since the pool was made (deferred chains tell their blocks by it)."""
+        return self._base + self._head
+
+    def release_deferred(self, chain: DeferredChain, num_blocks: int) -> None:
+        """The request of `chain` is about to free its `num_blocks` blocks: one run, since a deferred
+        request's blocks are its own (it never takes a cache hit)."""
+        chain.start, chain.n = self._base + len(self._queue), num_blocks
+        self.released.append(chain)
 
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
-        fq = self.free_queue
+        shared = False
         for b in blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                fq[b.block_id] = b
+            r = b.ref_cnt - 1
+            b.ref_cnt = r
+            if r:
+                shared = True
+        if shared:
+            blocks = [b for b in blocks if not b.ref_cnt]
+        self._queue += blocks
+        self.num_free_blocks += len(blocks)
+        if len(self._queue) - self._head > self.COMPACT_AT * self.num_blocks:  # (many cache hits on free blocks)
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the stale entries of the free queue (the runs of released deferred chains, never stale,
+        are renumbered: their entries read stay read, the others keep their order)."""
+        stale, read = self._stale, self._base + self._head
+        runs = []
+        for c in self.released:
+            if c.start + c.n > read:
+                runs.append(c)
+            elif self.deferred.get(c.h0) is c:  # (all its blocks were taken: forgotten)
+                del self.deferred[c.h0]
+        for c in runs:  # (its first unread entry, and how many of its entries were read)
+            c.n, c.start = c.n - max(read - c.start, 0), max(c.start, read)
+        live: list[KVCacheBlock] = []
+        i = 0
+        for j, b in enumerate(self._queue[self._head:], read):
+            while i < len(runs) and runs[i].start == j:
+                runs[i].start = read + len(live)
+                i += 1
+            c = stale.get(b)
+            if c:
+                stale[b] = c - 1
+            else:
+                live.append(b)
+        stale.clear()
+        self._queue, self._head, self._base = live, 0, read
+        self.released = deque(runs)
 
     # --- prefix cache ----------------------------------------------------------------------
     def cache_blocks(self, blocks: Sequence[KVCacheBlock], hashes: Sequence[BlockHash],
@@ -123,11 +273,14 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any block is in use, as vLLM does."""
-        if len(self.free_queue) != self.num_blocks:
+        if self.num_free_blocks != self.num_blocks:
             return False
         had = bool(self.cached)
         self.cached.clear()
-        for b in self.blocks:
+        self.deferred.clear()
+        self.shared_first_blocks.clear()
+        self.released.clear()
+        for b in self._created:
             b.block_hash = None
         if had and self.events is not None:
             self.events.cleared()

@@ -33,7 +33,6 @@ from .latency import StepBatch
 from .output import OutputProcessor
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
-from .step import StepInFlight
 from .tokens import RandomTokens
 
 if TYPE_CHECKING:
@@ -49,8 +48,40 @@ TokensListener = Callable[[Request, int, int], None]  # (request, first step, la
 
 def cohort_eligible(req: Request) -> bool:
     """A request whose decodes only the length can end, one token per step, with no gap of its own."""
-    return (req.burstable and req.chunk == 1 and type(req.token_source) is RandomTokens and not req.pooling
+    return (req.burstable and req.chunk == 1 and type(req.token_source) in _LENGTH_ONLY and not req.pooling
             and req.plan is None and req.remote_prefill is None and not req.remote_decode)
+
+
+class CountedTokens:
+    """Token ids for a driver that never reads them (the offline simulator): no random draw, the
+    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), repeated.
+    What ids are for there: a preempted request's output blocks are hashed for its resume, and
+    must be its own, as random ids would be (two requests' ids never form the same block)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, seq: int, vocab_size: int) -> None:
+        half = max(vocab_size // 2, 1)
+        hi, lo = divmod(seq, half)
+        self._ids = (hi % half, half + lo)
+
+    def next_token(self, index: int) -> int:
+        return self._ids[index & 1]
+
+    def take(self, k: int) -> list[int]:
+        return list(self._ids) * (k // 2) + list(self._ids[:k & 1])
+
+
+def counted_token_source(vocab_size: int):
+    """An EngineCore `token_source_factory`: `CountedTokens` for the requests that would draw plain
+    random ids with nothing to end them but their length (None, the engine's own choice, otherwise)."""
+    def factory(req: Request, rng) -> CountedTokens | None:
+        sp = req.sampling_params
+        if req.planned is not None or req.eos_at is not None or req.eos_token_id is not None or req.stop_ids \
+                or sp.logit_bias or sp.allowed_token_ids:
+            return None
+        return CountedTokens(req.seq, vocab_size)
+    return factory
 
 
 class _Member:
@@ -129,7 +160,8 @@ class DecodeCohort:
         n = len(self.members)
         if not n:
             return batch
-        return batch._replace(num_decodes=batch.num_decodes + n, decode_context=batch.decode_context + self.context())
+        decodes, tokens, prefills, firsts, context, *rest = batch  # (a namedtuple's _replace is slow)
+        return tuple.__new__(StepBatch, (decodes + n, tokens, prefills, firsts, context + self.context(), *rest))
 
     def context(self) -> int:
         """The members' summed tokens: the context their decodes attend to in the next step."""
@@ -264,6 +296,9 @@ class CohortOutputProcessor(OutputProcessor):
         super().emit(outputs, finished, with_stats)
 
 
+_LENGTH_ONLY = (RandomTokens, CountedTokens)  # sources that never emit an ending id
+
+
 def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: EngineConfig) -> str | None:
     """Why an engine cannot run timing-only decodes (None: it can)."""
     if not latency.times_steps:
@@ -291,26 +326,48 @@ def fast_forward(core: EngineCore, horizon: float) -> int:
     its generic scheduling; a step whose blocks do not all fit runs the plain way. Returns the steps."""
     cohort, timed = core.cohort, core.timed
     batch = timed.in_flight
-    if cohort is None or batch is None or batch.scheduled or batch.pulled or not _quiet(core):
+    if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon:
         return 0
-    sched, pool, latency, rng = core.scheduler, core.kv.pool, core.latency, timed.rng
-    steps, now = 0, None
-    while batch.end < horizon and cohort.members and cohort.next_finish() > cohort.step + 1:
-        now = batch.end
-        cohort.advance(now)  # (no member finishes here)
-        timed.last_end = now
+    # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
+    n = len(cohort.members)
+    last_step = cohort.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
+    if not n or cohort.step > last_step or not _quiet(core):
+        return 0
+    pool, buckets, block_size = core.kv.pool, cohort._buckets, cohort.block_size
+    on_step, step_duration, rng = core.scheduler.engine_policy.on_step, core.latency.step_duration, timed.rng
+    admission, step_ends, base = core.admission, cohort.step_ends, cohort._tokens_minus_join
+    step, end, steps = cohort.step, batch.end, 0
+    while end < horizon and step <= last_step:
+        step += 1  # cohort step `step` ended at `end` (no member finishes here)
+        step_ends.append(end)
+        now = end
         steps += 1
-        if not cohort.allocate_if_free(pool):  # KV pressure: the plain step preempts
-            timed.in_flight = None
-            core.clock.advance_to(now)
-            core._start_step(now)
-            return steps
-        sched.engine_policy.on_step()
-        core.step_counter += 1
-        step = StepBatch(len(cohort.members), 0, 0, 0, cohort.context(), False)  # = compose() + extend()
-        batch = StepInFlight(now + max(latency.step_duration(step, rng), 0.0) + core.admission.take_lora_time(),
-                             [], [])
-    timed.in_flight = batch
-    if now is not None:
-        core.clock.advance_to(now)
+        due = buckets[step % block_size]
+        if due:  # members crossing a block boundary get their block, in decode order
+            if len(due) > pool.num_free_blocks:  # KV pressure: the plain step preempts
+                cohort.step = step
+                _end_run(core, now, steps - 1)
+                timed.in_flight = None
+                core._start_step(now)
+                return steps
+            for slot, block in zip(due, pool.allocate(len(due))):
+                slot[2].blocks.append(block)
+        on_step()
+        # = compose() + extend() of a step of the cohort's decodes alone
+        composition = tuple.__new__(StepBatch, (n, 0, 0, 0, base + n * step, False, 0, 0, (), ()))
+        end = now + max(step_duration(composition, rng), 0.0)
+        if admission.lora_time:
+            end += admission.take_lora_time()
+    if steps:
+        cohort.step = cohort._prepared = step
+        batch.end = end  # (the step in flight: nothing scheduled in it but the cohort)
+        _end_run(core, now, steps)
     return steps
+
+
+def _end_run(core: EngineCore, now: float, priced: int) -> None:
+    """The engine's clock and counters after fast-forwarded steps, the last ending at `now` (`priced`:
+    the steps that started)."""
+    core.timed.last_end = now
+    core.step_counter += priced
+    core.clock.advance_to(now)

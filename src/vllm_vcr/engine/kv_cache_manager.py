@@ -6,6 +6,7 @@ from typing import Sequence
 
 from .block_hash import block_extra_keys, make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVCacheBlock
+from .deferred_hashes import DeferredHashes
 from .request import Request
 
 
@@ -15,6 +16,9 @@ class KVCacheManager:
         self.block_size = pool.block_size
         # vLLM's own block hash (sha256 by default), so KV events match a real engine's
         self.hasher = hasher or make_block_hasher()
+        self._chain = getattr(self.hasher, "chain", None)  # a run of blocks in one call (ContentHasher)
+        # a hasher whose hashes stay in the process: hash only blocks another request could hit
+        self.deferred = DeferredHashes(pool, self.hasher) if self._chain is not None else None
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -33,7 +37,12 @@ class KVCacheManager:
         full = len(tokens) // bs
         hasher = self.hasher
         keyed = req.lora_name is not None or req.cache_salt is not None
-        for i in range(len(hashes), full):
+        start = len(hashes)
+        if not keyed and self._chain is not None:
+            if full > start:
+                hashes += self._chain(hashes[-1] if start else None, tokens, start, full, bs)
+            return
+        for i in range(start, full):
             parent = hashes[i - 1] if i else None
             hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None))
 
@@ -41,6 +50,8 @@ class KVCacheManager:
         """Prefix-cache hits for a request about to be scheduled from waiting."""
         if not self.pool.enable_caching:
             return []
+        if self._defer(req) is not None:
+            return []  # its first block is new: nothing in the cache can match
         self.update_block_hashes(req)
         # always recompute at least the last token, as vLLM does on a full hit
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -52,9 +63,9 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed: Sequence[KVCacheBlock] = ()) -> bool:
         total = req.num_computed_tokens + len(new_computed) * self.block_size + num_new_tokens
-        needed = self.blocks_needed(total) - len(req.blocks) - len(new_computed)
+        needed = -(-total // self.block_size) - len(req.blocks) - len(new_computed)
         # hits sitting in the free queue stop being evictable once touched
-        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0)
+        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0) if new_computed else 0
         if max(needed, 0) + evictable_hits > self.pool.num_free_blocks:
             return False
         if new_computed:
@@ -71,6 +82,11 @@ class KVCacheManager:
         start = req.num_hashed_blocks
         if full <= start:
             return
+        chain = self._defer(req)
+        if chain is not None:
+            self.deferred.register(chain, req, start, full)
+            req.num_hashed_blocks = full
+            return
         self.update_block_hashes(req)
         bs = self.block_size
         hashes = req.block_hashes
@@ -83,7 +99,20 @@ class KVCacheManager:
         )
         req.num_hashed_blocks = full
 
+    def _defer(self, req: Request):
+        """The request's deferred chain (its blocks are entered without hashes), or None: hash."""
+        d = self.deferred
+        if d is None or req.block_hashes or self.pool.events is not None:
+            return None
+        chain = d.by_request.get(req)
+        if chain is None and len(req.all_token_ids) >= self.block_size and req.lora_name is None \
+                and req.cache_salt is None:
+            chain = d.decide(req)
+        return chain
+
     def free(self, req: Request) -> None:
+        if self.deferred is not None:
+            self.deferred.release(req)
         if req.blocks:
             self.pool.free(req.blocks[::-1])  # tail first: evicted before the shared prefix
             req.blocks = []

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 # Host time per step not in the kernel data; fitted on the training split of the silicon
 # validation (bench/silicon_validation.py), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 1.75
+DEFAULT_STEP_OVERHEAD_MS = 1.8
 DEFAULT_PER_SEQ_OVERHEAD_MS = 0.0
 
 

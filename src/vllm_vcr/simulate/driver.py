@@ -10,32 +10,30 @@ whatever is due at that instant.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
 from array import array
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+from ..engine.block_hash import ContentHasher
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
-from ..engine.decode_cohort import fast_forward, timing_only_unsupported
+from ..engine.decode_cohort import counted_token_source, fast_forward, timing_only_unsupported
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from ..gc_tuning import YOUNG_THRESHOLD
 from ..replay.inputs import engine_inputs
 from .router import Router
 from .workload import SimRequest
 
 START = 1000.0  # the virtual clock's origin (seconds); reported times are relative to it
-
-
-def content_hash(parent, token_ids, extra_keys):
-    """A block's chained hash for prefix-cache lookups only (Python's tuple hash: ~50x cheaper than
-    vLLM's sha256 of a pickle; a collision needs ~2^32 distinct blocks)."""
-    return hash((parent, tuple(token_ids), extra_keys))
 
 
 @dataclass(slots=True)
@@ -71,6 +69,20 @@ class Timeline:
     steps: list[int] = field(default_factory=list)  # per engine: its step counter
 
 
+@contextmanager
+def _rare_collections():
+    """Collect reference cycles less often during a run, at the serving processes' young threshold
+    (gc_tuning.py): a run allocates many small objects that live long (blocks, requests, records),
+    and at the default threshold (700) a tenth of its time went to the cyclic collector. The
+    threshold is restored after."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(before[0], YOUNG_THRESHOLD), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
                  *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
@@ -93,7 +105,9 @@ class Simulation:
                 timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
         self.timing_only = timing_only
         if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
-            inputs["block_hasher"] = content_hash
+            inputs["block_hasher"] = ContentHasher()
+            if args.mode == "random" and not args.reasoning:  # nothing reads the ids: none are drawn
+                inputs["token_source_factory"] = counted_token_source(args.vocab_size)
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
                                  timing_only=timing_only, **inputs) for i in range(num_engines)]
         for core in self.cores:
@@ -194,6 +208,10 @@ class Simulation:
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
+        with _rare_collections():
+            return self._run()
+
+    def _run(self) -> "Simulation":
         wall = time.perf_counter()
         if self.workload.closed_loop:
             users = max(self.concurrency, 1)

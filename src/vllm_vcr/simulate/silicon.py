@@ -18,16 +18,18 @@ TTFT and TPOT are the means over all 10*C requests, the first wave included.
 from __future__ import annotations
 
 import csv
+import functools
+import json
 import math
+import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
-from ..perf.catalog import package_root
+from ..perf.catalog import package_root, resolve_model
 from ..perf.errors import PerfModelError
-
-GIB = 1 << 30
+from .silicon_harness import ServerFlags, inferencex_dp_attention, inferencex_flags, scheduler_limits
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,19 @@ class SiliconRow:
         """A fixed, declared split: about one row in three trains the global correction."""
         return "train" if zlib.crc32(self.id.encode()) % 3 == 0 else "heldout"
 
+    @property
+    def server(self) -> ServerFlags:
+        """The server flags of the row's deployment (silicon_harness.py)."""
+        if not self.inferencex:
+            return ServerFlags()
+        return inferencex_flags(self.model, self.gpu, self.gemm_quant, self.source)
+
     def target(self, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0) -> AicTarget:
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
-                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant, step_overhead_ms=step_overhead_ms,
-                         per_seq_overhead_ms=per_seq_overhead_ms)
+                         gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
+                         kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
+                         step_overhead_ms=step_overhead_ms, per_seq_overhead_ms=per_seq_overhead_ms)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -92,7 +102,7 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
         for r in csv.DictReader(f):
             if r["backend"] != "vllm" or r["mode"] != "agg":
                 continue
-            yield SiliconRow(
+            row = SiliconRow(
                 id=r["id"], model=r["model_path"], gpu=r["system"], backend_version=r["backend_version"],
                 tp=_int(r["tp_size"], 1), attention_dp=_int(r["attention_dp_size"], 1),
                 moe_tp=_int(r["moe_tp_size"]), moe_ep=_int(r["moe_ep_size"]),
@@ -100,15 +110,69 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
                 isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=int(float(r["batch_size"])),
                 ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
                 source=r["silicon_data_source"])
+            yield _checkpoint_precision(_as_deployed(row))
 
 
-def vllm_defaults(gpu_bytes: int) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks for a GPU of this size."""
-    if gpu_bytes >= 160 * GIB:
-        return 1024, 16384
-    if gpu_bytes >= 70 * GIB:
-        return 1024, 8192
-    return 256, 2048
+_BENCH_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
+
+
+_FP8_BLOCK = 128  # the weight block of block-scaled FP8 checkpoints (weight_block_size [128, 128])
+_HOPPER = ("h100_sxm", "h200_sxm")
+
+
+@functools.lru_cache(maxsize=32)
+def _checkpoint_config(model: str) -> dict:
+    name, _ = resolve_model(model)
+    path = package_root() / "model_configs" / f"{name.replace('/', '--', 1)}_config.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
+    """The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
+    deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
+    (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
+    the estimator's `fp8_block` tables, where vLLM can shard the experts that way (each
+    rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
+    `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
+    concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
+    cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
+    if "weight_block_size" not in (cfg.get("quantization_config") or {}):
+        return row
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    if width // (row.moe_tp or row.tp) % _FP8_BLOCK:
+        return row
+    return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
+
+
+def _as_deployed(row: SiliconRow) -> SiliconRow:
+    """The deployment InferenceX ran, where the sample's conversion recorded another.
+
+    InferenceX's `{tp: N, ep: N}` configs launch `vllm serve --tensor-parallel-size N
+    --enable-expert-parallel`: N GPUs, attention TP N, MoE experts spread over the same N GPUs
+    (EP N, MoE TP 1), one engine. Part of the sample records them as attention DP N with EP N*N
+    and a per-rank batch of C/N (the same measurements appear under both spellings, with the
+    same TTFT/TPOT): taken literally, that prices 16 GPUs with cross-node all-to-all for a
+    4-GPU run. The benchmark's concurrency is `silicon_concurrency` in the row's source. Only
+    the configs marked `dp-attn` ran attention DP: N engines of TP 1, EP N over all of them."""
+    m = _BENCH_CONCURRENCY.search(row.source)
+    if not row.inferencex:
+        return _data_parallel(row)
+    if row.attention_dp <= 1 or m is None:
+        return row
+    c = int(m.group(1))
+    if inferencex_dp_attention(row.model, row.gemm_quant, row.tp, c, row.source):
+        return replace(row, tp=1, attention_dp=row.tp, moe_tp=1, moe_ep=row.tp, concurrency=c)
+    return replace(row, attention_dp=1, moe_tp=1, moe_ep=row.tp, concurrency=c)
+
+
+def _data_parallel(row: SiliconRow) -> SiliconRow:
+    """A gap-analysis row whose MoE spans more GPUs than its attention TP (`moe_tp` 2 at TP 1)
+    leaves its attention DP blank: vLLM's `--data-parallel-size D` without expert parallelism
+    runs the experts tensor-parallel over all D x TP GPUs, so D = MoE width / TP engines."""
+    width = (row.moe_tp or 1) * (row.moe_ep or 1)
+    if row.attention_dp > 1 or width <= row.tp or width % row.tp:
+        return row
+    return replace(row, attention_dp=width // row.tp)
 
 
 def static_estimate(row: SiliconRow) -> tuple[float, float]:
@@ -187,11 +251,15 @@ def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_over
     target = row.target(step_overhead_ms, per_seq_overhead_ms).resolved()
     compile_target(target)
     engines = max(row.attention_dp, 1)
-    cap = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9,
-                               max_num_batched_tokens=8192, max_num_seqs=1024)
-    seqs, budget = vllm_defaults(cap.gpu_bytes)
+    server = row.server
+    seqs, budget = 1024, 8192
+    for _ in range(2):  # the activations of a budget-sized pass come off the KV cache
+        cap = estimate_kv_capacity(target, block_size=server.block_size,
+                                   gpu_memory_utilization=server.gpu_memory_utilization,
+                                   max_num_batched_tokens=budget, max_num_seqs=seqs)
+        seqs, budget = scheduler_limits(server, cap.gpu_bytes, row.backend_version, row.concurrency)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
-                      kv_cache_size=cap.num_blocks, tokens_per_block=16, perf_model=target.to_dict(),
+                      kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=target.to_dict(),
                       advertised_max_model_len=row.isl + row.osl + 16).validate()
     plan = plan_for(row, max_tokens)
     r = row.range_ratio
@@ -211,7 +279,8 @@ def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_over
     return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
             "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
-            "per_engine_concurrency": max(row.concurrency // engines, 1),
+            "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
+            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 

@@ -12,6 +12,7 @@ same id appears, so its prefix reuse reaches the engines' prefix caches as it wa
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -69,9 +70,14 @@ class LengthDist:
         elif k == "exp":
             v = rng.expovariate(1 / self.a)
         else:  # lognormal with the given mean and standard deviation of the length itself
-            s2 = math.log(1 + (self.b / self.a) ** 2)
-            v = rng.lognormvariate(math.log(self.a) - s2 / 2, math.sqrt(s2))
+            v = rng.lognormvariate(*self._lognormal)
         return max(int(round(v)), 1)
+
+    @functools.cached_property
+    def _lognormal(self) -> tuple[float, float]:
+        """mu and sigma of the underlying normal, for the length's mean `a` and deviation `b`."""
+        s2 = math.log(1 + (self.b / self.a) ** 2)
+        return math.log(self.a) - s2 / 2, math.sqrt(s2)
 
 
 @dataclass
@@ -93,15 +99,15 @@ class SyntheticWorkload:
     _made: int = field(init=False, default=0)
     _t: float = field(init=False, default=0.0)
     _prefixes: list[list[int]] = field(init=False, default_factory=list)
-    _np: np.random.Generator = field(init=False, repr=False)
     _ids: list[int] = field(init=False, repr=False)  # random ids that suffixes are cut from
+    _place: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
-        self._np = np.random.default_rng(self.seed)
         self._prefixes = [_block_tokens(-(self.seed + 1) * 1000 - g, self.prefix_len)
                           for g in range(self.num_prefixes)]
-        self._ids = self._np.integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
+        self._ids = np.random.default_rng(self.seed).integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
+        self._place = random.Random(self.seed * 2 + 1)  # where each suffix is cut from the ids
 
     @property
     def closed_loop(self) -> bool:
@@ -110,25 +116,26 @@ class SyntheticWorkload:
     def _make(self, arrival: float | None) -> SimRequest:
         rng = self._rng
         isl = self.isl.draw(rng)
-        prompt: list[int] = []
-        if self._prefixes:
-            prompt = list(self._prefixes[rng.randrange(len(self._prefixes))][:max(isl - 1, 0)])
         i = self._made
-        prompt.extend(self._suffix(i, isl - len(prompt)))
+        if self._prefixes:
+            prompt = self._prefixes[rng.randrange(len(self._prefixes))][:max(isl - 1, 0)]
+            prompt += self._suffix(i, isl - len(prompt))
+        else:
+            prompt = self._suffix(i, isl)
         self._made += 1
         return SimRequest(f"sim-{i}", prompt, self.osl.draw(rng), arrival)
 
     def _suffix(self, i: int, n: int) -> list[int]:
-        """`n` ids of request `i`'s own: its index in two ids, then a run of random ids from a random
-        place (the index makes every block from there on differ from any other request's, at the
-        cost of a slice rather than n random draws)."""
-        head = [i // _VOCAB + 1, i % _VOCAB + 1][:n]
-        rest = n - len(head)
+        """`n` ids of request `i`'s own: a run of random ids from a random place, its first two
+        replaced by its index (the index makes every block from there on differ from any other
+        request's, at the cost of one slice rather than n random draws)."""
         ids = self._ids
-        while len(ids) < rest:
+        while len(ids) < n:
             ids = ids + ids
-        at = int(self._np.integers(len(ids) - rest + 1))  # (not self._rng: the lengths a seed draws stay)
-        return head + ids[at:at + rest]
+        at = self._place.randrange(len(ids) - n + 1)  # (not self._rng: the lengths a seed draws stay)
+        out = ids[at:at + n]
+        out[:2] = [i // _VOCAB + 1, i % _VOCAB + 1][:n]
+        return out
 
     def open_arrivals(self) -> Iterator[SimRequest]:
         """Requests in arrival order (open loop)."""

@@ -1,0 +1,119 @@
+"""How InferenceX launched vLLM for a silicon row: the server flags its benchmark scripts passed
+at the time the row was measured (github.com/SemiAnalysisAI/InferenceX, `benchmarks/*.sh` and
+`.github/configs/nvidia-master.yaml`, read in their git history), and vLLM's own defaults for
+the version that ran.
+
+These are facts about the measured deployments, not tuning: a row is simulated with the KV-cache
+dtype, the prefill token budget, the sequence limit, the memory fraction and the block size its
+server had. Rows of other harnesses (AIConfigurator's gap analyses) get vLLM's defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """The vLLM server flags that decide step composition and KV capacity."""
+
+    kv_cache_fp8: bool = False  # --kv-cache-dtype fp8
+    max_num_batched_tokens: int | None = None  # None: vLLM's default for the GPU and version
+    max_num_seqs: int | None = None  # None: vLLM's default
+    max_num_seqs_is_concurrency: bool = False  # --max-num-seqs $CONC
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+
+
+@dataclass(frozen=True)
+class _Rule:
+    model: str  # a substring of the row's model
+    gpus: tuple[str, ...]
+    quants: tuple[str, ...]
+    since: str  # measured on or after this date (ISO); the latest matching rule wins
+    flags: ServerFlags
+
+
+_LLAMA_70B_B200 = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs=512)
+_LLAMA_70B_HOPPER = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs_is_concurrency=True)
+_MINIMAX_FP8_EARLY = ServerFlags(gpu_memory_utilization=0.95, block_size=32)
+# The scripts' `--max-num-batched-tokens $((ISL * 2))` is left out (vLLM's default budget is
+# kept): with a 2048-token budget the simulated TTFT of the C >= 256 bursts is 2.5-6x the
+# measured one (512 prompts of ~920 tokens would need >= 230 steps, each reading the expert
+# weights), so the rows' servers did not run with that budget.
+_MINIMAX_TUNED = ServerFlags(kv_cache_fp8=True, block_size=32)
+_MINIMAX_FP4_TUNED = ServerFlags(kv_cache_fp8=True)
+_KIMI = ServerFlags(max_num_seqs_is_concurrency=True)
+_KIMI_TUNED = ServerFlags(kv_cache_fp8=True, max_num_seqs_is_concurrency=True)
+
+_RULES = (
+    # 70b_fp8_{b200,h100,h200}_*.sh (removed 2025-10-29): a config.yaml with kv-cache-dtype fp8,
+    # async-scheduling, max-num-batched-tokens 8192; --max-num-seqs 512 (B200) or $CONC
+    _Rule("Llama-3.1-70B", ("b200_sxm",), ("fp8", "nvfp4"), "2025-01-01", _LLAMA_70B_B200),
+    _Rule("Llama-3.1-70B", ("h100_sxm", "h200_sxm"), ("fp8",), "2025-01-01", _LLAMA_70B_HOPPER),
+    # minimaxm2.5_fp8_b200.sh: block size 32, memory 0.95; from 2026-04-03 (#947) kv fp8, memory 0.90
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2025-01-01", _MINIMAX_FP8_EARLY),
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2026-04-03", _MINIMAX_TUNED),
+    _Rule("MiniMax-M2.5", ("b300_sxm",), ("fp8",), "2025-01-01", _MINIMAX_TUNED),
+    # minimaxm2.5_fp4_{b200,b300}.sh: kv fp8 from their first version
+    _Rule("MiniMax-M2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _MINIMAX_FP4_TUNED),
+    _Rule("MiniMax-M2.5", ("h100_sxm",), ("fp8",), "2025-01-01", ServerFlags(max_num_seqs=256)),
+    _Rule("MiniMax-M2.5", ("h200_sxm",), ("fp8",), "2025-01-01", ServerFlags(gpu_memory_utilization=0.95)),
+    # kimik2.5_fp4_{b200,b300}.sh: --max-num-seqs $CONC; B200 from 2026-04-20: kv fp8
+    _Rule("Kimi-K2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _KIMI),
+    _Rule("Kimi-K2.5", ("b200_sxm",), ("nvfp4",), "2026-04-20", _KIMI_TUNED),
+)
+
+_MEASURED = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
+
+
+def inferencex_flags(model: str, gpu: str, gemm_quant: str | None, source: str) -> ServerFlags:
+    """The flags of the InferenceX script that measured the row (vLLM's defaults if none is known)."""
+    m = _MEASURED.search(source)
+    measured = m.group(1) if m else "9999-12-31"
+    match = [r for r in _RULES if r.model in model and gpu in r.gpus and (gemm_quant or "bf16") in r.quants
+             and r.since <= measured]
+    return max(match, key=lambda r: r.since).flags if match else ServerFlags()
+
+
+def inferencex_dp_attention(model: str, gemm_quant: str | None, tp: int, concurrency: int, source: str) -> bool:
+    """Whether the row ran InferenceX's `{tp: 2, ep: 2, dp-attn: true}` config (minimaxm2.5_fp4
+    on B200/B300: `--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel`):
+    from C 512 (from 2026-04-22: C 256) up; below, `{tp: 2, ep: 2}` ran one TP-2 engine."""
+    m = _MEASURED.search(source)
+    first = 256 if m and m.group(1) >= "2026-04-22" else 512
+    return "MiniMax-M2.5" in model and gemm_quant == "nvfp4" and tp == 2 and concurrency >= first
+
+
+def _version(v: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", v or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def vllm_defaults(gpu_bytes: int, backend_version: str = "") -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's API server picks for a GPU of this size:
+    16384 tokens at >= 160 GiB (B200, B300) only from vLLM 0.28 (the tier it added; before it,
+    and for every row of the sample, measured with 0.10-0.19: 8192), 8192 at >= 70 GiB, else
+    2048 tokens and 256 sequences. An unknown version is taken as a current one."""
+    current = _version(backend_version) >= (0, 28) or not backend_version[:1].isdigit()
+    if gpu_bytes >= 160 * GIB and current:
+        return 1024, 16384
+    if gpu_bytes >= 70 * GIB:
+        return 1024, 8192
+    return 256, 2048
+
+
+def scheduler_limits(flags: ServerFlags, gpu_bytes: int, backend_version: str,
+                     concurrency: int) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) of the row's server."""
+    seqs, budget = vllm_defaults(gpu_bytes, backend_version)
+    if flags.max_num_batched_tokens:
+        budget = flags.max_num_batched_tokens
+    if flags.max_num_seqs:
+        seqs = flags.max_num_seqs
+    elif flags.max_num_seqs_is_concurrency:
+        seqs = concurrency
+    return seqs, budget
