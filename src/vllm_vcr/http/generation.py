@@ -10,10 +10,10 @@ streaming so that a partial stop string is never sent.
 from __future__ import annotations
 
 import asyncio
-from os import urandom as _urandom
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from os import urandom as _urandom
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest, FinishReason, SamplingParams
