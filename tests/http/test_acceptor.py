@@ -112,3 +112,69 @@ async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_ru
     assert started[-1] - started[0] >= 0.19  # the handlers ran one after another
     assert arrivals[-1] - arrivals[0] < 0.1  # ... but their requests arrived together
     assert all(a <= t for a, t in calls)
+
+
+async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
+    """Ten requests arrive together, each handler then holds the loop 30 ms; an eleventh request
+    is sent 40 ms later. Returns how late its arrival was stamped, and the order the handlers ran."""
+    import functools
+    import threading
+    import time
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from vllm_vcr.http.acceptor import ARRIVAL, TurnSlices, stamping_arrival
+
+    order: list[int] = []
+    stamps: dict[int, float] = {}
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        n = int(scope["path"][1:])
+        stamps[n] = scope[ARRIVAL]
+        order.append(n)
+        await receive()
+        time.sleep(0.03)  # templating and tokenizing, holding the loop
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(TurnSlices(app) if sliced else app, lifespan="off", log_config=None, http="httptools",
+                            access_log=False)
+    config.load()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
+                                server_state=ServerState(), app_state={})
+    acceptor = BurstAcceptor(listener, factory)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(11)]
+    loop = asyncio.get_running_loop()
+    for _ in range(50):  # let every connection get its protocol
+        await asyncio.sleep(0.01)
+    sent_late: list[float] = []
+
+    def send_late() -> None:
+        time.sleep(0.04)
+        sent_late.append(time.time())
+        clients[10].sendall(b"GET /10 HTTP/1.1\r\nhost: x\r\n\r\n")
+
+    for i, c in enumerate(clients[:10]):
+        c.sendall(b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i)
+    threading.Thread(target=send_late).start()
+    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
+    acceptor.close()
+    for c in clients:
+        c.close()
+    listener.close()
+    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+    return stamps[10] - sent_late[0], order
+
+
+async def test_new_requests_share_the_loop_so_late_arrivals_are_stamped_on_time():
+    """Without TurnSlices the eleventh request waits for all ten handlers (300 ms) before the loop
+    reads it; with it, the loop reads between two handlers."""
+    lag, order = await _late_arrival_lag(sliced=True)
+    assert order[:10] == list(range(10))  # the waiting ones start in arrival order
+    assert lag < 0.15
+    plain, _ = await _late_arrival_lag(sliced=False)
+    assert plain > 0.2  # what it replaces

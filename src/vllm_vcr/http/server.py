@@ -37,7 +37,7 @@ from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: 
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
-from .acceptor import BurstAcceptor, stamping_arrival  # noqa: E402
+from .acceptor import BurstAcceptor, TurnSlices, stamping_arrival  # noqa: E402
 from ..faults import FaultController, FaultSpecError  # noqa: E402
 from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
@@ -226,7 +226,7 @@ class _ServeCommand:
                         extensions=self.extensions)
         install_gauges(app.metrics, self.faults)
         config = uvicorn.Config(
-            app,
+            TurnSlices(app),
             lifespan="off",
             http="httptools" if importlib.util.find_spec("httptools") is not None else "h11",
             loop="none",
