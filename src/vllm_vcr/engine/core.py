@@ -78,6 +78,7 @@ class EngineCore(EngineControls):
         self.clock = clock or RealClock()
         self.output_sink = self._counting_sink(output_sink or (lambda client, outs: None))
         self.emits = 0  # output batches sent so far
+        self.idle_waits = 0  # times the loop slept: between two, it ran without waiting for anything
         self._config = args.config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.planner = planner
@@ -207,6 +208,7 @@ class EngineCore(EngineControls):
                 if wake is _Turn.AGAIN:
                     continue
                 if wake is None:
+                    self.idle_waits += 1
                     await self.inbox.wait(None)
                     last_yield = clock.now()
                     continue
@@ -225,6 +227,7 @@ class EngineCore(EngineControls):
                     if not self._inbox:
                         clock.advance_to(wake)
                     continue
+                self.idle_waits += 1
                 await self.inbox.wait(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:
@@ -333,6 +336,7 @@ class EngineCore(EngineControls):
         if req is None:
             return
         rid = req.request_id
+        req.received_in = self.idle_waits
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
         self.timed.on_arrival(rid, now)
