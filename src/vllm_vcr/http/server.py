@@ -46,6 +46,7 @@ from .serving_base import ServeSettings  # noqa: E402
 from .planned_output import planned_token_source  # noqa: E402
 from .loading import simulate_loading  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
+from .warmup import warm_up  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -119,6 +120,7 @@ class _ServeCommand:
             await self.start_pd_services(stack)
             if not await self.wait_loading():
                 return self.exit_code
+            await self.warm_up()
             server = self.build_server()
             try:
                 await self.serve_until_signal(server)
@@ -258,6 +260,11 @@ class _ServeCommand:
             return True
         self.exit_code = stopped
         return False
+
+    async def warm_up(self) -> None:
+        """First-use work done before the port listens (warmup.py): nothing of it is counted."""
+        took = await warm_up(self.engine_args, self.tokenizer, self.settings)
+        logger.info("warmed up in %.0f ms", took * 1000)
 
     async def serve_until_signal(self, server: _Server) -> None:
         await server.serve(sockets=[self.sock])
