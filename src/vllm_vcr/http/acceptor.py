@@ -17,8 +17,8 @@ That stamp is only as early as the loop's next look at the sockets, and the loop
 between two turns: a turn that runs a hundred new requests up to the engine (0.3-0.5 ms each)
 leaves the requests that arrive meanwhile unstamped for tens of milliseconds, and the engine's
 deadlines (and the first tokens' writes) wait as long. `TurnSlices` lets new requests start only
-while the current turn has spent less than `slice` seconds on them; the rest start in the next
-turns, after the loop has stamped new arrivals and run what is due.
+for about `slice` seconds of each turn; the rest start in the next turns, in arrival order,
+after the loop has stamped new arrivals and run what is due.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import errno
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 
 logger = logging.getLogger("vllm_vcr.http")
@@ -62,35 +63,61 @@ def stamping_arrival(protocol_class: type) -> type:
 
 
 class TurnSlices:
-    """An ASGI app in front of `app` that gives new requests at most `slice` seconds of each turn
-    of the event loop (counted from the first request that starts in it); the others wait for
-    the next turn, in arrival order."""
+    """An ASGI app in front of `app` that gives new requests about `slice` seconds of each turn of
+    the event loop. Requests start at once while the turn's first one started less than `slice`
+    ago; the others queue, in arrival order, and a pump releases as many per turn as the last
+    turn's releases took time for (at least one). Queued requests cost nothing per turn."""
 
     def __init__(self, app: Callable, slice: float = 0.001) -> None:
         self.app = app
         self.slice = slice
-        self._turn_start: float | None = None  # when the first request of this turn started
+        self._turn_start: float | None = None  # when this turn's first direct start happened
+        self._waiting: deque[asyncio.Future] = deque()
+        self._pumping = False
+        self._released = 0  # requests the pump released last turn ...
+        self._released_at = 0.0  # ... and when
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http":
-            await self.wait_turn()
+        if scope["type"] == "http" and not self._may_start():
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiting.append(waiter)
+            if not self._pumping:
+                self._pumping, self._released = True, 0
+                loop.call_soon(self._pump)
+            await waiter
         await self.app(scope, receive, send)
 
-    async def wait_turn(self) -> None:
-        while True:
-            now = time.perf_counter()
-            start = self._turn_start
-            if start is None:
-                self._turn_start = now
-                # runs first in the next turn: the requests sent there (below) go on in order
-                asyncio.get_running_loop().call_soon(self._end_turn)
-                return
-            if now - start < self.slice:
-                return
-            await asyncio.sleep(0)
+    def _may_start(self) -> bool:
+        if self._waiting:
+            return False  # first come, first served
+        now = time.perf_counter()
+        if self._turn_start is None:
+            self._turn_start = now
+            asyncio.get_running_loop().call_soon(self._end_turn)  # runs early in the next turn
+            return True
+        return now - self._turn_start < self.slice
 
     def _end_turn(self) -> None:
         self._turn_start = None
+
+    def _pump(self) -> None:
+        """Once per turn while requests wait (it runs after the ones it released last turn)."""
+        now = time.perf_counter()
+        n = 1
+        if self._released:
+            n = max(1, int(self.slice * self._released / max(now - self._released_at, 1e-6)))
+        released = 0
+        while self._waiting and released < n:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # (cancelled while it waited)
+                waiter.set_result(None)
+                released += 1
+        self._released, self._released_at = released, now
+        if self._waiting:
+            asyncio.get_running_loop().call_soon(self._pump)
+        else:
+            self._pumping = False
 
 
 class BurstAcceptor:
