@@ -207,3 +207,41 @@ async def test_queued_requests_start_in_order_and_cost_nothing_while_they_wait()
     await asyncio.gather(*(gate({"type": "http", "n": i}, None, None) for i in range(200)))
     assert started == list(range(200))
     assert checks["n"] == 200  # each request asked once; the queued ones were woken, not polled
+
+
+async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_request_per_turn():
+    """The pump sizes each release by the released requests' own time: 5 ms of other work per
+    turn (streams' tokens) must not cut new requests to one per turn."""
+    import time
+
+    from vllm_vcr.http.acceptor import TurnSlices
+
+    def spin(seconds: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            pass
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        spin(0.00005)
+
+    done = False
+
+    async def other_work() -> None:
+        while not done:
+            spin(0.005)
+            await asyncio.sleep(0)
+
+    gate = TurnSlices(app)
+    pumps = {"n": 0}
+    real_pump = gate._pump
+
+    def pump() -> None:
+        pumps["n"] += 1
+        real_pump()
+
+    gate._pump = pump
+    busy = asyncio.ensure_future(other_work())
+    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(100)))
+    done = True
+    await busy
+    assert pumps["n"] <= 50  # about 20 per turn at 50 µs each; one per turn would take 100
