@@ -65,16 +65,46 @@ def test_a_backlog_of_connections_is_taken_in_a_few_turns_not_one_per_turn():
     assert plain >= N // 2  # what it replaces: about one accept per turn
 
 
-async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_run():
-    """Requests that arrive together are stamped together, although each handler then takes
-    50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
+async def _stamping_server(app, n_clients: int):  # noqa: ANN001
+    """uvicorn's httptools protocol with arrival stamps behind a BurstAcceptor, serving `app`,
+    and `n_clients` connected sockets (every connection has its protocol)."""
     import functools
-    import time
 
     import uvicorn
     from uvicorn.server import ServerState
 
-    from vllm_vcr.http.acceptor import ARRIVAL, stamping_arrival
+    from vllm_vcr.http.acceptor import stamping_arrival
+
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
+    config.load()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
+                                server_state=ServerState(), app_state={})
+    acceptor = BurstAcceptor(listener, factory)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(n_clients)]
+    for _ in range(50):  # let every connection get its protocol
+        await asyncio.sleep(0.01)
+    return acceptor, listener, clients
+
+
+async def _answered_then_closed(acceptor: BurstAcceptor, listener: socket.socket, clients: list) -> None:
+    loop = asyncio.get_running_loop()
+    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
+    acceptor.close()
+    for c in clients:
+        c.close()
+    listener.close()
+    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+
+
+async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_run():
+    """Requests that arrive together are stamped together, although each handler then takes
+    50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
+    import time
+
+    from vllm_vcr.http.acceptor import ARRIVAL
 
     calls: list[tuple[float, float]] = []
 
@@ -85,27 +115,11 @@ async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_ru
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
-    config.load()
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
-                                server_state=ServerState(), app_state={})
-    acceptor = BurstAcceptor(listener, factory)
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(5)]
-    loop = asyncio.get_running_loop()
-    for _ in range(50):  # let every connection get its protocol
-        await asyncio.sleep(0.01)
+    acceptor, listener, clients = await _stamping_server(app, 5)
     body = b"{}"
     for c in clients:  # all five requests arrive before the loop next reads
         c.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n" + body)
-    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
-    acceptor.close()
-    for c in clients:
-        c.close()
-    listener.close()
-    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+    await _answered_then_closed(acceptor, listener, clients)
     arrivals = sorted(a for a, _ in calls)
     started = sorted(t for _, t in calls)
     assert len(calls) == 5
@@ -117,14 +131,10 @@ async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_ru
 async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
     """Ten requests arrive together, each handler then holds the loop 30 ms; an eleventh request
     is sent 40 ms later. Returns how late its arrival was stamped, and the order the handlers ran."""
-    import functools
     import threading
     import time
 
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from vllm_vcr.http.acceptor import ARRIVAL, TurnSlices, stamping_arrival
+    from vllm_vcr.http.acceptor import ARRIVAL, TurnSlices
 
     order: list[int] = []
     stamps: dict[int, float] = {}
@@ -138,19 +148,7 @@ async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(TurnSlices(app) if sliced else app, lifespan="off", log_config=None, http="httptools",
-                            access_log=False)
-    config.load()
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
-                                server_state=ServerState(), app_state={})
-    acceptor = BurstAcceptor(listener, factory)
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(11)]
-    loop = asyncio.get_running_loop()
-    for _ in range(50):  # let every connection get its protocol
-        await asyncio.sleep(0.01)
+    acceptor, listener, clients = await _stamping_server(TurnSlices(app) if sliced else app, 11)
     sent_late: list[float] = []
 
     def send_late() -> None:
@@ -161,12 +159,7 @@ async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
     for i, c in enumerate(clients[:10]):
         c.sendall(b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i)
     threading.Thread(target=send_late).start()
-    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
-    acceptor.close()
-    for c in clients:
-        c.close()
-    listener.close()
-    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+    await _answered_then_closed(acceptor, listener, clients)
     return stamps[10] - sent_late[0], order
 
 
