@@ -24,6 +24,7 @@ from .serving_base import ServeSettings
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger("vllm_vcr.serve")
+WARM_UP_BLOCKS = 256
 TIMEOUT = 10.0  # s: a warm-up that takes longer is abandoned (the server starts anyway)
 _PROMPT = "Warm-up: the first request pays for what later ones find ready. " * 4
 
@@ -31,7 +32,10 @@ _PROMPT = "Warm-up: the first request pays for what later ones find ready. " * 4
 def throwaway_args(args: EngineArgs) -> EngineArgs:
     """The server's engine, without latency, recorded inputs, loading time or failures."""
     config = EngineConfig(max_model_len=args.config.max_model_len, log_requests=False)
-    return EngineArgs(config=config, kv_cache_size=args.kv_cache_size, tokens_per_block=args.tokens_per_block,
+    # a small KV cache: the warm-up prompts need a few blocks, and a pool as large as the
+    # server's (65,536 blocks in the benchmarks) would leave its memory to the process
+    return EngineArgs(config=config, kv_cache_size=min(args.kv_cache_size, WARM_UP_BLOCKS),
+                      tokens_per_block=args.tokens_per_block,
                       vocab_size=args.vocab_size, eos_token_id=args.eos_token_id, mode=args.mode,
                       advertised_max_model_len=args.advertised_max_model_len, model_name=args.model_name,
                       engine_type=args.engine_type, reasoning=args.reasoning).validate()
