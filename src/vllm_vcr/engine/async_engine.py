@@ -69,9 +69,13 @@ class _Collector:
         if w is not None and not w.done():
             if self.deliver is None:
                 w.set_result(None)
-            elif not self.queued:
+            elif not self.queued:  # onto the push queue (inline: this runs once per output)
                 self.queued = True
-                self.push_queue.add(self)
+                q = self.push_queue
+                if not q.collectors:
+                    # flushed after the engine task yields: its back-to-back steps arrive as one delivery
+                    asyncio.get_running_loop().call_soon(q.flush)
+                q.collectors.append(self)
 
     def fail(self, error: BaseException) -> None:
         self.error = error
@@ -122,12 +126,6 @@ class _PushQueue:
 
     def __init__(self) -> None:
         self.collectors: list[_Collector] = []
-
-    def add(self, col: _Collector) -> None:
-        if not self.collectors:
-            # runs after the engine task yields: its back-to-back steps arrive as one delivery
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.collectors.append(col)
 
     def flush(self) -> None:
         cols, self.collectors = self.collectors, []

@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .request import Request, RequestStatus
-from .scheduler import DECODE, DUE_SLACK, TRANSFER
+from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
 from .tokens import RandomTokens
 from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
 
@@ -77,14 +77,20 @@ class OutputProcessor:
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self.max_model_len = core.config.max_model_len
-        self._push_decode = core.scheduler.push_decode
+        sched = core.scheduler
+        self._push_decode = sched.push_decode
+        # a scheduler with its own push_decode (the decode cohort) sees every deadline through it
+        self._push_next = sched.push_next_decode if type(sched).push_decode is Scheduler.push_decode \
+            else sched.push_decode
 
     def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
         conditions, then finish the request or set its next deadline."""
-        idx = len(req.output_token_ids)
-        max_len = self.max_model_len
         source = req.token_source
+        if burst == 1 and type(source) is RandomTokens and self._steady_decode(req, source, outputs):
+            return
+        max_len = self.max_model_len
+        idx = len(req.output_token_ids)
         count = burst if burst > 1 else req.chunk
         if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
             new = []
@@ -129,6 +135,25 @@ class OutputProcessor:
             base = req.first_due if idx == 0 else req.next_due
             self._push_decode(req, base + gap)
         outputs.append((req.client_index, out))
+
+    def _steady_decode(self, req: Request, source: RandomTokens, outputs: list) -> bool:
+        """The steady decode (W2's per-event path), what `sample` does for it without its branches:
+        one random token that does not end the request, the next deadline one fixed gap after the
+        last. False (nothing done) for any other case."""
+        if (req.chunk != 1 or not req.prefill_stats_sent or req.pending_events or req.pooling
+                or req.pacing.itl_std != 0.0):
+            return False
+        out_ids = req.output_token_ids
+        all_ids = req.all_token_ids
+        max_len = self.max_model_len
+        if not out_ids or req.max_tokens - len(out_ids) <= 1 or (max_len and max_len - len(all_ids) <= 1):
+            return False
+        tok = source.next_token(0)
+        out_ids.append(tok)
+        all_ids.append(tok)
+        self._push_next(req, req.next_due + req.pacing.itl_mean)
+        outputs.append((req.client_index, EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])))
+        return True
 
     def update_from_output(self, scheduled: Scheduled, pulled: list[Request], now: float, burst: int = 1,
                            timed: bool = False) -> None:
@@ -181,15 +206,21 @@ class OutputProcessor:
         core = self.core
         ts = core.clock.now()
         stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
+        sink = core.output_sink
+        index = core.engine_index
+        clients = {c for c, _ in outputs}
+        if finished:
+            clients.update(c for c, _ in finished)
+        if len(clients) <= 1:  # one client (always, in-process): no regrouping per output
+            sink(clients.pop() if clients else 0,
+                 EngineCoreOutputs(engine_index=index, outputs=[o for _, o in outputs], scheduler_stats=stats,
+                                   timestamp=ts, finished_requests=[r for _, r in finished] or None))
+            return
         by_client: dict[int, tuple[list[EngineCoreOutput], list[str]]] = {}
         for client, o in outputs:
             by_client.setdefault(client, ([], []))[0].append(o)
         for client, rid in finished:
             by_client.setdefault(client, ([], []))[1].append(rid)
-        if not by_client:
-            by_client[0] = ([], [])
-        sink = core.output_sink
-        index = core.engine_index
         for client, (outs, fin) in by_client.items():
             sink(client, EngineCoreOutputs(engine_index=index, outputs=outs, scheduler_stats=stats,
                                            timestamp=ts, finished_requests=fin or None))

@@ -42,6 +42,9 @@ class Scheduler:
         self.prefilling: list[Request] = []  # running requests that were given a prefill chunk
         self.bootstrapping: dict[str, Request] = {}  # destination-first prefills waiting for their decoder
         self.decode_heap: list[tuple[float, int, int, Request]] = []
+        # deadlines that arrive in order (a decode's next one, a fixed gap after the one just
+        # served): a FIFO beside the heap, so the steady decode pays no heap push and pop
+        self.decode_lane: deque[tuple[float, int, int, Request]] = deque()
         self.prefix_stats = PrefixCacheStats()
         self.num_preemptions = 0  # since the last stats report
         self.total_preemptions = 0
@@ -75,28 +78,46 @@ class Scheduler:
         req.heap_gen += 1
         heapq.heappush(self.decode_heap, (due, req.seq, req.heap_gen, req))
 
+    def push_next_decode(self, req: Request, due: float) -> None:
+        """push_decode for a decode's next deadline: onto the lane when no entry there is due later
+        (the heap and the lane together serve deadlines in exactly the heap's order)."""
+        req.next_due = due
+        gen = req.heap_gen = req.heap_gen + 1
+        lane = self.decode_lane
+        if not lane or lane[-1][0] < due or (lane[-1][0] == due and lane[-1][1] < req.seq):
+            lane.append((due, req.seq, gen, req))
+        else:
+            heapq.heappush(self.decode_heap, (due, req.seq, gen, req))
+
     def shift_deadlines(self, delta: float) -> None:
         """Move every pending decode deadline later by `delta` (after a pause)."""
         shifted = []
-        for due, seq, gen, req in self.decode_heap:
+        for due, seq, gen, req in (*self.decode_heap, *self.decode_lane):
             if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
                 req.next_due = due + delta
                 shifted.append((due + delta, seq, gen, req))
         heapq.heapify(shifted)
         self.decode_heap = shifted
+        self.decode_lane.clear()
 
     def next_deadline(self) -> float | None:
         heap = self.decode_heap
         while heap:
             due, _, gen, req = heap[0]
             if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
-                return due
+                break
             heapq.heappop(heap)
-        return None
+        lane = self.decode_lane
+        while lane:
+            due, _, gen, req = lane[0]
+            if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
+                return due if not heap or due < heap[0][0] else heap[0][0]
+            lane.popleft()
+        return heap[0][0] if heap else None
 
     def has_immediate_work(self) -> bool:
         """Prefill chunks or admissions that the next step can do without waiting for a deadline."""
-        if any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
+        if self.prefilling and any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
         return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked and not self.paused_new
                 and len(self.running) < self._config().max_num_seqs)
@@ -147,12 +168,20 @@ class Scheduler:
     def _schedule_decodes(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
         """Running requests whose next token is due (earliest first)."""
         heap = self.decode_heap
+        lane = self.decode_lane
         horizon = now + DUE_SLACK
         block_size = self.kv.block_size
         running_status = RequestStatus.RUNNING
         heappop = heapq.heappop
-        while heap and budget > 0 and heap[0][0] <= horizon:
-            _, _, gen, req = heappop(heap)
+        while budget > 0:  # the earlier of the heap's and the lane's heads, while due
+            if lane and (not heap or lane[0] < heap[0]):
+                if lane[0][0] > horizon:
+                    break
+                _, _, gen, req = lane.popleft()
+            elif heap and heap[0][0] <= horizon:
+                _, _, gen, req = heappop(heap)
+            else:
+                break
             if req.status is not running_status or gen != req.heap_gen:
                 continue
             computed = req.num_computed_tokens
