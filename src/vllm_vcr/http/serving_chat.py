@@ -366,6 +366,7 @@ class ChatStream(ChoiceStream):
         if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
                 and not st.keep_ids):
             self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_len)
+            self.first_pre = self.opening()  # now, not when the first token is due
 
     def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
         pl = self.prompt_len
@@ -391,6 +392,12 @@ class ChatStream(ChoiceStream):
         return b"".join(parts)
 
     def feed_full(self, out: EngineCoreOutput) -> bytes:
+        if self.first and self.fast_ok:
+            data = self.feed_first(out)
+            if data is not None:
+                self.first = False
+                self.first_state = self.states[0]
+                return data
         applied = self.apply(out)
         if applied is None:
             return b""
