@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may download
-# one encode on the event loop's thread: rayon's hand-off to a worker thread doubled its wall time
-# (same CPU, same ids) and made every request in an opening burst wait for it
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tokenizers import Tokenizer as _HFTokenizer  # noqa: E402
 
