@@ -6,8 +6,9 @@ estimator's own static estimate (run_static, batch = concurrency).
 
 Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
 users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
-One global correction, the engine's host overhead per step (a ms + b ms per running sequence)
-and a frontend share of TTFT, is fitted on the declared training split (rows with
+One global correction, the engine's host time per step (a ms + b ms per running sequence; added
+to the GPU time, or, under async scheduling, overlapped with it but for k ms exposed) and a
+frontend share of TTFT, is fitted on the declared training split (rows with
 crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
 Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
@@ -36,36 +37,39 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from vllm_vcr.simulate.silicon import SiliconRow, plan_for, simulate_row, static_estimate, supported, vllm_agg_rows  # noqa: E402
+from vllm_vcr.simulate.silicon import (HostTime, SiliconRow, plan_for, simulate_row, static_estimate,  # noqa: E402
+                                        supported, vllm_agg_rows)
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
 GRID = np.arange(0.0, 6.0001, 0.05)  # candidate host overheads per step (ms)
-SEQ_GRID = np.arange(0.0, 0.0601, 0.002)  # candidate host overheads per running sequence per step (ms)
+SEQ_GRID = np.arange(0.0, 0.0601, 0.004)  # candidate host overheads per running sequence per step (ms)
+EXPOSED_GRID = np.arange(0.0, 4.0001, 0.05)  # candidate exposed host times per step under async scheduling (ms)
 
 
-def _job(task: tuple[dict, tuple[float, float], int]) -> dict:
-    row_d, (overhead, per_seq), max_tokens = task
+def _job(task: tuple[dict, HostTime, int]) -> dict:
+    row_d, host, max_tokens = task
     logging.disable(logging.WARNING)
     row = SiliconRow(**row_d)
-    out = {"id": row.id, "split": row.split, "overhead_ms": overhead, "per_seq_ms": per_seq}
+    out = {"id": row.id, "split": row.split, "overhead_ms": host.step_ms, "per_seq_ms": host.per_seq_ms,
+           "async_exposed_ms": host.async_exposed_ms}
     why = supported(row)
     if why is not None:
         return {**out, "unsupported": why}
     s_ttft, s_tpot = static_estimate(row)
     t0 = time.perf_counter()
-    sim = simulate_row(row, step_overhead_ms=overhead, per_seq_overhead_ms=per_seq, max_tokens=max_tokens)
+    sim = simulate_row(row, host=host, max_tokens=max_tokens)
     return {**out, "static_ttft_ms": s_ttft, "static_tpot_ms": s_tpot, "sim": sim,
             "cpu_s": time.perf_counter() - t0}
 
 
-def _run(rows: list[SiliconRow], overhead: tuple[float, float], args, done: dict[str, dict], out,
+def _run(rows: list[SiliconRow], overhead: HostTime, args, done: dict[str, dict], out,
          budget_s: float) -> None:
     todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead]
     # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
     todo.sort(key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
     tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]
-    print(f"simulating {len(tasks)} rows at host overhead {overhead} ms/step, ms/seq/step with {args.jobs} job(s)",
+    print(f"simulating {len(tasks)} rows at {overhead} with {args.jobs} job(s)",
           file=sys.stderr)
     t0 = time.time()
     pool = Pool(args.jobs)
@@ -83,27 +87,39 @@ def _run(rows: list[SiliconRow], overhead: tuple[float, float], args, done: dict
         pool.terminate()
 
 
-def _overhead_of(res: dict) -> tuple[float, float]:
-    return res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0)
+def _overhead_of(res: dict) -> HostTime:
+    return HostTime(res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0), res.get("async_exposed_ms", 0.0))
 
 
-def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> tuple[float, float]:
-    """The host overhead per step, a + b * running sequences, minimising the median |TPOT
-    error| on the training rows (each output token takes one step, so a step's overhead adds
-    about itself to TPOT; the running batch is about the per-engine concurrency)."""
-    meas, sim, batch = [], [], []
+def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, h: HostTime) -> np.ndarray:
+    """A step's time from its GPU time, as the engine prices it (engine/latency/aic.py)."""
+    host = h.step_ms + h.per_seq_ms * batch
+    return np.where(is_async, np.maximum(gpu, host) + h.async_exposed_ms, gpu + host)
+
+
+def _training_arrays(rows: list[SiliconRow], done: dict[str, dict]):
+    """Per simulated training row: measured TPOT, the simulated TPOT without host time (each
+    output token takes one step: about the GPU's step time), the running batch, async or not."""
+    out = []
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
-            a0, b0 = _overhead_of(res)
-            c = res["sim"]["per_engine_concurrency"]
-            meas.append(r.tpot_ms)
-            sim.append(res["sim"]["tpot_ms"] - a0 - b0 * c)
-            batch.append(c)
-    meas_a, sim_a, batch_a = np.array(meas), np.array(sim), np.array(batch)
-    best = min((float(np.median(np.abs(sim_a + a + b * batch_a - meas_a) / meas_a)), a, b)
-               for a in GRID for b in SEQ_GRID)
-    return round(float(best[1]), 3), round(float(best[2]), 4)
+            h, c = _overhead_of(res), res["sim"]["per_engine_concurrency"]
+            if h != HostTime():
+                raise SystemExit("the fit needs the training rows simulated without host time")
+            out.append((r.tpot_ms, res["sim"]["tpot_ms"], c, r.async_scheduling, r.ttft_ms, res["sim"]["ttft_ms"],
+                        r.isl / 1000))
+    return [np.array(col) for col in zip(*out)]
+
+
+def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
+    """The host time per step, a + b * running sequences (added to the step's GPU time, or
+    overlapped with it under async scheduling but for k ms exposed), minimising the median |TPOT
+    error| on the training rows of both kinds."""
+    meas, gpu, batch, is_async, *_ = _training_arrays(rows, done)
+    best = min((float(np.median(np.abs(_step_ms(gpu, batch, is_async, HostTime(a, b, k)) - meas) / meas)), a, b, k)
+               for a in GRID for b in SEQ_GRID for k in EXPOSED_GRID)
+    return HostTime(round(float(best[1]), 3), round(float(best[2]), 4), round(float(best[3]), 3))
 
 
 Frontend = tuple[float, float]  # first-token share: ms + ms per 1000 prompt tokens
@@ -113,23 +129,15 @@ def frontend_ms(frontend: Frontend, row: SiliconRow) -> float:
     return frontend[0] + frontend[1] * row.isl / 1000
 
 
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float]) -> Frontend:
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> Frontend:
     """The frontend's share of the first token, `f0 + f1 * ISL` (HTTP and the first streamed
     chunk; tokenising and handing over the prompt, which grow with it: what `serve`/`play` add for
     real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
-    simulated without host overhead (a step's overhead adds about twice itself to TTFT: the step
-    the request waits for and its prefill)."""
-    meas, sim, isl = [], [], []
-    for r in rows:
-        res = done.get(r.id)
-        if res and "sim" in res:
-            c = res["sim"]["per_engine_concurrency"]
-            (a0, b0), (a, b) = _overhead_of(res), overhead
-            meas.append(r.ttft_ms)
-            sim.append(res["sim"]["ttft_ms"] + 2 * ((a - a0) + (b - b0) * c))
-            isl.append(r.isl / 1000)
-    meas_a, sim_a, isl_a = np.array(meas), np.array(sim), np.array(isl)
-    best = min((float(np.median(np.abs(sim_a + f0 + f1 * isl_a - meas_a) / meas_a)), f0, f1)
+    simulated without host time (a step's host time adds about twice itself to TTFT: the step
+    the request waits for and its prefill; under async scheduling only its exposed part)."""
+    _, gpu, batch, is_async, meas, sim, isl = _training_arrays(rows, done)
+    sim = sim + 2 * (_step_ms(gpu, batch, is_async, host) - gpu)
+    best = min((float(np.median(np.abs(sim + f0 + f1 * isl - meas) / meas)), f0, f1)
                for f0 in np.arange(0.0, 150.001, 1.0) for f1 in np.arange(0.0, 30.001, 0.5))
     return float(best[1]), float(best[2])
 
@@ -197,7 +205,7 @@ def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int
     return out
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float, float], frontend: Frontend,
+def render(rows: list[SiliconRow], done: dict[str, dict], overhead: HostTime, frontend: Frontend,
            command: str) -> str:
     held = [r for r in rows if r.split == "heldout"]
     train = [r for r in rows if r.split == "train"]
@@ -213,8 +221,10 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: tuple[float,
            f"(below), {n_left} not simulated in the run's time (the costliest by simulated tokens). Errors are |predicted − measured| / measured, median and p90 "
            f"over the rows. *sim* = the row's benchmark through the engine with `--perf-model aic`; *static* = "
            f"the estimator's `run_static` with batch = concurrency.", "",
-           f"Fitted on the training rows ({len(train)}, {n_train} simulated): host overhead "
-           f"**{overhead[0]:.2f} ms per step + {overhead[1] * 1e3:.0f} µs per running sequence** (simulated) and a "
+           f"Fitted on the training rows ({len(train)}, {n_train} simulated): host time "
+           f"**{overhead.step_ms:.2f} ms per step + {overhead.per_seq_ms * 1e3:.0f} µs per running sequence** "
+           f"(simulated: added to the step's GPU time, or under async scheduling overlapped with it, with "
+           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed) and a "
            f"frontend share of the first token of **{frontend[0]:.0f} ms + {frontend[1]:.1f} ms per 1000 prompt "
            f"tokens** (added to the simulated TTFT: `serve` and "
            f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
@@ -254,8 +264,8 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=None,
                     help="only N rows spread over models, GPUs and concurrencies (iterate on a slice; give it its "
                          "own --results file)")
-    ap.add_argument("--overhead", type=float, nargs=2, default=None, metavar=("MS_PER_STEP", "MS_PER_SEQ"),
-                    help="skip the fit: use this host overhead")
+    ap.add_argument("--overhead", type=float, nargs=3, default=None,
+                    metavar=("MS_PER_STEP", "MS_PER_SEQ", "ASYNC_EXPOSED_MS"), help="skip the fit: use this host time")
     ap.add_argument("--frontend", type=float, nargs=2, default=None, metavar=("MS", "MS_PER_1000_TOKENS"),
                     help="skip the fit: use this frontend share of TTFT")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
@@ -273,12 +283,12 @@ def main() -> int:
             done[res["id"]] = res
     with path.open("a") as out:
         if not args.render_only:
-            _run([r for r in rows if r.split == "train"], (0.0, 0.0), args, done, out, args.budget_s / 3)
-        overhead = tuple(args.overhead) if args.overhead is not None else fit_overhead(
+            _run([r for r in rows if r.split == "train"], HostTime(), args, done, out, args.budget_s / 3)
+        overhead = HostTime(*args.overhead) if args.overhead is not None else fit_overhead(
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
         frontend = tuple(args.frontend) if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted host overhead: {overhead} (ms/step, ms/seq/step), frontend {frontend} (ms, ms/1000 tokens)",
+        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens)",
               file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)

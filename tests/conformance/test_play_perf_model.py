@@ -64,7 +64,7 @@ def _decode_step_ms(batch: int, context: int) -> float:
 
     step = StepBatch(num_decodes=batch, num_prefill_tokens=0, num_prefills=0, num_first_tokens=0,
                      decode_context=batch * context)
-    return step_latency(AicTarget(LLAMA_8B, GPU)).step_ms(step)
+    return step_latency(AicTarget(LLAMA_8B, GPU, async_scheduling=True)).step_ms(step)  # play's default
 
 
 def test_frontend_sees_the_gpu_kv_cache(stack):

@@ -20,10 +20,12 @@ from .errors import PerfModelError
 
 logger = logging.getLogger(__name__)
 
-# Host time per step not in the kernel data; fitted on the training split of the silicon
-# validation (bench/silicon_validation.py), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 1.8
-DEFAULT_PER_SEQ_OVERHEAD_MS = 0.0
+# Host time per step not in the kernel data, and the part of a step async scheduling cannot
+# overlap with the GPU; fitted on the training split of the silicon validation
+# (bench/silicon_validation.py), see docs/fidelity.md.
+DEFAULT_STEP_OVERHEAD_MS = 1.75
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.036
+DEFAULT_ASYNC_EXPOSED_MS = 1.65
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class AicTarget:
     kv_cache_quant: str | None = None
     step_overhead_ms: float = DEFAULT_STEP_OVERHEAD_MS
     per_seq_overhead_ms: float = DEFAULT_PER_SEQ_OVERHEAD_MS
+    async_scheduling: bool = False  # vLLM's --async-scheduling: host time overlaps the GPU's
+    async_exposed_ms: float = DEFAULT_ASYNC_EXPOSED_MS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,16 +67,20 @@ class AicTarget:
                     kvcache_quant_mode=self.kv_cache_quant)
 
 
+# The host's share of a step: not part of the compiled estimator's identity.
+_HOST_FIELDS = ("step_overhead_ms", "per_seq_overhead_ms", "async_scheduling", "async_exposed_ms")
+
+
 def _target_key(t: AicTarget) -> str:
     d = t.to_dict()
-    d.pop("step_overhead_ms")
-    d.pop("per_seq_overhead_ms")
+    for f in _HOST_FIELDS:
+        d.pop(f)
     return json.dumps(d, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(key: str) -> Any:
-    t = AicTarget.from_dict({**json.loads(key), "step_overhead_ms": 0.0, "per_seq_overhead_ms": 0.0})
+    t = AicTarget.from_dict(json.loads(key))
     import_aic()
     check_gpu(t.gpu, t.backend)
     configure_data_roots()
@@ -105,7 +113,8 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
     """The engine's latency model for `target` (engine/latency/aic.py), its estimator compiled here."""
     t = target.resolved()
     return AicStepLatency(StepPricer(compile_target(t)), step_overhead_ms=t.step_overhead_ms,
-                          per_seq_overhead_ms=t.per_seq_overhead_ms, time_scale=time_scale)
+                          per_seq_overhead_ms=t.per_seq_overhead_ms, async_scheduling=t.async_scheduling,
+                          async_exposed_ms=t.async_exposed_ms, time_scale=time_scale)
 
 
 def shared_step_latency(target: dict[str, Any], time_scale: float) -> AicStepLatency:

@@ -3,7 +3,8 @@
 The model comes from the served model (MODEL, `--model`, `--served-model-name`, play's
 `--model-name`) unless `--perf-model-path` names it. vLLM's own flags that matter on a GPU
 (`--tensor-parallel-size`, `--gpu-memory-utilization`, `--num-gpu-blocks-override`,
-`--kv-cache-dtype`) are honoured when the perf model is on. Dynamo mocker's spellings are
+`--kv-cache-dtype`, `--async-scheduling`/`--no-async-scheduling`) are honoured when the perf
+model is on (async scheduling on unless turned off, as in vLLM from 0.14). Dynamo mocker's spellings are
 accepted as aliases: `--aic-perf-model`/`--ais-perf-model` (a switch), `--aic-system`,
 `--aic-backend`, `--aic-backend-version`, `--aic-tp-size`, `--aic-moe-tp-size`,
 `--aic-moe-ep-size`, `--aic-attention-dp-size`, `--aic-model-path` (and their `--ais-` forms).
@@ -59,13 +60,21 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
     g.add_argument("--perf-quantization", dest="perf_quant", default=None,
                    help="GEMM precision (fp8, nvfp4, int4_wo, ...); default from the model")
     g.add_argument("--perf-step-overhead-ms", type=float, default=None,
-                   help="host time added to every step (ms); default: the fitted value (docs/fidelity.md)")
+                   help="host time of every step (ms): added to the GPU time, or overlapped with it under "
+                        "async scheduling; default: the fitted value (docs/fidelity.md)")
+    g.add_argument("--perf-async-exposed-ms", type=float, default=None,
+                   help="under async scheduling, the part of a step's host time that does not overlap the "
+                        "GPU (ms); default: the fitted value")
     kv = parser._option_string_actions.get("--kv-cache-size")
     parser.set_defaults(_kv_cache_size_default=kv.default if kv is not None else None)
     if vllm_gpu_flags:
         for flags, (dest, typ) in _VLLM_GPU_FLAGS.items():
             if flags[0] not in parser._option_string_actions:
                 g.add_argument(*flags, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
+        if "--async-scheduling" not in parser._option_string_actions:
+            g.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
+                           default=None, help="vLLM's async scheduling (default on): the host prepares the "
+                                              "next step while the GPU runs this one")
 
 
 def _vllm_flag(ns: argparse.Namespace, dest: str, typ: type) -> Any:
@@ -102,7 +111,7 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
     kind = getattr(ns, "perf_model", None) or ("aic" if getattr(ns, "perf_model_switch", False) else "none")
     if kind == "none":
         return None
-    from .aic import DEFAULT_STEP_OVERHEAD_MS, AicTarget
+    from .aic import DEFAULT_ASYNC_EXPOSED_MS, DEFAULT_STEP_OVERHEAD_MS, AicTarget
 
     tp = ns.perf_tp or _vllm_flag(ns, "tensor_parallel_size", int) or 1
     target = AicTarget(
@@ -111,7 +120,9 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
         backend_version=ns.perf_backend_version, tensor_parallel_size=tp,
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
-        step_overhead_ms=DEFAULT_STEP_OVERHEAD_MS if ns.perf_step_overhead_ms is None else ns.perf_step_overhead_ms)
+        step_overhead_ms=DEFAULT_STEP_OVERHEAD_MS if ns.perf_step_overhead_ms is None else ns.perf_step_overhead_ms,
+        async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False,
+        async_exposed_ms=DEFAULT_ASYNC_EXPOSED_MS if ns.perf_async_exposed_ms is None else ns.perf_async_exposed_ms)
     return target.resolved().to_dict()
 
 

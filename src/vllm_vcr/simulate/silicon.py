@@ -29,7 +29,19 @@ from typing import Any, Iterator
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import package_root, resolve_model
 from ..perf.errors import PerfModelError
-from .silicon_harness import ServerFlags, inferencex_dp_attention, inferencex_flags, scheduler_limits
+from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
+                              scheduler_limits)
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """The engine's host time per step (the global correction): `step_ms + per_seq_ms x running
+    sequences`, added to the GPU time, or overlapped with it under async scheduling, which
+    leaves `async_exposed_ms` per step exposed."""
+
+    step_ms: float = 0.0
+    per_seq_ms: float = 0.0
+    async_exposed_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,12 +87,19 @@ class SiliconRow:
             return ServerFlags()
         return inferencex_flags(self.model, self.gpu, self.gemm_quant, self.source)
 
-    def target(self, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0) -> AicTarget:
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the row's engine overlapped its host work with the GPU (silicon_harness.py)."""
+        return async_scheduling(self.server, self.backend_version)
+
+    def target(self, host: HostTime | None = None) -> AicTarget:
+        h = host or HostTime()
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
                          gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
                          kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
-                         step_overhead_ms=step_overhead_ms, per_seq_overhead_ms=per_seq_overhead_ms)
+                         step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
+                         async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -240,15 +259,14 @@ def _context_correction_ms(row: SiliconRow, plan: SimPlan) -> float:
     return h.decode_step_latency(b, row.isl + row.osl // 2, 2) - h.decode_step_latency(b, row.isl + plan.osl // 2, 2)
 
 
-def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
-                 max_tokens: int = 40_000) -> dict[str, Any]:
+def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
     """Simulate the row's benchmark (see the module doc); TTFT/TPOT means in ms."""
     from ..engine.config import EngineArgs, EngineConfig
     from ..perf.kv_sizing import estimate_kv_capacity
     from .runner import simulate
     from .workload import LengthDist, SyntheticWorkload
 
-    target = row.target(step_overhead_ms, per_seq_overhead_ms).resolved()
+    target = row.target(host).resolved()
     compile_target(target)
     engines = max(row.attention_dp, 1)
     server = row.server
@@ -280,7 +298,7 @@ def simulate_row(row: SiliconRow, *, step_overhead_ms: float = 0.0, per_seq_over
             "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
             "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8,
+            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8, "async_scheduling": row.async_scheduling,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 

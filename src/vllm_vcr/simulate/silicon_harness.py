@@ -26,6 +26,7 @@ class ServerFlags:
     max_num_seqs_is_concurrency: bool = False  # --max-num-seqs $CONC
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
+    async_scheduling: bool | None = None  # --async-scheduling; None: the version's default
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,10 @@ class _Rule:
     flags: ServerFlags
 
 
-_LLAMA_70B_B200 = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs=512)
-_LLAMA_70B_HOPPER = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs_is_concurrency=True)
+_LLAMA_70B_B200 = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs=512,
+                              async_scheduling=True)
+_LLAMA_70B_HOPPER = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs_is_concurrency=True,
+                                async_scheduling=True)
 _MINIMAX_FP8_EARLY = ServerFlags(gpu_memory_utilization=0.95, block_size=32)
 # The scripts' `--max-num-batched-tokens $((ISL * 2))` is left out (vLLM's default budget is
 # kept): with a 2048-token budget the simulated TTFT of the C >= 256 bursts is 2.5-6x the
@@ -104,6 +107,16 @@ def vllm_defaults(gpu_bytes: int, backend_version: str = "") -> tuple[int, int]:
     if gpu_bytes >= 70 * GIB:
         return 1024, 8192
     return 256, 2048
+
+
+def async_scheduling(flags: ServerFlags, backend_version: str) -> bool:
+    """Whether the row's engine ran async scheduling: the script's `--async-scheduling`, else
+    vLLM's default of the version that ran (on from 0.14, vllm-project/vllm#27614; a nightly
+    image of the sample is a 2026 build). An unknown version is taken as a current one."""
+    if flags.async_scheduling is not None:
+        return flags.async_scheduling
+    v = backend_version or ""
+    return not v[:1].isdigit() or _version(v) >= (0, 14)
 
 
 def scheduler_limits(flags: ServerFlags, gpu_bytes: int, backend_version: str,

@@ -12,7 +12,12 @@ from the step's actual contents rather than one static batch:
 - decode attention of the decodes over their mean context length.
 
 A decode-only step is the estimator's own generation step. On top of the GPU time, every step
-pays the engine's host time (`step_overhead_ms`; a per-sequence share can be set too).
+has the engine's host time (`step_overhead_ms`; a per-sequence share can be set too): scheduling,
+input preparation, sampling, output processing. Without async scheduling the host and the GPU
+take turns, so a step lasts their sum. With vLLM's async scheduling (`--async-scheduling`, on
+by default from vLLM 0.14) the host schedules and prepares step n+1 while step n runs on the
+GPU, so a step lasts max(GPU time, host time) plus the part that cannot overlap
+(`async_exposed_ms`: handing step n's sampled tokens back to step n+1's inputs).
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class StepPricer:
         return shared + dec_attn + prefills * ctx_attn
 
 
+def overlapped_step_ms(gpu_ms: float, host_ms: float, exposed_ms: float) -> float:
+    """A step under async scheduling: the host's work for the next step hides behind the GPU's
+    (or the GPU waits for the host), plus the part that cannot overlap."""
+    return max(gpu_ms, host_ms) + exposed_ms
+
+
 class AicStepLatency(LatencyModel):
     """`--perf-model aic`: every step timed from what it computes (the timing interface's step
     durations; requests have no pacing of their own)."""
@@ -74,16 +85,19 @@ class AicStepLatency(LatencyModel):
     times_steps = True
 
     def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
-                 time_scale: float = 1.0) -> None:
+                 async_scheduling: bool = False, async_exposed_ms: float = 0.0, time_scale: float = 1.0) -> None:
         self.pricer = pricer
         self.step_overhead_ms = step_overhead_ms
         self.per_seq_overhead_ms = per_seq_overhead_ms
+        self.async_scheduling = async_scheduling
+        self.async_exposed_ms = async_exposed_ms
         self._scale = 1e-3 / time_scale
 
     def step_ms(self, batch: StepBatch) -> float:
         gpu = self.pricer.gpu_ms(batch.num_decodes, batch.decode_context, batch.num_prefills,
                                  batch.num_prefill_tokens, batch.prefill_context)
-        return gpu + self.step_overhead_ms + self.per_seq_overhead_ms * (batch.num_decodes + batch.num_prefills)
+        host = self.step_overhead_ms + self.per_seq_overhead_ms * (batch.num_decodes + batch.num_prefills)
+        return overlapped_step_ms(gpu, host, self.async_exposed_ms) if self.async_scheduling else gpu + host
 
     def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
         return self.step_ms(batch) * self._scale
