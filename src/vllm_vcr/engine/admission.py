@@ -246,7 +246,7 @@ class Admission:
         seed = sp.seed
         if seed is None and sp.temperature is not None and sp.temperature < GREEDY_EPS:
             seed = hash((args.seed, tuple(req.prompt_token_ids)))  # greedy: same prompt, same tokens
-        rng = random.Random(seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}")
+        rng_seed = seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}"
         pacing = core.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                      len(core.scheduler.running), self.latency_rng)
         plan = req.plan
@@ -262,7 +262,7 @@ class Admission:
         if self.lora is not None and req.lora_id:
             self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
-        req.token_source = self._token_source(req, rng)
+        req.token_source = self._token_source(req, rng_seed)
 
     def _load_adapter(self, req: Request) -> None:
         """Make the request's adapter resident beside the batch's; loading delays its first token
@@ -278,9 +278,15 @@ class Admission:
         t, self.lora_time = self.lora_time, 0.0
         return t
 
-    def _token_source(self, req: Request, rng: random.Random) -> TokenSource:
+    def _token_source(self, req: Request, rng_seed) -> TokenSource:
         args = self.core.args
-        src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        factory = self.token_source_factory
+        # the request's own random sequence; a factory marked `rng_free` never reads it, and when it
+        # makes the source, none is seeded (it is fresh per request: nothing else could see it)
+        rng = None if factory is not None and getattr(factory, "rng_free", False) else random.Random(rng_seed)
+        src = factory(req, rng) if factory is not None else None
+        if src is None and rng is None:
+            rng = random.Random(rng_seed)
         if src is not None and req.eos_at is not None:
             # the source writes the whole answer (a tool call read from the prompt) and ends it
             # with its own EOS: a modeled length must not cut it short
