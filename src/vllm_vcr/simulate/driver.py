@@ -168,7 +168,8 @@ class Simulation:
 
     def _finish(self, rec: RequestRecord, t: float, reason) -> None:
         rec.end = t
-        rec.finish = getattr(reason, "name", str(reason)).lower()
+        name = getattr(reason, "name", None)
+        rec.finish = (str(reason) if name is None else name).lower()
         del self.records[rec.request_id]
         self.done.append(rec)
         self.router.on_finish(rec.engine, rec.prompt_len, rec.max_tokens)
