@@ -103,7 +103,7 @@ class OutputProcessor:
             if max_len:
                 limit = min(limit, max_len - len(all_ids))
             k = max(min(count, limit), 1)
-            new = source.take(k)
+            new = source.take(k) if type(source) is RandomTokens else source.take_from(idx, k)
             out_ids += new
             all_ids += new
             if k >= limit:

@@ -78,6 +78,11 @@ class CountedTokens:
     def take(self, k: int) -> list[int]:
         return list(self._ids) * (k // 2) + list(self._ids[:k & 1])
 
+    def take_from(self, index: int, k: int) -> list[int]:
+        """The ids of output indices `index`..`index + k - 1` (what `next_token` gives for each)."""
+        ids = self._ids
+        return [ids[i & 1] for i in range(index, index + k)]
+
 
 class BiasedTokens:
     """Ids drawn as a model with flat logits would draw them under `logit_bias` and
