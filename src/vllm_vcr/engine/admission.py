@@ -80,6 +80,9 @@ class Admission:
                                   args.lora_load_time / args.time_scale,
                                   args.lora_swap_in_time / args.time_scale) if args.max_loras else None
         self.lora_time = 0.0
+        # set by a driver whose prompt lists are fresh and never read again (with CountedTokens: no
+        # token source reads the prompt): requests extend them instead of a copy (request.py)
+        self.adopt_prompts = False
 
     # --- on arrival ------------------------------------------------------------------------------
     def admit(self, ecr: EngineCoreRequest, now: float, draining: bool, outputs: list,
@@ -158,7 +161,7 @@ class Admission:
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         self.seq += 1
-        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq)
+        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq, self.adopt_prompts)
         req.planned = plan.token_ids if plan is not None else None
         req.plan = plan
         req.eos_at = eos_at
