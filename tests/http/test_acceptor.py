@@ -65,16 +65,46 @@ def test_a_backlog_of_connections_is_taken_in_a_few_turns_not_one_per_turn():
     assert plain >= N // 2  # what it replaces: about one accept per turn
 
 
-async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_run():
-    """Requests that arrive together are stamped together, although each handler then takes
-    50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
+async def _stamping_server(app, n_clients: int):  # noqa: ANN001
+    """uvicorn's httptools protocol with arrival stamps behind a BurstAcceptor, serving `app`,
+    and `n_clients` connected sockets (every connection has its protocol)."""
     import functools
-    import time
 
     import uvicorn
     from uvicorn.server import ServerState
 
-    from vllm_vcr.http.acceptor import ARRIVAL, stamping_arrival
+    from vllm_vcr.http.acceptor import stamping_arrival
+
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
+    config.load()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
+                                server_state=ServerState(), app_state={})
+    acceptor = BurstAcceptor(listener, factory)
+    clients = [socket.create_connection(listener.getsockname()) for _ in range(n_clients)]
+    for _ in range(50):  # let every connection get its protocol
+        await asyncio.sleep(0.01)
+    return acceptor, listener, clients
+
+
+async def _answered_then_closed(acceptor: BurstAcceptor, listener: socket.socket, clients: list) -> None:
+    loop = asyncio.get_running_loop()
+    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
+    acceptor.close()
+    for c in clients:
+        c.close()
+    listener.close()
+    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+
+
+async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_run():
+    """Requests that arrive together are stamped together, although each handler then takes
+    50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
+    import time
+
+    from vllm_vcr.http.acceptor import ARRIVAL
 
     calls: list[tuple[float, float]] = []
 
@@ -85,30 +115,126 @@ async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_ru
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
-    config.load()
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    factory = functools.partial(stamping_arrival(config.http_protocol_class), config=config,
-                                server_state=ServerState(), app_state={})
-    acceptor = BurstAcceptor(listener, factory)
-    clients = [socket.create_connection(listener.getsockname()) for _ in range(5)]
-    loop = asyncio.get_running_loop()
-    for _ in range(50):  # let every connection get its protocol
-        await asyncio.sleep(0.01)
+    acceptor, listener, clients = await _stamping_server(app, 5)
     body = b"{}"
     for c in clients:  # all five requests arrive before the loop next reads
         c.sendall(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n" + body)
-    replies = await asyncio.gather(*(loop.run_in_executor(None, c.recv, 1024) for c in clients))
-    acceptor.close()
-    for c in clients:
-        c.close()
-    listener.close()
-    assert all(r.startswith(b"HTTP/1.1 200") for r in replies)
+    await _answered_then_closed(acceptor, listener, clients)
     arrivals = sorted(a for a, _ in calls)
     started = sorted(t for _, t in calls)
     assert len(calls) == 5
     assert started[-1] - started[0] >= 0.19  # the handlers ran one after another
     assert arrivals[-1] - arrivals[0] < 0.1  # ... but their requests arrived together
     assert all(a <= t for a, t in calls)
+
+
+async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
+    """Ten requests arrive together, each handler then holds the loop 30 ms; an eleventh request
+    is sent 40 ms later. Returns how late its arrival was stamped, and the order the handlers ran."""
+    import threading
+    import time
+
+    from vllm_vcr.http.acceptor import ARRIVAL, TurnSlices
+
+    order: list[int] = []
+    stamps: dict[int, float] = {}
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        n = int(scope["path"][1:])
+        stamps[n] = scope[ARRIVAL]
+        order.append(n)
+        await receive()
+        time.sleep(0.03)  # templating and tokenizing, holding the loop
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    acceptor, listener, clients = await _stamping_server(TurnSlices(app) if sliced else app, 11)
+    sent_late: list[float] = []
+
+    def send_late() -> None:
+        time.sleep(0.04)
+        sent_late.append(time.time())
+        clients[10].sendall(b"GET /10 HTTP/1.1\r\nhost: x\r\n\r\n")
+
+    for i, c in enumerate(clients[:10]):
+        c.sendall(b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i)
+    threading.Thread(target=send_late).start()
+    await _answered_then_closed(acceptor, listener, clients)
+    return stamps[10] - sent_late[0], order
+
+
+async def test_new_requests_share_the_loop_so_late_arrivals_are_stamped_on_time():
+    """Without TurnSlices the eleventh request waits for all ten handlers (300 ms) before the loop
+    reads it; with it, the loop reads between two handlers."""
+    lag, order = await _late_arrival_lag(sliced=True)
+    assert order[:10] == list(range(10))  # the waiting ones start in arrival order
+    assert lag < 0.15
+    plain, _ = await _late_arrival_lag(sliced=False)
+    assert plain > 0.2  # what it replaces
+
+
+async def test_queued_requests_start_in_order_and_cost_nothing_while_they_wait():
+    """200 requests at once, 0.2 ms of work each: they start in arrival order, and a queued
+    request is woken when its turn comes instead of checking again every turn."""
+    import time
+
+    from vllm_vcr.http.acceptor import TurnSlices
+
+    started: list[int] = []
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        started.append(scope["n"])
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.0002:
+            pass
+
+    gate = TurnSlices(app)
+    checks = {"n": 0}
+    real_check = gate._may_start
+
+    def may_start() -> bool:
+        checks["n"] += 1
+        return real_check()
+
+    gate._may_start = may_start
+    await asyncio.gather(*(gate({"type": "http", "n": i}, None, None) for i in range(200)))
+    assert started == list(range(200))
+    assert checks["n"] == 200  # each request asked once; the queued ones were woken, not polled
+
+
+async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_request_per_turn():
+    """The pump sizes each release by the released requests' own time: 5 ms of other work per
+    turn (streams' tokens) must not cut new requests to one per turn."""
+    import time
+
+    from vllm_vcr.http.acceptor import TurnSlices
+
+    def spin(seconds: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            pass
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        spin(0.00005)
+
+    done = False
+
+    async def other_work() -> None:
+        while not done:
+            spin(0.005)
+            await asyncio.sleep(0)
+
+    gate = TurnSlices(app)
+    pumps = {"n": 0}
+    real_pump = gate._pump
+
+    def pump() -> None:
+        pumps["n"] += 1
+        real_pump()
+
+    gate._pump = pump
+    busy = asyncio.ensure_future(other_work())
+    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(100)))
+    done = True
+    await busy
+    assert pumps["n"] <= 50  # about 20 per turn at 50 µs each; one per turn would take 100

@@ -139,11 +139,27 @@ async def test_the_per_token_fast_case_renders_the_full_paths_bytes(inprocess, m
     if usage != "none":
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": usage == "continuous"}
     fast_taken = {"n": 0}
+    first_fast = _count_first_fast(monkeypatch)
     with_fast = await _stream_bytes(url, path, body)
+    assert first_fast == [1]  # the first event (chat: with the role chunk made up front) took the fast case
     monkeypatch.setattr(streaming.ChoiceStream, "enable_fast", lambda self, *a: fast_taken.update(n=-1))
     without = await _stream_bytes(url, path, body)
-    assert fast_taken["n"] == -1  # the second stream really went without the fast case
+    assert fast_taken["n"] == -1 and first_fast == [1]  # the second stream really went without the fast case
     assert len(with_fast) >= 290 and with_fast == without
+
+
+def _count_first_fast(monkeypatch) -> list[int]:
+    """How many outputs `ChoiceStream.feed_first` rendered (it returns None for those it leaves)."""
+    count = [0]
+    real = streaming.ChoiceStream.feed_first
+
+    def feed_first(self, out):
+        data = real(self, out)
+        count[0] += data is not None
+        return data
+
+    monkeypatch.setattr(streaming.ChoiceStream, "feed_first", feed_first)
+    return count
 
 
 async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):

@@ -53,6 +53,16 @@ def test_split_multibyte_character_waits_for_its_last_byte():
     assert all(p in ("", "😀") for p in pieces)
 
 
+def test_a_dangling_partial_character_flushes_as_replacement():
+    ids = TOK.encode("😀", add_special_tokens=False)
+    assert len(ids) > 1
+    d = TOK.detokenizer()
+    assert d.add(ids[:1]) == "" and d.pending
+    assert d.flush() == "\ufffd"
+    whole = TOK.detokenizer()
+    assert whole.add(TOK.encode("ab", add_special_tokens=False)) == "ab" and whole.flush() == ""
+
+
 def test_out_of_range_ids_decode_to_nothing():
     d = TOK.detokenizer()
     assert d.add([TOK.vocab_size + 5]) == ""

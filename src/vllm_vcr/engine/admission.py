@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import TYPE_CHECKING, Callable
 
 from .config import FailureType
@@ -259,13 +260,25 @@ class Admission:
         req.chunk = pacing.first_chunk
         ttft = pacing.ttft
         if type(pacing) is RequestPacing and not core.clock.virtual:
-            # vLLM counts TTFT from the request's arrival: the frontend's own delay is inside it
-            ttft = max(0.0, ttft - req.frontend_delay)
+            # vLLM counts TTFT from the request's arrival: the server's own delay is inside it
+            ttft = max(0.0, ttft - self.server_delay(req, now))
         req.first_due = now + ttft
         if self.lora is not None and req.lora_id:
             self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
         req.token_source = self._token_source(req, rng_seed)
+
+    def server_delay(self, req: Request, now: float) -> float:
+        """Seconds of the request's TTFT already spent in this server before `now` (the step
+        admitting it): the frontend's (parsing, templating, tokenizing, up to the engine's inbox),
+        and, when the engine admits it in the same busy run of its loop that received it, the
+        engine's own admission work too (the steps that admitted the requests before it). A request
+        that waited while the loop slept waited for capacity (a full batch, KV blocks, a pause):
+        that queueing adds to its TTFT, as in vLLM."""
+        if req.received_in != self.core.idle_waits or req.arrival_time <= 0:
+            return req.frontend_delay
+        # the wall-clock time of `now`: the step started before this admission's own work
+        return max(0.0, time.time() - (self.core.clock.now() - now) - req.arrival_time)
 
     def _load_adapter(self, req: Request) -> None:
         """Make the request's adapter resident beside the batch's; loading delays its first token

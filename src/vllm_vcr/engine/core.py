@@ -46,6 +46,9 @@ logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
 TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
 BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
+# (steps that emit nothing, e.g. admitting a burst of requests a token budget at a time, run back to
+# back up to BUSY_SLICE even at one token per event: yielding after each would queue every one
+# behind all the other work of the loop and move the requests' first tokens later)
 OutputSink = Callable[[int, EngineCoreOutputs], None]
 StepObserver = Callable[[StepRecord], None]
 
@@ -73,7 +76,9 @@ class EngineCore(EngineControls):
         self.args = args
         self.engine_index = engine_index
         self.clock = clock or RealClock()
-        self.output_sink = output_sink or (lambda client, outs: None)
+        self.output_sink = self._counting_sink(output_sink or (lambda client, outs: None))
+        self.emits = 0  # output batches sent so far
+        self.idle_waits = 0  # times the loop slept: between two, it ran without waiting for anything
         self._config = args.config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.planner = planner
@@ -114,6 +119,12 @@ class EngineCore(EngineControls):
         self.inbox = Inbox()
         self._inbox = self.inbox.messages  # read every turn
         self.lifecycle = EngineLifecycle(self)  # frozen, draining, stopped
+
+    def _counting_sink(self, sink: OutputSink) -> OutputSink:
+        def counted(client: int, outs: EngineCoreOutputs) -> None:
+            self.emits += 1
+            sink(client, outs)
+        return counted
 
     # --- inbox (the only way in) ------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -188,6 +199,7 @@ class EngineCore(EngineControls):
         clock = self.clock
         last_yield = clock.now()
         busy_slice = BUSY_SLICE if self.args.max_burst > 1 else 0.0
+        emits_seen = self.emits  # output batches the loop has let go to their readers
         try:
             while True:
                 wake = self._turn()
@@ -196,6 +208,7 @@ class EngineCore(EngineControls):
                 if wake is _Turn.AGAIN:
                     continue
                 if wake is None:
+                    self.idle_waits += 1
                     await self.inbox.wait(None)
                     last_yield = clock.now()
                     continue
@@ -203,15 +216,18 @@ class EngineCore(EngineControls):
                     # back-to-back steps (zero latency or catching up): with bursts allowed, yield
                     # to I/O every BUSY_SLICE so outputs coalesce; else after every step, so each
                     # step's outputs reach their readers as they would from a real engine
-                    if clock.now() - last_yield >= busy_slice:
+                    busy = clock.now() - last_yield
+                    if busy >= BUSY_SLICE or (busy >= busy_slice and self.emits != emits_seen):
                         await asyncio.sleep(0)
                         last_yield = clock.now()
+                        emits_seen = self.emits
                     continue
                 if clock.virtual:
                     await asyncio.sleep(0)
                     if not self._inbox:
                         clock.advance_to(wake)
                     continue
+                self.idle_waits += 1
                 await self.inbox.wait(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:
@@ -320,6 +336,7 @@ class EngineCore(EngineControls):
         if req is None:
             return
         rid = req.request_id
+        req.received_in = self.idle_waits
         self.requests[rid] = req
         self.scheduler.add_waiting(req)
         self.timed.on_arrival(rid, now)

@@ -29,7 +29,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
-        "burstable", "pooling", "frontend_delay",
+        "burstable", "pooling", "frontend_delay", "received_in",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
@@ -51,6 +51,7 @@ class Request:
         # wall-clock seconds between the frontend's arrival_time and the engine getting the request
         # (the server's parsing, templating, tokenizing): the configured TTFT absorbs them
         self.frontend_delay = max(0.0, time.time() - req.arrival_time) if req.arrival_time > 0 else 0.0
+        self.received_in = -1  # the engine loop's busy run (EngineCore.idle_waits) that received it
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id

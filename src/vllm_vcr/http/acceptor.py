@@ -12,6 +12,13 @@ turn and queues one task per request, and each task runs its request up to the e
 templating, tokenizing) before the next one starts. A stamp taken when the task starts would hide
 that queue from the engine, so the configured TTFT would come on top of it; `stamping_arrival`
 takes the stamp (vLLM's `arrival_time`) in the parser's message-begin callback instead.
+
+That stamp is only as early as the loop's next look at the sockets, and the loop looks only
+between two turns: a turn that runs a hundred new requests up to the engine (0.3-0.5 ms each)
+leaves the requests that arrive meanwhile unstamped for tens of milliseconds, and the engine's
+deadlines (and the first tokens' writes) wait as long. `TurnSlices` lets new requests start only
+for about `slice` seconds of each turn; the rest start in the next turns, in arrival order,
+after the loop has stamped new arrivals and run what is due.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import errno
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 
 logger = logging.getLogger("vllm_vcr.http")
@@ -52,6 +60,71 @@ def stamping_arrival(protocol_class: type) -> type:
                     "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
         _stamping[protocol_class] = cls
     return cls
+
+
+class TurnSlices:
+    """An ASGI app in front of `app` that gives new requests about `slice` seconds of each turn of
+    the event loop. Requests start at once while the turn's first one started less than `slice`
+    ago; the others queue, in arrival order, and a pump releases some each turn: as many as fit
+    in `slice` at what the last ones it released took each (at least one). The requests it
+    releases run back to back just before its next call (their wake-ups and its own are queued
+    in that order), so that measure holds their own work only, not the rest of the turn (the
+    streams' tokens): the rate of new requests does not drop because the loop is busy. Queued
+    requests cost nothing per turn."""
+
+    def __init__(self, app: Callable, slice: float = 0.001) -> None:
+        self.app = app
+        self.slice = slice
+        self._turn_start: float | None = None  # when this turn's first direct start happened
+        self._waiting: deque[asyncio.Future] = deque()
+        self._pumping = False
+        self._released = 0  # requests the pump released last turn ...
+        self._batch_start: float | None = None  # ... and when the first of them started
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and not self._may_start():
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiting.append(waiter)
+            if not self._pumping:
+                self._pumping, self._released = True, 0
+                loop.call_soon(self._pump)
+            await waiter
+            if self._batch_start is None:
+                self._batch_start = time.perf_counter()
+        await self.app(scope, receive, send)
+
+    def _may_start(self) -> bool:
+        if self._waiting:
+            return False  # first come, first served
+        now = time.perf_counter()
+        if self._turn_start is None:
+            self._turn_start = now
+            asyncio.get_running_loop().call_soon(self._end_turn)  # runs early in the next turn
+            return True
+        return now - self._turn_start < self.slice
+
+    def _end_turn(self) -> None:
+        self._turn_start = None
+
+    def _pump(self) -> None:
+        """Once per turn while requests wait (it runs after the ones it released last turn)."""
+        n = 1
+        if self._released and self._batch_start is not None:
+            took = max(time.perf_counter() - self._batch_start, 1e-6)
+            n = max(1, int(self.slice * self._released / took))
+        self._batch_start = None
+        released = 0
+        while self._waiting and released < n:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # (cancelled while it waited)
+                waiter.set_result(None)
+                released += 1
+        self._released = released
+        if self._waiting:
+            asyncio.get_running_loop().call_soon(self._pump)
+        else:
+            self._pumping = False
 
 
 class BurstAcceptor:

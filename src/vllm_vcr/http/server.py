@@ -37,7 +37,7 @@ from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: 
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
-from .acceptor import BurstAcceptor, stamping_arrival  # noqa: E402
+from .acceptor import BurstAcceptor, TurnSlices, stamping_arrival  # noqa: E402
 from ..faults import FaultController, FaultSpecError  # noqa: E402
 from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
@@ -46,6 +46,7 @@ from .serving_base import ServeSettings  # noqa: E402
 from .planned_output import planned_token_source  # noqa: E402
 from .loading import simulate_loading  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
+from .warmup import warm_up  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -119,6 +120,7 @@ class _ServeCommand:
             await self.start_pd_services(stack)
             if not await self.wait_loading():
                 return self.exit_code
+            await self.warm_up()
             server = self.build_server()
             try:
                 await self.serve_until_signal(server)
@@ -226,7 +228,7 @@ class _ServeCommand:
                         extensions=self.extensions)
         install_gauges(app.metrics, self.faults)
         config = uvicorn.Config(
-            app,
+            TurnSlices(app),
             lifespan="off",
             http="httptools" if importlib.util.find_spec("httptools") is not None else "h11",
             loop="none",
@@ -258,6 +260,11 @@ class _ServeCommand:
             return True
         self.exit_code = stopped
         return False
+
+    async def warm_up(self) -> None:
+        """First-use work done before the port listens (warmup.py): nothing of it is counted."""
+        took = await warm_up(self.engine_args, self.tokenizer, self.settings)
+        logger.info("warmed up in %.0f ms", took * 1000)
 
     async def serve_until_signal(self, server: _Server) -> None:
         await server.serve(sockets=[self.sock])

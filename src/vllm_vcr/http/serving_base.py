@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
                      validation_error)
-from .generation import OutputStream
+from .generation import OutputStream, random_hex
 from .protocol import RequestValueError
 from .sse import send_bytes
 from .tokenizer import Tokenizer
@@ -167,8 +167,6 @@ class ServingBase:
     @staticmethod
     def base_request_id(ctx: RequestContext, body_id: str | None) -> str:
         """X-Request-Id header, else the body's request_id, else random (vLLM's order)."""
-        from .generation import random_hex
-
         hdr = ctx.headers.get(b"x-request-id")
         if hdr:
             return hdr.decode("latin-1")

@@ -23,6 +23,7 @@ from .generation import (
 )
 from .logprobs import chat_logprobs, prompt_logprobs
 from .planned_output import attach_planned_ids
+from .prompt_cache import PromptCache, plain_key, template_is_pure
 from .protocol import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -96,6 +97,8 @@ class ChatServing(ServingBase):
             chat_template_kwargs = dict(chat_template_kwargs)
             chat_template = chat_template_kwargs.pop("chat_template")
         if chat_template is None:
+            if not chat_template_kwargs and kw.get("tools") is None and not kw.get("continue_final_message", True):
+                return self._render_plain(messages, kw["add_generation_prompt"], kw["add_special_tokens"])
             return self.render_prompt(messages, chat_template=None, chat_template_kwargs=chat_template_kwargs, **kw)
 
         def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
@@ -107,6 +110,36 @@ class ChatServing(ServingBase):
             return await render_bounded(compile_and_render)
         except ChatTemplateError as e:  # a bad template, or the time bound
             raise RequestValueError(str(e)) from None
+
+    def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                      add_special_tokens: bool) -> tuple[str, list[int]]:
+        """The server template's render of a plain conversation, from the exact-content cache."""
+        key = plain_key(messages, add_generation_prompt, add_special_tokens)
+        cache = self._prompt_cache()
+        if key is None or cache is None:
+            return self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=False, chat_template=None, chat_template_kwargs=None,
+                                      add_special_tokens=add_special_tokens)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        text, ids = self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=False, chat_template=None, chat_template_kwargs=None,
+                                       add_special_tokens=add_special_tokens)
+        cache.put(key, text, ids)
+        return text, ids
+
+    def _prompt_cache(self) -> PromptCache | None:
+        """The cache for the current tokenizer, template and length limit (a new one if any changed)."""
+        tok = self.tokenizer
+        owner = (tok, tok.chat_template, self.settings.max_model_len)
+        cached = self.__dict__.get("_prompts")
+        if cached is not None and cached[0] == owner:  # identity for the objects
+            return cached[1]
+        template = owner[1]
+        cache = PromptCache() if template is not None and template_is_pure(template.source) else None
+        self._prompts = (owner, cache)
+        return cache
 
     def render_prompt(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                       continue_final_message: bool, chat_template: Any,
@@ -333,6 +366,7 @@ class ChatStream(ChoiceStream):
         if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
                 and not st.keep_ids):
             self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_len)
+            self.first_pre = self.opening()  # now, not when the first token is due
 
     def usage_part(self, completion_tokens: int, st: SequenceState | None = None) -> bytes:
         pl = self.prompt_len
@@ -358,6 +392,12 @@ class ChatStream(ChoiceStream):
         return b"".join(parts)
 
     def feed_full(self, out: EngineCoreOutput) -> bytes:
+        if self.first and self.fast_ok:
+            data = self.feed_first(out)
+            if data is not None:
+                self.first = False
+                self.first_state = self.states[0]
+                return data
         applied = self.apply(out)
         if applied is None:
             return b""

@@ -300,6 +300,11 @@ class CompletionStream(ChoiceStream):
             self.enable_fast(self.heads[0], _TAIL, _MID, _USAGE, self.prompt_lens[0])
 
     def feed_full(self, out: EngineCoreOutput) -> bytes:
+        if self.first_cached is None and self.fast_ok:
+            data = self.feed_first(out)
+            if data is not None:
+                self.first_cached = self.states[0].cached_tokens
+                return data
         applied = self.apply(out)
         if applied is None:
             return b""

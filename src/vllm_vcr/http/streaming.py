@@ -76,6 +76,7 @@ class ChoiceStream:
         self.fast_prompt_len = -1  # >= 0: the template takes the usage numbers
         self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
         self.token_json: dict[int, bytes] = {}
+        self.first_pre = b""  # what goes before the first token's chunk (chat: the role chunk), made up front
 
     def enable_fast(self, head: bytes, tail: bytes, mid: bytes, usage: bytes, prompt_len: int) -> None:
         """Use the fast case for this single-choice stream once its first chunk is out. A plain
@@ -118,6 +119,25 @@ class ChoiceStream:
         if pl < 0:
             return self.fast_chunk % text
         return self.fast_chunk % (text, pl + n, n)
+
+    def feed_first(self, out: EngineCoreOutput) -> bytes | None:
+        """The first output of a stream in the fast case, when it is a plain token (the prefill
+        stats it carries only go to the choice's state): `first_pre`, made when the stream
+        started, and the token's chunk from the template, the bytes `feed_full` would make. None
+        leaves the output to `feed_full`. Under a burst every stream's first token is due at
+        about the same time, so this is the part of the first event that is left for then."""
+        if (not self.fast_ok or not out.new_token_ids or out.finish_reason is not None or out.error is not None
+                or out.kv_transfer_params is not None):
+            return None
+        st = self.states[0]
+        ps = out.prefill_stats
+        if ps is not None:
+            if st.cached_tokens is None:
+                st.cached_tokens = ps.num_cached_tokens
+                st.cache_created = ps.num_cache_creation_tokens
+            out = msgspec.structs.replace(out, prefill_stats=None)
+        self.fast = st
+        return self.first_pre + self.feed(out)
 
     def apply(self, out: EngineCoreOutput) -> tuple[int, Any, int, str, list[int]] | None:
         """Apply an output to its choice: (index, state, tokens before, delta text, delta ids);

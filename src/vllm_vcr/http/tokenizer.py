@@ -23,6 +23,7 @@ from tokenizers import Tokenizer as _HFTokenizer  # noqa: E402
 from .chat_template import ChatTemplate  # noqa: E402
 
 DEFAULT_MODEL_NAME = "vllm-vcr/sim"
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
@@ -209,7 +210,7 @@ class IncrementalDetokenizer:
     def __init__(self, table: list[bytes]):
         self._table = table
         self._n = len(table)
-        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._dec: Any = None  # made on the first token that ends mid-character (most streams never do)
         self.pending = False  # the incremental decoder holds part of a character
 
     def add(self, ids: list[int]) -> str:
@@ -227,14 +228,17 @@ class IncrementalDetokenizer:
                 return data.decode()  # the common case: whole characters, one C call
             except UnicodeDecodeError:
                 pass
-        out = self._dec.decode(data)
-        self.pending = bool(self._dec.getstate()[0])
+        dec = self._dec
+        if dec is None:
+            dec = self._dec = _UTF8_DECODER("replace")
+        out = dec.decode(data)
+        self.pending = bool(dec.getstate()[0])
         return out
 
     def flush(self) -> str:
         """At the end of a sequence: a dangling partial character becomes U+FFFD."""
         self.pending = False
-        return self._dec.decode(b"", True)
+        return "" if self._dec is None else self._dec.decode(b"", True)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -1,0 +1,50 @@
+"""The start-up warm-up runs before `serve` listens and says ready, and leaves no trace: no
+request counted in /metrics or the engines' stats."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from vllm_vcr.engine.config import EngineArgs, EngineConfig
+from vllm_vcr.http import warmup
+from vllm_vcr.http.serving_base import ServeSettings
+from vllm_vcr.http.tokenizer import load_tokenizer
+
+MODEL = "vllm-vcr/sim"
+
+
+def _counted(metrics: str) -> float:
+    """Requests and tokens /metrics has counted (every series of the counting families)."""
+    families = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                "vllm:e2e_request_latency_seconds_count")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.split("{", 1)[0] in families)
+
+
+def test_the_warm_up_runs_before_ready_and_is_counted_nowhere(serve_process, serve_harness):
+    control = serve_harness.free_port()
+    sp = serve_process("--startup-time", "0.3", "--control-address", f"127.0.0.1:{control}")
+    log = sp.log()
+    assert log.index("simulating model loading") < log.index("warmed up in") < log.index("ready in")
+    stats = f"http://127.0.0.1:{control}/stats"
+    assert httpx.get(stats, timeout=5).json()["requests_received"] == 0
+    assert _counted(httpx.get(sp.url + "/metrics").text) == 0
+    # ... while a real request is counted by both (the checks above can fail)
+    r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}, timeout=15)
+    assert r.status_code == 200
+    assert _counted(httpx.get(sp.url + "/metrics").text) > 0
+    assert httpx.get(stats, timeout=5).json()["requests_received"] == 1
+
+
+async def test_the_warm_up_requests_succeed(caplog):
+    tok = load_tokenizer()
+    args = EngineArgs(config=EngineConfig(failure_injection_rate=1.0), vocab_size=tok.vocab_size,
+                      eos_token_id=tok.eos_token_id, startup_time=30.0,
+                      latency_trace="recorded.jsonl").validate()  # none of which the throwaway engine takes
+    with caplog.at_level(logging.DEBUG, logger="vllm_vcr.serve"):
+        took = await warmup.warm_up(args, tok, ServeSettings(api_keys=["sk-1"]))
+    said = [r.getMessage() for r in caplog.records if r.name == "vllm_vcr.serve"]
+    assert not [m for m in said if "answered" in m or "failed" in m], said
+    assert took < 5.0  # no loading time, no latency
