@@ -6,7 +6,8 @@ The workload of the issue: a 1,000-request trace at concurrency 64 with the GPU 
 engines' plain path (`timing_only=False`: every token an output) and the timing-only path (the
 default of `simulate`: engine/decode_cohort.py) back to back, alternating which goes first, and
 reports CPU seconds (process time: the box may be shared) and wall seconds of the simulation
-alone (the estimator's one-off compile is timed apart), with the load average.
+alone (the estimator's one-off compile is timed apart), with the load average. Before each run
+the cyclic garbage of the previous one is collected (untimed): a `simulate` process runs one.
 
 `--dynamo PYTHON` also runs Dynamo's offline replay (`dynamo.replay.run_synthetic_trace_replay`,
 its default timing: it has no AIC without aiconfigurator-core in its venv) on the fixed-length
@@ -20,6 +21,7 @@ usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--is
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -66,6 +68,7 @@ def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int,
           timing_only: bool) -> dict:
     wl = SyntheticWorkload(num_requests=requests, isl=LengthDist.parse(isl, "--isl"),
                            osl=LengthDist.parse(osl, "--osl"), arrival="closed", concurrency=concurrency, seed=seed)
+    gc.collect()  # the previous run's object graph (cyclic) is freed here, not inside this run's time
     load = os.getloadavg()[0]
     w0, c0 = time.perf_counter(), time.process_time()
     sim = simulate(args, wl, concurrency=concurrency, timing_only=timing_only)

@@ -81,6 +81,9 @@ class Admission:
                                   args.lora_load_time / args.time_scale,
                                   args.lora_swap_in_time / args.time_scale) if args.max_loras else None
         self.lora_time = 0.0
+        # set by a driver whose prompt lists are fresh and never read again (with CountedTokens: no
+        # token source reads the prompt): requests extend them instead of a copy (request.py)
+        self.adopt_prompts = False
 
     # --- on arrival ------------------------------------------------------------------------------
     def admit(self, ecr: EngineCoreRequest, now: float, draining: bool, outputs: list,
@@ -159,7 +162,7 @@ class Admission:
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         self.seq += 1
-        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq)
+        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq, self.adopt_prompts)
         req.planned = plan.token_ids if plan is not None else None
         req.plan = plan
         req.eos_at = eos_at
@@ -247,7 +250,7 @@ class Admission:
         seed = sp.seed
         if seed is None and sp.temperature is not None and sp.temperature < GREEDY_EPS:
             seed = hash((args.seed, tuple(req.prompt_token_ids)))  # greedy: same prompt, same tokens
-        rng = random.Random(seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}")
+        rng_seed = seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}"
         pacing = core.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                      len(core.scheduler.running), self.latency_rng)
         plan = req.plan
@@ -263,7 +266,7 @@ class Admission:
         if self.lora is not None and req.lora_id:
             self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
-        req.token_source = self._token_source(req, rng)
+        req.token_source = self._token_source(req, rng_seed)
 
     def server_delay(self, req: Request, now: float) -> float:
         """Seconds of the request's TTFT already spent in this server before `now` (the step
@@ -291,9 +294,15 @@ class Admission:
         t, self.lora_time = self.lora_time, 0.0
         return t
 
-    def _token_source(self, req: Request, rng: random.Random) -> TokenSource:
+    def _token_source(self, req: Request, rng_seed) -> TokenSource:
         args = self.core.args
-        src = self.token_source_factory(req, rng) if self.token_source_factory else None
+        factory = self.token_source_factory
+        # the request's own random sequence; a factory marked `rng_free` never reads it, and when it
+        # makes the source, none is seeded (it is fresh per request: nothing else could see it)
+        rng = None if factory is not None and getattr(factory, "rng_free", False) else random.Random(rng_seed)
+        src = factory(req, rng) if factory is not None else None
+        if src is None and rng is None:
+            rng = random.Random(rng_seed)
         if src is not None and req.eos_at is not None:
             # the source writes the whole answer (a tool call read from the prompt) and ends it
             # with its own EOS: a modeled length must not cut it short

@@ -8,6 +8,7 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
@@ -142,7 +143,7 @@ class BlockPool:
         if fresh < self.num_blocks:  # the head of the queue: blocks never used, in id order
             k = min(n, self.num_blocks - fresh)
             if len(self._created) == fresh:
-                out = [KVCacheBlock(i, 1) for i in range(fresh, fresh + k)]
+                out = list(map(KVCacheBlock, range(fresh, fresh + k), repeat(1, k)))
                 self._created += out
             else:  # (created already by `blocks`)
                 out = self._created[fresh:fresh + k]

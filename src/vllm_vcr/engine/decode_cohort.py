@@ -33,7 +33,7 @@ from .latency import StepBatch
 from .output import OutputProcessor
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
-from .tokens import RandomTokens
+from .tokens import CountedTokens, RandomTokens
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -52,26 +52,6 @@ def cohort_eligible(req: Request) -> bool:
             and req.plan is None and req.remote_prefill is None and not req.remote_decode)
 
 
-class CountedTokens:
-    """Token ids for a driver that never reads them (the offline simulator): no random draw, the
-    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), repeated.
-    What ids are for there: a preempted request's output blocks are hashed for its resume, and
-    must be its own, as random ids would be (two requests' ids never form the same block)."""
-
-    __slots__ = ("_ids",)
-
-    def __init__(self, seq: int, vocab_size: int) -> None:
-        half = max(vocab_size // 2, 1)
-        hi, lo = divmod(seq, half)
-        self._ids = (hi % half, half + lo)
-
-    def next_token(self, index: int) -> int:
-        return self._ids[index & 1]
-
-    def take(self, k: int) -> list[int]:
-        return list(self._ids) * (k // 2) + list(self._ids[:k & 1])
-
-
 def counted_token_source(vocab_size: int):
     """An EngineCore `token_source_factory`: `CountedTokens` for the requests that would draw plain
     random ids with nothing to end them but their length (None, the engine's own choice, otherwise)."""
@@ -81,6 +61,7 @@ def counted_token_source(vocab_size: int):
                 or sp.logit_bias or sp.allowed_token_ids:
             return None
         return CountedTokens(req.seq, vocab_size)
+    factory.rng_free = True  # (it never reads the request's rng: admission seeds none for it)
     return factory
 
 

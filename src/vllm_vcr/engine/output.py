@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .request import Request, RequestStatus
 from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
-from .tokens import RandomTokens
+from .tokens import CountedTokens, RandomTokens
 from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class OutputProcessor:
         if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
             new = []
             reason, stop_reason = FinishReason.STOP, None
-        elif type(source) is RandomTokens:  # never an EOS or stop id: only the length ends it
+        elif type(source) is RandomTokens or type(source) is CountedTokens:  # only the length ends it
             reason = stop_reason = None
             out_ids = req.output_token_ids
             all_ids = req.all_token_ids
@@ -103,7 +103,7 @@ class OutputProcessor:
             if max_len:
                 limit = min(limit, max_len - len(all_ids))
             k = max(min(count, limit), 1)
-            new = source.take(k)
+            new = source.take(k) if type(source) is RandomTokens else source.take_from(idx, k)
             out_ids += new
             all_ids += new
             if k >= limit:

@@ -32,10 +32,13 @@ class Request:
         "burstable", "pooling", "frontend_delay", "received_in",
     )
 
-    def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int) -> None:
+    def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
+                 adopt_prompt: bool = False) -> None:
         self.request_id = req.request_id
         self.prompt_token_ids: list[int] = req.prompt_token_ids or []
-        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        # `adopt_prompt`: the caller never reads the list again (the offline simulator's fresh prompts),
+        # so the request's tokens extend it, and `prompt_token_ids` is only its first num_prompt_tokens
+        self.all_token_ids: list[int] = self.prompt_token_ids if adopt_prompt else list(self.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.sampling_params = sp

@@ -59,6 +59,31 @@ class RandomTokens:
         return ids
 
 
+class CountedTokens:
+    """Token ids for a driver that never reads them (the offline simulator): no random draw, the
+    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), repeated.
+    What ids are for there: a preempted request's output blocks are hashed for its resume, and
+    must be its own, as random ids would be (two requests' ids never form the same block)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, seq: int, vocab_size: int) -> None:
+        half = max(vocab_size // 2, 1)
+        hi, lo = divmod(seq, half)
+        self._ids = (hi % half, half + lo)
+
+    def next_token(self, index: int) -> int:
+        return self._ids[index & 1]
+
+    def take(self, k: int) -> list[int]:
+        return list(self._ids) * (k // 2) + list(self._ids[:k & 1])
+
+    def take_from(self, index: int, k: int) -> list[int]:
+        """The ids of output indices `index`..`index + k - 1` (what `next_token` gives for each)."""
+        ids = self._ids
+        return [ids[i & 1] for i in range(index, index + k)]
+
+
 class BiasedTokens:
     """Ids drawn as a model with flat logits would draw them under `logit_bias` and
     `allowed_token_ids`: each candidate weighs exp(bias) (1 without one), a bias of -100 excludes

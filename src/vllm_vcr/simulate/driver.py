@@ -104,13 +104,19 @@ class Simulation:
             timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
                 timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
         self.timing_only = timing_only
+        counted = False
         if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
             inputs["block_hasher"] = ContentHasher()
             if args.mode == "random" and not args.reasoning:  # nothing reads the ids: none are drawn
                 inputs["token_source_factory"] = counted_token_source(args.vocab_size)
+                counted = True
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
                                  timing_only=timing_only, **inputs) for i in range(num_engines)]
+        # a synthetic workload's prompt lists are made per request and never read after delivery: the
+        # engines extend them instead of copying (not with a token source that reads the prompt)
+        adopt = counted and getattr(workload, "fresh_prompts", False)
         for core in self.cores:
+            core.admission.adopt_prompts = adopt
             if core.cohort is not None:
                 core.cohort.on_tokens = self._silent_tokens(core.cohort.step_ends)
         self._arrivals: list[tuple[float, int, SimRequest]] = []
@@ -168,7 +174,8 @@ class Simulation:
 
     def _finish(self, rec: RequestRecord, t: float, reason) -> None:
         rec.end = t
-        rec.finish = getattr(reason, "name", str(reason)).lower()
+        name = getattr(reason, "name", None)
+        rec.finish = (str(reason) if name is None else name).lower()
         del self.records[rec.request_id]
         self.done.append(rec)
         self.router.on_finish(rec.engine, rec.prompt_len, rec.max_tokens)

@@ -84,6 +84,8 @@ class LengthDist:
 class SyntheticWorkload:
     """Poisson / bursty / closed-loop requests with drawn lengths and optional shared prefixes."""
 
+    fresh_prompts = True  # (not a field) every request's prompt is a new list, kept by no one
+
     num_requests: int
     isl: LengthDist
     osl: LengthDist
