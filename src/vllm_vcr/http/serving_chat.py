@@ -122,20 +122,19 @@ class ChatServing(ServingBase):
     async def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                             add_special_tokens: bool) -> tuple[str, list[int]]:
         """The server template's render of a plain conversation: from the exact-content cache, else
-        rendered here and encoded in the tokenizer thread."""
+        rendered and tokenized in the tokenizer thread."""
         key = plain_key(messages, add_generation_prompt, add_special_tokens)
         cache = self._prompt_cache()
         hit = None if key is None or cache is None else cache.get(key)
         if hit is not None:
             return hit
-        text = self.render_text(messages, add_generation_prompt=add_generation_prompt, continue_final_message=False,
-                                chat_template=None, chat_template_kwargs=None)
-        ids = self.tokenizer.cached_encode(text, add_special_tokens)
-        if ids is None:
-            ids = await asyncio.get_running_loop().run_in_executor(
-                TOKENIZER_THREAD, self.encode_prompt, text, add_special_tokens)
-        elif not ids:
-            self.encode_prompt(text, add_special_tokens)  # raises vLLM's error for an empty prompt
+
+        def render() -> tuple[str, list[int]]:
+            return self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=False, chat_template=None, chat_template_kwargs=None,
+                                      add_special_tokens=add_special_tokens)
+
+        text, ids = await asyncio.get_running_loop().run_in_executor(TOKENIZER_THREAD, render)
         if key is not None and cache is not None:
             cache.put(key, text, ids)
         return text, ids
@@ -156,15 +155,6 @@ class ChatServing(ServingBase):
                       continue_final_message: bool, chat_template: Any,
                       chat_template_kwargs: dict[str, Any] | None, add_special_tokens: bool,
                       tools: Any = None) -> tuple[str, list[int]]:
-        text = self.render_text(messages, add_generation_prompt=add_generation_prompt,
-                                continue_final_message=continue_final_message, chat_template=chat_template,
-                                chat_template_kwargs=chat_template_kwargs, tools=tools)
-        return text, self.encode_prompt(text, add_special_tokens)
-
-    def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-                    continue_final_message: bool, chat_template: Any,
-                    chat_template_kwargs: dict[str, Any] | None, tools: Any = None) -> str:
-        """The chat template's prompt text, checked against the length limit."""
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
@@ -186,17 +176,13 @@ class ChatServing(ServingBase):
                 if cut != -1:
                     text = text[: cut + len(final.strip())]
         check_prompt_chars(text, self.settings.max_model_len, self.tokenizer.max_chars_per_token)
-        return text
-
-    def encode_prompt(self, text: str, add_special_tokens: bool) -> list[int]:
-        """The prompt's token ids (safe in the tokenizer thread: the tokenizer is only read)."""
         try:
             ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         except Exception as e:  # the tokenizers library rejects some inputs with TypeError
             raise RequestValueError(f"cannot tokenize the prompt: {e}", "messages") from None
         if not ids:
             raise RequestValueError("The chat template produced an empty prompt.", "messages")
-        return ids
+        return text, ids
 
     async def handle(self, ctx: RequestContext) -> None:
         try:

@@ -163,11 +163,6 @@ class Tokenizer:
             self._cache[key] = ids
         return list(ids)  # callers own their list
 
-    def cached_encode(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
-        """`encode`'s answer when it is cached (a list the caller owns), else None."""
-        ids = self._cache.get((text, add_special_tokens))
-        return None if ids is None else list(ids)
-
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if not skip_special_tokens:
             return self.hf.decode(list(ids), skip_special_tokens=False)
