@@ -116,24 +116,3 @@ def test_a_new_template_starts_a_new_cache():
     chat.tokenizer = tok
     assert chat._prompt_cache() is not old
     assert render(chat, [{"role": "user", "content": "hi"}])[0] == "[hi]"
-
-
-def test_a_new_prompt_is_tokenized_in_the_tokenizer_thread_and_a_cached_one_on_the_loop():
-    """As in vLLM, a new prompt's render and encode leave the event loop's thread (the tokenizers
-    library releases the GIL while it encodes); a cached prompt needs neither."""
-    import threading
-
-    chat = serving()
-    threads: list[str] = []
-    real = chat.render_prompt
-
-    def recording(*a, **kw):
-        threads.append(threading.current_thread().name)
-        return real(*a, **kw)
-
-    chat.render_prompt = recording
-    messages = [{"role": "user", "content": "a prompt not seen before"}]
-    first = render(chat, messages)
-    second = render(chat, messages)
-    assert first == second
-    assert len(threads) == 1 and threads[0].startswith("vllm-vcr-tokenizer")

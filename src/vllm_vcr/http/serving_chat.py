@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
@@ -86,12 +84,6 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# A new prompt's tokenizing (~0.3 ms for 128 tokens of unusual text) runs here, as vLLM runs it in
-# its tokenizer thread: the tokenizers library releases the GIL while it encodes, so a burst of new
-# prompts is encoded on another core while the loop stamps arrivals and runs due steps.
-TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-vcr-tokenizer")
-
-
 class ChatServing(ServingBase):
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
@@ -106,7 +98,7 @@ class ChatServing(ServingBase):
             chat_template = chat_template_kwargs.pop("chat_template")
         if chat_template is None:
             if not chat_template_kwargs and kw.get("tools") is None and not kw.get("continue_final_message", True):
-                return await self._render_plain(messages, kw["add_generation_prompt"], kw["add_special_tokens"])
+                return self._render_plain(messages, kw["add_generation_prompt"], kw["add_special_tokens"])
             return self.render_prompt(messages, chat_template=None, chat_template_kwargs=chat_template_kwargs, **kw)
 
         def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
@@ -119,24 +111,22 @@ class ChatServing(ServingBase):
         except ChatTemplateError as e:  # a bad template, or the time bound
             raise RequestValueError(str(e)) from None
 
-    async def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                            add_special_tokens: bool) -> tuple[str, list[int]]:
-        """The server template's render of a plain conversation: from the exact-content cache, else
-        rendered and tokenized in the tokenizer thread."""
+    def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                      add_special_tokens: bool) -> tuple[str, list[int]]:
+        """The server template's render of a plain conversation, from the exact-content cache."""
         key = plain_key(messages, add_generation_prompt, add_special_tokens)
         cache = self._prompt_cache()
-        hit = None if key is None or cache is None else cache.get(key)
-        if hit is not None:
-            return hit
-
-        def render() -> tuple[str, list[int]]:
+        if key is None or cache is None:
             return self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
                                       continue_final_message=False, chat_template=None, chat_template_kwargs=None,
                                       add_special_tokens=add_special_tokens)
-
-        text, ids = await asyncio.get_running_loop().run_in_executor(TOKENIZER_THREAD, render)
-        if key is not None and cache is not None:
-            cache.put(key, text, ids)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        text, ids = self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=False, chat_template=None, chat_template_kwargs=None,
+                                       add_special_tokens=add_special_tokens)
+        cache.put(key, text, ids)
         return text, ids
 
     def _prompt_cache(self) -> PromptCache | None:
