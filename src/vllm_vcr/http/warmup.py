@@ -12,10 +12,11 @@ counted or seen from outside.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
+
+import httpx
 
 from ..engine.async_engine import AsyncEngine
 from ..engine.config import EngineArgs, EngineConfig
@@ -72,29 +73,9 @@ async def warm_up(engine_args: EngineArgs, tokenizer: Tokenizer, settings: Serve
 
 
 async def _call(app: Any, path: str, body: dict[str, Any], settings: ServeSettings) -> int:
-    """One request through the ASGI app, in process; returns its status."""
-    headers = [(b"content-type", b"application/json")]
-    if settings.api_keys:
-        headers.append((b"authorization", b"Bearer " + settings.api_keys[0].encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": headers, "server": ("127.0.0.1", 0), "client": ("127.0.0.1", 0)}
-    pending = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
-    status = [0]
-    ended = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if pending:
-            return pending.pop()
-        await ended.wait()  # no disconnect while the response is written
-        return {"type": "http.disconnect"}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if msg["type"] == "http.response.start":
-            status[0] = msg["status"]
-        elif not msg.get("more_body", False):
-            ended.set()
-
-    await app(scope, receive, send)
-    ended.set()
-    return status[0]
+    """One request through the ASGI app, in process (httpx's ASGI transport); returns its status."""
+    headers = {"authorization": f"Bearer {settings.api_keys[0]}"} if settings.api_keys else {}
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 0))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.post(path, json=body, headers=headers)
+    return response.status_code
