@@ -40,6 +40,10 @@ async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, cut
         path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": f"soak {rng.random()}"}]}
     else:
         path, body = "/v1/completions", {"prompt": f"soak {rng.random()}"}
+    if cut_after is not None:
+        # room for ~150 more tokens after the cut (>= 300 ms at the soak's 2 ms ITL): the engine is
+        # still generating when the client goes away, however far behind the client reads
+        max_tokens += 150
     body.update(model=MODEL, max_tokens=max_tokens, stream=True, ignore_eos=True)
     events = 0
     last = b""

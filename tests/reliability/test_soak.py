@@ -60,10 +60,9 @@ def _run_soak(sp, requests: int, warmup: int) -> dict:
     assert not result.bad, result.bad[:5]
     assert result.done + result.cut == requests and 0.1 * requests < result.cut < 0.3 * requests
     assert stats["requests_received"] == requests
-    # a cut stream is aborted in the engine, unless the engine had already finished it
-    assert stats["requests_completed"] >= result.done and stats["requests_failed"] == 0
-    assert stats["requests_aborted"] + stats["requests_completed"] == requests
-    assert stats["requests_aborted"] > 0.5 * result.cut
+    # a cut stream still had >= 150 tokens to go (soak.py): the disconnect aborts it in the engine
+    assert stats["requests_completed"] == result.done and stats["requests_failed"] == 0
+    assert stats["requests_aborted"] == result.cut
     assert kv["blocks_free"] == kv["blocks_total"], kv
     return {**result.as_dict(), "rss_before_mb": round(rss_before, 1), "rss_after_mb": round(rss_after, 1),
             **kv}
