@@ -51,27 +51,30 @@ _stamping: dict[type, type] = {}
 
 
 class ReadPhase:
-    """time.time() when the loop's current read phase handed its first request to the parser.
+    """time.time() when the loop's current read phase handed its first bytes to a protocol.
 
     One poll of the sockets returns every socket that is readable at that moment, and the loop
     then runs their reads back to back before it runs anything it was asked to run "soon"
-    (`call_soon`, which clears the stamp). A request whose bytes were waiting in its socket when
-    that poll returned had arrived by the phase's first stamp, however long the parsing of the
-    requests before it took: under a burst of 256 requests on one loop that parsing is 1-3 ms,
-    and stamping each request as it is parsed would leave it out of the configured TTFT."""
+    (`call_soon`, which ends the phase here). A request whose first bytes began its connection's
+    first read of the phase was in its socket when that poll returned (a readable socket's first
+    unread byte is there), so it had arrived by the phase's stamp, however long the parsing of
+    the requests read before it took: under a burst of 256 requests on one loop that parsing is
+    1-3 ms, and stamping each request as it is parsed would leave it out of the configured TTFT."""
 
     def __init__(self) -> None:
-        self._stamp: float | None = None
+        self.time: float | None = None
+        self.number = 0  # which phase: a connection's reads are compared by it
 
-    def stamp(self) -> float:
-        t = self._stamp
-        if t is None:
-            t = self._stamp = time.time()
-            asyncio.get_running_loop().call_soon(self._clear)
-        return t
+    def begin(self) -> int:
+        """Called on every read: starts a phase on its first one; the phase's number."""
+        if self.time is None:
+            self.time = time.time()
+            self.number += 1
+            asyncio.get_running_loop().call_soon(self._end)
+        return self.number
 
-    def _clear(self) -> None:
-        self._stamp = None
+    def _end(self) -> None:
+        self.time = None
 
 
 _read_phase = ReadPhase()
@@ -94,27 +97,29 @@ def stamping_arrival(protocol_class: type) -> type:
             f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
             {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
              "on_message_complete": _message_complete(protocol_class), "_in_message": False,
-             "_fresh_read": False, "_phase_of_read": None,
+             "_fresh_read": False, "_phase_of_read": 0,
              "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
 
 
 def _data_received(protocol_class: type) -> Callable:
     def data_received(self, data: bytes) -> None:
-        phase = _read_phase._stamp
-        # a second read of the same connection in one read phase may hold bytes newer than the poll
-        self._fresh_read = not self._in_message and (phase is None or self._phase_of_read != phase)
+        phase = _read_phase.begin()
+        # only a connection's first read of a phase: a second one (a full buffer read again) may
+        # hold bytes that came in after the poll
+        self._fresh_read = not self._in_message and self._phase_of_read != phase
+        self._phase_of_read = phase
         protocol_class.data_received(self, data)
         self._fresh_read = False
-        self._phase_of_read = _read_phase._stamp
     return data_received
 
 
 def _message_begin(protocol_class: type) -> Callable:
     def on_message_begin(self) -> None:
         protocol_class.on_message_begin(self)  # builds the request's scope
-        if self._fresh_read and len(self.connections) <= READ_PHASE_MAX_CONNECTIONS:
-            self.scope[ARRIVAL] = _read_phase.stamp()
+        phase_time = _read_phase.time
+        if self._fresh_read and phase_time is not None and len(self.connections) <= READ_PHASE_MAX_CONNECTIONS:
+            self.scope[ARRIVAL] = phase_time
         else:
             self.scope[ARRIVAL] = time.time()
         self._fresh_read = False  # a request after this one in the same read came in later
