@@ -30,6 +30,7 @@ import errno
 import logging
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -77,7 +78,14 @@ class ReadPhase:
         self.time = None
 
 
-_read_phase = ReadPhase()
+_read_phases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per event loop (tests run several)
+
+
+def read_phase_of(loop: asyncio.AbstractEventLoop) -> ReadPhase:
+    phase = _read_phases.get(loop)
+    if phase is None:
+        phase = _read_phases[loop] = ReadPhase()
+    return phase
 
 
 def stamping_arrival(protocol_class: type) -> type:
@@ -97,14 +105,17 @@ def stamping_arrival(protocol_class: type) -> type:
             f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
             {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
              "on_message_complete": _message_complete(protocol_class), "_in_message": False,
-             "_fresh_read": False, "_phase_of_read": 0,
+             "_fresh_read": False, "_phase_of_read": 0, "_read_phase": None,
              "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
 
 
 def _data_received(protocol_class: type) -> Callable:
     def data_received(self, data: bytes) -> None:
-        phase = _read_phase.begin()
+        reads = self._read_phase
+        if reads is None:
+            reads = self._read_phase = read_phase_of(asyncio.get_running_loop())
+        phase = reads.begin()
         # only a connection's first read of a phase: a second one (a full buffer read again) may
         # hold bytes that came in after the poll
         self._fresh_read = not self._in_message and self._phase_of_read != phase
@@ -117,7 +128,7 @@ def _data_received(protocol_class: type) -> Callable:
 def _message_begin(protocol_class: type) -> Callable:
     def on_message_begin(self) -> None:
         protocol_class.on_message_begin(self)  # builds the request's scope
-        phase_time = _read_phase.time
+        phase_time = self._read_phase.time if self._read_phase is not None else None
         if self._fresh_read and phase_time is not None and len(self.connections) <= READ_PHASE_MAX_CONNECTIONS:
             self.scope[ARRIVAL] = phase_time
         else:
