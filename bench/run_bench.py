@@ -391,18 +391,21 @@ def table_w2(rows: list[dict]) -> str:
 
 
 def table_burst(rows: list[dict]) -> str:
+    # the server's own TTFT (its /metrics, from the arrival stamp) beside the client's: the difference
+    # is what happens before the stamp (the loop not reading yet) and after the write (the client)
     out = ["| server | round | C = N | TTFT p50 ms (cfg 100) | TTFT p90 | TTFT p99 | TTFT max | p50 / cfg | p99 / cfg "
-           "| errors | server CPU % | client CPU % | others CPU % |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| server's own TTFT mean | errors | server CPU % | client CPU % | others CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            out.append(f"| {r['label']} | {r.get('round', '')} | | failed | | | | | | | | | |")
+            out.append(f"| {r['label']} | {r.get('round', '')} | | failed | | | | | | | | | | |")
             continue
         t = r["ttft_ms"]
         cfg = r.get("ttft_cfg_ms", 100.0)
+        own = (r.get("server_metrics") or {}).get("ttft_mean_ms")
         out.append(
             f"| {r['label']} | {r.get('round', '')} | {r['concurrency']} | {fmt(t['p50'])} | {fmt(t['p90'])} "
-            f"| {fmt(t['p99'])} | {fmt(t['max'])} | {t['p50'] / cfg:.3f} | {t['p99'] / cfg:.3f} | {r['errors']} "
+            f"| {fmt(t['p99'])} | {fmt(t['max'])} | {t['p50'] / cfg:.3f} | {t['p99'] / cfg:.3f} | {fmt(own)} | {r['errors']} "
             f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r['client_cpu_pct'])} | {fmt(r.get('other_cpu_pct'))} |")
     return "\n".join(out)
 

@@ -101,3 +101,20 @@ def test_chunked_prefill_off_rejects_prompts_over_the_budget(harness):
     h.run()
     assert h.finish("big") is FinishReason.ERROR and "chunked prefill is disabled" in h.outputs("big")[-1][1].error.message
     assert h.finish("ok") is FinishReason.LENGTH
+
+
+def test_random_ids_drawn_ahead_on_admission_are_the_ids_drawn_with_the_first_token():
+    """Admission draws a request's first batch of ids ahead (the first tokens of a burst are all
+    due together); the ids are the same as drawn at the first token, in any take sizes."""
+    import random
+
+    from vllm_vcr.engine.tokens import RandomTokens
+
+    avoid = frozenset({3, 7})
+    ahead = RandomTokens(random.Random("s"), 50, avoid)
+    ahead.draw_ahead()
+    ahead.draw_ahead()  # a second call draws nothing more
+    late = RandomTokens(random.Random("s"), 50, avoid)
+    got = ahead.take(1) + ahead.take(100) + [ahead.next_token(0) for _ in range(30)]
+    assert got == late.take(131)
+    assert not avoid & set(got)

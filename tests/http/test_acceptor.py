@@ -238,3 +238,103 @@ async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_reques
     done = True
     await busy
     assert pumps["n"] <= 50  # about 20 per turn at 50 µs each; one per turn would take 100
+
+
+async def _arrivals(requests: list[bytes], n_clients: int) -> list[tuple[int, float]]:
+    """Send each client its bytes before the loop next reads; (request number, ARRIVAL) per request."""
+    import time
+
+    from vllm_vcr.http.acceptor import ARRIVAL
+
+    seen: list[tuple[int, float]] = []
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        seen.append((int(scope["path"][1:]), scope[ARRIVAL]))
+        await receive()
+        time.sleep(0.002)  # the request's own work
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    acceptor, listener, clients = await _stamping_server(app, n_clients)
+    for c, data in zip(clients, requests):
+        c.sendall(data)
+    await _answered_then_closed(acceptor, listener, clients)
+    return sorted(seen)
+
+
+async def test_requests_waiting_when_the_loop_reads_take_the_time_its_read_phase_began():
+    """20 requests in their sockets before the loop polls: all were there when it began reading,
+    so all take that time, however long parsing the ones before took."""
+    import time
+
+    sent = time.time()
+    reqs = [b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(20)]
+    seen = await _arrivals(reqs, 20)
+    assert len(seen) == 20
+    stamps = {a for _, a in seen}
+    assert len(stamps) == 1 and sent <= stamps.pop() <= time.time()
+
+
+async def test_a_pipelined_request_and_a_crowded_server_stamp_each_request_as_it_is_parsed(monkeypatch):
+    """A request behind another in the same read may have come in after the poll: its own stamp.
+    Beyond READ_PHASE_MAX_CONNECTIONS one poll may not return every socket: each its own stamp."""
+    from vllm_vcr.http import acceptor
+
+    pipelined = b"GET /0 HTTP/1.1\r\nhost: x\r\n\r\nGET /1 HTTP/1.1\r\nhost: x\r\n\r\n"
+    (_, first), (_, second) = await _arrivals([pipelined], 1)
+    assert second > first
+    monkeypatch.setattr(acceptor, "READ_PHASE_MAX_CONNECTIONS", 3)
+    seen = await _arrivals([b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(5)], 5)
+    assert len({a for _, a in seen}) == 5
+
+
+async def test_a_second_read_of_a_connection_in_the_same_read_phase_is_stamped_as_it_is_parsed():
+    """The loop reads a socket again within one phase only after a read filled its buffer: the
+    second read may hold bytes that came in after the poll, so its request gets its own stamp."""
+    import time
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from vllm_vcr.http.acceptor import ARRIVAL, stamping_arrival
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
+    config.load()
+
+    class Transport(asyncio.Transport):
+        def get_extra_info(self, name, default=None):  # noqa: ANN001
+            return ("127.0.0.1", 1) if name in ("peername", "sockname") else default
+
+        def write(self, data):  # noqa: ANN001
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+        def close(self) -> None:
+            pass
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    proto = stamping_arrival(config.http_protocol_class)(config=config, server_state=ServerState(), app_state={})
+    proto.connection_made(Transport())
+    other = stamping_arrival(config.http_protocol_class)(config=config, server_state=ServerState(), app_state={})
+    other.connection_made(Transport())
+    stamps = {}
+    for p, path in ((other, b"/other"), (proto, b"/a"), (proto, b"/b")):  # one read phase: no await
+        p.data_received(b"GET %b HTTP/1.1\r\nhost: x\r\n\r\n" % path)
+        stamps[path.decode()] = p.scope[ARRIVAL]
+        time.sleep(0.002)
+    await asyncio.sleep(0.01)
+    assert stamps["/a"] == stamps["/other"]
+    assert stamps["/b"] >= stamps["/a"] + 0.004
+    for p in (proto, other):
+        p.connection_lost(None)

@@ -322,6 +322,7 @@ class Admission:
                 src = BiasedTokens(rng, args.vocab_size, avoid, req.min_tokens, sp.logit_bias, sp.allowed_token_ids)
             else:
                 src = RandomTokens(rng, args.vocab_size, avoid)
+                src.draw_ahead()
         if self.reasoning is not None:
             src = ReasoningTokens(src, self.reasoning, req.max_tokens)
         return src

@@ -48,6 +48,12 @@ class RandomTokens:
         self._buf, self._pos = buf, pos + k
         return buf[pos:pos + k]
 
+    def draw_ahead(self) -> None:
+        """Draw the first batch now (on admission) instead of with the first token: under a burst
+        every first token is due at about the same time, and the ids do not depend on when."""
+        if not self._buf:
+            self._buf = self._draw()
+
     def _draw(self) -> list[int]:
         rand, vocab, avoid = self._rng.random, self._vocab, self._avoid
         ids = [int(rand() * vocab) for _ in range(self.DRAW_BATCH)]

@@ -11,7 +11,9 @@ The same burst, once connected, sends its requests together: uvicorn parses all 
 turn and queues one task per request, and each task runs its request up to the engine (body,
 templating, tokenizing) before the next one starts. A stamp taken when the task starts would hide
 that queue from the engine, so the configured TTFT would come on top of it; `stamping_arrival`
-takes the stamp (vLLM's `arrival_time`) in the parser's message-begin callback instead.
+takes the stamp (vLLM's `arrival_time`) in the parser's message-begin callback instead, and a
+request whose bytes were already waiting when the loop polled its sockets takes the time that read
+phase began (`ReadPhase`): parsing the 255 requests read before it is the server's delay too.
 
 That stamp is only as early as the loop's next look at the sockets, and the loop looks only
 between two turns: a turn that runs a hundred new requests up to the engine (0.3-0.5 ms each)
@@ -28,6 +30,7 @@ import errno
 import logging
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -40,26 +43,106 @@ ACCEPT_RETRY_DELAY = 1.0
 LOG_INTERVAL = 10.0  # at most one "accept failed" line per interval; the next one says how many were not logged
 
 
-ARRIVAL = "vllm_vcr.arrival"  # the scope key: time.time() when the request's first bytes were parsed
+ARRIVAL = "vllm_vcr.arrival"  # the scope key: time.time() when the request's first bytes were read
+# Beyond this many open connections one poll of the loop may return more sockets than libuv's
+# 1024-event array, and libuv then polls again inside the same read phase: a read-phase stamp
+# could then precede a request's arrival, so every request is stamped as it is parsed.
+READ_PHASE_MAX_CONNECTIONS = 512
 _stamping: dict[type, type] = {}
+
+
+class ReadPhase:
+    """time.time() when the loop's current read phase handed its first bytes to a protocol.
+
+    One poll of the sockets returns every socket that is readable at that moment, and the loop
+    then runs their reads back to back before it runs anything it was asked to run "soon"
+    (`call_soon`, which ends the phase here). A request whose first bytes began its connection's
+    first read of the phase was in its socket when that poll returned (a readable socket's first
+    unread byte is there), so it had arrived by the phase's stamp, however long the parsing of
+    the requests read before it took: under a burst of 256 requests on one loop that parsing is
+    1-3 ms, and stamping each request as it is parsed would leave it out of the configured TTFT."""
+
+    def __init__(self) -> None:
+        self.time: float | None = None
+        self.number = 0  # which phase: a connection's reads are compared by it
+
+    def begin(self) -> int:
+        """Called on every read: starts a phase on its first one; the phase's number."""
+        if self.time is None:
+            self.time = time.time()
+            self.number += 1
+            asyncio.get_running_loop().call_soon(self._end)
+        return self.number
+
+    def _end(self) -> None:
+        self.time = None
+
+
+_read_phases: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per event loop (tests run several)
+
+
+def read_phase_of(loop: asyncio.AbstractEventLoop) -> ReadPhase:
+    phase = _read_phases.get(loop)
+    if phase is None:
+        phase = _read_phases[loop] = ReadPhase()
+    return phase
 
 
 def stamping_arrival(protocol_class: type) -> type:
     """uvicorn's HTTP protocol class, stamping `scope[ARRIVAL]` as each request begins (the
-    httptools protocol; any other is returned as it is, and the app stamps when it is called)."""
+    httptools protocol; any other is returned as it is, and the app stamps when it is called).
+
+    A request that begins a connection's first read of this read phase (no request of the
+    connection half-read before it) takes the read phase's stamp (`ReadPhase`): its first bytes
+    were in the socket when the loop polled. Any other one (pipelined behind a request in the
+    same read, or on a server with too many connections for one poll) is stamped as it is
+    parsed: its bytes may have come in after the poll."""
     if not hasattr(protocol_class, "on_message_begin"):
         return protocol_class
     cls = _stamping.get(protocol_class)
     if cls is None:
-        def on_message_begin(self) -> None:
-            protocol_class.on_message_begin(self)  # builds the request's scope
-            self.scope[ARRIVAL] = time.time()
-
-        cls = type(f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
-                   {"on_message_begin": on_message_begin,
-                    "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
-        _stamping[protocol_class] = cls
+        cls = _stamping[protocol_class] = type(
+            f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
+            {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
+             "on_message_complete": _message_complete(protocol_class), "_in_message": False,
+             "_fresh_read": False, "_phase_of_read": 0, "_read_phase": None,
+             "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
+
+
+def _data_received(protocol_class: type) -> Callable:
+    def data_received(self, data: bytes) -> None:
+        reads = self._read_phase
+        if reads is None:
+            reads = self._read_phase = read_phase_of(asyncio.get_running_loop())
+        phase = reads.begin()
+        # only a connection's first read of a phase: a second one (a full buffer read again) may
+        # hold bytes that came in after the poll
+        self._fresh_read = not self._in_message and self._phase_of_read != phase
+        self._phase_of_read = phase
+        protocol_class.data_received(self, data)
+        self._fresh_read = False
+    return data_received
+
+
+def _message_begin(protocol_class: type) -> Callable:
+    def on_message_begin(self) -> None:
+        protocol_class.on_message_begin(self)  # builds the request's scope
+        phase_time = self._read_phase.time if self._read_phase is not None else None
+        if self._fresh_read and phase_time is not None and len(self.connections) <= READ_PHASE_MAX_CONNECTIONS:
+            self.scope[ARRIVAL] = phase_time
+        else:
+            self.scope[ARRIVAL] = time.time()
+        self._fresh_read = False  # a request after this one in the same read came in later
+        self._in_message = True
+    return on_message_begin
+
+
+def _message_complete(protocol_class: type) -> Callable:
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        protocol_class.on_message_complete(self)
+    return on_message_complete
 
 
 class TurnSlices:
