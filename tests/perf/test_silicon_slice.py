@@ -27,13 +27,11 @@ def test_the_sample_has_the_vllm_aggregated_rows_and_a_declared_split():
 
 @pytest.mark.parametrize("row_id", SLICE)
 def test_a_measured_deployment_is_reproduced_closely(row_id):
-    from vllm_vcr.perf import aic
     from vllm_vcr.simulate.silicon import HostTime, simulate_row, static_estimate, supported
 
     row = _rows()[row_id]
     assert supported(row) is None
-    host = HostTime(aic.DEFAULT_STEP_OVERHEAD_MS, aic.DEFAULT_PER_SEQ_OVERHEAD_MS, aic.DEFAULT_ASYNC_EXPOSED_MS)
-    sim = simulate_row(row, host=host, max_tokens=30_000)
+    sim = simulate_row(row, host=HostTime.fitted(), max_tokens=30_000)
     assert sim["preemptions"] == 0
     assert sim["tpot_ms"] == pytest.approx(row.tpot_ms, rel=0.25)
     assert sim["ttft_ms"] == pytest.approx(row.ttft_ms, rel=0.5)  # the engine's share, no frontend
