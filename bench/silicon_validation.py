@@ -5,16 +5,18 @@ engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values,
 estimator's own static estimate (run_static, batch = concurrency).
 
 Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
-users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
-One global correction, the engine's host time per step (a ms + b ms per running sequence; added
-to the GPU time, or, under async scheduling, overlapped with it but for k ms exposed) and a
-frontend share of TTFT, is fitted on the declared training split (rows with
+users and 10*C prompts, or a steady state; the whole benchmark by default, fewer or shorter
+requests under a smaller --max-tokens, see `plan_for`). One global correction, the engine's host
+time per step (a ms + b ms per running sequence; added to the GPU time, or, under async
+scheduling, overlapped with it but for k ms exposed), the GPU time of the attention's QK norm
+the kernel data lack (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks)
+and a frontend share of TTFT, is fitted on the declared training split (rows with
 crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
 Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 40000] [--budget-s 6000] [--limit N]
+                                          [--max-tokens 20000000] [--budget-s 6000] [--limit N]
                                           [--render-only] [--write-docs]
 """
 
@@ -109,7 +111,8 @@ def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, qk_layers
 def _training_arrays(rows: list[SiliconRow], done: dict[str, dict]):
     """Per simulated training row: measured TPOT, the simulated TPOT without the correction (each
     output token takes one step: about the GPU's step time), the running batch, async or not,
-    measured and simulated TTFT, ISL/1000, QK-normed layers, whether their norm spans TP ranks."""
+    measured and simulated TTFT, ISL/1000, QK-normed layers, whether their norm spans TP ranks,
+    the benchmark's concurrency."""
     out = []
     for r in rows:
         res = done.get(r.id)
@@ -119,7 +122,7 @@ def _training_arrays(rows: list[SiliconRow], done: dict[str, dict]):
                 raise SystemExit("the fit needs the training rows simulated without the correction")
             layers, spans = qk_norm_layers(bundled_config(resolve_model(r.model)[0]))
             out.append((r.tpot_ms, res["sim"]["tpot_ms"], c, r.async_scheduling, r.ttft_ms, res["sim"]["ttft_ms"],
-                        r.isl / 1000, layers, spans and r.tp > 1))
+                        r.isl / 1000, layers, spans and r.tp > 1, r.concurrency))
     return [np.array(col) for col in zip(*out)]
 
 
@@ -129,7 +132,7 @@ def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
     overlapped with it under async scheduling but for k ms exposed), and the QK norms' GPU time
     (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks). a and k are
     searched at once (array axes), b, q and r in loops."""
-    meas, gpu, batch, is_async, _, _, _, qk_layers, qk_spans = _training_arrays(rows, done)
+    meas, gpu, batch, is_async, _, _, _, qk_layers, qk_spans, _ = _training_arrays(rows, done)
     a, k = GRID[:, None, None], EXPOSED_GRID[None, :, None]
     best = (math.inf,)
     for b in SEQ_GRID:
@@ -146,25 +149,30 @@ def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
     return HostTime(round(a_ms, 3), round(b_ms, 4), round(k_ms, 3), round(q_us, 1), round(r_us, 1))
 
 
-Frontend = tuple[float, float]  # first-token share: ms + ms per 1000 prompt tokens
+Frontend = tuple[float, float, float]  # first-token share: ms + ms per 1000 prompt tokens + ms per user
 
 
 def frontend_ms(frontend: Frontend, row: SiliconRow) -> float:
-    return frontend[0] + frontend[1] * row.isl / 1000
+    return frontend[0] + frontend[1] * row.isl / 1000 + frontend[2] * row.concurrency
 
 
 def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> Frontend:
-    """The frontend's share of the first token, `f0 + f1 * ISL` (HTTP and the first streamed
-    chunk; tokenising and handing over the prompt, which grow with it: what `serve`/`play` add for
-    real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
+    """The frontend's share of the first token, `f0 + f1 * ISL + f2 * C` (HTTP and the first
+    streamed chunk; tokenising and handing over the prompt, which grow with it; the API server's
+    work for the C streams it serves at once, which a new request's input waits behind: what
+    `serve`/`play` add for real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
     simulated without the correction (a step's added time adds about twice itself to TTFT: the
     step the request waits for and its prefill; of the host time, under async scheduling only
     its exposed part)."""
-    _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans = _training_arrays(rows, done)
+    _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc = _training_arrays(rows, done)
     sim = sim + 2 * (_step_ms(gpu, batch, is_async, qk_layers, qk_spans, host) - gpu)
-    best = min((float(np.median(np.abs(sim + f0 + f1 * isl - meas) / meas)), f0, f1)
-               for f0 in np.arange(0.0, 150.001, 1.0) for f1 in np.arange(0.0, 30.001, 0.5))
-    return float(best[1]), float(best[2])
+    f0, f1 = np.arange(0.0, 150.001, 1.0)[:, None, None], np.arange(0.0, 30.001, 0.5)[None, :, None]
+    best = (math.inf,)
+    for f2 in np.arange(0.0, 3.001, 0.1):  # f0 and f1 searched at once (array axes)
+        err = np.median(np.abs(sim + f0 + f1 * isl + f2 * conc - meas) / meas, axis=2)
+        i, j = np.unravel_index(int(err.argmin()), err.shape)
+        best = min(best, (float(err[i, j]), float(f0[i, 0, 0]), float(f1[0, j, 0]), round(float(f2), 2)))
+    return best[1], best[2], best[3]
 
 
 def _err(pred: float, meas: float) -> float:
@@ -183,7 +191,7 @@ def _natural(name: str) -> list:
 
 
 def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str,
-          frontend: Frontend = (0.0, 0.0)) -> list[str]:
+          frontend: Frontend = (0.0, 0.0, 0.0)) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
         res = done.get(r.id)
@@ -249,9 +257,11 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: HostTime, fr
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host time "
            f"**{overhead.step_ms:.2f} ms per step + {overhead.per_seq_ms * 1e3:.0f} µs per running sequence** "
            f"(simulated: added to the step's GPU time, or under async scheduling overlapped with it, with "
-           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed) and a "
+           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed), the GPU time of the attention's QK norm "
+           f"**{overhead.qk_norm_us:.0f} µs per QK-normed layer + {overhead.qk_norm_allreduce_us:.0f} µs per layer "
+           f"whose norm spans the TP ranks** (added to every step's GPU time; `perf/qk_norm.py`) and a "
            f"frontend share of the first token of **{frontend[0]:.0f} ms + {frontend[1]:.1f} ms per 1000 prompt "
-           f"tokens** (added to the simulated TTFT: `serve` and "
+           f"tokens + {frontend[2]:.1f} ms per concurrent user** (added to the simulated TTFT: `serve` and "
            f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
            f"with them):", ""]
     for key, title in HELD_OUT_TABLES:
@@ -282,7 +292,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=40_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--max-tokens", type=int, default=20_000_000,
+                    help="output tokens simulated per row, at most (the default fits every row's whole benchmark)")
     ap.add_argument("--budget-s", type=float, default=6000.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
@@ -292,7 +303,8 @@ def main() -> int:
     ap.add_argument("--overhead", type=float, nargs=5, default=None,
                     metavar=("MS_PER_STEP", "MS_PER_SEQ", "ASYNC_EXPOSED_MS", "QK_NORM_US", "QK_NORM_ALLREDUCE_US"),
                     help="skip the fit: use this correction")
-    ap.add_argument("--frontend", type=float, nargs=2, default=None, metavar=("MS", "MS_PER_1000_TOKENS"),
+    ap.add_argument("--frontend", type=float, nargs=3, default=None,
+                    metavar=("MS", "MS_PER_1000_TOKENS", "MS_PER_USER"),
                     help="skip the fit: use this frontend share of TTFT")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
@@ -314,7 +326,7 @@ def main() -> int:
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
         frontend = tuple(args.frontend) if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens)",
+        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens, ms/user)",
               file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)

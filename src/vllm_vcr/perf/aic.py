@@ -24,12 +24,12 @@ logger = logging.getLogger(__name__)
 # Host time per step not in the kernel data, and the part of a step async scheduling cannot
 # overlap with the GPU; fitted on the training split of the silicon validation
 # (bench/silicon_validation.py), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 0.9
-DEFAULT_PER_SEQ_OVERHEAD_MS = 0.024
-DEFAULT_ASYNC_EXPOSED_MS = 0.05
+DEFAULT_STEP_OVERHEAD_MS = 1.15
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.054
+DEFAULT_ASYNC_EXPOSED_MS = 0.15
 # GPU time of the attention's QK norm, which the estimator does not price (perf/qk_norm.py): per
 # QK-normed layer, and per all-reduce of a norm that spans the TP ranks; fitted the same way.
-DEFAULT_QK_NORM_US = 20.0
+DEFAULT_QK_NORM_US = 16.0
 DEFAULT_QK_NORM_ALLREDUCE_US = 15.0
 
 
