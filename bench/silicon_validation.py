@@ -5,16 +5,18 @@ engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values,
 estimator's own static estimate (run_static, batch = concurrency).
 
 Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
-users and 10*C prompts, or a steady state), fewer requests when that is costly (`plan_for`).
-One global correction, the engine's host time per step (a ms + b ms per running sequence; added
-to the GPU time, or, under async scheduling, overlapped with it but for k ms exposed) and a
-frontend share of TTFT, is fitted on the declared training split (rows with
+users and 10*C prompts, or a steady state; the whole benchmark by default, fewer or shorter
+requests under a smaller --max-tokens, see `plan_for`). One global correction, the engine's host
+time per step (a ms + b ms per running sequence; added to the GPU time, or, under async
+scheduling, overlapped with it but for k ms exposed), the GPU time of the attention's QK norm
+the kernel data lack (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks)
+and a frontend share of TTFT, is fitted on the declared training split (rows with
 crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
 Results go to a JSONL (resumable) and the table into docs/fidelity.md between
 the `silicon` markers.
 
 usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 40000] [--budget-s 6000] [--limit N]
+                                          [--max-tokens 20000000] [--budget-s 6000] [--limit N]
                                           [--render-only] [--write-docs]
 """
 
@@ -37,14 +39,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from vllm_vcr.perf.catalog import resolve_model  # noqa: E402
+from vllm_vcr.perf.qk_norm import bundled_config, qk_norm_layers  # noqa: E402
 from vllm_vcr.simulate.silicon import (HostTime, SiliconRow, plan_for, simulate_row, static_estimate,  # noqa: E402
                                         supported, vllm_agg_rows)
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
-GRID = np.arange(0.0, 6.0001, 0.05)  # candidate host overheads per step (ms)
-SEQ_GRID = np.arange(0.0, 0.0601, 0.004)  # candidate host overheads per running sequence per step (ms)
-EXPOSED_GRID = np.arange(0.0, 4.0001, 0.05)  # candidate exposed host times per step under async scheduling (ms)
+GRID = np.arange(0.0, 4.0001, 0.05)  # candidate host overheads per step (ms)
+SEQ_GRID = np.arange(0.0, 0.0601, 0.006)  # candidate host overheads per running sequence per step (ms)
+EXPOSED_GRID = np.arange(0.0, 3.0001, 0.05)  # candidate exposed host times per step under async scheduling (ms)
+QK_GRID = np.arange(0.0, 40.001, 4.0)  # candidate GPU times per QK-normed layer (µs)
+QK_ALLREDUCE_GRID = np.arange(0.0, 40.001, 5.0)  # candidate GPU times per cross-rank QK-norm all-reduce (µs)
 
 
 def _job(task: tuple[dict, HostTime, int]) -> dict:
@@ -52,7 +58,8 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
     logging.disable(logging.WARNING)
     row = SiliconRow(**row_d)
     out = {"id": row.id, "split": row.split, "overhead_ms": host.step_ms, "per_seq_ms": host.per_seq_ms,
-           "async_exposed_ms": host.async_exposed_ms}
+           "async_exposed_ms": host.async_exposed_ms, "qk_norm_us": host.qk_norm_us,
+           "qk_norm_allreduce_us": host.qk_norm_allreduce_us}
     why = supported(row)
     if why is not None:
         return {**out, "unsupported": why}
@@ -88,58 +95,84 @@ def _run(rows: list[SiliconRow], overhead: HostTime, args, done: dict[str, dict]
 
 
 def _overhead_of(res: dict) -> HostTime:
-    return HostTime(res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0), res.get("async_exposed_ms", 0.0))
+    return HostTime(res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0), res.get("async_exposed_ms", 0.0),
+                    res.get("qk_norm_us", 0.0), res.get("qk_norm_allreduce_us", 0.0))
 
 
-def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, h: HostTime) -> np.ndarray:
-    """A step's time from its GPU time, as the engine prices it (engine/latency/aic.py)."""
+def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, qk_layers: np.ndarray,
+             qk_spans: np.ndarray, h: HostTime) -> np.ndarray:
+    """A step's time from its GPU time, as the engine prices it (engine/latency/aic.py): the QK
+    norms the kernel data lacks added to the GPU time (perf/qk_norm.py), then the host time."""
+    gpu = gpu + qk_layers * (h.qk_norm_us + qk_spans * h.qk_norm_allreduce_us) / 1e3
     host = h.step_ms + h.per_seq_ms * batch
     return np.where(is_async, np.maximum(gpu, host) + h.async_exposed_ms, gpu + host)
 
 
 def _training_arrays(rows: list[SiliconRow], done: dict[str, dict]):
-    """Per simulated training row: measured TPOT, the simulated TPOT without host time (each
-    output token takes one step: about the GPU's step time), the running batch, async or not."""
+    """Per simulated training row: measured TPOT, the simulated TPOT without the correction (each
+    output token takes one step: about the GPU's step time), the running batch, async or not,
+    measured and simulated TTFT, ISL/1000, QK-normed layers, whether their norm spans TP ranks,
+    the benchmark's concurrency."""
     out = []
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
             h, c = _overhead_of(res), res["sim"]["per_engine_concurrency"]
             if h != HostTime():
-                raise SystemExit("the fit needs the training rows simulated without host time")
+                raise SystemExit("the fit needs the training rows simulated without the correction")
+            layers, spans = qk_norm_layers(bundled_config(resolve_model(r.model)[0]))
             out.append((r.tpot_ms, res["sim"]["tpot_ms"], c, r.async_scheduling, r.ttft_ms, res["sim"]["ttft_ms"],
-                        r.isl / 1000))
+                        r.isl / 1000, layers, spans and r.tp > 1, r.concurrency))
     return [np.array(col) for col in zip(*out)]
 
 
 def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
-    """The host time per step, a + b * running sequences (added to the step's GPU time, or
-    overlapped with it under async scheduling but for k ms exposed), minimising the median |TPOT
-    error| on the training rows of both kinds."""
-    meas, gpu, batch, is_async, *_ = _training_arrays(rows, done)
-    best = min((float(np.median(np.abs(_step_ms(gpu, batch, is_async, HostTime(a, b, k)) - meas) / meas)), a, b, k)
-               for a in GRID for b in SEQ_GRID for k in EXPOSED_GRID)
-    return HostTime(round(float(best[1]), 3), round(float(best[2]), 4), round(float(best[3]), 3))
+    """The global correction minimising the median |TPOT error| on the training rows of both
+    kinds: the host time per step, a + b * running sequences (added to the step's GPU time, or
+    overlapped with it under async scheduling but for k ms exposed), and the QK norms' GPU time
+    (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks). a and k are
+    searched at once (array axes), b, q and r in loops."""
+    meas, gpu, batch, is_async, _, _, _, qk_layers, qk_spans, _ = _training_arrays(rows, done)
+    a, k = GRID[:, None, None], EXPOSED_GRID[None, :, None]
+    best = (math.inf,)
+    for b in SEQ_GRID:
+        host = a + b * batch
+        for q in QK_GRID:
+            for r in QK_ALLREDUCE_GRID:
+                g = gpu + qk_layers * (q + qk_spans * r) / 1e3
+                step = np.where(is_async, np.maximum(g, host) + k, g + host)
+                err = np.median(np.abs(step - meas) / meas, axis=2)
+                i, j = np.unravel_index(int(err.argmin()), err.shape)
+                best = min(best, (float(err[i, j]), float(GRID[i]), float(b), float(EXPOSED_GRID[j]), float(q),
+                                  float(r)))
+    _, a_ms, b_ms, k_ms, q_us, r_us = best
+    return HostTime(round(a_ms, 3), round(b_ms, 4), round(k_ms, 3), round(q_us, 1), round(r_us, 1))
 
 
-Frontend = tuple[float, float]  # first-token share: ms + ms per 1000 prompt tokens
+Frontend = tuple[float, float, float]  # first-token share: ms + ms per 1000 prompt tokens + ms per user
 
 
 def frontend_ms(frontend: Frontend, row: SiliconRow) -> float:
-    return frontend[0] + frontend[1] * row.isl / 1000
+    return frontend[0] + frontend[1] * row.isl / 1000 + frontend[2] * row.concurrency
 
 
 def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> Frontend:
-    """The frontend's share of the first token, `f0 + f1 * ISL` (HTTP and the first streamed
-    chunk; tokenising and handing over the prompt, which grow with it: what `serve`/`play` add for
-    real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
-    simulated without host time (a step's host time adds about twice itself to TTFT: the step
-    the request waits for and its prefill; under async scheduling only its exposed part)."""
-    _, gpu, batch, is_async, meas, sim, isl = _training_arrays(rows, done)
-    sim = sim + 2 * (_step_ms(gpu, batch, is_async, host) - gpu)
-    best = min((float(np.median(np.abs(sim + f0 + f1 * isl - meas) / meas)), f0, f1)
-               for f0 in np.arange(0.0, 150.001, 1.0) for f1 in np.arange(0.0, 30.001, 0.5))
-    return float(best[1]), float(best[2])
+    """The frontend's share of the first token, `f0 + f1 * ISL + f2 * C` (HTTP and the first
+    streamed chunk; tokenising and handing over the prompt, which grow with it; the API server's
+    work for the C streams it serves at once, which a new request's input waits behind: what
+    `serve`/`play` add for real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
+    simulated without the correction (a step's added time adds about twice itself to TTFT: the
+    step the request waits for and its prefill; of the host time, under async scheduling only
+    its exposed part)."""
+    _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc = _training_arrays(rows, done)
+    sim = sim + 2 * (_step_ms(gpu, batch, is_async, qk_layers, qk_spans, host) - gpu)
+    f0, f1 = np.arange(0.0, 150.001, 1.0)[:, None, None], np.arange(0.0, 30.001, 0.5)[None, :, None]
+    best = (math.inf,)
+    for f2 in np.arange(0.0, 3.001, 0.1):  # f0 and f1 searched at once (array axes)
+        err = np.median(np.abs(sim + f0 + f1 * isl + f2 * conc - meas) / meas, axis=2)
+        i, j = np.unravel_index(int(err.argmin()), err.shape)
+        best = min(best, (float(err[i, j]), float(f0[i, 0, 0]), float(f1[0, j, 0]), round(float(f2), 2)))
+    return best[1], best[2], best[3]
 
 
 def _err(pred: float, meas: float) -> float:
@@ -158,7 +191,7 @@ def _natural(name: str) -> list:
 
 
 def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str,
-          frontend: Frontend = (0.0, 0.0)) -> list[str]:
+          frontend: Frontend = (0.0, 0.0, 0.0)) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
         res = done.get(r.id)
@@ -224,9 +257,11 @@ def render(rows: list[SiliconRow], done: dict[str, dict], overhead: HostTime, fr
            f"Fitted on the training rows ({len(train)}, {n_train} simulated): host time "
            f"**{overhead.step_ms:.2f} ms per step + {overhead.per_seq_ms * 1e3:.0f} µs per running sequence** "
            f"(simulated: added to the step's GPU time, or under async scheduling overlapped with it, with "
-           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed) and a "
+           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed), the GPU time of the attention's QK norm "
+           f"**{overhead.qk_norm_us:.0f} µs per QK-normed layer + {overhead.qk_norm_allreduce_us:.0f} µs per layer "
+           f"whose norm spans the TP ranks** (added to every step's GPU time; `perf/qk_norm.py`) and a "
            f"frontend share of the first token of **{frontend[0]:.0f} ms + {frontend[1]:.1f} ms per 1000 prompt "
-           f"tokens** (added to the simulated TTFT: `serve` and "
+           f"tokens + {frontend[2]:.1f} ms per concurrent user** (added to the simulated TTFT: `serve` and "
            f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
            f"with them):", ""]
     for key, title in HELD_OUT_TABLES:
@@ -257,16 +292,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
     ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
-    ap.add_argument("--max-tokens", type=int, default=40_000, help="output tokens simulated per row, at most")
+    ap.add_argument("--max-tokens", type=int, default=20_000_000,
+                    help="output tokens simulated per row, at most (the default fits every row's whole benchmark)")
     ap.add_argument("--budget-s", type=float, default=6000.0,
                     help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
     ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
     ap.add_argument("--sample", type=int, default=None,
                     help="only N rows spread over models, GPUs and concurrencies (iterate on a slice; give it its "
                          "own --results file)")
-    ap.add_argument("--overhead", type=float, nargs=3, default=None,
-                    metavar=("MS_PER_STEP", "MS_PER_SEQ", "ASYNC_EXPOSED_MS"), help="skip the fit: use this host time")
-    ap.add_argument("--frontend", type=float, nargs=2, default=None, metavar=("MS", "MS_PER_1000_TOKENS"),
+    ap.add_argument("--overhead", type=float, nargs=5, default=None,
+                    metavar=("MS_PER_STEP", "MS_PER_SEQ", "ASYNC_EXPOSED_MS", "QK_NORM_US", "QK_NORM_ALLREDUCE_US"),
+                    help="skip the fit: use this correction")
+    ap.add_argument("--frontend", type=float, nargs=3, default=None,
+                    metavar=("MS", "MS_PER_1000_TOKENS", "MS_PER_USER"),
                     help="skip the fit: use this frontend share of TTFT")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
@@ -288,7 +326,7 @@ def main() -> int:
             [r for r in rows if r.split == "train"], done)
         train = [r for r in rows if r.split == "train"]
         frontend = tuple(args.frontend) if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens)",
+        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens, ms/user)",
               file=sys.stderr)
         if not args.render_only:
             _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from .conftest import needs_aic
@@ -27,13 +29,11 @@ def test_the_sample_has_the_vllm_aggregated_rows_and_a_declared_split():
 
 @pytest.mark.parametrize("row_id", SLICE)
 def test_a_measured_deployment_is_reproduced_closely(row_id):
-    from vllm_vcr.perf import aic
     from vllm_vcr.simulate.silicon import HostTime, simulate_row, static_estimate, supported
 
     row = _rows()[row_id]
     assert supported(row) is None
-    host = HostTime(aic.DEFAULT_STEP_OVERHEAD_MS, aic.DEFAULT_PER_SEQ_OVERHEAD_MS, aic.DEFAULT_ASYNC_EXPOSED_MS)
-    sim = simulate_row(row, host=host, max_tokens=30_000)
+    sim = simulate_row(row, host=HostTime.fitted(), max_tokens=30_000)
     assert sim["preemptions"] == 0
     assert sim["tpot_ms"] == pytest.approx(row.tpot_ms, rel=0.25)
     assert sim["ttft_ms"] == pytest.approx(row.ttft_ms, rel=0.5)  # the engine's share, no frontend
@@ -139,3 +139,40 @@ def test_a_block_fp8_checkpoint_is_priced_with_block_scaled_kernels_where_vllm_c
     assert {r.moe_quant for r in minimax_tp8} == {"fp8"}  # 1536 / 8 = 192: no block-scaled shard
     llama = [r for r in rows if r.model == "nvidia/Llama-3.1-8B-Instruct-FP8"]
     assert {r.gemm_quant for r in llama} == {"fp8"}  # a per-tensor FP8 checkpoint
+
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "silicon_validation.py"
+    spec = importlib.util.spec_from_file_location("silicon_validation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fit_recovers_a_planted_correction():
+    """Rows whose measured TPOT is the GPU step plus a known correction: half of them with async
+    scheduling, half MiniMax-M2.5 at TP 4 (the QK norm's all-reduce), half Qwen3-32B (a QK norm
+    per head). The fit minimises the median |error|, so each part of the correction is pinned
+    only by rows that are at least half of the set: these are."""
+    import numpy as np
+
+    from vllm_vcr.simulate.silicon import HostTime
+
+    bench = _bench_module()
+    planted = HostTime(1.0, 0.012, 0.2, 16.0, 15.0)
+    rows, done = [], {}
+    for model, layers, spans in (("MiniMaxAI/MiniMax-M2.5", 62, True), ("Qwen/Qwen3-32B", 64, False)):
+        for version in ("0.12.0", "0.19.0"):
+            for conc in (4, 32, 128):
+                gpu_ms = 4.0 + 0.05 * conc
+                row = _row(id=f"{model}-{version}-{conc}", model=model, tp=4, backend_version=version,
+                           concurrency=conc, source="gap-analysis.csv")
+                step = bench._step_ms(np.array([gpu_ms]), np.array([conc]), np.array([row.async_scheduling]),
+                                      np.array([layers]), np.array([spans]), planted)[0]
+                rows.append(replace(row, tpot_ms=float(step)))
+                done[row.id] = {"id": row.id, "sim": {"tpot_ms": gpu_ms, "ttft_ms": 100.0,
+                                                      "per_engine_concurrency": conc}}
+    assert bench.fit_overhead(rows, done) == planted

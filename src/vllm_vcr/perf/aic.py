@@ -17,15 +17,20 @@ from typing import Any
 from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .errors import PerfModelError
+from .qk_norm import qk_norm_ms
 
 logger = logging.getLogger(__name__)
 
 # Host time per step not in the kernel data, and the part of a step async scheduling cannot
 # overlap with the GPU; fitted on the training split of the silicon validation
 # (bench/silicon_validation.py), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 1.75
-DEFAULT_PER_SEQ_OVERHEAD_MS = 0.036
-DEFAULT_ASYNC_EXPOSED_MS = 1.65
+DEFAULT_STEP_OVERHEAD_MS = 1.15
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.054
+DEFAULT_ASYNC_EXPOSED_MS = 0.15
+# GPU time of the attention's QK norm, which the estimator does not price (perf/qk_norm.py): per
+# QK-normed layer, and per all-reduce of a norm that spans the TP ranks; fitted the same way.
+DEFAULT_QK_NORM_US = 16.0
+DEFAULT_QK_NORM_ALLREDUCE_US = 15.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class AicTarget:
     per_seq_overhead_ms: float = DEFAULT_PER_SEQ_OVERHEAD_MS
     async_scheduling: bool = False  # vLLM's --async-scheduling: host time overlaps the GPU's
     async_exposed_ms: float = DEFAULT_ASYNC_EXPOSED_MS
+    qk_norm_us: float = DEFAULT_QK_NORM_US
+    qk_norm_allreduce_us: float = DEFAULT_QK_NORM_ALLREDUCE_US
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +75,8 @@ class AicTarget:
 
 
 # The host's share of a step: not part of the compiled estimator's identity.
-_HOST_FIELDS = ("step_overhead_ms", "per_seq_overhead_ms", "async_scheduling", "async_exposed_ms")
+_HOST_FIELDS = ("step_overhead_ms", "per_seq_overhead_ms", "async_scheduling", "async_exposed_ms", "qk_norm_us",
+                "qk_norm_allreduce_us")
 
 
 def _target_key(t: AicTarget) -> str:
@@ -114,7 +122,9 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
     t = target.resolved()
     return AicStepLatency(StepPricer(compile_target(t)), step_overhead_ms=t.step_overhead_ms,
                           per_seq_overhead_ms=t.per_seq_overhead_ms, async_scheduling=t.async_scheduling,
-                          async_exposed_ms=t.async_exposed_ms, time_scale=time_scale)
+                          async_exposed_ms=t.async_exposed_ms, time_scale=time_scale,
+                          unpriced_gpu_ms=qk_norm_ms(t.model, t.tensor_parallel_size, t.qk_norm_us,
+                                                     t.qk_norm_allreduce_us))
 
 
 def shared_step_latency(target: dict[str, Any], time_scale: float) -> AicStepLatency:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from typing import Any
 
 from ..engine.config import LATENCY_FIELDS, EngineArgs
@@ -65,6 +66,12 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
     g.add_argument("--perf-async-exposed-ms", type=float, default=None,
                    help="under async scheduling, the part of a step's host time that does not overlap the "
                         "GPU (ms); default: the fitted value")
+    g.add_argument("--perf-qk-norm-us", type=float, default=None,
+                   help="GPU time per step of each layer's attention QK norm (Qwen3, MiniMax-M2, ...; µs), "
+                        "which the kernel data lacks; default: the fitted value")
+    g.add_argument("--perf-qk-norm-allreduce-us", type=float, default=None,
+                   help="GPU time per layer and step of the all-reduce a QK norm over the whole query/key "
+                        "needs under tensor parallelism (MiniMax-M2; µs); default: the fitted value")
     kv = parser._option_string_actions.get("--kv-cache-size")
     parser.set_defaults(_kv_cache_size_default=kv.default if kv is not None else None)
     if vllm_gpu_flags:
@@ -111,7 +118,7 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
     kind = getattr(ns, "perf_model", None) or ("aic" if getattr(ns, "perf_model_switch", False) else "none")
     if kind == "none":
         return None
-    from .aic import DEFAULT_ASYNC_EXPOSED_MS, DEFAULT_STEP_OVERHEAD_MS, AicTarget
+    from .aic import AicTarget
 
     tp = ns.perf_tp or _vllm_flag(ns, "tensor_parallel_size", int) or 1
     target = AicTarget(
@@ -120,10 +127,14 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
         backend_version=ns.perf_backend_version, tensor_parallel_size=tp,
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
-        step_overhead_ms=DEFAULT_STEP_OVERHEAD_MS if ns.perf_step_overhead_ms is None else ns.perf_step_overhead_ms,
-        async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False,
-        async_exposed_ms=DEFAULT_ASYNC_EXPOSED_MS if ns.perf_async_exposed_ms is None else ns.perf_async_exposed_ms)
-    return target.resolved().to_dict()
+        async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False)
+    given = {field: getattr(ns, flag, None) for field, flag in _FITTED_FLAGS.items()}
+    return replace(target, **{f: v for f, v in given.items() if v is not None}).resolved().to_dict()
+
+
+_FITTED_FLAGS = {  # AicTarget field -> flag dest; unset: the fitted default
+    "step_overhead_ms": "perf_step_overhead_ms", "async_exposed_ms": "perf_async_exposed_ms",
+    "qk_norm_us": "perf_qk_norm_us", "qk_norm_allreduce_us": "perf_qk_norm_allreduce_us"}
 
 
 def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:

@@ -18,8 +18,6 @@ TTFT and TPOT are the means over all 10*C requests, the first wave included.
 from __future__ import annotations
 
 import csv
-import functools
-import json
 import math
 import re
 import zlib
@@ -29,19 +27,32 @@ from typing import Any, Iterator
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import package_root, resolve_model
 from ..perf.errors import PerfModelError
+from ..perf.qk_norm import bundled_config
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
                               scheduler_limits)
 
 
 @dataclass(frozen=True)
 class HostTime:
-    """The engine's host time per step (the global correction): `step_ms + per_seq_ms x running
+    """The global correction: the engine's host time per step, `step_ms + per_seq_ms x running
     sequences`, added to the GPU time, or overlapped with it under async scheduling, which
-    leaves `async_exposed_ms` per step exposed."""
+    leaves `async_exposed_ms` per step exposed; and the GPU time of the attention's QK norm the
+    kernel data lacks (perf/qk_norm.py): `qk_norm_us` per QK-normed layer, plus
+    `qk_norm_allreduce_us` per layer where that norm spans the TP ranks."""
 
     step_ms: float = 0.0
     per_seq_ms: float = 0.0
     async_exposed_ms: float = 0.0
+    qk_norm_us: float = 0.0
+    qk_norm_allreduce_us: float = 0.0
+
+    @classmethod
+    def fitted(cls) -> "HostTime":
+        """The perf model's defaults (perf/aic.py): the correction fitted on the training split."""
+        from ..perf import aic
+
+        return cls(aic.DEFAULT_STEP_OVERHEAD_MS, aic.DEFAULT_PER_SEQ_OVERHEAD_MS, aic.DEFAULT_ASYNC_EXPOSED_MS,
+                   aic.DEFAULT_QK_NORM_US, aic.DEFAULT_QK_NORM_ALLREDUCE_US)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,8 @@ class SiliconRow:
                          gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
                          kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
                          step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
-                         async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms)
+                         async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
+                         qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -139,11 +151,8 @@ _FP8_BLOCK = 128  # the weight block of block-scaled FP8 checkpoints (weight_blo
 _HOPPER = ("h100_sxm", "h200_sxm")
 
 
-@functools.lru_cache(maxsize=32)
 def _checkpoint_config(model: str) -> dict:
-    name, _ = resolve_model(model)
-    path = package_root() / "model_configs" / f"{name.replace('/', '--', 1)}_config.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+    return bundled_config(resolve_model(model)[0])
 
 
 def _checkpoint_precision(row: SiliconRow) -> SiliconRow:

@@ -11,7 +11,10 @@ from the step's actual contents rather than one static batch:
   already computed: earlier chunks and prefix-cache hits), for the step's mean chunk;
 - decode attention of the decodes over their mean context length.
 
-A decode-only step is the estimator's own generation step. On top of the GPU time, every step
+A decode-only step is the estimator's own generation step, plus the GPU work its kernel data
+leaves out (`unpriced_gpu_ms` per step, worked out from the model by vllm_vcr.perf: e.g. the
+QK norm of Qwen3 and MiniMax-M2 attention, which the estimator's op list has no entry for).
+On top of the GPU time, every step
 has the engine's host time (`step_overhead_ms`; a per-sequence share can be set too): scheduling,
 input preparation, sampling, output processing. Without async scheduling the host and the GPU
 take turns, so a step lasts their sum. With vLLM's async scheduling (`--async-scheduling`, on
@@ -85,8 +88,10 @@ class AicStepLatency(LatencyModel):
     times_steps = True
 
     def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
-                 async_scheduling: bool = False, async_exposed_ms: float = 0.0, time_scale: float = 1.0) -> None:
+                 async_scheduling: bool = False, async_exposed_ms: float = 0.0, unpriced_gpu_ms: float = 0.0,
+                 time_scale: float = 1.0) -> None:
         self.pricer = pricer
+        self.unpriced_gpu_ms = unpriced_gpu_ms
         self.step_overhead_ms = step_overhead_ms
         self.per_seq_overhead_ms = per_seq_overhead_ms
         self.async_scheduling = async_scheduling
@@ -96,6 +101,8 @@ class AicStepLatency(LatencyModel):
     def step_ms(self, batch: StepBatch) -> float:
         gpu = self.pricer.gpu_ms(batch.num_decodes, batch.decode_context, batch.num_prefills,
                                  batch.num_prefill_tokens, batch.prefill_context)
+        if gpu:
+            gpu += self.unpriced_gpu_ms
         host = self.step_overhead_ms + self.per_seq_overhead_ms * (batch.num_decodes + batch.num_prefills)
         return overlapped_step_ms(gpu, host, self.async_exposed_ms) if self.async_scheduling else gpu + host
 
