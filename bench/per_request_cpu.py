@@ -90,6 +90,9 @@ def main() -> None:
     ap.add_argument("--distinct-prompts", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
+    ap.add_argument("--w2-shape", action="store_true",
+                    help="as W2's client: continuous_usage_stats on, and the warm-up sends the measured prompts "
+                         "first (W2 cycles 512 prompts, so its renders and encodes are cache hits)")
     ap.add_argument("--profile", help="py-spy raw output file (attached during the measured run)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--callgrind", metavar="DIR",
@@ -118,10 +121,12 @@ def main() -> None:
         ps = prompts(model_dir, 128, a.distinct_prompts + 200, 7)
         mk = lambda p: json.dumps({"model": "m", "messages": [{"role": "user", "content": p}],  # noqa: E731
                                    "max_tokens": a.max_tokens, "stream": True,
-                                   "stream_options": {"include_usage": True}}).encode()
-        warm = [mk(p) for p in ps[a.distinct_prompts:]]
+                                   "stream_options": {"include_usage": True,
+                                                      **({"continuous_usage_stats": True} if a.w2_shape else {})},
+                                   }).encode()
         bodies = [mk(p) for p in ps[: a.distinct_prompts]]
-        asyncio.run(drive(url, warm, 200, a.concurrency))
+        warm = bodies if a.w2_shape else [mk(p) for p in ps[a.distinct_prompts:]]
+        asyncio.run(drive(url, warm, max(200, len(warm)) if a.w2_shape else 200, a.concurrency))
         spy = None
         if a.profile:
             spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "250", "-o", a.profile,

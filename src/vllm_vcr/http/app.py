@@ -208,8 +208,12 @@ class OpenAIApp:
             pass  # the response had already started (or the client is gone): nothing more to say
 
     async def _watched(self, handler: Handler, ctx: RequestContext) -> None:
-        task = asyncio.ensure_future(handler(ctx))
+        """Run the handler in the server's task for this request while a watcher task waits for the
+        client to go away; a disconnect cancels the server's task, which the handler sees as
+        CancelledError at its current await (one task per request, not two)."""
+        task = asyncio.current_task()
         receive = ctx.receive
+        running = True
         disconnected = False
 
         async def watch() -> None:
@@ -217,19 +221,22 @@ class OpenAIApp:
             while True:
                 msg = await receive()
                 if msg["type"] == "http.disconnect":
-                    if not ctx.finishing and not task.done():
+                    if running and not ctx.finishing:
                         disconnected = True
                         task.cancel()
                     return
 
         watcher = asyncio.ensure_future(watch())
         try:
-            await task
+            await handler(ctx)
         except asyncio.CancelledError:
             if not disconnected:
                 raise
         finally:
+            running = False
             watcher.cancel()
+            if disconnected:
+                task.uncancel()  # the cancel was ours, and it is over
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         if scope["method"] == "OPTIONS":
