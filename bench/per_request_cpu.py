@@ -6,6 +6,13 @@ user+system CPU per request. Per-request work (parsing, validation, template, to
 admission, response start/end) dominates at this shape.
 
     PYTHONPATH=src python bench/per_request_cpu.py --requests 2000 [--profile out.txt]
+
+Instructions (valgrind; box-independent) at W2's request shape, per request and per event:
+
+    PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 1000 \
+        --repeat 3 --callgrind /tmp/cg
+    PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 150 \
+        --concurrency 8 --ttft 100 --itl 20 --max-tokens 101 --repeat 2 --callgrind /tmp/cg
 """
 
 from __future__ import annotations
@@ -90,6 +97,9 @@ def main() -> None:
     ap.add_argument("--distinct-prompts", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
+    ap.add_argument("--ttft", default="0", help="--time-to-first-token (ms)")
+    ap.add_argument("--itl", default="0", help="--inter-token-latency (ms); with --max-tokens 101 and a low "
+                    "concurrency, (instructions at 101 - at 1) / 100 is the cost of one W2 event")
     ap.add_argument("--w2-shape", action="store_true",
                     help="as W2's client: continuous_usage_stats on, and the warm-up sends the measured prompts "
                          "first (W2 cycles 512 prompts, so its renders and encodes are cache hits)")
@@ -102,8 +112,8 @@ def main() -> None:
     model_dir = Path(a.model_dir)
     port = free_port()
     cmd = [sys.executable, "-m", "vllm_vcr", "serve", str(model_dir), "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--time-to-first-token", "0",
-           "--inter-token-latency", "0", "--max-num-seqs", "2048", "--kv-cache-size", "65536",
+           "--host", "127.0.0.1", "--port", str(port), "--time-to-first-token", a.ttft,
+           "--inter-token-latency", a.itl, "--max-num-seqs", "2048", "--kv-cache-size", "65536",
            "--no-log-requests"]
     if a.callgrind:
         Path(a.callgrind).mkdir(parents=True, exist_ok=True)
@@ -119,13 +129,15 @@ def main() -> None:
                 pass
             time.sleep(0.1)
         ps = prompts(model_dir, 128, a.distinct_prompts + 200, 7)
-        mk = lambda p: json.dumps({"model": "m", "messages": [{"role": "user", "content": p}],  # noqa: E731
-                                   "max_tokens": a.max_tokens, "stream": True,
+        mk = lambda p, mt=a.max_tokens: json.dumps({"model": "m",  # noqa: E731
+                                   "messages": [{"role": "user", "content": p}], "max_tokens": mt, "stream": True,
+                                   **({"ignore_eos": True} if a.w2_shape else {}),
                                    "stream_options": {"include_usage": True,
                                                       **({"continuous_usage_stats": True} if a.w2_shape else {})},
                                    }).encode()
         bodies = [mk(p) for p in ps[: a.distinct_prompts]]
-        warm = bodies if a.w2_shape else [mk(p) for p in ps[a.distinct_prompts:]]
+        # (one token each: the warm-up fills the caches, it need not stream)
+        warm = [mk(p, 1) for p in (ps[: a.distinct_prompts] if a.w2_shape else ps[a.distinct_prompts:])]
         asyncio.run(drive(url, warm, max(200, len(warm)) if a.w2_shape else 200, a.concurrency))
         spy = None
         if a.profile:
