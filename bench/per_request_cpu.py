@@ -7,12 +7,14 @@ admission, response start/end) dominates at this shape.
 
     PYTHONPATH=src python bench/per_request_cpu.py --requests 2000 [--profile out.txt]
 
-Instructions (valgrind; box-independent) at W2's request shape, per request and per event:
+Instructions (valgrind; box-independent) at W2's request shape, per request:
 
     PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 1000 \
         --repeat 3 --callgrind /tmp/cg
-    PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 150 \
-        --concurrency 8 --ttft 100 --itl 20 --max-tokens 101 --repeat 2 --callgrind /tmp/cg
+
+`--ttft/--itl` with `--max-tokens 101` give a stream's whole count, but at a concurrency valgrind
+can keep up with (C 8) how many loop turns and merged outputs a pass takes follows the box's load:
+those counts scatter by ~10 %, too much for a per-event difference.
 """
 
 from __future__ import annotations
@@ -98,8 +100,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
     ap.add_argument("--ttft", default="0", help="--time-to-first-token (ms)")
-    ap.add_argument("--itl", default="0", help="--inter-token-latency (ms); with --max-tokens 101 and a low "
-                    "concurrency, (instructions at 101 - at 1) / 100 is the cost of one W2 event")
+    ap.add_argument("--itl", default="0", help="--inter-token-latency (ms)")
     ap.add_argument("--w2-shape", action="store_true",
                     help="as W2's client: continuous_usage_stats on, and the warm-up sends the measured prompts "
                          "first (W2 cycles 512 prompts, so its renders and encodes are cache hits)")
