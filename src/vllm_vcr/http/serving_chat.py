@@ -459,7 +459,6 @@ class ChatStream(ChoiceStream):
         return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,
                                                     usage, self.fp)) + b"\n\n"
 
-
     def _usage_template(self) -> bytes:
         """final_usage_chunk's bytes with no token details (vLLM drops null fields): %d prompt,
         total and completion tokens."""
