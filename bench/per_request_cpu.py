@@ -6,6 +6,15 @@ user+system CPU per request. Per-request work (parsing, validation, template, to
 admission, response start/end) dominates at this shape.
 
     PYTHONPATH=src python bench/per_request_cpu.py --requests 2000 [--profile out.txt]
+
+Instructions (valgrind; box-independent) at W2's request shape, per request:
+
+    PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 1000 \
+        --repeat 3 --callgrind /tmp/cg
+
+`--ttft/--itl` with `--max-tokens 101` give a stream's whole count, but at a concurrency valgrind
+can keep up with (C 8) how many loop turns and merged outputs a pass takes follows the box's load:
+those counts scatter by ~10 %, too much for a per-event difference.
 """
 
 from __future__ import annotations
@@ -90,6 +99,11 @@ def main() -> None:
     ap.add_argument("--distinct-prompts", type=int, default=2000)
     ap.add_argument("--max-tokens", type=int, default=1)
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
+    ap.add_argument("--ttft", default="0", help="--time-to-first-token (ms)")
+    ap.add_argument("--itl", default="0", help="--inter-token-latency (ms)")
+    ap.add_argument("--w2-shape", action="store_true",
+                    help="as W2's client: continuous_usage_stats on, and the warm-up sends the measured prompts "
+                         "first (W2 cycles 512 prompts, so its renders and encodes are cache hits)")
     ap.add_argument("--profile", help="py-spy raw output file (attached during the measured run)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--callgrind", metavar="DIR",
@@ -99,8 +113,8 @@ def main() -> None:
     model_dir = Path(a.model_dir)
     port = free_port()
     cmd = [sys.executable, "-m", "vllm_vcr", "serve", str(model_dir), "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--time-to-first-token", "0",
-           "--inter-token-latency", "0", "--max-num-seqs", "2048", "--kv-cache-size", "65536",
+           "--host", "127.0.0.1", "--port", str(port), "--time-to-first-token", a.ttft,
+           "--inter-token-latency", a.itl, "--max-num-seqs", "2048", "--kv-cache-size", "65536",
            "--no-log-requests"]
     if a.callgrind:
         Path(a.callgrind).mkdir(parents=True, exist_ok=True)
@@ -116,12 +130,16 @@ def main() -> None:
                 pass
             time.sleep(0.1)
         ps = prompts(model_dir, 128, a.distinct_prompts + 200, 7)
-        mk = lambda p: json.dumps({"model": "m", "messages": [{"role": "user", "content": p}],  # noqa: E731
-                                   "max_tokens": a.max_tokens, "stream": True,
-                                   "stream_options": {"include_usage": True}}).encode()
-        warm = [mk(p) for p in ps[a.distinct_prompts:]]
+        mk = lambda p, mt=a.max_tokens: json.dumps({"model": "m",  # noqa: E731
+                                   "messages": [{"role": "user", "content": p}], "max_tokens": mt, "stream": True,
+                                   **({"ignore_eos": True} if a.w2_shape else {}),
+                                   "stream_options": {"include_usage": True,
+                                                      **({"continuous_usage_stats": True} if a.w2_shape else {})},
+                                   }).encode()
         bodies = [mk(p) for p in ps[: a.distinct_prompts]]
-        asyncio.run(drive(url, warm, 200, a.concurrency))
+        # (one token each: the warm-up fills the caches, it need not stream)
+        warm = [mk(p, 1) for p in (ps[: a.distinct_prompts] if a.w2_shape else ps[a.distinct_prompts:])]
+        asyncio.run(drive(url, warm, max(200, len(warm)) if a.w2_shape else 200, a.concurrency))
         spy = None
         if a.profile:
             spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "250", "-o", a.profile,

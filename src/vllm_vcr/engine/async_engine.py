@@ -275,18 +275,33 @@ class AsyncEngine:
         request has finished, and ends after its final output. Leaving before the engine finished
         it aborts it."""
         col = _Collector(deliver, self._push_queue)
-        async with self._attached(request, col):
+        # _attached's steps inline (no context manager objects: this runs once per stream)
+        idx = self.pick_engine(request)
+        if not self.is_ready:
+            await self.wait_ready()
+        core = self._submit(idx, request, col)
+        try:
             while True:
                 await col.wait()
                 yield None
                 if col.finished and col.pending is None:
                     return  # everything, up to the final output, has been delivered
+        finally:
+            self._detach(idx, core, request.request_id, col)
 
     @asynccontextmanager
     async def _attached(self, request: EngineCoreRequest, col: _Collector) -> AsyncIterator[None]:
         idx = self.pick_engine(request)
         if not self.is_ready:
             await self.wait_ready()
+        core = self._submit(idx, request, col)
+        try:
+            yield
+        finally:
+            self._detach(idx, core, request.request_id, col)
+
+    def _submit(self, idx: int, request: EngineCoreRequest, col: _Collector) -> EngineCore:
+        """Register the request's collector and hand the request to engine idx."""
         core = self.engines[idx]
         if core.dead is not None or core.stopped:
             raise EngineDeadError(f"engine {idx} is not running")
@@ -295,13 +310,18 @@ class AsyncEngine:
         self._load[idx] += 1
         try:
             core.add_request(request)
-            yield
-        finally:
-            self._load[idx] -= 1
-            if self._collectors.get(rid, (None, None))[1] is col:
-                del self._collectors[rid]
-            if not col.finished and core.dead is None:
-                core.abort_requests([rid])
+        except BaseException:
+            self._detach(idx, core, rid, col)
+            raise
+        return core
+
+    def _detach(self, idx: int, core: EngineCore, rid: str, col: _Collector) -> None:
+        """The reader has left: forget its collector; abort the request unless the engine ended it."""
+        self._load[idx] -= 1
+        if self._collectors.get(rid, (None, None))[1] is col:
+            del self._collectors[rid]
+        if not col.finished and core.dead is None:
+            core.abort_requests([rid])
 
     async def call_all(self, fn: Callable[[EngineCore], Any]) -> list[Any]:
         """Run fn on every engine between two of its steps, in engine order."""

@@ -9,6 +9,8 @@ from .block_pool import BlockHasher, BlockPool, KVCacheBlock
 from .deferred_hashes import DeferredHashes
 from .request import Request
 
+_PROMPT_MEMO_MAX = 16384  # prompt blocks remembered (~6 MB at 16 tokens a block)
+
 
 class KVCacheManager:
     def __init__(self, pool: BlockPool, hasher: BlockHasher | None = None) -> None:
@@ -19,6 +21,9 @@ class KVCacheManager:
         self._chain = getattr(self.hasher, "chain", None)  # a run of blocks in one call (ContentHasher)
         # a hasher whose hashes stay in the process: hash only blocks another request could hit
         self.deferred = DeferredHashes(pool, self.hasher) if self._chain is not None else None
+        # prompt blocks recur (a shared system prompt, a benchmark's prompt pool): (parent, tokens,
+        # extra keys) -> hash, so a repeated block costs a lookup instead of a pickle and a sha256
+        self._prompt_memo: dict[tuple, bytes] = {}
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -42,9 +47,22 @@ class KVCacheManager:
             if full > start:
                 hashes += self._chain(hashes[-1] if start else None, tokens, start, full, bs)
             return
+        prompt_blocks = min(full, req.num_prompt_tokens // bs)
+        memo = self._prompt_memo
         for i in range(start, full):
             parent = hashes[i - 1] if i else None
-            hashes.append(hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None))
+            block = tokens[i * bs:(i + 1) * bs]
+            extra = self._extra_keys(req, i) if keyed else None
+            if i >= prompt_blocks:
+                hashes.append(hasher(parent, block, extra))
+                continue
+            key = (parent, tuple(block), extra)
+            h = memo.get(key)
+            if h is None:
+                if len(memo) >= _PROMPT_MEMO_MAX:
+                    memo.clear()
+                h = memo[key] = hasher(parent, block, extra)
+            hashes.append(h)
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
         """Prefix-cache hits for a request about to be scheduled from waiting."""

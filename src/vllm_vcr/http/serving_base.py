@@ -87,7 +87,7 @@ class RequestContext:
 def parse_request(body: bytes, model: type[BaseModel]) -> Any:
     """Validate a JSON body; schema and JSON errors become vLLM's 400 validation error, a request
     model validator's RequestValueError is raised as it is (vLLM's 400 BadRequestError)."""
-    if not body.strip():
+    if not body or body.isspace():  # (strip() would copy the body to find out)
         # FastAPI's view of an empty body: the whole body is missing
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
     try:

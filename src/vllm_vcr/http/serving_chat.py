@@ -447,6 +447,10 @@ class ChatStream(ChoiceStream):
             return b""
         states = self.states
         completion_tokens = sum(s.num_tokens for s in states)
+        if not (self.settings.reasoning_parser or self.settings.prompt_tokens_details
+                or wants_cache_details(self.req)):  # the usual shape: the three counts only
+            pl = self.prompt_len
+            return self._usage_template() % (pl, pl + completion_tokens, completion_tokens)
         usage = usage_dict(self.prompt_len, completion_tokens,
                            self.serving.prompt_details(self.first_state or states[0],
                                                        wants_cache_details(self.req)))
@@ -454,6 +458,16 @@ class ChatStream(ChoiceStream):
             usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
         return b"data: " + encode(final_usage_chunk(self.rid, "chat.completion.chunk", self.created, self.model,
                                                     usage, self.fp)) + b"\n\n"
+
+    def _usage_template(self) -> bytes:
+        """final_usage_chunk's bytes with no token details (vLLM drops null fields): %d prompt,
+        total and completion tokens."""
+        fp = b"" if self.fp is None else b',"system_fingerprint":' + encode(self.fp)
+        return (b'data: {"id":' + encode(self.rid).replace(b"%", b"%%")
+                + b',"object":"chat.completion.chunk","created":%d' % self.created
+                + b',"model":' + encode(self.model).replace(b"%", b"%%")
+                + b',"choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
+                + fp.replace(b"%", b"%%") + b"}\n\n")
 
 
 class ToolChatStream(ToolCallStreamMixin, ChatStream):

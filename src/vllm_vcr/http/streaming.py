@@ -35,15 +35,20 @@ except ImportError:  # pragma: no cover - httptools is a dependency
 
 
 _TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_last_token_json: list[Any] = [lambda: None, None]  # a weak ref to the last tokenizer asked for, its cache
 
 
 def token_json_cache(tokenizer: Any) -> dict[int, bytes]:
     """Per tokenizer: token id -> its text as a JSON string, for a token detokenized on its own
     (no partial character held before or after it). Then its text depends on its bytes only, so
     the fast case can send it without decoding and encoding it again."""
+    last = _last_token_json
+    if last[0]() is tokenizer:  # the usual case: the server's one tokenizer
+        return last[1]
     cache = _TOKEN_JSON.get(tokenizer)
     if cache is None:
         cache = _TOKEN_JSON[tokenizer] = {}
+    last[0], last[1] = weakref.ref(tokenizer), cache
     return cache
 
 
@@ -64,7 +69,8 @@ class ChoiceStream:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
         self.total = len(states)
         self.single = self.total == 1
-        self._index = {r.request_id: i for i, r in enumerate(engine_reqs)}
+        # choice index by engine request id (one choice needs none)
+        self._index = None if self.single else {r.request_id: i for i, r in enumerate(engine_reqs)}
         self.fp_part = fp_part  # the fingerprint rides on the last chunk (unless a usage chunk follows)
         self.ended = 0
         self.done = False  # every choice has ended, or an error ended the stream
