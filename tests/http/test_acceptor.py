@@ -240,6 +240,45 @@ async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_reques
     assert pumps["n"] <= 50  # about 20 per turn at 50 µs each; one per turn would take 100
 
 
+async def test_new_requests_get_half_of_a_loop_busy_with_streams():
+    """At 1,000 open streams a turn is mostly the streams' tokens: a fixed 1 ms per turn for new
+    requests admitted fewer than finished. 1 ms requests behind 5 ms of other work per turn are
+    released several per turn (about 5), not one."""
+    import time
+
+    from vllm_vcr.http.acceptor import TurnSlices
+
+    def spin(seconds: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            pass
+
+    async def app(scope, receive, send):  # noqa: ANN001
+        spin(0.001)
+
+    done = False
+
+    async def other_work() -> None:
+        while not done:
+            spin(0.005)
+            await asyncio.sleep(0)
+
+    gate = TurnSlices(app)
+    pumps = {"n": 0}
+    real_pump = gate._pump
+
+    def pump() -> None:
+        pumps["n"] += 1
+        real_pump()
+
+    gate._pump = pump
+    busy = asyncio.ensure_future(other_work())
+    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(60)))
+    done = True
+    await busy
+    assert pumps["n"] <= 30  # one per turn would take about 60
+
+
 async def _arrivals(requests: list[bytes], n_clients: int) -> list[tuple[int, float]]:
     """Send each client its bytes before the loop next reads; (request number, ARRIVAL) per request."""
     import time
