@@ -202,9 +202,9 @@ async def test_queued_requests_start_in_order_and_cost_nothing_while_they_wait()
     assert checks["n"] == 200  # each request asked once; the queued ones were woken, not polled
 
 
-async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_request_per_turn():
-    """The pump sizes each release by the released requests' own time: 5 ms of other work per
-    turn (streams' tokens) must not cut new requests to one per turn."""
+async def _pumps_behind_other_work(requests: int, request_s: float, other_s: float) -> int:
+    """`requests` at once through TurnSlices, each holding the loop `request_s`, while another
+    task holds it `other_s` per turn (streams' tokens); how many turns the pump took."""
     import time
 
     from vllm_vcr.http.acceptor import TurnSlices
@@ -215,13 +215,13 @@ async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_reques
             pass
 
     async def app(scope, receive, send):  # noqa: ANN001
-        spin(0.00005)
+        spin(request_s)
 
     done = False
 
     async def other_work() -> None:
         while not done:
-            spin(0.005)
+            spin(other_s)
             await asyncio.sleep(0)
 
     gate = TurnSlices(app)
@@ -234,49 +234,24 @@ async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_reques
 
     gate._pump = pump
     busy = asyncio.ensure_future(other_work())
-    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(100)))
+    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(requests)))
     done = True
     await busy
-    assert pumps["n"] <= 50  # about 20 per turn at 50 µs each; one per turn would take 100
+    return pumps["n"]
+
+
+async def test_a_loop_busy_with_other_work_does_not_slow_the_queue_to_one_request_per_turn():
+    """The pump sizes each release by the released requests' own time: 5 ms of other work per
+    turn (streams' tokens) must not cut new requests to one per turn."""
+    # about 20 per turn at 50 µs each; one per turn would take 100
+    assert await _pumps_behind_other_work(100, 0.00005, 0.005) <= 50
 
 
 async def test_new_requests_get_half_of_a_loop_busy_with_streams():
     """At 1,000 open streams a turn is mostly the streams' tokens: a fixed 1 ms per turn for new
     requests admitted fewer than finished. 1 ms requests behind 5 ms of other work per turn are
     released several per turn (about 5), not one."""
-    import time
-
-    from vllm_vcr.http.acceptor import TurnSlices
-
-    def spin(seconds: float) -> None:
-        t = time.perf_counter()
-        while time.perf_counter() - t < seconds:
-            pass
-
-    async def app(scope, receive, send):  # noqa: ANN001
-        spin(0.001)
-
-    done = False
-
-    async def other_work() -> None:
-        while not done:
-            spin(0.005)
-            await asyncio.sleep(0)
-
-    gate = TurnSlices(app)
-    pumps = {"n": 0}
-    real_pump = gate._pump
-
-    def pump() -> None:
-        pumps["n"] += 1
-        real_pump()
-
-    gate._pump = pump
-    busy = asyncio.ensure_future(other_work())
-    await asyncio.gather(*(gate({"type": "http"}, None, None) for _ in range(60)))
-    done = True
-    await busy
-    assert pumps["n"] <= 30  # one per turn would take about 60
+    assert await _pumps_behind_other_work(60, 0.001, 0.005) <= 30  # one per turn would take about 60
 
 
 async def _arrivals(requests: list[bytes], n_clients: int) -> list[tuple[int, float]]:
