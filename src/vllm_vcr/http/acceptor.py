@@ -19,8 +19,9 @@ That stamp is only as early as the loop's next look at the sockets, and the loop
 between two turns: a turn that runs a hundred new requests up to the engine (0.3-0.5 ms each)
 leaves the requests that arrive meanwhile unstamped for tens of milliseconds, and the engine's
 deadlines (and the first tokens' writes) wait as long. `TurnSlices` lets new requests start only
-for about `slice` seconds of each turn; the rest start in the next turns, in arrival order,
-after the loop has stamped new arrivals and run what is due.
+for about `slice` seconds of each turn (or as long as the rest of a busy turn took); the rest
+start in the next turns, in arrival order, after the loop has stamped new arrivals and run what
+is due.
 """
 
 from __future__ import annotations

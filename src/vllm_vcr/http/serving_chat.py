@@ -115,18 +115,15 @@ class ChatServing(ServingBase):
                       add_special_tokens: bool) -> tuple[str, list[int]]:
         """The server template's render of a plain conversation, from the exact-content cache."""
         key = plain_key(messages, add_generation_prompt, add_special_tokens)
-        cache = self._prompt_cache()
-        if key is None or cache is None:
-            return self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
-                                      continue_final_message=False, chat_template=None, chat_template_kwargs=None,
-                                      add_special_tokens=add_special_tokens)
-        hit = cache.get(key)
+        cache = self._prompt_cache() if key is not None else None
+        hit = cache.get(key) if cache is not None else None
         if hit is not None:
             return hit
         text, ids = self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
                                        continue_final_message=False, chat_template=None, chat_template_kwargs=None,
                                        add_special_tokens=add_special_tokens)
-        cache.put(key, text, ids)
+        if cache is not None:
+            cache.put(key, text, ids)
         return text, ids
 
     def _prompt_cache(self) -> PromptCache | None:
