@@ -88,6 +88,18 @@ def test_unsupported_choices_are_clear_cli_errors(argv, says, capsys):
     assert says in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["serve", "play", "simulate"])
+@pytest.mark.parametrize("flag", ["--perf-step-overhead-ms", "--perf-async-exposed-ms", "--perf-qk-norm-us",
+                                  "--perf-qk-norm-allreduce-us"])
+def test_a_negative_step_time_is_a_cli_error_naming_the_flag(command, flag, capsys):
+    from vllm_vcr.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--perf-model", "aic", flag, "-5"])
+    assert e.value.code == 2
+    assert f"argument {flag}: must be >= 0.0, got -5.0" in capsys.readouterr().err
+
+
 @needs_aic
 def test_serve_paces_with_the_perf_model_and_refuses_latency_patches(serve_process, serve_harness):
     from openai import OpenAI

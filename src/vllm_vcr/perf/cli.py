@@ -17,6 +17,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from ..cli_types import bounded
 from ..engine.config import LATENCY_FIELDS, EngineArgs
 from .errors import PerfModelError
 
@@ -34,6 +35,9 @@ _VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not 
 
 def _both(flag: str) -> list[str]:
     return [f"--aic-{flag}", f"--ais-{flag}"]
+
+
+_TIME = bounded(float, lo=0.0)  # a time added to a step: never negative
 
 
 def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = False) -> None:
@@ -60,16 +64,16 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
                    default=None)
     g.add_argument("--perf-quantization", dest="perf_quant", default=None,
                    help="GEMM precision (fp8, nvfp4, int4_wo, ...); default from the model")
-    g.add_argument("--perf-step-overhead-ms", type=float, default=None,
+    g.add_argument("--perf-step-overhead-ms", type=_TIME, default=None,
                    help="host time of every step (ms): added to the GPU time, or overlapped with it under "
                         "async scheduling; default: the fitted value (docs/fidelity.md)")
-    g.add_argument("--perf-async-exposed-ms", type=float, default=None,
+    g.add_argument("--perf-async-exposed-ms", type=_TIME, default=None,
                    help="under async scheduling, the part of a step's host time that does not overlap the "
                         "GPU (ms); default: the fitted value")
-    g.add_argument("--perf-qk-norm-us", type=float, default=None,
+    g.add_argument("--perf-qk-norm-us", type=_TIME, default=None,
                    help="GPU time per step of each layer's attention QK norm (Qwen3, MiniMax-M2, ...; µs), "
                         "which the kernel data lacks; default: the fitted value")
-    g.add_argument("--perf-qk-norm-allreduce-us", type=float, default=None,
+    g.add_argument("--perf-qk-norm-allreduce-us", type=_TIME, default=None,
                    help="GPU time per layer and step of the all-reduce a QK norm over the whole query/key "
                         "needs under tensor parallelism (MiniMax-M2; µs); default: the fitted value")
     kv = parser._option_string_actions.get("--kv-cache-size")
