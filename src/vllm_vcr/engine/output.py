@@ -87,7 +87,7 @@ class OutputProcessor:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
         conditions, then finish the request or set its next deadline."""
         source = req.token_source
-        if burst == 1 and type(source) is RandomTokens and self._steady_decode(req, source, outputs):
+        if burst == 1 and self._steady_decode(req, outputs):
             return
         max_len = self.max_model_len
         idx = len(req.output_token_ids)
@@ -136,12 +136,13 @@ class OutputProcessor:
             self._push_decode(req, base + gap)
         outputs.append((req.client_index, out))
 
-    def _steady_decode(self, req: Request, source: RandomTokens, outputs: list) -> bool:
+    def _steady_decode(self, req: Request, outputs: list) -> bool:
         """The steady decode (W2's per-event path), what `sample` does for it without its branches:
         one random token that does not end the request, the next deadline one fixed gap after the
         last. False (nothing done) for any other case."""
-        if (req.chunk != 1 or not req.prefill_stats_sent or req.pending_events or req.pooling
-                or req.pacing.itl_std != 0.0):
+        source = req.token_source
+        if (type(source) is not RandomTokens or req.chunk != 1 or not req.prefill_stats_sent or req.pending_events
+                or req.pooling or req.pacing.itl_std != 0.0):
             return False
         out_ids = req.output_token_ids
         all_ids = req.all_token_ids
@@ -173,13 +174,17 @@ class OutputProcessor:
         kv = core.kv
         block_size = kv.block_size
         push = self._push_decode
+        # a decode's usual token straight from the steady case (sample() would try it first too):
+        # one frame less per token
+        steady = self._steady_decode if burst == 1 else None
         for req, n, kind in scheduled:
             if kind == DECODE:
                 if n:
                     req.num_computed_tokens += n
                     if req.num_computed_tokens // block_size > req.num_hashed_blocks:
                         kv.cache_computed_blocks(req)
-                sample(req, now, outputs, finished, burst)
+                if steady is None or not steady(req, outputs):
+                    sample(req, now, outputs, finished, burst)
                 continue
             if kind == TRANSFER:
                 core.kv_transfer.schedule_pull(req, n, now)

@@ -1,0 +1,186 @@
+"""`serve`'s own Python work per SSE event at W2's shape, without sockets and on the virtual clock.
+
+The real app (build_app) behind real uvicorn httptools request cycles whose transport only counts
+the bytes it is given; the real AsyncEngine on a VirtualClock (its loop jumps to the next
+deadline whenever nothing else is ready), so what runs, and how many events a step carries,
+follow from the code alone, not from the box's load. A closed loop of C streaming chat requests
+(TTFT 100 ms, ITL 20 ms, OSL 100, ISL ~128, `continuous_usage_stats`, one token per event), the
+first C arriving 20 µs of virtual time apart (about ten decodes per step, as W2 at C=1000).
+
+What it leaves out: the socket writes and reads (the same for any server, see null_sse_server.py),
+the HTTP parsing of requests. What remains is the server's per-event and per-request Python: the
+engine step, the hand-off, the rendering, the framing, the metrics.
+
+  PYTHONPATH=src python bench/serve_w2_inproc.py [--concurrency 1000] [--requests 3000] [--repeat 3]
+  # instructions per event (box-independent): counters zeroed before each measured phase, dumped after
+  PYTHONHASHSEED=0 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=/tmp/cg/cg.%p \
+      python bench/serve_w2_inproc.py --requests 1000 --repeat 1 --callgrind /tmp/cg
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from vllm_vcr.engine.async_engine import AsyncEngine
+from vllm_vcr.engine.clock import VirtualClock
+from vllm_vcr.engine.config import EngineArgs, EngineConfig
+from vllm_vcr.gc_tuning import tune_for_serving
+from vllm_vcr.http.app import build_app
+from vllm_vcr.http.serving_base import ServeSettings
+from vllm_vcr.http.tokenizer import load_tokenizer
+
+PEERS = Path.home() / ".cache/vllm-vcr/peers"
+ARRIVAL_GAP = 0.00002  # virtual seconds between the opening requests
+
+
+class CountingTransport:
+    """What a cycle writes to: counts writes and bytes, never pushes back."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.nbytes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.nbytes += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default=None):
+        return default
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def body_for(prompt: str, osl: int) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": osl,
+                       "stream": True, "ignore_eos": True,
+                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).encode()
+
+
+def scope_for(body: bytes) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 40000), "scheme": "http", "method": "POST",
+            "root_path": "", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]}
+
+
+class Driver:
+    def __init__(self, app, transport: CountingTransport, bodies: list[bytes]) -> None:
+        self.app, self.transport, self.bodies = app, transport, bodies
+        self.started = self.done = 0
+        self.log = logging.getLogger("serve_w2_inproc")
+        self.all_done = asyncio.Event()
+        self.limit = 0
+
+    def start_one(self) -> None:
+        body = self.bodies[self.started % len(self.bodies)]
+        self.started += 1
+        t = self.transport
+        cycle = RequestResponseCycle(scope_for(body), t, FlowControl(t), self.log, self.log, False, [],
+                                     asyncio.Event(), False, True, self.on_response)
+        cycle.body = bytearray(body)
+        cycle.more_body = False
+        cycle.message_event.set()
+        asyncio.get_running_loop().create_task(cycle.run_asgi(self.app))
+
+    def on_response(self) -> None:
+        self.done += 1
+        if self.started < self.limit:
+            self.start_one()
+        elif self.done == self.limit:
+            self.all_done.set()
+
+
+async def run_phase(driver: Driver, clock: VirtualClock, conc: int, n: int) -> None:
+    driver.limit = driver.started + n
+    driver.all_done.clear()
+    base = clock.now()
+    for i in range(min(conc, n)):
+        while clock.now() < base + i * ARRIVAL_GAP:  # the engine's loop moves the clock on
+            await asyncio.sleep(0)
+        driver.start_one()
+    await driver.all_done.wait()
+
+
+def dumped_instructions(out_dir: Path) -> int:
+    """Dump callgrind's counters for this process and read the dump's total (Ir)."""
+    before = set(out_dir.iterdir())
+    subprocess.run(["callgrind_control", "-d", str(os.getpid())], check=True, capture_output=True)
+    for _ in range(600):
+        for path in set(out_dir.iterdir()) - before:
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        time.sleep(0.5)
+    raise RuntimeError("callgrind dump not found")
+
+
+async def measured(driver: Driver, clock: VirtualClock, conc: int, n: int, callgrind: str | None) -> dict:
+    t = driver.transport
+    if callgrind:
+        subprocess.run(["callgrind_control", "-z", str(os.getpid())], check=True, capture_output=True)
+    w0, c0 = t.writes, time.process_time()
+    await run_phase(driver, clock, conc, n)
+    cpu, writes = time.process_time() - c0, t.writes - w0
+    events = writes - 2 * n  # less each response's headers and its final write
+    row = {"events": events, "cpu_us_per_event": round(cpu / events * 1e6, 3)}
+    if callgrind:
+        row["instructions_per_event"] = round(dumped_instructions(Path(callgrind)) / events)
+    return row
+
+
+async def main_async(a: argparse.Namespace) -> None:
+    model_dir = Path(a.model_dir)
+    tok = load_tokenizer(model_dir)
+    clock = VirtualClock(0.0)
+    args = EngineArgs(config=EngineConfig(inter_token_latency=20.0, time_to_first_token=100.0, max_num_seqs=2048,
+                                          log_requests=False),
+                      vocab_size=tok.vocab_size, kv_cache_size=65536, eos_token_id=tok.eos_token_id).validate()
+    engine = AsyncEngine(args, clock=clock)
+    await engine.start()
+    app = build_app(engine, tok, ServeSettings(served_model_names=["m"]))
+    rng = random.Random(7)
+    prompts = [tok.decode([rng.randrange(tok.vocab_size) for _ in range(128)]) for _ in range(512)]
+    driver = Driver(app, CountingTransport(), [body_for(p, a.osl) for p in prompts])
+    await run_phase(driver, clock, a.concurrency, 512)  # warm-up: every prompt's render and encode cached
+    tune_for_serving()
+    for _ in range(a.repeat):
+        print(json.dumps(await measured(driver, clock, a.concurrency, a.requests, a.callgrind)), flush=True)
+    await engine.stop(0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, default=1000)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--osl", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
+    ap.add_argument("--callgrind", metavar="DIR", help="running under callgrind (its --callgrind-out-file in DIR): "
+                                                         "also report instructions per event")
+    a = ap.parse_args()
+    try:
+        import uvloop
+        uvloop.run(main_async(a))
+    except ImportError:
+        asyncio.run(main_async(a))
+
+
+if __name__ == "__main__":
+    main()
