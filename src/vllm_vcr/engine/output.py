@@ -5,6 +5,7 @@ batch per client."""
 from __future__ import annotations
 
 import logging
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .request import Request, RequestStatus
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .step import Scheduled
 
 logger = logging.getLogger("vllm_vcr.engine")
+_client_of, _item_of = itemgetter(0), itemgetter(1)  # of the (client index, output or request id) pairs
 
 
 def check_stop(req: Request, num_out: int, new: list[int]) -> FinishReason:
@@ -213,13 +215,14 @@ class OutputProcessor:
         stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
         sink = core.output_sink
         index = core.engine_index
-        clients = {c for c, _ in outputs}
+        # (map with itemgetter: the per-output passes run in C, not as comprehension bytecode)
+        clients = set(map(_client_of, outputs))
         if finished:
-            clients.update(c for c, _ in finished)
+            clients.update(map(_client_of, finished))
         if len(clients) <= 1:  # one client (always, in-process): no regrouping per output
             sink(clients.pop() if clients else 0,
-                 EngineCoreOutputs(engine_index=index, outputs=[o for _, o in outputs], scheduler_stats=stats,
-                                   timestamp=ts, finished_requests=[r for _, r in finished] or None))
+                 EngineCoreOutputs(engine_index=index, outputs=list(map(_item_of, outputs)), scheduler_stats=stats,
+                                   timestamp=ts, finished_requests=list(map(_item_of, finished)) or None))
             return
         by_client: dict[int, tuple[list[EngineCoreOutput], list[str]]] = {}
         for client, o in outputs:

@@ -149,8 +149,12 @@ class RequestError(msgspec.Struct):
     retryable: bool = False
 
 
-class EngineCoreOutput(msgspec.Struct, array_like=True, kw_only=True):
-    """vLLM 0.33 layout (19 positions); 0.32 frontends drop the trailing `error`."""
+class EngineCoreOutput(msgspec.Struct, array_like=True, kw_only=True, gc=False):
+    """vLLM 0.33 layout (19 positions); 0.32 frontends drop the trailing `error`.
+
+    Not tracked by the cyclic GC (`gc=False`): one is made per token, and nothing it holds (ids,
+    events, params) ever refers back to it, so it is never part of a cycle; untracked, it is
+    smaller and cheaper to make and free, and does not count towards young collections."""
 
     request_id: str
     new_token_ids: list[int]

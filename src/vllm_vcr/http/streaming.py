@@ -58,9 +58,10 @@ class ChoiceStream:
     fast case.
 
     The fast case is the one W2 measures: one choice, a plain token (no finish, error, stats,
-    stop strings, reasoning, logprobs or token ids), after the first chunk. Its chunk is one
-    `%`-format of a template rendered once per stream (`fast_chunk`), the same bytes the full
-    path renders; everything else takes `feed_full`.
+    stop strings, reasoning, logprobs or token ids), after the first chunk. Its chunk is the
+    stream's fixed head, the token's JSON text and a tail made once per stream (with continuous
+    usage, a short `%`-format of the two counts), the same bytes the full path renders;
+    everything else takes `feed_full`.
     """
 
     continuous = False  # usage on every chunk (the renderer sets it before this __init__)
@@ -78,8 +79,9 @@ class ChoiceStream:
         self.tail = b""
         self.cancel: Callable[[int], None] | None = None
         self.fast: Any = None  # the choice's SequenceState while the fast case applies
-        self.fast_chunk = b""  # a content chunk: %b the JSON text[, %d total and %d completion tokens]
-        self.fast_prompt_len = -1  # >= 0: the template takes the usage numbers
+        self.fast_head = b""  # a content chunk: this, the JSON text, then fast_tail
+        self.fast_tail = b""  # (with continuous usage: a template of %d total and %d completion tokens)
+        self.fast_prompt_len = -1  # >= 0: fast_tail takes the usage numbers
         self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
         self.token_json: dict[int, bytes] = {}
         self.first_pre = b""  # what goes before the first token's chunk (chat: the role chunk), made up front
@@ -90,13 +92,14 @@ class ChoiceStream:
         `head + JSON text + mid + usage % (prompt_len, total, completion) + b"}\n\n"`."""
         self.fast_ok = True
         self.token_json = token_json_cache(self.states[0].tokenizer)
-        template = head.replace(b"%", b"%%") + b"%b"
+        # (the head is joined, not formatted: a `%`-format scans its whole template, and the head
+        # is most of the chunk)
+        self.fast_head = head
         if self.continuous:
-            template += mid + usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
+            self.fast_tail = mid + usage.replace(b"%d", b"%d" % prompt_len, 1) + b"}\n\n"
             self.fast_prompt_len = prompt_len
         else:
-            template += tail
-        self.fast_chunk = template
+            self.fast_tail = tail
 
     def feed(self, out: EngineCoreOutput) -> bytes:
         """The bytes to send for one engine output (b"" for none)."""
@@ -123,8 +126,8 @@ class ChoiceStream:
             text = encode(detok.add(ids))
         pl = self.fast_prompt_len
         if pl < 0:
-            return self.fast_chunk % text
-        return self.fast_chunk % (text, pl + n, n)
+            return self.fast_head + text + self.fast_tail
+        return self.fast_head + text + self.fast_tail % (pl + n, n)
 
     def feed_first(self, out: EngineCoreOutput) -> bytes | None:
         """The first output of a stream in the fast case, when it is a plain token (the prefill
