@@ -44,6 +44,16 @@ PEERS = Path.home() / ".cache/vllm-vcr/peers"
 ARRIVAL_GAP = 0.00002  # virtual seconds between the opening requests
 
 
+class PacedClock(VirtualClock):
+    """A virtual clock the driver holds back: the engine's loop jumps to its next deadline, but no
+    further than `horizon`, so the opening requests reach the engine ARRIVAL_GAP apart."""
+
+    horizon = float("inf")
+
+    def advance_to(self, t: float) -> None:
+        super().advance_to(min(t, self.horizon))
+
+
 class CountingTransport:
     """What a cycle writes to: counts writes and bytes, never pushes back."""
 
@@ -107,14 +117,18 @@ class Driver:
             self.all_done.set()
 
 
-async def run_phase(driver: Driver, clock: VirtualClock, conc: int, n: int) -> None:
+async def run_phase(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc: int, n: int) -> None:
+    """n requests, at most conc at a time; each finish starts the next (closed loop)."""
     driver.limit = driver.started + n
     driver.all_done.clear()
-    base = clock.now()
+    admitted = engine.engines[0].requests
     for i in range(min(conc, n)):
-        while clock.now() < base + i * ARRIVAL_GAP:  # the engine's loop moves the clock on
-            await asyncio.sleep(0)
+        clock.horizon = clock.now() + ARRIVAL_GAP
+        before = len(admitted)
         driver.start_one()
+        while len(admitted) == before:  # until the engine has it (the clock waits at the horizon)
+            await asyncio.sleep(0)
+    clock.horizon = float("inf")
     await driver.all_done.wait()
 
 
@@ -131,15 +145,19 @@ def dumped_instructions(out_dir: Path) -> int:
     raise RuntimeError("callgrind dump not found")
 
 
-async def measured(driver: Driver, clock: VirtualClock, conc: int, n: int, callgrind: str | None) -> dict:
+async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc: int, n: int,
+                   callgrind: str | None) -> dict:
     t = driver.transport
     if callgrind:
         subprocess.run(["callgrind_control", "-z", str(os.getpid())], check=True, capture_output=True)
     w0, c0 = t.writes, time.process_time()
-    await run_phase(driver, clock, conc, n)
+    steps0 = engine.engines[0].step_counter
+    await run_phase(driver, engine, clock, conc, n)
+    steps = engine.engines[0].step_counter - steps0
     cpu, writes = time.process_time() - c0, t.writes - w0
     events = writes - 2 * n  # less each response's headers and its final write
-    row = {"events": events, "cpu_us_per_event": round(cpu / events * 1e6, 3)}
+    row = {"events": events, "events_per_step": round(events / steps, 1),
+           "cpu_us_per_event": round(cpu / events * 1e6, 3)}
     if callgrind:
         row["instructions_per_event"] = round(dumped_instructions(Path(callgrind)) / events)
     return row
@@ -148,7 +166,7 @@ async def measured(driver: Driver, clock: VirtualClock, conc: int, n: int, callg
 async def main_async(a: argparse.Namespace) -> None:
     model_dir = Path(a.model_dir)
     tok = load_tokenizer(model_dir)
-    clock = VirtualClock(0.0)
+    clock = PacedClock(0.0)
     args = EngineArgs(config=EngineConfig(inter_token_latency=20.0, time_to_first_token=100.0, max_num_seqs=2048,
                                           log_requests=False),
                       vocab_size=tok.vocab_size, kv_cache_size=65536, eos_token_id=tok.eos_token_id).validate()
@@ -158,10 +176,10 @@ async def main_async(a: argparse.Namespace) -> None:
     rng = random.Random(7)
     prompts = [tok.decode([rng.randrange(tok.vocab_size) for _ in range(128)]) for _ in range(512)]
     driver = Driver(app, CountingTransport(), [body_for(p, a.osl) for p in prompts])
-    await run_phase(driver, clock, a.concurrency, 512)  # warm-up: every prompt's render and encode cached
+    await run_phase(driver, engine, clock, a.concurrency, 512)  # warm-up: every prompt's render and encode cached
     tune_for_serving()
     for _ in range(a.repeat):
-        print(json.dumps(await measured(driver, clock, a.concurrency, a.requests, a.callgrind)), flush=True)
+        print(json.dumps(await measured(driver, engine, clock, a.concurrency, a.requests, a.callgrind)), flush=True)
     await engine.stop(0)
 
 
