@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+from itertools import repeat, starmap
 from typing import Protocol
 
 # sampling_params.extra_args key of ids a frontend planned (a tool call, a schema instance): the
@@ -56,7 +57,9 @@ class RandomTokens:
 
     def _draw(self) -> list[int]:
         rand, vocab, avoid = self._rng.random, self._vocab, self._avoid
-        ids = [int(rand() * vocab) for _ in range(self.DRAW_BATCH)]
+        # int(rand() * vocab) for each of DRAW_BATCH draws, the loop in C (a float product is
+        # the same either way round, and vocab converts to float exactly)
+        ids = list(map(int, map(float(vocab).__mul__, starmap(rand, repeat((), self.DRAW_BATCH)))))
         if not avoid.isdisjoint(ids):
             for j, t in enumerate(ids):
                 while t in avoid:
