@@ -15,17 +15,21 @@ engine step, the hand-off, the rendering, the framing, the metrics.
   # instructions per event (box-independent): counters zeroed before each measured phase, dumped after
   PYTHONHASHSEED=0 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=/tmp/cg/cg.%p \
       python bench/serve_w2_inproc.py --requests 1000 --repeat 1 --callgrind /tmp/cg
+  # Python bytecodes per event, per function (deterministic; slow under the tracer):
+  PYTHONPATH=src python bench/serve_w2_inproc.py --requests 300 --repeat 1 --bytecodes
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import logging
 import random
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -145,14 +149,29 @@ def dumped_instructions(out_dir: Path) -> int:
     raise RuntimeError("callgrind dump not found")
 
 
+def opcode_counter(counts: collections.Counter):
+    """A sys.settrace tracer counting the Python bytecodes executed, per function."""
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[(code.co_filename.rsplit("/", 1)[-1], code.co_name)] += 1
+        return tracer
+    return tracer
+
+
 async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc: int, n: int,
-                   callgrind: str | None) -> dict:
+                   callgrind: str | None, bytecodes: bool) -> dict:
     t = driver.transport
     if callgrind:
         subprocess.run(["callgrind_control", "-z", str(os.getpid())], check=True, capture_output=True)
+    counts: collections.Counter = collections.Counter()
+    if bytecodes:
+        sys.settrace(opcode_counter(counts))
     w0, c0 = t.writes, time.process_time()
     steps0 = engine.engines[0].step_counter
     await run_phase(driver, engine, clock, conc, n)
+    sys.settrace(None)
     steps = engine.engines[0].step_counter - steps0
     cpu, writes = time.process_time() - c0, t.writes - w0
     events = writes - 2 * n  # less each response's headers and its final write
@@ -160,6 +179,10 @@ async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc:
            "cpu_us_per_event": round(cpu / events * 1e6, 3)}
     if callgrind:
         row["instructions_per_event"] = round(dumped_instructions(Path(callgrind)) / events)
+    if bytecodes:
+        row["bytecodes_per_event"] = round(sum(counts.values()) / events, 1)
+        row["bytecodes_per_event_by_function"] = {f"{f}:{name}": round(c / events, 1)
+                                                  for (f, name), c in counts.most_common(25)}
     return row
 
 
@@ -179,7 +202,8 @@ async def main_async(a: argparse.Namespace) -> None:
     await run_phase(driver, engine, clock, a.concurrency, 512)  # warm-up: every prompt's render and encode cached
     tune_for_serving()
     for _ in range(a.repeat):
-        print(json.dumps(await measured(driver, engine, clock, a.concurrency, a.requests, a.callgrind)), flush=True)
+        print(json.dumps(await measured(driver, engine, clock, a.concurrency, a.requests, a.callgrind,
+                                        a.bytecodes)), flush=True)
     await engine.stop(0)
 
 
@@ -192,6 +216,9 @@ def main() -> None:
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
     ap.add_argument("--callgrind", metavar="DIR", help="running under callgrind (its --callgrind-out-file in DIR): "
                                                          "also report instructions per event")
+    ap.add_argument("--bytecodes", action="store_true",
+                    help="count the Python bytecodes executed per event, per function (sys.settrace: slow; "
+                         "use ~300 requests)")
     a = ap.parse_args()
     try:
         import uvloop
