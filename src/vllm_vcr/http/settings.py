@@ -111,6 +111,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         raise CLIError(str(e)) from None
     args.max_model_len = max_model_len  # the engine's arrival check uses it too
     tok = resolve_tokenizer(str(model_dir) if model_dir is not None else model, args.tokenizer)
+    tok.use_worker_threads(int(getattr(args, "renderer_num_workers", 1) or 1))
     template = _chat_template_source(args.chat_template)
     if template is not None:
         from .chat_template import ChatTemplate, ChatTemplateError
