@@ -216,6 +216,20 @@ class Tokenizer:
             n = len(table)
             return b"".join([table[i] if isinstance(i, int) and 0 <= i < n else b"" for i in ids])
 
+    def textless_ids(self, below: int) -> frozenset[int]:
+        """Ids under `below` with no whole-character text of their own: special tokens (skipped
+        when detokenized) and byte-level pieces of a multi-byte character (held back until the
+        character is whole), which a stream would send as no event, or a later one."""
+        out = set()
+        for i, piece in enumerate(self._table[:below]):
+            try:
+                if piece and piece.decode("utf-8"):
+                    continue
+            except UnicodeDecodeError:
+                pass
+            out.add(i)
+        return frozenset(out)
+
     def token_text(self, token_id: int) -> str:
         """One token as text (logprobs' `token`); specials keep their literal form."""
         if 0 <= token_id < len(self._table):
