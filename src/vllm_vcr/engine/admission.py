@@ -76,6 +76,7 @@ class Admission:
         if self.reasoning is not None:
             avoid |= {self.reasoning.start_id, self.reasoning.end_id}
         self.avoid_tokens: frozenset[int] = frozenset(avoid)
+        self.random_avoid = self.avoid_tokens | frozenset(args.textless_ids)  # a plain random draw's
         # LoRA adapters' residency (GPU slots, CPU pool) and the loading time not yet charged to a step
         self.lora = LoRAResidency(args.max_loras, max(args.max_cpu_loras, args.max_loras),
                                   args.lora_load_time / args.time_scale,
@@ -294,6 +295,12 @@ class Admission:
         t, self.lora_time = self.lora_time, 0.0
         return t
 
+    @staticmethod
+    def _avoided(base: frozenset[int], req: Request) -> frozenset[int]:
+        """base plus the request's stop and EOS ids (no copy of base when they add nothing)."""
+        extra = req.stop_ids if req.eos_token_id is None else req.stop_ids | {req.eos_token_id}
+        return base if extra <= base else base | extra
+
     def _token_source(self, req: Request, rng_seed) -> TokenSource:
         args = self.core.args
         factory = self.token_source_factory
@@ -308,20 +315,18 @@ class Admission:
             # with its own EOS: a modeled length must not cut it short
             req.eos_at, req.max_tokens = None, req.max_tokens_without_eos
         if src is None and req.planned is not None:
-            src = ScriptedTokens(req.planned, RandomTokens(rng, args.vocab_size, self.avoid_tokens))
+            src = ScriptedTokens(req.planned, RandomTokens(rng, args.vocab_size, self.random_avoid))
         if src is not None:
             return src
         if args.mode == "echo":
             src = EchoTokens(req.prompt_token_ids)
         else:
-            avoid = self.avoid_tokens | req.stop_ids
-            if req.eos_token_id is not None:
-                avoid = avoid | {req.eos_token_id}
             sp = req.sampling_params
             if sp.logit_bias or sp.allowed_token_ids:
-                src = BiasedTokens(rng, args.vocab_size, avoid, req.min_tokens, sp.logit_bias, sp.allowed_token_ids)
+                src = BiasedTokens(rng, args.vocab_size, self._avoided(self.avoid_tokens, req), req.min_tokens,
+                                   sp.logit_bias, sp.allowed_token_ids)
             else:
-                src = RandomTokens(rng, args.vocab_size, avoid)
+                src = RandomTokens(rng, args.vocab_size, self._avoided(self.random_avoid, req))
                 src.draw_ahead()
         if self.reasoning is not None:
             src = ReasoningTokens(src, self.reasoning, req.max_tokens)

@@ -328,7 +328,7 @@ class OpenAIApp:
                 continue_final_message=req.continue_final_message, chat_template=req.chat_template,
                 chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)
         else:
-            ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            ids = await tok.encode_async(req.prompt, add_special_tokens=req.add_special_tokens)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": self.settings.max_model_len, "tokens": ids,
                                 "token_strs": [tok.hf.id_to_token(i) or "" for i in ids]
                                 if req.return_token_strs else None}

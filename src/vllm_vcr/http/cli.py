@@ -189,6 +189,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add("--stream-interval", type=positive_int, default=1,
           help="tokens per streamed SSE event: 1 sends every token as its own event (merging only when the "
                "client lags), N > 1 up to N tokens per event (the first and last go out at once)")
+    g.add("--renderer-num-workers", type=positive_int, default=1,
+          help="threads that tokenize long new prompts off the event loop (vLLM's renderer pool)")
     g.add("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
           help="X-Request-Id on every response (the request's own, else a random uuid4 hex)")
     g.add("--allowed-origins", type=_json_list("--allowed-origins"), default=[],

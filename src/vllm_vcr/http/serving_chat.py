@@ -84,6 +84,16 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _untokenizable(e: Exception) -> RequestValueError:
+    return RequestValueError(f"cannot tokenize the prompt: {e}", "messages")
+
+
+def _nonempty(ids: list[int]) -> list[int]:
+    if not ids:
+        raise RequestValueError("The chat template produced an empty prompt.", "messages")
+    return ids
+
+
 class ChatServing(ServingBase):
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
@@ -98,8 +108,9 @@ class ChatServing(ServingBase):
             chat_template = chat_template_kwargs.pop("chat_template")
         if chat_template is None:
             if not chat_template_kwargs and kw.get("tools") is None and not kw.get("continue_final_message", True):
-                return self._render_plain(messages, kw["add_generation_prompt"], kw["add_special_tokens"])
-            return self.render_prompt(messages, chat_template=None, chat_template_kwargs=chat_template_kwargs, **kw)
+                return await self._render_plain(messages, kw["add_generation_prompt"], kw["add_special_tokens"])
+            return await self._render_prompt_offloaded(messages, chat_template=None,
+                                                       chat_template_kwargs=chat_template_kwargs, **kw)
 
         def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
             template = compile_request_template(chat_template)
@@ -111,17 +122,17 @@ class ChatServing(ServingBase):
         except ChatTemplateError as e:  # a bad template, or the time bound
             raise RequestValueError(str(e)) from None
 
-    def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                      add_special_tokens: bool) -> tuple[str, list[int]]:
+    async def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                            add_special_tokens: bool) -> tuple[str, list[int]]:
         """The server template's render of a plain conversation, from the exact-content cache."""
         key = plain_key(messages, add_generation_prompt, add_special_tokens)
         cache = self._prompt_cache() if key is not None else None
         hit = cache.get(key) if cache is not None else None
         if hit is not None:
             return hit
-        text, ids = self.render_prompt(messages, add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=False, chat_template=None, chat_template_kwargs=None,
-                                       add_special_tokens=add_special_tokens)
+        text, ids = await self._render_prompt_offloaded(
+            messages, add_generation_prompt=add_generation_prompt, continue_final_message=False, chat_template=None,
+            chat_template_kwargs=None, add_special_tokens=add_special_tokens)
         if cache is not None:
             cache.put(key, text, ids)
         return text, ids
@@ -138,10 +149,29 @@ class ChatServing(ServingBase):
         self._prompts = (owner, cache)
         return cache
 
-    def render_prompt(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-                      continue_final_message: bool, chat_template: Any,
-                      chat_template_kwargs: dict[str, Any] | None, add_special_tokens: bool,
-                      tools: Any = None) -> tuple[str, list[int]]:
+    def render_prompt(self, messages: list[dict[str, Any]], *, add_special_tokens: bool,
+                      **render: Any) -> tuple[str, list[int]]:
+        """The chat template's text and its token ids (render_text's keywords)."""
+        text = self.render_text(messages, **render)
+        try:
+            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # the tokenizers library rejects some inputs with TypeError
+            raise _untokenizable(e) from None
+        return text, _nonempty(ids)
+
+    async def _render_prompt_offloaded(self, messages: list[dict[str, Any]], *, add_special_tokens: bool,
+                                       **render: Any) -> tuple[str, list[int]]:
+        """render_prompt, with a long new prompt tokenized in a worker thread (Tokenizer.encode_async)."""
+        text = self.render_text(messages, **render)
+        try:
+            ids = await self.tokenizer.encode_async(text, add_special_tokens=add_special_tokens)
+        except Exception as e:  # as render_prompt
+            raise _untokenizable(e) from None
+        return text, _nonempty(ids)
+
+    def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                    continue_final_message: bool, chat_template: Any,
+                    chat_template_kwargs: dict[str, Any] | None, tools: Any = None) -> str:
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
@@ -163,13 +193,7 @@ class ChatServing(ServingBase):
                 if cut != -1:
                     text = text[: cut + len(final.strip())]
         check_prompt_chars(text, self.settings.max_model_len, self.tokenizer.max_chars_per_token)
-        try:
-            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        except Exception as e:  # the tokenizers library rejects some inputs with TypeError
-            raise RequestValueError(f"cannot tokenize the prompt: {e}", "messages") from None
-        if not ids:
-            raise RequestValueError("The chat template produced an empty prompt.", "messages")
-        return text, ids
+        return text
 
     async def handle(self, ctx: RequestContext) -> None:
         try:

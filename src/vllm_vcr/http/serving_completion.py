@@ -86,7 +86,7 @@ class CompletionServing(ServingBase):
         echo_only = bool(req.echo) and req.max_tokens == 0
         if not echo_only:
             check_output_budget(req.max_tokens, max_len)
-        prompts = self._prompts(req)
+        prompts = await self._prompts(req)
         if req.n * len(prompts) > MAX_CHOICES:
             raise RequestValueError(f"n x number of prompts must be at most {MAX_CHOICES}, "
                                     f"got {req.n * len(prompts)}.", "n")
@@ -134,7 +134,7 @@ class CompletionServing(ServingBase):
         finally:
             metrics_end(self.metrics, engine_reqs, states)
 
-    def _prompts(self, req: CompletionRequest) -> list[Prompt]:
+    async def _prompts(self, req: CompletionRequest) -> list[Prompt]:
         p = req.prompt
         tok = self.tokenizer
         max_len = self.settings.max_model_len
@@ -151,7 +151,7 @@ class CompletionServing(ServingBase):
             if isinstance(item, str):
                 check_prompt_chars(item, max_len, tok.max_chars_per_token)
                 try:
-                    ids = tok.encode(item, add_special_tokens=req.add_special_tokens)
+                    ids = await tok.encode_async(item, add_special_tokens=req.add_special_tokens)
                 except Exception as e:  # the tokenizers library rejects some inputs with TypeError
                     raise RequestValueError(f"cannot tokenize the prompt: {e}", "prompt") from None
                 text: str | None = item

@@ -8,10 +8,12 @@ tokens intact (they are emitted once their last byte arrives).
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,8 @@ class Tokenizer:
         self.hf = hf
         self.source = source
         self._cache: dict[tuple[str, bool], list[int]] = {}
+        self._workers = 1
+        self._executor: ThreadPoolExecutor | None = None
         self.vocab_size = hf.get_vocab_size(with_added_tokens=True)
         self.bos_token = _token_content(config.get("bos_token"))
         self.eos_token = _token_content(config.get("eos_token"))
@@ -157,11 +161,47 @@ class Tokenizer:
         key = (text, add_special_tokens)
         ids = self._cache.get(key)
         if ids is None:
-            ids = self.hf.encode(text, add_special_tokens=add_special_tokens).ids
-            if len(self._cache) >= self._CACHE_MAX:
-                self._cache.clear()
-            self._cache[key] = ids
+            ids = self._remember(key, self.hf.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(ids)  # callers own their list
+
+    # vLLM's frontend tokenizes in its renderer's worker threads (--renderer-num-workers, default 1):
+    # the Rust encode releases the GIL, so a long new prompt (0.4 ms for 128 tokens of random
+    # vocabulary) does not hold the event loop while a burst of requests waits to be read and the
+    # streams' tokens to be written. A cached prompt, or a short one (cheaper than the hand-over to
+    # the thread, ~30 us), is encoded in line.
+    OFFLOAD_MIN_CHARS = 256
+
+    def use_worker_threads(self, workers: int) -> None:
+        """How many threads encode_async may use (vLLM's --renderer-num-workers); 0: none."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+        self._workers = max(0, int(workers))
+
+    async def encode_async(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """encode(), with a long uncached text encoded in a worker thread (the cache stays on the loop)."""
+        if self._workers == 0 or len(text) < self.OFFLOAD_MIN_CHARS:
+            return self.encode(text, add_special_tokens)
+        key = (text, add_special_tokens)
+        cacheable = len(text) <= self._CACHE_MAX_CHARS
+        ids = self._cache.get(key) if cacheable else None
+        if ids is None:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="vllm-vcr-tokenize")
+            ids = await asyncio.get_running_loop().run_in_executor(self._executor, self._encode_ids, text,
+                                                                   add_special_tokens)
+            if cacheable:
+                self._remember(key, ids)
+        return list(ids)
+
+    def _encode_ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _remember(self, key: tuple[str, bool], ids: list[int]) -> list[int]:
+        if len(self._cache) >= self._CACHE_MAX:
+            self._cache.clear()
+        self._cache[key] = ids
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if not skip_special_tokens:
@@ -175,6 +215,20 @@ class Tokenizer:
         except (IndexError, TypeError):
             n = len(table)
             return b"".join([table[i] if isinstance(i, int) and 0 <= i < n else b"" for i in ids])
+
+    def textless_ids(self, below: int) -> frozenset[int]:
+        """Ids under `below` with no whole-character text of their own: special tokens (skipped
+        when detokenized) and byte-level pieces of a multi-byte character (held back until the
+        character is whole), which a stream would send as no event, or a later one."""
+        out = set()
+        for i, piece in enumerate(self._table[:below]):
+            try:
+                if piece and piece.decode("utf-8"):
+                    continue
+            except UnicodeDecodeError:
+                pass
+            out.add(i)
+        return frozenset(out)
 
     def token_text(self, token_id: int) -> str:
         """One token as text (logprobs' `token`); specials keep their literal form."""
