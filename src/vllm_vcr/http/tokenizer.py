@@ -157,11 +157,11 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) > self._CACHE_MAX_CHARS:
-            return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+            return self._encode_ids(text, add_special_tokens)
         key = (text, add_special_tokens)
         ids = self._cache.get(key)
         if ids is None:
-            ids = self._remember(key, self.hf.encode(text, add_special_tokens=add_special_tokens).ids)
+            ids = self._remember(key, self._encode_ids(text, add_special_tokens))
         return list(ids)  # callers own their list
 
     # vLLM's frontend tokenizes in its renderer's worker threads (--renderer-num-workers, default 1):
@@ -219,7 +219,7 @@ class Tokenizer:
     def textless_ids(self, below: int) -> frozenset[int]:
         """Ids under `below` with no whole-character text of their own: special tokens (skipped
         when detokenized) and byte-level pieces of a multi-byte character (held back until the
-        character is whole), which a stream would send as no event, or a later one."""
+        character is whole): a stream sends them as events without text."""
         out = set()
         for i, piece in enumerate(self._table[:below]):
             try:
