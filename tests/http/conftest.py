@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 MODEL = "vllm-vcr/sim"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 FAST = ["--inter-token-latency", "1", "--time-to-first-token", "2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_tool_model(tmp_path_factory):
+    """scripts/make_tiny_tool_model.py's model: a byte-level BPE of 600 ids (15 specials first, 128
+    pieces of multi-byte characters) with tool-call chat templates."""
+    out = tmp_path_factory.mktemp("tools-model")
+    subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_tool_model.py"), str(out), "--vocab-size", "600"],
+                   check=True, capture_output=True)
+    return out
 
 
 def _start(harness, tmp_path_factory, name: str, *args: str):

@@ -5,9 +5,6 @@ frontends' parsers on them)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,7 +14,6 @@ from vllm_vcr.http.tokenizer import load_tokenizer
 from vllm_vcr.http.tools.formats import HermesFormat, Llama3JsonFormat
 from vllm_vcr.http.tools.prompt_calls import prompt_call_text, prompt_tool_schemas, prompt_tools
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
     "required": ["city"]}}}
@@ -29,11 +25,8 @@ ANSWERED = ASK + [{"role": "assistant", "content": None, "tool_calls": [
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tools-model")
-    subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_tool_model.py"), str(out), "--vocab-size", "600"],
-                   check=True, capture_output=True)
-    return out
+def model(tiny_tool_model):
+    return tiny_tool_model
 
 
 def render(model, name: str | None, messages) -> str:

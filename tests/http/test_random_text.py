@@ -6,25 +6,16 @@ event, and a first token without text moves the client's TTFT one ITL later)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 
 from vllm_vcr.http.tokenizer import load_tokenizer
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """A byte-level BPE of 600 ids: 15 specials first, 128 pieces of multi-byte characters."""
-    out = tmp_path_factory.mktemp("byte-model")
-    subprocess.run([sys.executable, str(SCRIPTS / "make_tiny_tool_model.py"), str(out), "--vocab-size", "600"],
-                   check=True, capture_output=True)
-    return out
+def model(tiny_tool_model):
+    return tiny_tool_model
 
 
 def test_textless_ids(model):
