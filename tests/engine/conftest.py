@@ -14,7 +14,7 @@ from vllm_vcr.engine.types import EngineCoreOutputs, EngineCoreRequest, Sampling
 class Harness:
     """An EngineCore on a VirtualClock that records every output batch."""
 
-    def __init__(self, *, start: float = 0.0, latency=None, **kwargs) -> None:
+    def __init__(self, *, start: float = 0.0, latency=None, textless_ids=(), **kwargs) -> None:
         cfg_fields = set(EngineConfig.__struct_fields__)
         cfg = EngineConfig(**{k: v for k, v in kwargs.items() if k in cfg_fields})
         args = EngineArgs(config=cfg, **{k: v for k, v in kwargs.items() if k not in cfg_fields})
@@ -25,7 +25,7 @@ class Harness:
         if latency is not None:
             inputs["latency"] = latency
         self.core = EngineCore(args, clock=self.clock, output_sink=lambda c, o: self.batches.append((c, o)),
-                               **inputs)
+                               textless_ids=frozenset(textless_ids), **inputs)
 
     def add(self, rid: str, prompt_len: int = 16, max_tokens: int | None = 4, *, prompt: list[int] | None = None,
             priority: int = 0, arrival_time: float = 0.0, **sp) -> None:

@@ -1,5 +1,5 @@
 """Random output never draws the ids serve's tokenizer says have no whole-character text of their
-own (EngineArgs.textless_ids), so every random token is text, as a model's output is; a request's
+own (EngineCore's textless_ids input), so every random token is text, as a model's output is; a request's
 own logit_bias / allowed_token_ids may still pick them."""
 
 from __future__ import annotations

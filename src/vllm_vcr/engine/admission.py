@@ -61,7 +61,8 @@ def context_error(prompt_len: int, max_model_len: int) -> str:
 
 
 class Admission:
-    def __init__(self, core: EngineCore, token_source_factory: TokenSourceFactory | None) -> None:
+    def __init__(self, core: EngineCore, token_source_factory: TokenSourceFactory | None,
+                 textless_ids: frozenset[int] = frozenset()) -> None:
         args = core.args
         self.core = core
         self.token_source_factory = token_source_factory
@@ -76,7 +77,7 @@ class Admission:
         if self.reasoning is not None:
             avoid |= {self.reasoning.start_id, self.reasoning.end_id}
         self.avoid_tokens: frozenset[int] = frozenset(avoid)
-        self.random_avoid = self.avoid_tokens | frozenset(args.textless_ids)  # a plain random draw's
+        self.random_avoid = self.avoid_tokens | textless_ids  # a plain random draw's
         # LoRA adapters' residency (GPU slots, CPU pool) and the loading time not yet charged to a step
         self.lora = LoRAResidency(args.max_loras, max(args.max_cpu_loras, args.max_loras),
                                   args.lora_load_time / args.time_scale,

@@ -115,10 +115,6 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     mode: str = "random"  # random | echo
     vocab_size: int = 32000
     eos_token_id: int | None = None  # what the token source may emit to end a request
-    # ids random output never draws: no whole-character text of their own (special tokens, byte-level
-    # pieces of a multi-byte character), so every random token is text as a model's output is (serve
-    # knows them from its tokenizer; logit_bias / allowed_token_ids draws may still use them)
-    textless_ids: tuple[int, ...] = ()
     shutdown_timeout: float = 0.0
     # zero-latency decode steps that may run as one multi-token output. 1 (the default): one token
     # per request per step, every step's outputs delivered before the next step runs, so what a

@@ -69,9 +69,13 @@ class EngineCore(EngineControls):
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
                  token_source_factory: TokenSourceFactory | None = None,
                  replay_table: OutputReplayTable | None = None, planner: Planner | None = None,
-                 timing_only: bool = False) -> None:
+                 timing_only: bool = False, textless_ids: frozenset[int] = frozenset()) -> None:
         """`timing_only`: decodes between a request's first and last token advance as one cohort
-        and emit no outputs (the offline simulator's fast path, decode_cohort.py)."""
+        and emit no outputs (the offline simulator's fast path, decode_cohort.py). `textless_ids`:
+        ids random output never draws, having no whole-character text of their own (special
+        tokens, byte-level pieces of a multi-byte character), so that every random token is text as
+        a model's is (serve knows them from its tokenizer; logit_bias / allowed_token_ids may still
+        choose them)."""
         args.check_injected(latency, planner, replay_table)
         self.args = args
         self.engine_index = engine_index
@@ -102,7 +106,7 @@ class EngineCore(EngineControls):
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self.dead: BaseException | None = None
-        self.admission = Admission(self, token_source_factory)
+        self.admission = Admission(self, token_source_factory, textless_ids)
         self.output = OutputProcessor(self) if self.cohort is None else CohortOutputProcessor(self, self.cohort)
         self.kv_transfer = KVTransfer(self, self.kv, self.scheduler)
         self.scheduler.on_admit = self.admission.on_admit

@@ -160,6 +160,7 @@ class _ServeCommand:
         try:
             self.engine = AsyncEngine(self.engine_args, engine_count=self.engine_count,
                                       token_source_factory=planned_token_source(self.engine_args.vocab_size),
+                                      textless_ids=self.tokenizer.random_text_avoid(self.engine_args.vocab_size),
                                       **engine_inputs(self.engine_args))
         except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
             raise CLIError(str(e)) from None

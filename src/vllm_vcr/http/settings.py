@@ -140,9 +140,6 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         raise CLIError(str(e)) from None
     except (TypeError, ValueError) as e:  # e.g. a MOCK_* environment variable that is not a number
         raise CLIError(str(e)) from None
-    textless = tok.textless_ids(engine_args.vocab_size)
-    if len(textless) * 2 < engine_args.vocab_size:  # else a random draw would mostly retry (a bytes-only vocabulary)
-        engine_args.textless_ids = tuple(sorted(textless))
     # vLLM flags the engine honours, when the engine's own parser did not take them already
     if getattr(args, "enable_prefix_caching", None) is not None:
         engine_args.enable_prefix_caching = bool(args.enable_prefix_caching)

@@ -230,6 +230,12 @@ class Tokenizer:
             out.add(i)
         return frozenset(out)
 
+    def random_text_avoid(self, vocab_size: int) -> frozenset[int]:
+        """The textless ids random output under `vocab_size` should skip; none when they are half of
+        it or more (a bytes-only vocabulary), where a draw would mostly retry."""
+        textless = self.textless_ids(vocab_size)
+        return textless if len(textless) * 2 < vocab_size else frozenset()
+
     def token_text(self, token_id: int) -> str:
         """One token as text (logprobs' `token`); specials keep their literal form."""
         if 0 <= token_id < len(self._table):
