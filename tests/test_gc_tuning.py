@@ -2,7 +2,7 @@
 
 import gc
 
-from vllm_vcr.gc_tuning import YOUNG_THRESHOLD, tune_for_serving
+from vllm_vcr.gc_tuning import IDLE_GAP_S, IDLE_YOUNG_COUNT, YOUNG_THRESHOLD, collect_while_idle, tune_for_serving
 
 
 def test_tune_for_serving_freezes_the_heap_and_raises_the_young_threshold():
@@ -13,4 +13,49 @@ def test_tune_for_serving_freezes_the_heap_and_raises_the_young_threshold():
         assert gc.get_freeze_count() > 0  # the start-up heap is out of the collector's sight
     finally:
         gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def _collections(fn) -> list[int]:
+    """The generations collected while fn runs."""
+    seen: list[int] = []
+
+    def cb(phase, info):
+        if phase == "start":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(cb)
+    try:
+        fn()
+    finally:
+        gc.callbacks.remove(cb)
+    return seen
+
+
+def test_an_idle_engine_collects_the_young_generation_once_it_is_large():
+    before = gc.get_threshold()
+    gc.set_threshold(10 * IDLE_YOUNG_COUNT, 1000, 1000)  # no automatic collection in this test
+    try:
+        gc.collect()
+        live = [[] for _ in range(IDLE_YOUNG_COUNT + 100)]  # tracked objects that survive
+        assert _collections(lambda: collect_while_idle(IDLE_GAP_S / 2)) == []  # too short a sleep
+        assert _collections(lambda: collect_while_idle(IDLE_GAP_S)) == [0]
+        assert gc.get_count()[0] < IDLE_YOUNG_COUNT
+        assert _collections(lambda: collect_while_idle(float("inf"))) == []  # nothing young left
+        del live
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_it_collects_the_generation_the_interpreter_would_pick():
+    before = gc.get_threshold()
+    gc.set_threshold(10 * IDLE_YOUNG_COUNT, 2, 1000)
+    try:
+        gc.collect()
+        live = [[] for _ in range(IDLE_YOUNG_COUNT + 100)]
+        assert _collections(lambda: collect_while_idle(1.0)) == [0]  # one young collection so far
+        live += [[] for _ in range(IDLE_YOUNG_COUNT + 100)]
+        assert _collections(lambda: collect_while_idle(1.0)) == [1]  # the second takes the older one along
+        del live
+    finally:
         gc.set_threshold(*before)

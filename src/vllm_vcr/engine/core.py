@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -69,13 +70,15 @@ class EngineCore(EngineControls):
                  block_hasher: BlockHasher | None = None, kv_events: KVEventSink | None = None,
                  token_source_factory: TokenSourceFactory | None = None,
                  replay_table: OutputReplayTable | None = None, planner: Planner | None = None,
-                 timing_only: bool = False, textless_ids: frozenset[int] = frozenset()) -> None:
+                 timing_only: bool = False, textless_ids: frozenset[int] = frozenset(),
+                 on_idle: Callable[[float], None] | None = None) -> None:
         """`timing_only`: decodes between a request's first and last token advance as one cohort
         and emit no outputs (the offline simulator's fast path, decode_cohort.py). `textless_ids`:
         ids random output never draws, having no whole-character text of their own (special
         tokens, byte-level pieces of a multi-byte character), so that every random token is text as
         a model's is (serve knows them from its tokenizer; logit_bias / allowed_token_ids may still
-        choose them)."""
+        choose them). `on_idle(seconds)`: called before the loop sleeps that long with nothing due
+        (inf: until a message), for work best done then (serve and play collect garbage)."""
         args.check_injected(latency, planner, replay_table)
         self.args = args
         self.engine_index = engine_index
@@ -83,6 +86,7 @@ class EngineCore(EngineControls):
         self.output_sink = self._counting_sink(output_sink or (lambda client, outs: None))
         self.emits = 0  # output batches sent so far
         self.idle_waits = 0  # times the loop slept: between two, it ran without waiting for anything
+        self.on_idle = on_idle
         self._config = args.config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.planner = planner
@@ -213,6 +217,8 @@ class EngineCore(EngineControls):
                     continue
                 if wake is None:
                     self.idle_waits += 1
+                    if self.on_idle is not None:
+                        self.on_idle(math.inf)
                     await self.inbox.wait(None)
                     last_yield = clock.now()
                     continue
@@ -232,6 +238,8 @@ class EngineCore(EngineControls):
                         clock.advance_to(wake)
                     continue
                 self.idle_waits += 1
+                if self.on_idle is not None:
+                    self.on_idle(wake - clock.now())
                 await self.inbox.wait(wake - clock.now())
                 last_yield = clock.now()
         except BaseException as e:

@@ -26,6 +26,7 @@ from ..engine.clock import RealClock
 from ..engine.config import ConfigError, EngineArgs
 from ..replay.inputs import engine_inputs
 from ..engine.core import EngineCore
+from ..gc_tuning import collect_while_idle
 from ..heap_trim import start_idle_trimming
 from ..engine.types import (
     EngineCoreOutput,
@@ -529,7 +530,8 @@ class PlayServer:
                 eargs = copy.deepcopy(self.args)
                 eargs.engine_id = self._ready_info(b.rank).instance_id
                 b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
-                                         token_source_factory=self.token_source_factory, **self.engine_inputs))
+                                         token_source_factory=self.token_source_factory, on_idle=collect_while_idle,
+                                         **self.engine_inputs))
                 if self.publishers:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
         except Exception:
