@@ -32,6 +32,7 @@ from ..control.server import start_control_server  # noqa: E402
 from ..engine.async_engine import AsyncEngine  # noqa: E402
 from ..engine.config import ConfigError  # noqa: E402
 from ..replay.inputs import engine_inputs  # noqa: E402
+from ..fd_limits import prepare_for_many_connections  # noqa: E402
 from ..gc_tuning import collect_while_idle, tune_for_serving  # noqa: E402
 from ..heap_trim import start_idle_trimming  # noqa: E402
 from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: E402
@@ -323,6 +324,7 @@ SWITCH_INTERVAL_S = 0.001
 
 
 def run_server(args: argparse.Namespace) -> int:
+    prepare_for_many_connections()
     tune_for_serving()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     return event_loop.run(serve(args))
