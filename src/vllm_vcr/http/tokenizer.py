@@ -177,7 +177,8 @@ class Tokenizer:
     # The prompts that queue up while a worker is busy (a burst of new requests) go to it as one
     # batch (as vLLM's AsyncMicrobatchTokenizer does): the Rust side spreads a batch over the cores
     # and skips the offsets nobody reads, about 3x less wall time per prompt than one encode each.
-    # Bounded, so that the first prompts of a burst do not wait for the last ones.
+    # A batch is whatever queued during the previous one, so the first prompts of a burst go in a
+    # small one; the bound only caps how long one batch holds its results back.
     ENCODE_BATCH_MAX = 256
 
     def use_worker_threads(self, workers: int) -> None:
