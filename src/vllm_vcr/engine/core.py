@@ -120,7 +120,8 @@ class EngineCore(EngineControls):
         self.step_counter = 0
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
         self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
-        # untimed steps start at least min_step_time apart (play: a real step never takes ~0 µs)
+        # an untimed step starts at least min_step_time after the previous one ended (play: a real
+        # step never takes ~0 µs)
         self._step_floor = args.min_step_time / args.time_scale
         self._floor_until = 0.0
         self._pulled: list[str] = []
@@ -458,7 +459,9 @@ class EngineCore(EngineControls):
             self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
             if self._step_floor:
-                self._floor_until = now + self._step_floor
+                # from the step's end (its outputs' timestamp), not its start: steps that the
+                # machine slowed down are stretched, never followed by a shorter one
+                self._floor_until = self.clock.now() + self._step_floor
             if draining:
                 self.lifecycle.drained()
         return True
