@@ -24,8 +24,9 @@ print(json.dumps({"before": before, "after": fd_size(), "limit": resource.getrli
 """
 
 
-def _run_with_limit(soft: int) -> dict:
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+def _run_with_limit(soft: int, hard: int | None = None) -> dict:
+    """prepare_for_many_connections() in a child whose open-file limit starts at (soft, hard)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1] if hard is None else hard
 
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -50,12 +51,6 @@ def test_the_table_is_sized_to_the_limit_when_the_limit_is_lower():
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1024:
         pytest.skip("hard open-file limit below 1024")
-
-    def lower() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024))
-
-    out = subprocess.run([sys.executable, "-c", _CHILD], preexec_fn=lower, capture_output=True, text=True,
-                         timeout=60, check=True)
-    r = json.loads(out.stdout)
+    r = _run_with_limit(512, 1024)
     assert r["limit"] == [1024, 1024]
     assert r["after"] >= 1024 > r["before"]

@@ -1,5 +1,6 @@
 """The serving processes' garbage-collector settings."""
 
+import contextlib
 import gc
 
 from vllm_vcr.gc_tuning import IDLE_GAP_S, IDLE_YOUNG_COUNT, YOUNG_THRESHOLD, collect_while_idle, tune_for_serving
@@ -32,30 +33,33 @@ def _collections(fn) -> list[int]:
     return seen
 
 
-def test_an_idle_engine_collects_the_young_generation_once_it_is_large():
+@contextlib.contextmanager
+def _thresholds(young: int, older: int):
+    """The collector's thresholds for the block (no automatic old collection), from an empty young
+    generation; restored after."""
     before = gc.get_threshold()
-    gc.set_threshold(10 * IDLE_YOUNG_COUNT, 1000, 1000)  # no automatic collection in this test
+    gc.set_threshold(young, older, 1000)
     try:
         gc.collect()
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_an_idle_engine_collects_the_young_generation_once_it_is_large():
+    with _thresholds(10 * IDLE_YOUNG_COUNT, 1000):  # no automatic collection in this test
         live = [[] for _ in range(IDLE_YOUNG_COUNT + 100)]  # tracked objects that survive
         assert _collections(lambda: collect_while_idle(IDLE_GAP_S / 2)) == []  # too short a sleep
         assert _collections(lambda: collect_while_idle(IDLE_GAP_S)) == [0]
         assert gc.get_count()[0] < IDLE_YOUNG_COUNT
         assert _collections(lambda: collect_while_idle(float("inf"))) == []  # nothing young left
         del live
-    finally:
-        gc.set_threshold(*before)
 
 
 def test_it_collects_the_generation_the_interpreter_would_pick():
-    before = gc.get_threshold()
-    gc.set_threshold(10 * IDLE_YOUNG_COUNT, 2, 1000)
-    try:
-        gc.collect()
+    with _thresholds(10 * IDLE_YOUNG_COUNT, 2):
         live = [[] for _ in range(IDLE_YOUNG_COUNT + 100)]
         assert _collections(lambda: collect_while_idle(1.0)) == [0]  # one young collection so far
         live += [[] for _ in range(IDLE_YOUNG_COUNT + 100)]
         assert _collections(lambda: collect_while_idle(1.0)) == [1]  # the second takes the older one along
         del live
-    finally:
-        gc.set_threshold(*before)

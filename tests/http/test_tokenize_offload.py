@@ -15,6 +15,7 @@ from vllm_vcr.http.tokenizer import load_tokenizer
 
 LONG = " ".join(f"word{i} and more text" for i in range(40))  # > OFFLOAD_MIN_CHARS
 SHORT = "hello there"
+_PLAIN = load_tokenizer(None)  # (hypothesis tests cannot take the function-scoped fixture)
 
 
 @pytest.fixture
@@ -148,5 +149,3 @@ def test_the_batch_encode_gives_encodes_ids(texts, special):
     assert tok._encode_batch([(t, special) for t in texts]) == [tok.hf.encode(t, add_special_tokens=special).ids
                                                                  for t in texts]
 
-
-_PLAIN = load_tokenizer(None)

@@ -243,10 +243,10 @@ class Tokenizer:
             else:
                 fut.set_result(r)
 
-    def _encode_batch(self, items: list[tuple[str, bool]]) -> list[list[int] | BaseException]:
+    def _encode_batch(self, items: list[tuple[str, bool]]) -> list[list[int] | BaseException | None]:
         """In a worker: the ids of each (text, add_special_tokens), or the error encoding it raised
         (a text the library rejects fails its own request, not the batch's)."""
-        out: list[list[int] | BaseException] = [[]] * len(items)
+        out: list[list[int] | BaseException | None] = [None] * len(items)
         for special in (True, False):
             idx = [i for i, (_, s) in enumerate(items) if bool(s) is special]
             if not idx:
