@@ -208,6 +208,36 @@ def test_one_request_lifecycle(m):
     assert m._reqs == {}  # nothing left behind
 
 
+def test_a_token_taken_by_its_stream_counts_as_its_output_would():
+    """A steady token a stream took straight from the step (token_observer, then the step's batch
+    without it) leaves the same exposition as the same token in an output."""
+    def run(taken: bool) -> dict:
+        m = FrontendMetrics("tiny", 1, block_size=16, num_gpu_blocks=1000, max_model_len=2048)
+        t = time.monotonic()
+        m.on_request_arrival("r1", time.time() - 0.5, n=1, max_tokens=3, num_prompt_tokens=10)
+        m.on_engine_outputs(0, step(t + 0.30, first_output("r1", t + 0.10, t + 0.25, prompt=10, cached=4)))
+        if taken:
+            m.token_observer(0, "r1")(t + 0.32)
+            m.on_engine_outputs(0, step(t + 0.32, stats=SchedulerStats()))
+        else:
+            m.on_engine_outputs(0, step(t + 0.32, EngineCoreOutput(request_id="r1", new_token_ids=[8]),
+                                        stats=SchedulerStats()))
+        m.on_engine_outputs(0, step(t + 0.36, EngineCoreOutput(request_id="r1", new_token_ids=[9],
+                                                               finish_reason=FinishReason.LENGTH), finished=["r1"]))
+        got = samples(m)
+        # (the wall-clock series differ by the microseconds between the two runs)
+        return {k: v for k, v in got.items()
+                if not k[0].startswith(("vllm:e2e_request", "vllm:time_to_first")) and not k[0].endswith("_created")}
+
+    assert run(taken=True) == run(taken=False)
+    s = run(taken=True)
+    assert val(s, "vllm:generation_tokens_total") == 3
+    assert val(s, "vllm:inter_token_latency_seconds_count") == 2
+    assert val(s, "vllm:iteration_tokens_total_sum") == 9
+    m = FrontendMetrics("tiny", 1)
+    assert m.token_observer(0, "never-announced") is None
+
+
 def test_multi_token_outputs_count_tokens_once_per_output(m):
     """k tokens in one output: generation_tokens += k, one ITL sample (vLLM measures per output)."""
     t = time.monotonic()

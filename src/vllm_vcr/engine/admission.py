@@ -269,6 +269,9 @@ class Admission:
             self._load_adapter(req)
         req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
         req.token_source = self._token_source(req, rng_seed)
+        if type(req.token_source) is RandomTokens and type(pacing) is RequestPacing and pacing.itl_std == 0.0 \
+                and not req.pooling:
+            req.steady_gap = pacing.itl_mean
 
     def server_delay(self, req: Request, now: float) -> float:
         """Seconds of the request's TTFT already spent in this server before `now` (the step

@@ -21,10 +21,16 @@ from typing import Any
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .core import EngineCore, EngineDeadError
+from .request import TokenSink
 from .types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("vllm_vcr.engine")
 OutputListener = Callable[[int, EngineCoreOutputs], None]
+# (engine index, request id) -> a callable told the step's clock time of each of the request's
+# tokens that its reader took directly (None: this listener cannot follow the request that way)
+TokenObserverFactory = Callable[[int, str], Callable[[float], None] | None]
+# a push reader's direct take of a steady token: 0 declined, 1 taken, 2 taken and the reader must wake
+TakeToken = Callable[[int], int]
 
 
 class DataParallelRankError(ValueError):
@@ -162,6 +168,7 @@ class AsyncEngine:
         self._load = [0] * engine_count
         self._rr = 0
         self._listeners: list[OutputListener] = []
+        self._token_observers: list[TokenObserverFactory] = []
         self._tasks: list[asyncio.Task] = []
         self.startup_error: str | None = None
         self._ready: asyncio.Event | None = None
@@ -228,8 +235,12 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return bool(self._tasks) and all(not t.done() for t in self._tasks)
 
-    def add_output_listener(self, listener: OutputListener) -> None:
+    def add_output_listener(self, listener: OutputListener, token_observer: TokenObserverFactory | None = None) -> None:
+        """`listener` sees every engine batch. A token that a push reader takes directly (`push`'s
+        `take`) is in no batch: a listener that counts tokens passes a `token_observer` for them."""
         self._listeners.append(listener)
+        if token_observer is not None:
+            self._token_observers.append(token_observer)
 
     # --- outputs -------------------------------------------------------------------------------
     def _make_sink(self, engine_index: int) -> Callable[[int, EngineCoreOutputs], None]:
@@ -268,18 +279,22 @@ class AsyncEngine:
                 if out.finish_reason is not None:
                     return
 
-    async def push(self, request: EngineCoreRequest,
-                   deliver: Callable[[EngineCoreOutput], bool]) -> AsyncIterator[None]:
+    async def push(self, request: EngineCoreRequest, deliver: Callable[[EngineCoreOutput], bool],
+                   take: TakeToken | None = None) -> AsyncIterator[None]:
         """Submit a request whose outputs go to `deliver` (synchronously, merged per turn of the
         event loop) while the caller is parked; yields whenever `deliver` returns True or the
         request has finished, and ends after its final output. Leaving before the engine finished
-        it aborts it."""
+        it aborts it.
+
+        With `take`, the engine offers each steady decode's token to it during the step (see
+        OutputProcessor._steady_decode) whenever no output waits for `deliver` (order is kept)."""
         col = _Collector(deliver, self._push_queue)
         # _attached's steps inline (no context manager objects: this runs once per stream)
         idx = self.pick_engine(request)
         if not self.is_ready:
             await self.wait_ready()
-        core = self._submit(idx, request, col)
+        sink = self._token_sink(idx, request.request_id, col, take) if take is not None else None
+        core = self._submit(idx, request, col, sink)
         try:
             while True:
                 await col.wait()
@@ -300,7 +315,35 @@ class AsyncEngine:
         finally:
             self._detach(idx, core, request.request_id, col)
 
-    def _submit(self, idx: int, request: EngineCoreRequest, col: _Collector) -> EngineCore:
+    def _token_sink(self, idx: int, rid: str, col: _Collector, take: TakeToken) -> TokenSink | None:
+        """The engine's side of `push`'s `take`: a token goes to the reader directly (and to the
+        listeners' token observers) unless an output is still waiting for the reader."""
+        observers = [factory(idx, rid) for factory in self._token_observers]
+        if None in observers:
+            return None  # a listener cannot count this request's tokens outside the batches
+        observe = observers[0] if len(observers) == 1 else lambda ts: [o(ts) for o in observers]
+
+        def sink(token: int, ts: float) -> bool:
+            if col.pending is not None or col.error is not None:
+                return False
+            try:
+                taken = take(token)
+            except Exception as e:  # as _Collector._hand_over: it fails the request, never the engine
+                col.fail(e)
+                return True
+            if not taken:
+                return False
+            observe(ts)
+            if taken == 2:  # the socket pushed back: the reader sends what it queued
+                col.wake = True
+                w = col.waiter
+                if w is not None and not w.done():
+                    w.set_result(None)
+            return True
+        return sink
+
+    def _submit(self, idx: int, request: EngineCoreRequest, col: _Collector,
+                token_sink: TokenSink | None = None) -> EngineCore:
         """Register the request's collector and hand the request to engine idx."""
         core = self.engines[idx]
         if core.dead is not None or core.stopped:
@@ -309,7 +352,7 @@ class AsyncEngine:
         self._collectors[rid] = (idx, col)
         self._load[idx] += 1
         try:
-            core.add_request(request)
+            core.add_request(request, token_sink)
         except BaseException:
             self._detach(idx, core, rid, col)
             raise

@@ -37,7 +37,7 @@ from .lifecycle import EngineLifecycle
 from .output import OutputProcessor
 from .plan import OutputReplayTable, Planner
 from .policy import policy_for
-from .request import Request, RequestStatus
+from .request import Request, RequestStatus, TokenSink
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import StepInFlight, TimedSteps, burst_size, compose, log_step
@@ -136,8 +136,9 @@ class EngineCore(EngineControls):
         return counted
 
     # --- inbox (the only way in) ------------------------------------------------------------------
-    def add_request(self, request: EngineCoreRequest) -> None:
-        self.inbox.post(("add", request))
+    def add_request(self, request: EngineCoreRequest, token_sink: TokenSink | None = None) -> None:
+        """Queue a request; an in-process reader may pass a `token_sink` for its steady decodes."""
+        self.inbox.post(("add", request, token_sink))
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.inbox.post(("abort", list(request_ids)))
@@ -314,7 +315,7 @@ class EngineCore(EngineControls):
             msg = self._inbox.popleft()
             kind = msg[0]
             if kind == "add":
-                self._add_request(msg[1], outputs, finished)
+                self._add_request(msg[1], outputs, finished, msg[2] if len(msg) > 2 else None)
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
             elif kind == "call":
@@ -343,11 +344,13 @@ class EngineCore(EngineControls):
             self._flush_kv_events()
 
     # --- arrival, finish, abort --------------------------------------------------------------------
-    def _add_request(self, ecr: EngineCoreRequest, outputs: list, finished: list) -> None:
+    def _add_request(self, ecr: EngineCoreRequest, outputs: list, finished: list,
+                     token_sink: TokenSink | None = None) -> None:
         now = self.clock.now()
         req = self.admission.admit(ecr, now, self.lifecycle.draining_deadline is not None, outputs, finished)
         if req is None:
             return
+        req.token_sink = token_sink
         rid = req.request_id
         req.received_in = self.idle_waits
         self.requests[rid] = req

@@ -84,6 +84,8 @@ class OutputProcessor:
         # a scheduler with its own push_decode (the decode cohort) sees every deadline through it
         self._push_next = sched.push_next_decode if type(sched).push_decode is Scheduler.push_decode \
             else sched.push_decode
+        self.step_time = 0.0  # the clock when the step being applied ended (what a token sink is told)
+        self.tokens_taken = 0  # by token sinks since the last batch went out
 
     def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
@@ -141,20 +143,29 @@ class OutputProcessor:
     def _steady_decode(self, req: Request, outputs: list) -> bool:
         """The steady decode (W2's per-event path), what `sample` does for it without its branches:
         one random token that does not end the request, the next deadline one fixed gap after the
-        last. False (nothing done) for any other case."""
-        source = req.token_source
-        if (type(source) is not RandomTokens or req.chunk != 1 or not req.prefill_stats_sent or req.pending_events
-                or req.pooling or req.pacing.itl_std != 0.0):
+        last. False (nothing done) for any other case.
+
+        A request with a `token_sink` (an in-process reader: serve's streams) offers it the token
+        first; taken, it is in no output, and the reader has told whoever counts tokens (the
+        step's batch still goes out, for its stats). Such a token carries nothing but its id, so
+        nothing else is lost; the hops it skips (an output struct, the batch's per-output sinks,
+        the reader's queue) were most of a token's cost."""
+        gap = req.steady_gap
+        if gap < 0.0 or req.pending_events or not req.prefill_stats_sent:
             return False
         out_ids = req.output_token_ids
         all_ids = req.all_token_ids
         max_len = self.max_model_len
         if not out_ids or req.max_tokens - len(out_ids) <= 1 or (max_len and max_len - len(all_ids) <= 1):
             return False
-        tok = source.next_token(0)
+        tok = req.token_source.next_token(0)
         out_ids.append(tok)
         all_ids.append(tok)
-        self._push_next(req, req.next_due + req.pacing.itl_mean)
+        self._push_next(req, req.next_due + gap)
+        sink = req.token_sink
+        if sink is not None and sink(tok, self.step_time):
+            self.tokens_taken += 1
+            return True
         outputs.append((req.client_index, EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])))
         return True
 
@@ -168,6 +179,7 @@ class OutputProcessor:
             scheduled = [e for e in scheduled if e[0].status is running and live.get(e[0].request_id) is e[0]]
         outputs: list = []
         finished: list = []
+        self.step_time = self.core.clock.now()
         sample = self.sample
         for req in pulled:
             req.first_due = now
@@ -204,7 +216,7 @@ class OutputProcessor:
                 sample(req, now, outputs, finished)
             else:
                 push(req, req.first_due)
-        if outputs or finished:
+        if outputs or finished or self.tokens_taken:
             self.emit(outputs, finished, with_stats=True)
 
     def emit(self, outputs: list[tuple[int, EngineCoreOutput]], finished: list[tuple[int, str]],
@@ -212,6 +224,7 @@ class OutputProcessor:
         """Send this step's outputs, one batch per client; scheduler stats ride on the first."""
         core = self.core
         ts = core.clock.now()
+        self.tokens_taken = 0
         stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
         sink = core.output_sink
         index = core.engine_index

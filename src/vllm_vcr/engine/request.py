@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .block_pool import BlockHash, KVCacheBlock
 from .latency import RequestPacing
 from .tokens import TokenSource
 from .types import EngineCoreEvent, EngineCoreRequest, FinishReason, SamplingParams
+
+# (token id, the step's clock time) -> True when the reader took the token; False: send it as an output
+TokenSink = Callable[[int, float], bool]
 
 
 class RequestStatus(enum.IntEnum):
@@ -29,7 +32,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
-        "burstable", "pooling", "frontend_delay", "received_in",
+        "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "steady_gap",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
@@ -52,6 +55,11 @@ class Request:
         # (the server's parsing, templating, tokenizing): the configured TTFT absorbs them
         self.frontend_delay = max(0.0, time.time() - req.arrival_time) if req.arrival_time > 0 else 0.0
         self.received_in = -1  # the engine loop's busy run (EngineCore.idle_waits) that received it
+        # an in-process reader that takes a steady decode's token directly (see OutputProcessor._steady_decode)
+        self.token_sink: TokenSink | None = None
+        # the fixed gap between its tokens when its decodes can take the steady path (random ids,
+        # one token per step, no jitter; fixed at admission with its pacing and token source), else -1
+        self.steady_gap = -1.0
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id

@@ -79,7 +79,11 @@ class OpenAIApp:
         self.engine = engine
         if self.metrics is not None and hasattr(self.metrics, "on_engine_outputs") \
                 and hasattr(engine, "add_output_listener"):
-            engine.add_output_listener(self.metrics.on_engine_outputs)
+            observer = getattr(self.metrics, "token_observer", None)
+            if observer is not None and hasattr(engine, "push"):  # (tokens a stream takes in the step)
+                engine.add_output_listener(self.metrics.on_engine_outputs, observer)
+            else:
+                engine.add_output_listener(self.metrics.on_engine_outputs)
         self.completions = CompletionServing(engine, tokenizer, settings, self.metrics)
         self.chat = ChatServing(engine, tokenizer, settings, self.metrics)
         self._on_startup = on_startup

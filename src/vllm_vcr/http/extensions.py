@@ -167,10 +167,10 @@ class FrontendEngine:
         finally:
             await gen.aclose()  # leaving early must abort in the engine now, not at garbage collection
 
-    async def push(self, request: EngineCoreRequest,
-                   deliver: Callable[[EngineCoreOutput], bool]) -> AsyncIterator[None]:
+    async def push(self, request: EngineCoreRequest, deliver: Callable[[EngineCoreOutput], bool],
+                   take: Callable[[int], int] | None = None) -> AsyncIterator[None]:
         await self._admit(request)
-        gen = self._engine.push(request, deliver)
+        gen = self._engine.push(request, deliver, take)
         try:
             async for _ in gen:
                 yield None

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -181,6 +181,7 @@ class _Engine:
         self.prompt_cached = 0
         self.cached_by_source = dict.fromkeys(CACHE_HIT_SOURCES, 0)
         self.generation_tokens = 0
+        self.tokens_taken = 0  # since the last batch (FrontendMetrics.token_observer)
         self.success = [0] * len(FINISH_REASONS)
         for attr, _, _, fam in _HISTOGRAMS:
             setattr(self, "h_" + attr, _Hist(token_buckets if fam == "tokens" else fam))
@@ -349,8 +350,14 @@ class FrontendMetrics:
                 eng.cached_by_source["device"] += pcs.hits
             eng.preemptions_from_stats += getattr(ss, "num_preemptions", 0) or 0
 
+        taken = eng.tokens_taken  # the step's tokens that streams took directly (token_observer)
+        if taken:
+            eng.tokens_taken = 0
+            eng.generation_tokens += taken
         outs = outputs.outputs
         if not outs:
+            if taken:
+                eng.h_iteration_tokens.observe(taken)
             self._forget(outputs.finished_requests)
             return
         now = time.time()
@@ -410,9 +417,31 @@ class FrontendMetrics:
                 self._finish(eng, r, int(o.finish_reason), now)
         itl_h.total += itl_sum
         eng.generation_tokens += gen_total
-        eng.h_iteration_tokens.observe(computed + gen_total)
+        eng.h_iteration_tokens.observe(computed + gen_total + taken)
         if outputs.finished_requests:
             self._forget(outputs.finished_requests)
+
+    def token_observer(self, engine_index: int, request_id: str) -> Callable[[float], None] | None:
+        """For AsyncEngine.add_output_listener: what `on_engine_outputs` does for a plain decode
+        token (one more token, its inter-token latency), for the tokens of `request_id` that its
+        stream takes straight from the engine's step, so in no output; called with the step's
+        clock time. The step's count goes into the iteration and generation totals with the
+        step's batch, which follows."""
+        r = self._reqs.get(request_id)
+        if r is None:
+            return None  # announced nowhere: its outputs alone can track it
+        eng = self._ensure_engine(engine_index)
+        itl_h = eng.h_itl
+        bounds, counts = itl_h.bounds, itl_h.counts
+
+        def observe(ts: float) -> None:
+            d = ts - r.last_ts
+            counts[bisect_left(bounds, d)] += 1
+            itl_h.total += d
+            r.last_ts = ts
+            r.num_gen += 1
+            eng.tokens_taken += 1
+        return observe
 
     # ------------------------------------------------------------------ internals
 

@@ -112,18 +112,29 @@ class ChoiceStream:
                 st = self.states[0]
                 self.fast = None if (st.finished or self.done or not st.num_tokens) else st
             return data
-        # what SequenceState.process and feed_full do for a plain token, without the branches
+        if len(ids) == 1:
+            return self.feed_token(ids[0])
+        # what SequenceState.process and feed_full do for plain tokens, without the branches
         n = st.num_tokens = st.num_tokens + len(ids)
+        text = encode(st.detok.add(ids))
+        pl = self.fast_prompt_len
+        if pl < 0:
+            return self.fast_head + text + self.fast_tail
+        return self.fast_head + text + self.fast_tail % (pl + n, n)
+
+    def feed_token(self, token: int) -> bytes:
+        """`feed` of a plain one-token output in the fast case (`self.fast` is set)."""
+        st = self.fast
+        n = st.num_tokens = st.num_tokens + 1
         detok = st.detok
-        if len(ids) == 1 and not detok.pending:
-            i = ids[0]
-            text = self.token_json.get(i)
+        if not detok.pending:
+            text = self.token_json.get(token)
             if text is None:
-                text = encode(detok.add(ids))
+                text = encode(detok.add([token]))
                 if not detok.pending:
-                    self.token_json[i] = text
+                    self.token_json[token] = text
         else:
-            text = encode(detok.add(ids))
+            text = encode(detok.add([token]))
         pl = self.fast_prompt_len
         if pl < 0:
             return self.fast_head + text + self.fast_tail
@@ -303,8 +314,18 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStrea
             return True
         return renderer.done
 
+    def take(token: int) -> int:
+        """A steady decode's token, straight from the engine's step (AsyncEngine.push)."""
+        if renderer.fast is None:
+            return 0  # not in the fast case (yet): as an output
+        data = renderer.feed_token(token)
+        if backlog or not direct.write(data):
+            backlog.append(data)
+            return 2
+        return 1
+
     renderer.cancel = _no_cancel
-    async for _ in engine.push(request, deliver):
+    async for _ in engine.push(request, deliver, take if feed == renderer.feed else None):
         if backlog:
             data = b"".join(backlog)
             backlog.clear()
