@@ -163,16 +163,24 @@ def _count_first_fast(monkeypatch) -> list[int]:
 
 
 async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
-    calls = {"full": 0}
+    """And those tokens go from the engine's step to the stream (`take`): no engine output."""
+    calls = {"full": 0, "outputs": 0}
     real = serving_chat.ChatStream.feed_full
+    real_feed = streaming.ChoiceStream.feed
 
     def feed_full(self, out):
         calls["full"] += 1
         return real(self, out)
 
+    def feed(self, out):
+        calls["outputs"] += 1
+        return real_feed(self, out)
+
     monkeypatch.setattr(serving_chat.ChatStream, "feed_full", feed_full)
+    monkeypatch.setattr(streaming.ChoiceStream, "feed", feed)
     url, _ = await inprocess(itl_ms=0.2)
     body = {"model": MODEL, "max_tokens": 100, "stream": True, "ignore_eos": True,
             "messages": [{"role": "user", "content": "hi"}]}
     events = await _stream_bytes(url, "/v1/chat/completions", body)
     assert len(events) >= 100 and calls["full"] <= 3  # the first token, the last, maybe a stats-only output
+    assert calls["outputs"] <= 3
