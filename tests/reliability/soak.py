@@ -41,9 +41,12 @@ async def _one(session: aiohttp.ClientSession, url: str, rng: random.Random, cut
     else:
         path, body = "/v1/completions", {"prompt": f"soak {rng.random()}"}
     if cut_after is not None:
-        # room for ~150 more tokens after the cut (>= 300 ms at the soak's 2 ms ITL): the engine is
-        # still generating when the client goes away, however far behind the client reads
-        max_tokens += 150
+        # room for 1000 more tokens after the cut (>= 2 s at the soak's 2 ms ITL): the engine is
+        # still generating when the client goes away. The server writes ahead of a client that
+        # reads late (the socket buffers hold hundreds of events), and on a loaded 2-core box a
+        # client 200 streams wide fell 300 ms behind: 150 tokens of room let the engine finish
+        # 11 of 187 cut streams before their client left.
+        max_tokens += 1000
     body.update(model=MODEL, max_tokens=max_tokens, stream=True, ignore_eos=True)
     events = 0
     last = b""
