@@ -7,7 +7,8 @@ reader gets them merged instead of queueing one object per token (vLLM's Request
 Two ways to read a request: `generate()` yields its outputs to a task (wake-up per output);
 `push()` hands them to a synchronous callback while the reading task stays parked, once per turn
 of the event loop, so a stream costs no task wake-up per token and the engine's back-to-back
-steps merge into one delivery (the streaming HTTP path uses it).
+steps merge into one delivery (the streaming HTTP path uses it). With push's `take`, a steady
+decode's token skips even that: the engine hands it to the reader during the step.
 """
 
 from __future__ import annotations
@@ -321,7 +322,12 @@ class AsyncEngine:
         observers = [factory(idx, rid) for factory in self._token_observers]
         if None in observers:
             return None  # a listener cannot count this request's tokens outside the batches
-        observe = observers[0] if len(observers) == 1 else lambda ts: [o(ts) for o in observers]
+        if len(observers) == 1:  # (the usual case: the metrics)
+            observe = observers[0]
+        else:
+            def observe(ts: float) -> None:
+                for o in observers:
+                    o(ts)
 
         def sink(token: int, ts: float) -> bool:
             if col.pending is not None or col.error is not None:

@@ -315,7 +315,7 @@ class EngineCore(EngineControls):
             msg = self._inbox.popleft()
             kind = msg[0]
             if kind == "add":
-                self._add_request(msg[1], outputs, finished, msg[2] if len(msg) > 2 else None)
+                self._add_request(msg[1], outputs, finished, msg[2])
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
             elif kind == "call":
