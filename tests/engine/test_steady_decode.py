@@ -18,13 +18,14 @@ from .conftest import Harness
 
 
 class _NotRandomTokens:
-    """Stands in for RandomTokens in output.py: no source matches it, so the shortcut never applies
-    (the general path then appends the same ids through `next_token`)."""
+    """Stands in for RandomTokens in output.py: no source matches it, so `sample` appends the same
+    ids through `next_token` (its general path)."""
 
 
 @contextlib.contextmanager
 def _plain_paths():
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(output.OutputProcessor, "_steady_decode", lambda self, req, outputs: False)
         mp.setattr(output, "RandomTokens", _NotRandomTokens)
         mp.setattr(scheduler.Scheduler, "push_next_decode", scheduler.Scheduler.push_decode)
         yield
@@ -85,3 +86,23 @@ def test_in_order_deadlines_take_the_lane_and_keep_their_pace(harness):
         times = h.emission_times(f"r{i}")
         assert len(times) == 20 and h.finish(f"r{i}") is FinishReason.LENGTH
         assert times == pytest.approx([0.03 + 0.01 * k for k in range(20)])
+
+
+@pytest.mark.parametrize("new_len", [30, 45, 200])
+def test_a_patched_max_model_len_ends_steady_decodes_as_the_general_path_does(new_len):
+    """A steady decode counts its run ahead (to the token before its last); a max_model_len patch
+    mid-stream must cut that run where the general path would end the request."""
+    def run() -> tuple[list, dict]:
+        h = Harness(time_to_first_token=30, inter_token_latency=10, max_model_len=100, max_num_seqs=8, seed=7)
+        for i in range(4):
+            h.add(f"r{i}", prompt_len=10 + 5 * i, max_tokens=60, ignore_eos=True)
+        h.run(until=0.2)
+        h.core.patch_config({"max_model_len": new_len})
+        h.run()
+        return _trace(h), {f"r{i}": len(h.tokens(f"r{i}")) for i in range(4)}
+
+    fast, fast_lens = run()
+    with _plain_paths():
+        plain, plain_lens = run()
+    assert fast == plain
+    assert fast_lens == plain_lens

@@ -135,6 +135,7 @@ class DecodeCohort:
             if self.on_tokens is not None:
                 self.on_tokens(req, last - k + 1, last)
         req.num_computed_tokens = len(req.all_token_ids) - 1
+        req.steady_left = 0  # counted before these tokens: `sample` counts it again
 
     def extend(self, batch: StepBatch) -> StepBatch:
         """The step's composition with the cohort's decodes (their count and summed context)."""

@@ -64,6 +64,15 @@ def append_checked(req: Request, idx: int, count: int,
     return new, reason, stop_reason
 
 
+def steady_tokens(req: Request, max_len: int) -> int:
+    """How many of the request's next tokens can take the steady path: all but its last (by
+    max_tokens or the model's length), which must end it as an output with a finish reason."""
+    left = req.max_tokens - len(req.output_token_ids) - 1
+    if max_len:
+        left = min(left, max_len - len(req.all_token_ids) - 1)
+    return max(left, 0)
+
+
 def prefill_stats(req: Request) -> PrefillStats:
     local = max(req.num_cached_tokens, 0)
     external = req.external_tokens
@@ -138,6 +147,8 @@ class OutputProcessor:
                 gap, req.chunk = pacing.next_step()
             base = req.first_due if idx == 0 else req.next_due
             self._push_decode(req, base + gap)
+            if req.steady_gap >= 0.0:
+                req.steady_left = steady_tokens(req, max_len)
         outputs.append((req.client_index, out))
 
     def _steady_decode(self, req: Request, outputs: list) -> bool:
@@ -150,18 +161,14 @@ class OutputProcessor:
         step's batch still goes out, for its stats). Such a token carries nothing but its id, so
         nothing else is lost; the hops it skips (an output struct, the batch's per-output sinks,
         the reader's queue) were most of a token's cost."""
-        gap = req.steady_gap
-        if gap < 0.0 or req.pending_events or not req.prefill_stats_sent:
+        left = req.steady_left
+        if left <= 0 or req.pending_events:
             return False
-        out_ids = req.output_token_ids
-        all_ids = req.all_token_ids
-        max_len = self.max_model_len
-        if not out_ids or req.max_tokens - len(out_ids) <= 1 or (max_len and max_len - len(all_ids) <= 1):
-            return False
-        tok = req.token_source.next_token(0)
-        out_ids.append(tok)
-        all_ids.append(tok)
-        self._push_next(req, req.next_due + gap)
+        req.steady_left = left - 1
+        tok = next(req.token_source.ids)
+        req.output_token_ids.append(tok)
+        req.all_token_ids.append(tok)
+        self._push_next(req, req.next_due + req.steady_gap)
         sink = req.token_sink
         if sink is not None and sink(tok, self.step_time):
             self.tokens_taken += 1

@@ -33,6 +33,7 @@ class Request:
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
         "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "steady_gap",
+        "steady_left",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
@@ -60,6 +61,9 @@ class Request:
         # the fixed gap between its tokens when its decodes can take the steady path (random ids,
         # one token per step, no jitter; fixed at admission with its pacing and token source), else -1
         self.steady_gap = -1.0
+        # tokens the steady path may append before the request needs `sample` again (set by
+        # `sample` once its first token went out; 0 while events or the last token are pending)
+        self.steady_left = 0
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id

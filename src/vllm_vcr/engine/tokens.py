@@ -5,7 +5,8 @@ from __future__ import annotations
 import bisect
 import math
 import random
-from itertools import repeat, starmap
+from collections.abc import Iterator
+from itertools import islice, repeat, starmap
 from typing import Protocol
 
 # sampling_params.extra_args key of ids a frontend planned (a tool call, a schema instance): the
@@ -24,48 +25,49 @@ class RandomTokens:
     Ids are drawn `DRAW_BATCH` at a time, so a request's ids depend only on its seed, not on
     how many the engine takes per step (one, or a zero-latency burst)."""
 
-    __slots__ = ("_rng", "_vocab", "_avoid", "_buf", "_pos")
+    __slots__ = ("_rng", "_vocab", "_avoid", "_ahead", "ids")
     DRAW_BATCH = 64
 
     def __init__(self, rng: random.Random, vocab_size: int, avoid: frozenset[int]) -> None:
         self._rng = rng
         self._vocab = vocab_size
         self._avoid = avoid
-        self._buf: list[int] = []
-        self._pos = 0
+        self._ahead: list[list[int]] = []  # a batch drawn before the ids reached it (draw_ahead)
+        # every id in order: `next(ids)` is one (the steady decode's draw; a generator resumes
+        # without the call frame a method costs)
+        self.ids = _random_ids(rng, vocab_size, avoid, self._ahead)
 
     def next_token(self, index: int) -> int:
-        pos = self._pos
-        if pos >= len(self._buf):
-            self._buf, pos = self._draw(), 0
-        self._pos = pos + 1
-        return self._buf[pos]
+        return next(self.ids)
 
     def take(self, k: int) -> list[int]:
         """The next k ids (the same ids k calls of next_token would give)."""
-        buf, pos = self._buf, self._pos
-        while len(buf) - pos < k:
-            buf, pos = buf[pos:] + self._draw(), 0
-        self._buf, self._pos = buf, pos + k
-        return buf[pos:pos + k]
+        return list(islice(self.ids, k))
 
     def draw_ahead(self) -> None:
         """Draw the first batch now (on admission) instead of with the first token: under a burst
         every first token is due at about the same time, and the ids do not depend on when."""
-        if not self._buf:
-            self._buf = self._draw()
+        if not self._ahead:
+            self._ahead.append(_draw(self._rng, self._vocab, self._avoid, self.DRAW_BATCH))
 
-    def _draw(self) -> list[int]:
-        rand, vocab, avoid = self._rng.random, self._vocab, self._avoid
-        # int(rand() * vocab) for each of DRAW_BATCH draws, the loop in C (a float product is
-        # the same either way round, and vocab converts to float exactly)
-        ids = list(map(int, map(float(vocab).__mul__, starmap(rand, repeat((), self.DRAW_BATCH)))))
-        if not avoid.isdisjoint(ids):
-            for j, t in enumerate(ids):
-                while t in avoid:
-                    t = int(rand() * vocab)
-                ids[j] = t
-        return ids
+
+def _random_ids(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list[list[int]]) -> Iterator[int]:
+    # (holds no reference to its RandomTokens: a request's ids leave no reference cycle behind)
+    while True:
+        yield from (ahead.pop() if ahead else _draw(rng, vocab, avoid, RandomTokens.DRAW_BATCH))
+
+
+def _draw(rng: random.Random, vocab: int, avoid: frozenset[int], n: int) -> list[int]:
+    rand = rng.random
+    # int(rand() * vocab) for each of n draws, the loop in C (a float product is the same either
+    # way round, and vocab converts to float exactly)
+    ids = list(map(int, map(float(vocab).__mul__, starmap(rand, repeat((), n)))))
+    if not avoid.isdisjoint(ids):
+        for j, t in enumerate(ids):
+            while t in avoid:
+                t = int(rand() * vocab)
+            ids[j] = t
+    return ids
 
 
 class CountedTokens:

@@ -59,7 +59,7 @@ class _SamplingFields(_Base):
     logit_bias: dict[str, float] | None = None
     n: int = 1
     seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
-    stop: StopParam = []
+    stop: StopParam = Field(default_factory=list)  # (a factory: a mutable default is deep-copied per request)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
@@ -69,7 +69,7 @@ class _SamplingFields(_Base):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = []
+    stop_token_ids: list[int] | None = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     min_tokens: int = 0
