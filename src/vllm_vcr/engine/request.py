@@ -61,8 +61,8 @@ class Request:
         # the fixed gap between its tokens when its decodes can take the steady path (random ids,
         # one token per step, no jitter; fixed at admission with its pacing and token source), else -1
         self.steady_gap = -1.0
-        # tokens the steady path may append before the request needs `sample` again (set by
-        # `sample` once its first token went out; 0 while events or the last token are pending)
+        # tokens the steady path may still append before the request's last (counted by `sample`
+        # each time it gives the request a token; the steady path only counts it down)
         self.steady_left = 0
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
