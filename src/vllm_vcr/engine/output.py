@@ -100,8 +100,6 @@ class OutputProcessor:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
         conditions, then finish the request or set its next deadline."""
         source = req.token_source
-        if burst == 1 and self._steady_decode(req, outputs):
-            return
         max_len = self.max_model_len
         idx = len(req.output_token_ids)
         count = burst if burst > 1 else req.chunk
@@ -195,8 +193,7 @@ class OutputProcessor:
         kv = core.kv
         block_size = kv.block_size
         push = self._push_decode
-        # a decode's usual token straight from the steady case (sample() would try it first too):
-        # one frame less per token
+        # a decode's usual token: the steady case first, `sample` (the general path) for the rest
         steady = self._steady_decode if burst == 1 else None
         for req, n, kind in scheduled:
             if kind == DECODE:
