@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,8 @@ async def inprocess(serve_harness):
 
     running = []
 
-    async def start(itl_ms: float = 2.0, engine_count: int = 1, sndbuf: int | None = None):
+    async def start(itl_ms: float = 2.0, engine_count: int = 1, sndbuf: int | None = None, stamped: bool = False):
+        """`stamped`: serve's own HTTP protocol (acceptor.stamping_arrival), not uvicorn's plain one."""
         tok = load_tokenizer()
         args = EngineArgs(config=EngineConfig(inter_token_latency=itl_ms, time_to_first_token=1.0,
                                               max_model_len=4096, log_requests=False),
@@ -76,7 +78,13 @@ async def inprocess(serve_harness):
         sock.bind(("127.0.0.1", 0))
         sock.listen(128)
         sock.setblocking(False)
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False))
+        http: Any = "auto"
+        if stamped:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+            from vllm_vcr.http.acceptor import stamping_arrival
+            http = stamping_arrival(HttpToolsProtocol)
+        server = uvicorn.Server(uvicorn.Config(app, http=http, lifespan="off", log_config=None, access_log=False))
         server.config.setup_event_loop = lambda: None
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started:

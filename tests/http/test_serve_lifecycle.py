@@ -105,8 +105,9 @@ async def _stats_once_aborted(engine):
     return stats
 
 
-async def test_client_disconnect_aborts_engine_request(inprocess):
-    url, engine = await inprocess(itl_ms=5.0)
+@pytest.mark.parametrize("stamped", [False, True], ids=["uvicorn-protocol", "serve-protocol"])
+async def test_client_disconnect_aborts_engine_request(inprocess, stamped):
+    url, engine = await inprocess(itl_ms=5.0, stamped=stamped)
     async with httpx.AsyncClient(timeout=10) as c:
         async with c.stream("POST", url + "/v1/chat/completions", json={
                 "model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 2000,
@@ -124,8 +125,10 @@ async def test_client_disconnect_aborts_engine_request(inprocess):
     assert stats[0].running == 0 or engine.engines[0].num_unfinished() == 0
 
 
-async def test_non_streaming_disconnect_aborts_too(inprocess):
-    url, engine = await inprocess(itl_ms=5.0)
+@pytest.mark.parametrize("stamped", [False, True], ids=["uvicorn-protocol", "serve-protocol"])
+async def test_non_streaming_disconnect_aborts_too(inprocess, stamped):
+    # serve's protocol reports the disconnect through the scope's hook; uvicorn's own is watched
+    url, engine = await inprocess(itl_ms=5.0, stamped=stamped)
     async with httpx.AsyncClient(timeout=0.3) as c:
         with pytest.raises(httpx.ReadTimeout):
             await c.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2000})

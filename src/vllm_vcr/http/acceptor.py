@@ -1,5 +1,5 @@
-"""Accept every pending connection in one turn of the event loop, and stamp each request's
-arrival when its first bytes are parsed.
+"""Accept every pending connection in one turn of the event loop, stamp each request's arrival
+when its first bytes are parsed, and report a client that leaves mid-request.
 
 uvloop's servers accept one connection per turn of the loop. A `serve` loop that is streaming to
 a thousand clients takes milliseconds per turn, so a burst of new connections (a load generator
@@ -22,6 +22,10 @@ deadlines (and the first tokens' writes) wait as long. `TurnSlices` lets new req
 for about `slice` seconds of each turn (or as long as the rest of a busy turn took); the rest
 start in the next turns, in arrival order, after the loop has stamped new arrivals and run what
 is due.
+
+A client that leaves must cancel its request's handler (and so abort its engine request). An ASGI
+app learns of it only by awaiting `receive`, which takes a second task per request; serve's
+protocol instead calls the handler's hook (`scope[ON_DISCONNECT]`) from `connection_lost`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ LOG_INTERVAL = 10.0  # at most one "accept failed" line per interval; the next o
 
 
 ARRIVAL = "vllm_vcr.arrival"  # the scope key: time.time() when the request's first bytes were read
+# The scope key of a callable the protocol calls when the client goes away mid-request (present,
+# None, when the protocol does: the app sets it instead of watching `receive` in a second task);
+# CLIENT_GONE once the client left with none set.
+ON_DISCONNECT = "vllm_vcr.on_disconnect"
+CLIENT_GONE = "gone"
 # Beyond this many open connections one poll of the loop may return more sockets than libuv's
 # 1024-event array, and libuv then polls again inside the same read phase: a read-phase stamp
 # could then precede a request's arrival, so every request is stamped as it is parsed.
@@ -91,7 +100,8 @@ def read_phase_of(loop: asyncio.AbstractEventLoop) -> ReadPhase:
 
 def stamping_arrival(protocol_class: type) -> type:
     """uvicorn's HTTP protocol class, stamping `scope[ARRIVAL]` as each request begins (the
-    httptools protocol; any other is returned as it is, and the app stamps when it is called).
+    httptools protocol; any other is returned as it is, and the app stamps when it is called),
+    and calling `scope[ON_DISCONNECT]` when the client of an unfinished response goes away.
 
     A request that begins a connection's first read of this read phase (no request of the
     connection half-read before it) takes the read phase's stamp (`ReadPhase`): its first bytes
@@ -105,7 +115,8 @@ def stamping_arrival(protocol_class: type) -> type:
         cls = _stamping[protocol_class] = type(
             f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
             {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
-             "on_message_complete": _message_complete(protocol_class), "_in_message": False,
+             "on_message_complete": _message_complete(protocol_class),
+             "connection_lost": _connection_lost(protocol_class), "_in_message": False,
              "_fresh_read": False, "_phase_of_read": 0, "_read_phase": None,
              "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
@@ -136,13 +147,31 @@ def _message_begin(protocol_class: type) -> Callable:
             self.scope[ARRIVAL] = time.time()
         self._fresh_read = False  # a request after this one in the same read came in later
         self._in_message = True
+        self.scope[ON_DISCONNECT] = None
     return on_message_begin
+
+
+def _connection_lost(protocol_class: type) -> Callable:
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        protocol_class.connection_lost(self, exc)  # marks the unfinished cycle disconnected
+        if cycle is not None and cycle.disconnected:
+            scope = cycle.scope
+            hook = scope.get(ON_DISCONNECT)
+            scope[ON_DISCONNECT] = CLIENT_GONE
+            if callable(hook):
+                hook()
+    return connection_lost
 
 
 def _message_complete(protocol_class: type) -> Callable:
     def on_message_complete(self) -> None:
         self._in_message = False
         protocol_class.on_message_complete(self)
+        if not self.pipeline:
+            # a large body paused reading until the app read it; the app no longer reads, and only
+            # a reading socket sees its client leave (a pipelined request keeps uvicorn's pause)
+            self.flow.resume_reading()
     return on_message_complete
 
 

@@ -15,6 +15,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from .. import __version__
+from .acceptor import CLIENT_GONE, ON_DISCONNECT
 from .errors import HTTPError, error_body
 from .faults_adapter import FaultEnded
 from .extra_routes import add_generative_routes, match_route
@@ -212,9 +213,13 @@ class OpenAIApp:
             pass  # the response had already started (or the client is gone): nothing more to say
 
     async def _watched(self, handler: Handler, ctx: RequestContext) -> None:
-        """Run the handler in the server's task for this request while a watcher task waits for the
-        client to go away; a disconnect cancels the server's task, which the handler sees as
-        CancelledError at its current await (one task per request, not two)."""
+        """Run the handler in the server's task for this request; a disconnect cancels that task,
+        which the handler sees as CancelledError at its current await. The server's protocol
+        reports the disconnect through `scope[ON_DISCONNECT]` (acceptor.py); under another
+        server a watcher task waits for it on `receive`."""
+        if ON_DISCONNECT in ctx.scope:
+            await _hooked(handler, ctx)
+            return
         task = asyncio.current_task()
         receive = ctx.receive
         running = True
@@ -350,6 +355,33 @@ class OpenAIApp:
 
 class _Disconnected(Exception):
     pass
+
+
+async def _hooked(handler: Handler, ctx: RequestContext) -> None:
+    """_watched with the protocol's disconnect hook: no second task per request."""
+    scope = ctx.scope
+    if scope[ON_DISCONNECT] == CLIENT_GONE:
+        return  # the client left before the handler started: nobody to answer
+    task = asyncio.current_task()
+    disconnected = False
+
+    def client_gone() -> None:
+        nonlocal disconnected
+        if not ctx.finishing:
+            disconnected = True
+            task.cancel()
+
+    scope[ON_DISCONNECT] = client_gone
+    try:
+        await handler(ctx)
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+    finally:
+        if scope[ON_DISCONNECT] is client_gone:
+            scope[ON_DISCONNECT] = None
+        if disconnected:
+            task.uncancel()  # the cancel was ours, and it is over
 
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
