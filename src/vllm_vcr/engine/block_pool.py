@@ -114,15 +114,11 @@ class BlockPool:
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> list[KVCacheBlock]:
         """The longest run of leading blocks already in the prefix cache."""
-        hits: list[KVCacheBlock] = []
         if not self.enable_caching:
-            return hits
-        cached = self.cached
-        for h in block_hashes:
-            b = cached.get(h)
-            if b is None:
-                break
-            hits.append(b)
+            return []
+        hits = list(map(self.cached.get, block_hashes))  # (every lookup in C; a miss ends the run)
+        if None in hits:
+            del hits[hits.index(None):]
         return hits
 
     # --- reference counting ----------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Sequence
 
 from .block_hash import block_extra_keys, make_block_hasher
@@ -10,6 +11,7 @@ from .deferred_hashes import DeferredHashes
 from .request import Request
 
 _PROMPT_MEMO_MAX = 16384  # prompt blocks remembered (~6 MB at 16 tokens a block)
+_ref_cnt = attrgetter("ref_cnt")
 
 
 class KVCacheManager:
@@ -49,20 +51,31 @@ class KVCacheManager:
             return
         prompt_blocks = min(full, req.num_prompt_tokens // bs)
         memo = self._prompt_memo
+        parent = hashes[-1] if start else None
+        if not keyed and start < prompt_blocks:  # the usual prompt: its blocks as tuples, made in C
+            for block in zip(*[iter(tokens[start * bs:prompt_blocks * bs])] * bs):
+                key = (parent, block, None)
+                parent = memo.get(key)
+                if parent is None:
+                    if len(memo) >= _PROMPT_MEMO_MAX:
+                        memo.clear()
+                    parent = memo[key] = hasher(key[0], block, None)
+                hashes.append(parent)
+            start = prompt_blocks
         for i in range(start, full):
-            parent = hashes[i - 1] if i else None
             block = tokens[i * bs:(i + 1) * bs]
             extra = self._extra_keys(req, i) if keyed else None
             if i >= prompt_blocks:
-                hashes.append(hasher(parent, block, extra))
-                continue
-            key = (parent, tuple(block), extra)
-            h = memo.get(key)
-            if h is None:
-                if len(memo) >= _PROMPT_MEMO_MAX:
-                    memo.clear()
-                h = memo[key] = hasher(parent, block, extra)
-            hashes.append(h)
+                parent = hasher(parent, block, extra)
+            else:
+                key = (parent, tuple(block), extra)
+                h = memo.get(key)
+                if h is None:
+                    if len(memo) >= _PROMPT_MEMO_MAX:
+                        memo.clear()
+                    h = memo[key] = hasher(parent, block, extra)
+                parent = h
+            hashes.append(parent)
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
         """Prefix-cache hits for a request about to be scheduled from waiting."""
@@ -83,7 +96,7 @@ class KVCacheManager:
         total = req.num_computed_tokens + len(new_computed) * self.block_size + num_new_tokens
         needed = -(-total // self.block_size) - len(req.blocks) - len(new_computed)
         # hits sitting in the free queue stop being evictable once touched
-        evictable_hits = sum(1 for b in new_computed if b.ref_cnt == 0) if new_computed else 0
+        evictable_hits = list(map(_ref_cnt, new_computed)).count(0) if new_computed else 0
         if max(needed, 0) + evictable_hits > self.pool.num_free_blocks:
             return False
         if new_computed:
