@@ -91,7 +91,8 @@ def scope_for(body: bytes) -> dict:
             "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 40000), "scheme": "http", "method": "POST",
             "root_path": "", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
             "query_string": b"", "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())]}
+                                            (b"content-length", str(len(body)).encode())],
+            "vllm_vcr.on_disconnect": None}  # (serve's protocol reports disconnects: acceptor.py)
 
 
 class Driver:
@@ -161,7 +162,7 @@ def opcode_counter(counts: collections.Counter):
 
 
 async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc: int, n: int,
-                   callgrind: str | None, bytecodes: bool) -> dict:
+                   callgrind: str | None, bytecodes: bool, top: int = 25) -> dict:
     t = driver.transport
     if callgrind:
         subprocess.run(["callgrind_control", "-z", str(os.getpid())], check=True, capture_output=True)
@@ -182,7 +183,7 @@ async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc:
     if bytecodes:
         row["bytecodes_per_event"] = round(sum(counts.values()) / events, 1)
         row["bytecodes_per_event_by_function"] = {f"{f}:{name}": round(c / events, 1)
-                                                  for (f, name), c in counts.most_common(25)}
+                                                  for (f, name), c in counts.most_common(top)}
     return row
 
 
@@ -203,7 +204,7 @@ async def main_async(a: argparse.Namespace) -> None:
     tune_for_serving()
     for _ in range(a.repeat):
         print(json.dumps(await measured(driver, engine, clock, a.concurrency, a.requests, a.callgrind,
-                                        a.bytecodes)), flush=True)
+                                        a.bytecodes, a.top)), flush=True)
     await engine.stop(0)
 
 
@@ -219,6 +220,7 @@ def main() -> None:
     ap.add_argument("--bytecodes", action="store_true",
                     help="count the Python bytecodes executed per event, per function (sys.settrace: slow; "
                          "use ~300 requests)")
+    ap.add_argument("--top", type=int, default=25, help="with --bytecodes: how many functions to list")
     a = ap.parse_args()
     try:
         import uvloop

@@ -597,6 +597,11 @@ async def run(a: argparse.Namespace) -> dict:
             raw.close()
 
     res = analyse(recs, first_wave=a.concurrency)
+    if a.stamps:  # every request's send time and content-event stamps, for a timeline of the run
+        with open(a.stamps, "w") as f:
+            for r in recs:
+                if r.err is None:
+                    f.write(json.dumps({"t0": r.t0, "stamps": r.stamps, "ktoks": r.ktoks}) + "\n")
     errs = [r.err for r in recs if r.err is not None]
     out = {
         "label": a.label,
@@ -677,6 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pids", default="", help="comma list of server PIDs; their process trees are measured")
     p.add_argument("--label", default="")
     p.add_argument("--out", default="", help="write the JSON here (else stdout)")
+    p.add_argument("--stamps", default="", help="also write each request's send time and event stamps "
+                                                 "(JSON lines, perf_counter seconds) here")
     p.add_argument("--no-uvloop", dest="uvloop", action="store_false")
     p.add_argument("--no-preconnect", dest="preconnect", action="store_false",
                    help="raw transport: do not open the C connections before the measured phase")
