@@ -217,25 +217,25 @@ class OpenAIApp:
         which the handler sees as CancelledError at its current await. The server's protocol
         reports the disconnect through `scope[ON_DISCONNECT]` (acceptor.py); under another
         server a watcher task waits for it on `receive`."""
-        if ON_DISCONNECT in ctx.scope:
-            await _hooked(handler, ctx)
-            return
+        scope = ctx.scope
+        hooked = ON_DISCONNECT in scope
+        if hooked and scope[ON_DISCONNECT] == CLIENT_GONE:
+            return  # the client left before the handler started: nobody to answer
         task = asyncio.current_task()
-        receive = ctx.receive
         running = True
         disconnected = False
 
-        async def watch() -> None:
+        def client_gone() -> None:
             nonlocal disconnected
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    if running and not ctx.finishing:
-                        disconnected = True
-                        task.cancel()
-                    return
+            if running and not ctx.finishing:
+                disconnected = True
+                task.cancel()
 
-        watcher = asyncio.ensure_future(watch())
+        watcher = None
+        if hooked:
+            scope[ON_DISCONNECT] = client_gone
+        else:
+            watcher = asyncio.ensure_future(_watch(ctx.receive, client_gone))
         try:
             await handler(ctx)
         except asyncio.CancelledError:
@@ -243,7 +243,10 @@ class OpenAIApp:
                 raise
         finally:
             running = False
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif scope[ON_DISCONNECT] is client_gone:
+                scope[ON_DISCONNECT] = None
             if disconnected:
                 task.uncancel()  # the cancel was ours, and it is over
 
@@ -357,31 +360,12 @@ class _Disconnected(Exception):
     pass
 
 
-async def _hooked(handler: Handler, ctx: RequestContext) -> None:
-    """_watched with the protocol's disconnect hook: no second task per request."""
-    scope = ctx.scope
-    if scope[ON_DISCONNECT] == CLIENT_GONE:
-        return  # the client left before the handler started: nobody to answer
-    task = asyncio.current_task()
-    disconnected = False
-
-    def client_gone() -> None:
-        nonlocal disconnected
-        if not ctx.finishing:
-            disconnected = True
-            task.cancel()
-
-    scope[ON_DISCONNECT] = client_gone
-    try:
-        await handler(ctx)
-    except asyncio.CancelledError:
-        if not disconnected:
-            raise
-    finally:
-        if scope[ON_DISCONNECT] is client_gone:
-            scope[ON_DISCONNECT] = None
-        if disconnected:
-            task.uncancel()  # the cancel was ours, and it is over
+async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
+    """The disconnect watcher for a server without the hook: `receive` until the client leaves."""
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            client_gone()
+            return
 
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
