@@ -13,9 +13,10 @@ usage: python bench/itl_timeline.py STAMPS [--window 0.25] [--long-ms 30] [--set
 from __future__ import annotations
 
 import argparse
-import bisect
 import collections
 import json
+
+from stream_bench import SETTLE_S, away_from_sends
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -27,7 +28,7 @@ def main() -> None:
     ap.add_argument("stamps", help="the file stream_bench.py --stamps wrote")
     ap.add_argument("--window", type=float, default=0.25, help="seconds per timeline row")
     ap.add_argument("--long-ms", type=float, default=30.0, help="a gap longer than this counts as long")
-    ap.add_argument("--settle", type=float, default=0.5,
+    ap.add_argument("--settle", type=float, default=SETTLE_S,
                     help="a gap is away from arrivals when no request was sent in this many seconds before its end")
     a = ap.parse_args()
     recs = [json.loads(line) for line in open(a.stamps)]
@@ -49,12 +50,8 @@ def main() -> None:
         n, long_, sent = rows[w]
         print(f"{w * a.window:7.2f} {n:7d} {long_:9d} {sent:6d}")
 
-    def away(t: float) -> bool:  # no send in (t - settle, t]
-        i = bisect.bisect_right(sends, t)
-        return i == 0 or sends[i - 1] <= t - a.settle
-
     every = sorted(ms for _, ms in gaps)
-    calm = sorted(ms for t, ms in gaps if away(t))
+    calm = sorted(ms for t, ms in gaps if away_from_sends(sends, t, a.settle))
     print(f"one-token ITL p99: {percentile(every, 0.99):.2f} ms over {len(every)} gaps; "
           f"away from arrivals: {percentile(calm, 0.99):.2f} ms over {len(calm)} gaps "
           f"(p99.9 {percentile(calm, 0.999):.2f})")

@@ -23,6 +23,9 @@ What is measured (all client-side, `time.perf_counter`, one stamp per socket rea
   itl_1tok_ms     per-chunk gaps that end in a one-token chunk (with --continuous-usage): pacing
                   without the chunks that carry 2 tokens because the detokenizer held back a
                   partial UTF-8 token (random ids of a byte-level BPE: ~1.5 % of tokens)
+  itl_1tok_calm_ms  those of them that ended away from arrivals (no request sent in the 0.5 s
+                  before): a closed loop's C streams end together and the next C arrive together,
+                  and the server's per-request work then competes with the running streams
   ttft_steady_ms  TTFT of the requests after the first C (without the opening burst)
   tpot_ms         per request: (last content stamp - first content stamp) / (tokens - 1), the
                   decode rate a request sees, insensitive to coalescing; p50/p99 across requests
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import random
@@ -456,11 +460,21 @@ def summary(xs: list[float]) -> dict[str, float | None]:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+SETTLE_S = 0.5  # a gap is away from arrivals when no request was sent this long before its end
+
+
+def away_from_sends(sends: list[float], t: float, settle: float = SETTLE_S) -> bool:
+    """No request was sent in the `settle` seconds before `t` (`sends` sorted)."""
+    i = bisect.bisect_right(sends, t)
+    return i == 0 or sends[i - 1] <= t - settle
+
+
 def analyse(recs: list[Rec], first_wave: int = 0) -> dict:
     ok = [r for r in recs if r.err is None]
     # requests after the first C: TTFT without the closed loop's opening burst of C requests
     later = [r for r in recs[first_wave:] if r.err is None]
-    ttft, itl_chunk, itl_token, itl_1tok, tpot = [], [], [], [], []
+    ttft, itl_chunk, itl_token, itl_1tok, itl_calm, tpot = [], [], [], [], [], []
+    sends = sorted(r.t0 for r in recs)
     for r in ok:
         st = r.stamps
         ttft.append((st[0] - r.t0) * 1e3)
@@ -473,6 +487,8 @@ def analyse(recs: list[Rec], first_wave: int = 0) -> dict:
                 itl_token.extend([0.0] * (k - 1))
             else:
                 itl_1tok.append(g)
+                if away_from_sends(sends, st[i]):
+                    itl_calm.append(g)
         if r.ktoks and r.ktoks[0] > 1:
             itl_token.extend([0.0] * (r.ktoks[0] - 1))
         ntok = r.usage if r.usage is not None else sum(r.ktoks)
@@ -492,6 +508,7 @@ def analyse(recs: list[Rec], first_wave: int = 0) -> dict:
         # gaps that end in a one-token chunk: the pacing itself, without the chunks that carry
         # two tokens because the detokenizer held back a partial UTF-8 token (needs continuous usage)
         "itl_1tok_ms": summary(itl_1tok),
+        "itl_1tok_calm_ms": summary(itl_calm),
         "tpot_ms": summary(tpot),
         "e2e_ms": summary([(r.t1 - r.t0) * 1e3 for r in ok]),
         "content_events": sum(len(r.stamps) for r in ok),

@@ -1,4 +1,5 @@
-"""bench/run_bench.py's target lines and the null server's ITL-0 mode (the W1 floor)."""
+"""bench/run_bench.py's target lines, stream_bench.py's gaps away from arrivals, and the null server's
+ITL-0 mode (the W1 floor)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,30 @@ def test_burst_verdict_takes_the_median_of_the_rounds():
     (line,) = rb.verdict_burst(rows)
     assert "p50 104.0 ms (+4.0%; target within 5 %: met)" in line
     assert "p99 119.0 ms (+19.0%; target within 20 %: met)" in line and "median of 3" in line
+
+
+def test_gaps_away_from_arrivals_leave_out_the_ones_a_wave_of_sends_delayed():
+    sb = _load("stream_bench")
+    recs = []
+    for t0, stamps in ((0.0, [0.1, 0.12, 0.2, 1.0, 1.02]), (0.9, [1.0, 1.1]), (0.95, [1.2, 1.9, 1.92])):
+        r = sb.Rec(t0)
+        r.stamps, r.ktoks, r.usage = stamps, [1] * len(stamps), len(stamps)
+        recs.append(r)
+    res = sb.analyse(recs)
+    # every one-token gap, and those that ended with no send in the 0.5 s before (sends at 0, 0.9 and
+    # 0.95 s): only the third request's gaps ending at 1.9 and 1.92 s
+    assert res["itl_1tok_ms"]["n"] == 7
+    calm = res["itl_1tok_calm_ms"]
+    assert calm["n"] == 2 and round(calm["max"]) == 700 and round(calm["mean"]) == 360  # 700 and 20 ms
+    assert not sb.away_from_sends([0.0, 0.9, 0.95], 0.2) and sb.away_from_sends([0.0, 0.9, 0.95], 0.51)
+
+
+def test_w2_verdict_shows_the_gaps_away_from_arrivals_beside_the_target():
+    rb = _load("run_bench")
+    rows = [{**_w2("vllm-vcr", 1000, 40.0, 16.0), "itl_1tok_calm_ms": {"p99": 23.0}},
+            {**_w2("null", 1000, 22.0, 15.0), "itl_1tok_calm_ms": {"p99": 22.5}}]
+    (line,) = rb.verdict_w2(rows)
+    assert "target <= +2: NOT met; away from arrivals 23.00 vs 22.50 ms)" in line
 
 
 def _free_port() -> int:
