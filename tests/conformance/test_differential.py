@@ -436,6 +436,12 @@ def collapse_token_keys(resp: object) -> object:
         return resp
     for c in resp.get("choices") or []:
         lp = c.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            # a chat token's `bytes` are its text's UTF-8 bytes: how many depends on the token drawn
+            for entry in lp["content"]:
+                for e in (entry, *(entry.get("top_logprobs") or ())):
+                    if isinstance(e, dict) and isinstance(e.get("bytes"), list):
+                        e["bytes"] = [0]
         if isinstance(lp, dict) and isinstance(lp.get("top_logprobs"), list):
             lp["top_logprobs"] = [one(d) for d in lp["top_logprobs"]]
             lp.pop("tokens", None), lp.pop("text_offset", None)  # texts of different random tokens
