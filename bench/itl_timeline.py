@@ -16,11 +16,7 @@ import argparse
 import collections
 import json
 
-from stream_bench import SETTLE_S, away_from_sends
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))] if sorted_values else float("nan")
+from stream_bench import SETTLE_S, away_from_sends, percentile
 
 
 def main() -> None:
@@ -52,9 +48,9 @@ def main() -> None:
 
     every = sorted(ms for _, ms in gaps)
     calm = sorted(ms for t, ms in gaps if away_from_sends(sends, t, a.settle))
-    print(f"one-token ITL p99: {percentile(every, 0.99):.2f} ms over {len(every)} gaps; "
-          f"away from arrivals: {percentile(calm, 0.99):.2f} ms over {len(calm)} gaps "
-          f"(p99.9 {percentile(calm, 0.999):.2f})")
+    print(f"one-token ITL p99: {percentile(every, 99) or 0:.2f} ms over {len(every)} gaps; "
+          f"away from arrivals: {percentile(calm, 99) or 0:.2f} ms over {len(calm)} gaps "
+          f"(p99.9 {percentile(calm, 99.9) or 0:.2f})")
 
 
 if __name__ == "__main__":

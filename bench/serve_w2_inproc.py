@@ -40,6 +40,7 @@ from vllm_vcr.engine.async_engine import AsyncEngine
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.gc_tuning import tune_for_serving
+from vllm_vcr.http.acceptor import ON_DISCONNECT
 from vllm_vcr.http.app import build_app
 from vllm_vcr.http.serving_base import ServeSettings
 from vllm_vcr.http.tokenizer import load_tokenizer
@@ -92,7 +93,7 @@ def scope_for(body: bytes) -> dict:
             "root_path": "", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
             "query_string": b"", "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
                                             (b"content-length", str(len(body)).encode())],
-            "vllm_vcr.on_disconnect": None}  # (serve's protocol reports disconnects: acceptor.py)
+            ON_DISCONNECT: None}  # (serve's protocol reports disconnects: acceptor.py)
 
 
 class Driver:

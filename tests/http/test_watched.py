@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from vllm_vcr.http.acceptor import CLIENT_GONE, ON_DISCONNECT
+from vllm_vcr.http.acceptor import CLIENT_GONE, ON_DISCONNECT, client_left
 from vllm_vcr.http.app import OpenAIApp
 from vllm_vcr.http.serving_base import RequestContext
 
@@ -63,11 +63,7 @@ def _hooked_ctx() -> RequestContext:
 
 
 def _client_leaves(ctx: RequestContext) -> None:
-    """What serve's protocol does in connection_lost (acceptor._connection_lost)."""
-    hook = ctx.scope[ON_DISCONNECT]
-    ctx.scope[ON_DISCONNECT] = CLIENT_GONE
-    if callable(hook):
-        hook()
+    client_left(ctx.scope)  # what serve's protocol does in connection_lost
 
 
 async def test_the_protocols_hook_cancels_the_handler_without_a_second_task():

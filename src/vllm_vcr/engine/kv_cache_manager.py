@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import repeat
 from operator import attrgetter
 from typing import Sequence
 
@@ -52,29 +53,20 @@ class KVCacheManager:
         prompt_blocks = min(full, req.num_prompt_tokens // bs)
         memo = self._prompt_memo
         parent = hashes[-1] if start else None
-        if not keyed and start < prompt_blocks:  # the usual prompt: its blocks as tuples, made in C
-            for block in zip(*[iter(tokens[start * bs:prompt_blocks * bs])] * bs):
-                key = (parent, block, None)
+        if start < prompt_blocks:  # prompt blocks recur: through the memo (their tuples made in C)
+            blocks = zip(*[iter(tokens[start * bs:prompt_blocks * bs])] * bs)
+            extras = map(self._extra_keys, repeat(req), range(start, prompt_blocks)) if keyed else repeat(None)
+            for block, extra in zip(blocks, extras):
+                key = (parent, block, extra)
                 parent = memo.get(key)
                 if parent is None:
                     if len(memo) >= _PROMPT_MEMO_MAX:
                         memo.clear()
-                    parent = memo[key] = hasher(key[0], block, None)
+                    parent = memo[key] = hasher(key[0], block, extra)
                 hashes.append(parent)
             start = prompt_blocks
-        for i in range(start, full):
-            block = tokens[i * bs:(i + 1) * bs]
-            extra = self._extra_keys(req, i) if keyed else None
-            if i >= prompt_blocks:
-                parent = hasher(parent, block, extra)
-            else:
-                key = (parent, tuple(block), extra)
-                h = memo.get(key)
-                if h is None:
-                    if len(memo) >= _PROMPT_MEMO_MAX:
-                        memo.clear()
-                    h = memo[key] = hasher(parent, block, extra)
-                parent = h
+        for i in range(start, full):  # output blocks: new to the cache every time
+            parent = hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None)
             hashes.append(parent)
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:

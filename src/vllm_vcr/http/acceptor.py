@@ -156,12 +156,17 @@ def _connection_lost(protocol_class: type) -> Callable:
         cycle = self.cycle
         protocol_class.connection_lost(self, exc)  # marks the unfinished cycle disconnected
         if cycle is not None and cycle.disconnected:
-            scope = cycle.scope
-            hook = scope.get(ON_DISCONNECT)
-            scope[ON_DISCONNECT] = CLIENT_GONE
-            if callable(hook):
-                hook()
+            client_left(cycle.scope)
     return connection_lost
+
+
+def client_left(scope: dict) -> None:
+    """The client of this request went away: call its handler's hook, if one is set (else mark the
+    scope, for a handler not started yet)."""
+    hook = scope.get(ON_DISCONNECT)
+    scope[ON_DISCONNECT] = CLIENT_GONE
+    if callable(hook):
+        hook()
 
 
 def _message_complete(protocol_class: type) -> Callable:
