@@ -102,3 +102,59 @@ def test_null_server_at_itl_0_streams_every_chunk():
     events = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
     assert len(events) == 51 and events[-1] == b"data: [DONE]"
     assert b'"finish_reason":"length"' in events[-2] and b'"completion_tokens":50' in events[-2]
+
+
+def test_arrival_lag_matches_a_rounds_sends_with_its_arrivals_by_rank(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # (it imports stream_bench, as it does when run from bench/)
+    al = _load("arrival_lag")
+    # two rounds of four requests; the server noted each 1 ms after its send (the third 1.5 ms), and
+    # handed it to the engine 20 ms later; arrivals outside a round (its warm-up) are left out
+    rounds, server = [], [(5.0, 5.02)]
+    for base in (10.0, 20.0):
+        recs = [{"t0": base + i * 1e-3, "stamps": [base + i * 1e-3 + 0.1 + i * 1e-3]} for i in range(4)]
+        server += [(r["t0"] + (1.5e-3 if i == 2 else 1e-3), r["t0"] + 0.021) for i, r in enumerate(recs)]
+        rounds.append(recs)
+    rows = al.lag_rows(server, rounds, parts=2)
+    assert [(r["round"], r["part"], r["n"]) for r in rows] == [
+        (1, "q1", 2), (1, "q2", 2), (1, "all", 4), (2, "q1", 2), (2, "q2", 2), (2, "all", 4)]
+    whole = rows[2]
+    assert round(whole["stamp_lag"][0], 6) == 1.0 and round(rows[1]["stamp_lag"][1], 6) == 1.45
+    assert round(whole["to_engine"][0], 6) == 20.0
+    assert round(rows[0]["ttft"][0], 6) == 100.5 and round(rows[1]["ttft"][1], 6) == 102.9
+
+
+def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp_path):
+    import signal
+
+    import httpx
+
+    port = _free_port()
+    log = tmp_path / "arrivals.jsonl"
+    env = {**__import__("os").environ, "PYTHONPATH": str(BENCH.parent / "src")}
+    proc = subprocess.Popen([sys.executable, str(BENCH / "serve_arrival_log.py"), "--log", str(log), "--",
+                             "--host", "127.0.0.1", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        sent = []
+        for _ in range(2):
+            sent.append(time.perf_counter())
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+            assert r.status_code == 200
+        done = time.perf_counter()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 2
+    for (arrival, in_engine), t in zip(rows, sent):
+        assert t - 0.005 <= arrival <= in_engine <= done  # the same clock as the client's
