@@ -4,7 +4,8 @@ and when it reached the engine: the server side of `arrival_lag.py`.
 
 At exit (Ctrl-C / SIGINT) it writes one JSON line per request, `[arrival, in_engine]`, on
 `time.perf_counter()`'s clock (the one `stream_bench.py` stamps with; both are CLOCK_MONOTONIC on
-Linux, so the two processes' times compare). Diagnostic only: the server's engine is a subclass that notes each request it is handed.
+Linux, so the two processes' times compare). Diagnostic only: the server's engine is a subclass
+that notes each request it is handed (the start-up warm-up's engine is not).
 
 usage: python bench/serve_arrival_log.py --log FILE -- MODEL_DIR [serve flags ...]
 """
@@ -33,8 +34,6 @@ def main() -> int:
     seen: list[tuple[float, float]] = []
 
     class LoggedAsyncEngine(AsyncEngine):
-        """The server's engine (not the start-up warm-up's), noting each request it is handed."""
-
         def _submit(self, idx, request, col, token_sink=None):  # noqa: ANN001
             seen.append((request.arrival_time - offset, time.perf_counter()))
             return super()._submit(idx, request, col, token_sink)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp
 
     port = _free_port()
     log = tmp_path / "arrivals.jsonl"
-    env = {**__import__("os").environ, "PYTHONPATH": str(BENCH.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src")}
     proc = subprocess.Popen([sys.executable, str(BENCH / "serve_arrival_log.py"), "--log", str(log), "--",
                              "--host", "127.0.0.1", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -152,8 +153,12 @@ def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp
             assert r.status_code == 200
         done = time.perf_counter()
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(20)
+        proc.send_signal(signal.SIGINT)  # the log is written at exit
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 2
     for (arrival, in_engine), t in zip(rows, sent):
