@@ -21,8 +21,9 @@ import json
 from stream_bench import percentile
 
 
-def p(values: list[float], q: float) -> float:
-    return percentile(sorted(values), q) or 0.0
+def p50_p90(values: list[float]) -> tuple[float, float]:
+    s = sorted(values)
+    return percentile(s, 50) or 0.0, percentile(s, 90) or 0.0
 
 
 def lag_rows(server: list[tuple[float, float]], rounds: list[list[dict]], parts: int = 4) -> list[dict]:
@@ -42,8 +43,7 @@ def lag_rows(server: list[tuple[float, float]], rounds: list[list[dict]], parts:
             engine = [(arrived[i][1] - arrived[i][0]) * 1e3 for i in idx]
             ttft = [(sent[i]["stamps"][0] - sent[i]["t0"]) * 1e3 for i in idx]
             out.append({"round": k, "part": "all" if part == parts else f"q{part + 1}", "n": len(idx),
-                        "stamp_lag": (p(lag, 50), p(lag, 90)), "to_engine": (p(engine, 50), p(engine, 90)),
-                        "ttft": (p(ttft, 50), p(ttft, 90))})
+                        "stamp_lag": p50_p90(lag), "to_engine": p50_p90(engine), "ttft": p50_p90(ttft)})
     return out
 
 

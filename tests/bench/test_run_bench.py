@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -125,8 +126,6 @@ def test_arrival_lag_matches_a_rounds_sends_with_its_arrivals_by_rank(monkeypatc
 
 
 def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp_path):
-    import signal
-
     import httpx
 
     port = _free_port()
