@@ -240,13 +240,17 @@ def server_side(before: dict | None, after: dict | None) -> dict | None:
         n = after.get(h + "_count", 0) - before.get(h + "_count", 0)
         return None if n <= 0 else round(1e3 * (after.get(h + "_sum", 0) - before.get(h + "_sum", 0)) / n, 3)
 
+    steps = after.get("vllm:iteration_tokens_total_count", 0) - before.get("vllm:iteration_tokens_total_count", 0)
+    stepped = after.get("vllm:iteration_tokens_total_sum", 0) - before.get("vllm:iteration_tokens_total_sum", 0)
     return {"ttft_mean_ms": mean("vllm:time_to_first_token_seconds"),
             "itl_mean_ms": mean("vllm:inter_token_latency_seconds"),
             "tpot_mean_ms": mean("vllm:request_time_per_output_token_seconds"),
             "queue_mean_ms": mean("vllm:request_queue_time_seconds"),
             "e2e_mean_ms": mean("vllm:e2e_request_latency_seconds"),
             "generation_tokens": after.get("vllm:generation_tokens_total", 0)
-            - before.get("vllm:generation_tokens_total", 0)}
+            - before.get("vllm:generation_tokens_total", 0),
+            # how many tokens an engine step carried on average (its batching under this load)
+            "tokens_per_step": round(stepped / steps, 1) if steps > 0 else None}
 
 
 def run_client(server: Server, *, label: str, osl: int, conc: int, n: int, model_dir: Path,
@@ -369,12 +373,12 @@ def table_w2(rows: list[dict]) -> str:
     out = ["| server | C | N | tok/s | TTFT p50 / p99 ms (cfg 100) | TTFT p50 / p99 after the first C "
            "| ITL chunk p50 / p99 ms (cfg 20) | ITL 1-token chunks p50 / p99 | the same p99 away from arrivals "
            "| TPOT p50 / p99 ms "
-           "| tokens per chunk | errors | server CPU % | server µs/event | server µs/token | client CPU % "
-           "| others CPU % |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| tokens per chunk | tokens per engine step (its /metrics) | errors | server CPU % "
+           "| server µs/event (of it, system) | server µs/token | client CPU % | others CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "failed" in r:
-            out.append(f"| {r['label']} | | | failed | | | | | | | | | | | | | |")
+            out.append(f"| {r['label']} | | | failed | | | | | | | | | | | | | | |")
             continue
         t1 = r.get("itl_1tok_ms") or {}
         calm = r.get("itl_1tok_calm_ms") or {}
@@ -385,8 +389,10 @@ def table_w2(rows: list[dict]) -> str:
             f"| {fmt(r['itl_chunk_ms']['p50'], 2)} / {fmt(r['itl_chunk_ms']['p99'], 2)} "
             f"| {fmt(t1.get('p50'), 2)} / {fmt(t1.get('p99'), 2)} | {fmt(calm.get('p99'), 2)} "
             f"| {fmt(r['tpot_ms']['p50'], 2)} / {fmt(r['tpot_ms']['p99'], 2)} "
-            f"| {r['output_tokens'] / max(1, r['content_events']):.2f} | {r['errors']} "
+            f"| {r['output_tokens'] / max(1, r['content_events']):.2f} "
+            f"| {fmt((r.get('server_metrics') or {}).get('tokens_per_step'))} | {r['errors']} "
             f"| {fmt(r.get('server_cpu_pct'))} | {fmt(r.get('server_cpu_us_per_event'))} "
+            f"({fmt(r.get('server_sys_us_per_event'))}) "
             f"| {fmt(r.get('server_cpu_us_per_token'))} "
             f"| {fmt(r['client_cpu_pct'])} | {fmt(r.get('other_cpu_pct'))} |")
     return "\n".join(out)
@@ -432,9 +438,12 @@ def verdict_w2(rows: list[dict], server: str = "vllm-vcr") -> list[str]:
         d, ratio = p99 - p99n, cpu / cpun
         calm, calmn = (ours.get("itl_1tok_calm_ms") or {}).get("p99"), (null.get("itl_1tok_calm_ms") or {}).get("p99")
         away = f"; away from arrivals {calm:.2f} vs {calmn:.2f} ms" if None not in (calm, calmn) else ""
+        sys_, sysn = ours.get("server_sys_us_per_event"), null.get("server_sys_us_per_event")
+        split = f"; user {cpu - sys_:.1f} vs {cpun - sysn:.1f}, system {sys_:.1f} vs {sysn:.1f}" \
+            if None not in (sys_, sysn) else ""
         out.append(f"* {server} vs null, C={c}: one-token ITL p99 {p99:.2f} vs {p99n:.2f} ms (+{d:.2f}; target <= +2: "
                    f"{'met' if d <= 2 else 'NOT met'}{away}); server CPU {cpu:.1f} vs {cpun:.1f} us/event "
-                   f"({ratio:.2f}x; target <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'})")
+                   f"({ratio:.2f}x; target <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'}{split})")
     return out
 
 

@@ -5,7 +5,10 @@ the bytes it is given; the real AsyncEngine on a VirtualClock (its loop jumps to
 deadline whenever nothing else is ready), so what runs, and how many events a step carries,
 follow from the code alone, not from the box's load. A closed loop of C streaming chat requests
 (TTFT 100 ms, ITL 20 ms, OSL 100, ISL ~128, `continuous_usage_stats`, one token per event), the
-first C arriving 20 µs of virtual time apart (about ten decodes per step, as W2 at C=1000).
+first C arriving `--arrival-gap-us` of virtual time apart: 20 µs (the default, kept so counts stay
+comparable with earlier ones) gives about ten decodes per step; 0 gives what the real W2 run shows
+(its opening requests arrive together and later ones as the earlier end, so most decodes of a wave
+fall due together: `run_bench.py` reports ~1,000 tokens per engine step at C=1000).
 
 What it leaves out: the socket writes and reads (the same for any server, see null_sse_server.py),
 the HTTP parsing of requests. What remains is the server's per-event and per-request Python: the
@@ -15,6 +18,8 @@ engine step, the hand-off, the rendering, the framing, the metrics.
   # instructions per event (box-independent): counters zeroed before each measured phase, dumped after
   PYTHONHASHSEED=0 PYTHONPATH=src valgrind --tool=callgrind --callgrind-out-file=/tmp/cg/cg.%p \
       python bench/serve_w2_inproc.py --requests 1000 --repeat 1 --callgrind /tmp/cg
+  # what a request, a step and an event cost on their own: the total `instructions` of three such runs
+  # (--arrival-gap-us 20, --arrival-gap-us 2, --osl 2) against their requests, steps and events
   # Python bytecodes per event, per function (deterministic; slow under the tracer):
   PYTHONPATH=src python bench/serve_w2_inproc.py --requests 300 --repeat 1 --bytecodes
 """
@@ -103,6 +108,7 @@ class Driver:
         self.log = logging.getLogger("serve_w2_inproc")
         self.all_done = asyncio.Event()
         self.limit = 0
+        self.arrival_gap = ARRIVAL_GAP
 
     def start_one(self) -> None:
         body = self.bodies[self.started % len(self.bodies)]
@@ -129,7 +135,7 @@ async def run_phase(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc
     driver.all_done.clear()
     admitted = engine.engines[0].requests
     for i in range(min(conc, n)):
-        clock.horizon = clock.now() + ARRIVAL_GAP
+        clock.horizon = clock.now() + driver.arrival_gap
         before = len(admitted)
         driver.start_one()
         while len(admitted) == before:  # until the engine has it (the clock waits at the horizon)
@@ -177,10 +183,11 @@ async def measured(driver: Driver, engine: AsyncEngine, clock: PacedClock, conc:
     steps = engine.engines[0].step_counter - steps0
     cpu, writes = time.process_time() - c0, t.writes - w0
     events = writes - 2 * n  # less each response's headers and its final write
-    row = {"events": events, "events_per_step": round(events / steps, 1),
+    row = {"requests": n, "events": events, "steps": steps, "events_per_step": round(events / steps, 1),
            "cpu_us_per_event": round(cpu / events * 1e6, 3)}
     if callgrind:
-        row["instructions_per_event"] = round(dumped_instructions(Path(callgrind)) / events)
+        row["instructions"] = total = dumped_instructions(Path(callgrind))
+        row["instructions_per_event"] = round(total / events)
     if bytecodes:
         row["bytecodes_per_event"] = round(sum(counts.values()) / events, 1)
         row["bytecodes_per_event_by_function"] = {f"{f}:{name}": round(c / events, 1)
@@ -201,6 +208,7 @@ async def main_async(a: argparse.Namespace) -> None:
     rng = random.Random(7)
     prompts = [tok.decode([rng.randrange(tok.vocab_size) for _ in range(128)]) for _ in range(512)]
     driver = Driver(app, CountingTransport(), [body_for(p, a.osl) for p in prompts])
+    driver.arrival_gap = a.arrival_gap_us / 1e6
     await run_phase(driver, engine, clock, a.concurrency, 512)  # warm-up: every prompt's render and encode cached
     tune_for_serving()
     for _ in range(a.repeat):
@@ -215,6 +223,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--osl", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--arrival-gap-us", type=float, default=ARRIVAL_GAP * 1e6,
+                    help="virtual time between the opening requests: how many decodes fall due together, "
+                         "so how many events a step carries")
     ap.add_argument("--model-dir", default=str(PEERS / "bench-tinymodel"))
     ap.add_argument("--callgrind", metavar="DIR", help="running under callgrind (its --callgrind-out-file in DIR): "
                                                          "also report instructions per event")

@@ -88,18 +88,20 @@ def process_tree(roots: list[int]) -> set[int]:
     return seen
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process, its reaped children's included (0, 0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return 0.0, 0.0
+    utime, stime, cutime, cstime = (int(x) for x in raw[raw.rfind(b")") + 2 :].split()[11:15])
+    return (utime + cutime) / CLK_TCK, (stime + cstime) / CLK_TCK
+
+
 def cpu_seconds(pids) -> float:
     """utime+stime plus reaped children's cutime+cstime, summed."""
-    ticks = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        fields = raw[raw.rfind(b")") + 2 :].split()
-        ticks += sum(int(x) for x in fields[11:15])
-    return ticks / CLK_TCK
+    return sum(sum(cpu_split(p)) for p in pids)
 
 
 def rss_bytes(pids) -> int:
@@ -129,20 +131,25 @@ class TreeCPU:
 
     def __init__(self, roots: list[int]):
         self.roots = roots
-        self.base: dict[int, float] = {}
+        self.base: dict[int, tuple[float, float]] = {}
         self.peak_rss = 0
+        self.system = 0.0  # of stop()'s CPU seconds, the kernel's (system time)
 
     def start(self) -> None:
-        self.base = {p: cpu_seconds([p]) for p in process_tree(self.roots)}
+        self.base = {p: cpu_split(p) for p in process_tree(self.roots)}
 
     def sample_rss(self) -> None:
         self.peak_rss = max(self.peak_rss, rss_bytes(process_tree(self.roots)))
 
     def stop(self) -> tuple[float, list[int]]:
         pids = process_tree(self.roots)
-        used = sum(cpu_seconds([p]) - self.base.get(p, 0.0) for p in pids)
+        user = system = 0.0
+        for p in pids:
+            (u, s), (u0, s0) = cpu_split(p), self.base.get(p, (0.0, 0.0))
+            user, system = user + u - u0, system + s - s0
         # processes that exited during the window: their CPU lands in the parent's cutime/cstime
-        return used, sorted(pids)
+        self.system = system
+        return user + system, sorted(pids)
 
 
 # ------------------------------------------------------------------ prompts
@@ -651,6 +658,8 @@ async def run(a: argparse.Namespace) -> dict:
         out["server_cpu_pct"] = round(100 * server_cpu / wall, 1)
         out["server_cpu_us_per_token"] = round(1e6 * server_cpu / max(1, res["output_tokens"]), 2)
         out["server_cpu_us_per_event"] = round(1e6 * server_cpu / max(1, res["content_events"]), 2)
+        # the kernel's part (system time: the socket writes and reads); the rest is the server's own code
+        out["server_sys_us_per_event"] = round(1e6 * mon.system / max(1, res["content_events"]), 2)
         out["server_peak_rss_mb"] = round(mon.peak_rss / 2**20, 1)
     return out
 

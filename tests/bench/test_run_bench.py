@@ -71,6 +71,25 @@ def test_w2_verdict_shows_the_gaps_away_from_arrivals_beside_the_target():
     assert "target <= +2: NOT met; away from arrivals 23.00 vs 22.50 ms)" in line
 
 
+def test_w2_verdict_splits_cpu_into_user_and_system_time_when_measured():
+    rb = _load("run_bench")
+    rows = [{**_w2("vllm-vcr", 1000, 40.0, 24.0), "server_sys_us_per_event": 8.5},
+            {**_w2("null", 1000, 22.0, 16.0), "server_sys_us_per_event": 9.0}]
+    (line,) = rb.verdict_w2(rows)
+    assert "(1.50x; target <= 1.2x: NOT met; user 15.5 vs 7.0, system 8.5 vs 9.0)" in line
+
+
+def test_stream_bench_counts_a_servers_user_and_system_time_apart():
+    sb = _load("stream_bench")
+    mon = sb.TreeCPU([os.getpid()])
+    mon.start()
+    t = time.process_time()
+    while time.process_time() - t < 0.2:
+        os.stat("/")  # system calls: some system time
+    used, pids = mon.stop()
+    assert os.getpid() in pids and 0 < mon.system < used
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -162,3 +181,44 @@ def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp
     assert len(rows) == 2
     for (arrival, in_engine), t in zip(rows, sent):
         assert t - 0.005 <= arrival <= in_engine <= done  # the same clock as the client's
+
+
+def test_w2_rows_carry_the_tokens_an_engine_step_took_from_serves_metrics():
+    import httpx
+
+    rb = _load("run_bench")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = type("Srv", (), {"url": f"http://127.0.0.1:{port}"})()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        before = rb.scrape(server)
+        prompts = 0
+        for text in ("hi", "a different prompt"):  # (distinct: no prefix-cache hit shortens a prefill)
+            r = httpx.post(server.url + "/v1/completions", timeout=10,
+                           json={"prompt": text, "max_tokens": 4, "ignore_eos": True})
+            assert r.status_code == 200
+            prompts += r.json()["usage"]["prompt_tokens"]
+        after = rb.scrape(server)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    m = rb.server_side(before, after)
+    steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
+    assert m["generation_tokens"] == 8 and steps >= 2
+    # every prompt token computed and every token generated, over the steps that took them
+    assert m["tokens_per_step"] == round((prompts + 8) / steps, 1)
