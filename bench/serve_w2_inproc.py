@@ -8,7 +8,7 @@ follow from the code alone, not from the box's load. A closed loop of C streamin
 first C arriving `--arrival-gap-us` of virtual time apart: 20 µs (the default, kept so counts stay
 comparable with earlier ones) gives about ten decodes per step; 0 gives what the real W2 run shows
 (its opening requests arrive together and later ones as the earlier end, so most decodes of a wave
-fall due together: `run_bench.py` reports ~1,000 tokens per engine step at C=1000).
+fall due together: `run_bench.py` reports 100-1,000 tokens per engine step at C=1000).
 
 What it leaves out: the socket writes and reads (the same for any server, see null_sse_server.py),
 the HTTP parsing of requests. What remains is the server's per-event and per-request Python: the
