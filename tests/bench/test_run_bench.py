@@ -183,40 +183,19 @@ def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp
         assert t - 0.005 <= arrival <= in_engine <= done  # the same clock as the client's
 
 
-def test_w2_rows_carry_the_tokens_an_engine_step_took_from_serves_metrics():
+def test_w2_rows_carry_the_tokens_an_engine_step_took_from_serves_metrics(serve_process):
     import httpx
 
     rb = _load("run_bench")
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = type("Srv", (), {"url": f"http://127.0.0.1:{port}"})()
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(server.url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
-        before = rb.scrape(server)
-        prompts = 0
-        for text in ("hi", "a different prompt"):  # (distinct: no prefix-cache hit shortens a prefill)
-            r = httpx.post(server.url + "/v1/completions", timeout=10,
-                           json={"prompt": text, "max_tokens": 4, "ignore_eos": True})
-            assert r.status_code == 200
-            prompts += r.json()["usage"]["prompt_tokens"]
-        after = rb.scrape(server)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    server = serve_process()  # (run_bench's scrape needs only its .url)
+    before = rb.scrape(server)
+    prompts = 0
+    for text in ("hi", "a different prompt"):  # (distinct: no prefix-cache hit shortens a prefill)
+        r = httpx.post(server.url + "/v1/completions", timeout=10,
+                       json={"prompt": text, "max_tokens": 4, "ignore_eos": True})
+        assert r.status_code == 200
+        prompts += r.json()["usage"]["prompt_tokens"]
+    after = rb.scrape(server)
     m = rb.server_side(before, after)
     steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
     assert m["generation_tokens"] == 8 and steps >= 2
