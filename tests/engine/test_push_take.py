@@ -137,3 +137,40 @@ async def test_a_failing_take_fails_its_request_not_the_engine(engine):
     stats = (await engine.call_all(lambda c: c.current_stats()))[0]
     assert stats.requests_aborted == 1 and stats.running == 0
     assert len(await reference_ids(engine, "after", 5)) == 5  # the engine goes on
+
+
+async def test_a_failing_batch_fails_its_requests_not_the_engine(engine):
+    """A steady batch whose readers raise: its streams fail (each reader's request is aborted),
+    the engine goes on."""
+
+    class Columns:
+        def add(self, reader):
+            pass
+
+        def drop(self, index):
+            pass
+
+        def take(self, tokens, ts):
+            raise ValueError("batch renderer bug")
+
+    class Reader:
+        kind = "failing"
+
+        def ready(self):
+            return True
+
+        def new_columns(self):
+            return Columns()
+
+    async def stream(rid):
+        def take(token):
+            return 1
+        take.batch_reader = Reader()
+        async for _ in engine.push(req(rid, 50), lambda out: False, take):
+            pass
+
+    results = await asyncio.gather(*(stream(f"b{i}") for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, ValueError) and "batch renderer bug" in str(r) for r in results)
+    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    assert stats.requests_aborted == 3 and stats.running == 0
+    assert len(await reference_ids(engine, "after-batch", 5)) == 5

@@ -238,6 +238,64 @@ def test_a_token_taken_by_its_stream_counts_as_its_output_would():
     assert m.token_observer(0, "never-announced") is None
 
 
+def test_tokens_a_steady_batch_took_count_as_their_outputs_would():
+    """TakenTokens (a steady batch's streams, one observation per step): members that joined at
+    different steps, one that declined a token (it came as an output) and left, the others
+    leaving before their last token; the same exposition as with every token an output."""
+    def run(batched: bool) -> dict:
+        m = FrontendMetrics("tiny", 1, block_size=16, num_gpu_blocks=1000, max_model_len=2048)
+        t = time.monotonic()
+        rids = ["r1", "r2", "r3"]
+        for rid in rids:
+            m.on_request_arrival(rid, time.time() - 0.5, n=1, max_tokens=6, num_prompt_tokens=10)
+        m.on_engine_outputs(0, step(t + 0.30, *(first_output(r, t + 0.1, t + 0.2) for r in rids)))
+
+        def tokens(ts, taken, outputs, finish=False):
+            if batched:
+                for observe in taken:
+                    observe(ts)
+            else:
+                outputs = [*(rids[i] for i in taken_ids[id(taken)]), *outputs] if taken else outputs
+            m.on_engine_outputs(0, step(ts, *(EngineCoreOutput(
+                request_id=r, new_token_ids=[5], finish_reason=FinishReason.LENGTH if finish else None)
+                for r in outputs), stats=SchedulerStats(), finished=outputs if finish else None))
+
+        observers = [m.token_observer(0, r) for r in rids]
+        taken_ids: dict[int, list[int]] = {}
+        solo12 = observers[:2]
+        taken_ids[id(solo12)] = [0, 1]
+        tokens(t + 0.32, solo12, [])  # r1, r2 take their second token alone, then join
+        group = observers[0].new_group()
+        group.add(observers[0])
+        group.add(observers[1])
+        solo3 = observers[2:]
+        taken_ids[id(solo3)] = [2]
+        tokens(t + 0.33, solo3, [])  # r3 alone, then joins
+        group.add(observers[2])
+        if batched:
+            group.observe(t + 0.34, None)
+        tokens(t + 0.34, [], [] if batched else rids)
+        if batched:
+            group.observe(t + 0.36, [1])  # r2's token declined: an output
+            group.drop(1)
+        tokens(t + 0.36, [], ["r2"] if batched else rids)
+        if batched:
+            group.observe(t + 0.38, None)  # r1, r3
+            group.drop(0)
+            group.drop(0)
+        tokens(t + 0.38, [], [] if batched else ["r1", "r3"])
+        tokens(t + 0.40, [], rids, finish=True)
+        got = samples(m)
+        return {k: v for k, v in got.items()
+                if not k[0].startswith(("vllm:e2e_request", "vllm:time_to_first")) and not k[0].endswith("_created")}
+
+    batched, plain = run(True), run(False)
+    assert batched == plain
+    assert val(batched, "vllm:inter_token_latency_seconds_count") == 3 * 5 - 1  # r2 had no 0.38 token
+    assert val(batched, "vllm:inter_token_latency_seconds_sum") == pytest.approx(
+        plain[("vllm:inter_token_latency_seconds_sum", frozenset({("model_name", "tiny"), ("engine", "0")}))])
+
+
 def test_multi_token_outputs_count_tokens_once_per_output(m):
     """k tokens in one output: generation_tokens += k, one ITL sample (vLLM measures per output)."""
     t = time.monotonic()

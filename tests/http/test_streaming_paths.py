@@ -45,6 +45,7 @@ async def test_tokens_go_straight_to_the_socket(inprocess, monkeypatch):
     assert chunks[-1]["usage"]["completion_tokens"] == 40
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert counts["direct"] >= 10  # the per-token chunks took the direct path
+    assert counts.get("batched", 0) >= 10  # most of them in the engine's steady batch
 
 
 def _count_writes(monkeypatch) -> dict[str, int]:
@@ -57,6 +58,16 @@ def _count_writes(monkeypatch) -> dict[str, int]:
         return ok
 
     monkeypatch.setattr(streaming.DirectBody, "write", write)
+    real_take = streaming.SteadyChunks.take
+
+    def batch_take(self, tokens, ts):  # a steady batch's chunks: each written straight too
+        declined = real_take(self, tokens, ts)
+        taken = len(tokens) - len(declined or ())
+        counts["direct"] += taken
+        counts["batched"] = counts.get("batched", 0) + taken
+        return declined
+
+    monkeypatch.setattr(streaming.SteadyChunks, "take", batch_take)
     return counts
 
 
@@ -94,8 +105,11 @@ async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch)
     assert (stats.requests_completed, stats.requests_aborted) == (1, 0)
 
 
-async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch):
-    """Every other direct write declines: queued chunks go through ASGI, later ones must wait."""
+@pytest.mark.parametrize("batched", [False, True])
+async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch, batched):
+    """Every other direct write declines: queued chunks go through ASGI, later ones must wait.
+    Batched: every other step of the steady batch declines its tokens too (as for a paused
+    socket), which then come as outputs."""
     real = streaming.DirectBody.write
     flip = {"n": 0}
 
@@ -104,6 +118,20 @@ async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch)
         return flip["n"] % 2 == 0 and real(self, data)
 
     monkeypatch.setattr(streaming.DirectBody, "write", write)
+    if batched:
+        real_take = streaming.SteadyChunks.take
+
+        def take(self, tokens, ts):
+            flip["n"] += 1
+            if flip["n"] % 2:
+                return real_take(self, tokens, ts)
+            for i in range(len(tokens)):
+                self._settle(i)
+            return list(range(len(tokens)))
+
+        monkeypatch.setattr(streaming.SteadyChunks, "take", take)
+    else:
+        monkeypatch.setattr(streaming.SteadyReader, "ready", lambda self: False)
     url, _ = await inprocess(itl_ms=0.5)
     async with httpx.AsyncClient(timeout=30) as c:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "stream": True, "ignore_eos": True,
@@ -184,3 +212,53 @@ async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
     events = await _stream_bytes(url, "/v1/chat/completions", body)
     assert len(events) >= 100 and calls["full"] <= 3  # the first token, the last, maybe a stats-only output
     assert calls["outputs"] <= 3
+
+
+@pytest.mark.parametrize("path,usage", [("/v1/chat/completions", "continuous"), ("/v1/completions", "none")])
+async def test_streams_in_a_steady_batch_get_the_bytes_they_would_alone(inprocess, monkeypatch, path, usage):
+    """Concurrent streams decode in the engine's steady batches (engine/steady_batch.py), their
+    chunks made and written as columns: every event is byte for byte what each stream gets with
+    batching off, and /metrics counts the same tokens and inter-token latencies."""
+    url, _ = await inprocess(itl_ms=1.0)
+    batched = {"tokens": 0, "steps": 0}
+    real_take = streaming.SteadyChunks.take
+
+    def take(self, tokens, ts):
+        declined = real_take(self, tokens, ts)
+        batched["steps"] += 1
+        batched["tokens"] += len(tokens) - len(declined or ())
+        return declined
+
+    monkeypatch.setattr(streaming.SteadyChunks, "take", take)
+
+    def body(i: int) -> dict:
+        b = {"model": MODEL, "max_tokens": 60, "stream": True, "ignore_eos": True, "seed": 100 + i,
+             "request_id": f"batch-{i}"}
+        if path == "/v1/chat/completions":
+            b["messages"] = [{"role": "user", "content": f"hi {i}"}]
+        else:
+            b["prompt"] = f"hello {i}"
+        if usage != "none":
+            b["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        return b
+
+    async def metrics() -> dict[str, float]:
+        async with httpx.AsyncClient(timeout=30) as c:
+            text = (await c.get(url + "/metrics")).text
+        want = ("vllm:inter_token_latency_seconds_count", "vllm:generation_tokens_total")
+        return {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(want)}
+
+    n = 12
+    m0 = await metrics()
+    together = await asyncio.gather(*(_stream_bytes(url, path, body(i)) for i in range(n)))
+    m1 = await metrics()
+    assert batched["steps"] > 0 and batched["tokens"] >= n * 30  # most tokens came in batches
+    monkeypatch.setattr(streaming.SteadyReader, "ready", lambda self: False)
+    before = batched["tokens"]
+    alone = await asyncio.gather(*(_stream_bytes(url, path, body(i)) for i in range(n)))
+    m2 = await metrics()
+    assert batched["tokens"] == before  # (the second round really went without batches)
+    assert together == alone
+    assert all(len(events) >= 60 for events in together)
+    assert {k: m1[k] - m0[k] for k in m1} == {k: m2[k] - m1[k] for k in m1}
+    assert m1["vllm:inter_token_latency_seconds_count"] - m0["vllm:inter_token_latency_seconds_count"] == n * 59

@@ -34,6 +34,61 @@ TokenObserverFactory = Callable[[int, str], Callable[[float], None] | None]
 TakeToken = Callable[[int], int]
 
 
+class _SteadyMember:
+    """A pushed stream as a member of its engine's steady batches (steady_batch.py's BatchReader):
+    its reader's part (the HTTP stream's columns) and its token observers' (the metrics')."""
+
+    __slots__ = ("kind", "reader", "col", "observers")
+
+    def __init__(self, idx: int, reader: Any, col: _Collector, observers: list) -> None:
+        self.kind = (idx, reader.kind)
+        self.reader = reader
+        self.col = col
+        self.observers = observers
+
+    def ready(self) -> bool:
+        col = self.col
+        return col.pending is None and col.error is None and self.reader.ready()
+
+    def new_columns(self) -> _SteadyColumns:
+        return _SteadyColumns(self.reader.new_columns(), [o.new_group() for o in self.observers])
+
+
+class _SteadyColumns:
+    """One steady batch's members, as its readers and its token observers see them."""
+
+    __slots__ = ("readers", "groups", "collectors")
+
+    def __init__(self, readers: Any, groups: list) -> None:
+        self.readers = readers
+        self.groups = groups
+        self.collectors: list[_Collector] = []
+
+    def add(self, member: _SteadyMember) -> None:
+        self.readers.add(member.reader)
+        for group, observer in zip(self.groups, member.observers):
+            group.add(observer)
+        self.collectors.append(member.col)
+
+    def drop(self, index: int) -> None:
+        self.readers.drop(index)
+        for group in self.groups:
+            group.drop(index)
+        del self.collectors[index]
+
+    def take(self, tokens: list[int], ts: float) -> list[int] | None:
+        try:
+            declined = self.readers.take(tokens, ts)
+            for group in self.groups:
+                group.observe(ts, declined)
+        except Exception as e:  # as the one-token sink: it fails the requests (all of the batch's), never the engine
+            logger.exception("a steady batch's readers failed")
+            for col in self.collectors:
+                col.fail(e)
+            return None
+        return declined
+
+
 class DataParallelRankError(ValueError):
     pass
 
@@ -346,6 +401,11 @@ class AsyncEngine:
                 if w is not None and not w.done():
                     w.set_result(None)
             return True
+
+        reader = getattr(take, "batch_reader", None)
+        groups = [getattr(o, "new_group", None) for o in observers]
+        sink.batch_reader = None if reader is None or None in groups else \
+            _SteadyMember(idx, reader, col, observers)
         return sink
 
     def _submit(self, idx: int, request: EngineCoreRequest, col: _Collector,

@@ -59,6 +59,7 @@ class EngineControls:
         new = self._config = self.check_patch(patch)
         self.latency = self.latency.with_config(new)
         self.output.max_model_len = new.max_model_len
+        self.output.steady.dissolve()
         for req in self.scheduler.running:  # their steady runs were counted against the old length
             req.steady_left = 0
         return new

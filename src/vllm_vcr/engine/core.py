@@ -338,6 +338,8 @@ class EngineCore(EngineControls):
             elif kind == "kv_ready":
                 if self.kv_transfer.kv_ready(msg[1], msg[2], self.clock.now()):
                     self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))
+        if self.output.steady.touched:  # a batch whose earliest member left moves in the lane
+            self.output.steady.flush()
         if outputs or finished or freed:  # freed blocks: a stats-only batch keeps kv_cache_usage current
             self.output.emit(outputs, finished, with_stats=True)
         if self._kv_events is not None:
@@ -440,6 +442,8 @@ class EngineCore(EngineControls):
             scheduled = self.scheduler.schedule(now)
             pulled = kvt.complete_pulls(self._pulled, self.requests) if self._pulled else []
         self._pulled = []
+        if self.output.steady.touched:  # (members preempted by the scheduling)
+            self.output.steady.flush()
         if not scheduled and not pulled and not (self.cohort and self.cohort.members):
             return False
         self.step_counter += 1

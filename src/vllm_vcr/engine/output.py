@@ -9,7 +9,8 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .request import Request, RequestStatus
-from .scheduler import DECODE, DUE_SLACK, TRANSFER, Scheduler
+from .scheduler import DECODE, DUE_SLACK, STEADY, TRANSFER, Scheduler
+from .steady_batch import SteadyBatches
 from .tokens import CountedTokens, RandomTokens
 from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
 
@@ -95,6 +96,7 @@ class OutputProcessor:
             else sched.push_decode
         self.step_time = 0.0  # the clock when the step being applied ended (what a token sink is told)
         self.tokens_taken = 0  # by token sinks since the last batch went out
+        self.steady = SteadyBatches(sched, core.kv.block_size, DUE_SLACK)
 
     def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
@@ -166,11 +168,18 @@ class OutputProcessor:
         tok = next(req.token_source.ids)
         req.output_token_ids.append(tok)
         req.all_token_ids.append(tok)
-        self._push_next(req, req.next_due + req.steady_gap)
+        due = req.next_due + req.steady_gap
         sink = req.token_sink
         if sink is not None and sink(tok, self.step_time):
             self.tokens_taken += 1
+            reader = getattr(sink, "batch_reader", None)
+            if left > 1 and reader is not None and reader.ready():  # from its next token on, in a batch
+                req.next_due = due
+                self.steady.join(req, due, reader)
+                return True
+            self._push_next(req, due)
             return True
+        self._push_next(req, due)
         outputs.append((req.client_index, EngineCoreOutput(request_id=req.request_id, new_token_ids=[tok])))
         return True
 
@@ -178,10 +187,11 @@ class OutputProcessor:
                            timed: bool = False) -> None:
         """Apply a step's work at `now` (its end): prefill progress, tokens for the decodes and for
         every request whose prefill (or KV pull) completed, in one output batch."""
-        if timed:  # requests aborted (or finished by a drain) while the step ran drop out
+        if timed:  # requests aborted (or finished by a drain) while the step ran drop out (batches: their members)
             live, running = self.core.requests, RequestStatus.RUNNING
             pulled = [r for r in pulled if r.status is running and live.get(r.request_id) is r]
-            scheduled = [e for e in scheduled if e[0].status is running and live.get(e[0].request_id) is e[0]]
+            scheduled = [e for e in scheduled if e[2] == STEADY
+                         or (e[0].status is running and live.get(e[0].request_id) is e[0])]
         outputs: list = []
         finished: list = []
         self.step_time = self.core.clock.now()
@@ -204,6 +214,9 @@ class OutputProcessor:
                 if steady is None or not steady(req, outputs):
                     sample(req, now, outputs, finished, burst)
                 continue
+            if kind == STEADY:
+                req.apply(self, now, outputs, finished)
+                continue
             if kind == TRANSFER:
                 core.kv_transfer.schedule_pull(req, n, now)
                 continue
@@ -220,6 +233,8 @@ class OutputProcessor:
                 sample(req, now, outputs, finished)
             else:
                 push(req, req.first_due)
+        if self.steady.touched:
+            self.steady.flush()
         if outputs or finished or self.tokens_taken:
             self.emit(outputs, finished, with_stats=True)
 

@@ -33,7 +33,7 @@ class Request:
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
         "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "steady_gap",
-        "steady_left",
+        "steady_left", "steady_batch",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
@@ -64,6 +64,7 @@ class Request:
         # tokens the steady path may still append before the request's last (counted by `sample`
         # each time it gives the request a token; the steady path only counts it down)
         self.steady_left = 0
+        self.steady_batch: Any = None  # the SteadyBatch it decodes in (steady_batch.py), if any
         self.lora_name = req.lora_name
         self.lora_path = req.lora_path
         self.lora_id = req.lora_int_id

@@ -21,10 +21,12 @@ from .kv_cache_manager import KVCacheManager
 from .policy import VLLMPolicy
 from .request import Request, RequestStatus
 from .lora import admissible
+from .steady_batch import SteadyBatch
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
-PREFILL, DECODE, TRANSFER = 0, 1, 2
-Scheduled = list[tuple[Request, int, int]]  # (request, tokens, PREFILL | DECODE | TRANSFER)
+PREFILL, DECODE, TRANSFER, STEADY = 0, 1, 2, 3
+# (request, tokens, PREFILL | DECODE | TRANSFER), or (SteadyBatch, its members, STEADY)
+Scheduled = list[tuple[Request, int, int]]
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
 DUE_SLACK = 0.0002
 
@@ -124,6 +126,8 @@ class Scheduler:
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         """Take a request out of whichever queue holds it (finish or abort)."""
+        if req.steady_batch is not None:
+            req.steady_batch.leave(req)
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
             self.num_skipped_waiting = 0  # its adapter may have left the batch: retry the deferred
@@ -183,6 +187,12 @@ class Scheduler:
             else:
                 break
             if req.status is not running_status or gen != req.heap_gen:
+                continue
+            if type(req) is SteadyBatch:  # its members' decodes, at once (or back into the heap)
+                n = req.schedule(self, budget, horizon)
+                if n:
+                    scheduled.append((req, n, STEADY))
+                    budget -= n
                 continue
             computed = req.num_computed_tokens
             need = len(req.all_token_ids) - computed  # 1, 0 before the first token, k after a chunk
@@ -313,6 +323,8 @@ class Scheduler:
         return self.engine_policy.pick_victim(self.running)
 
     def _preempt(self, req: Request, now: float) -> None:
+        if req.steady_batch is not None:
+            req.steady_batch.leave(req)
         if self.on_preempt is not None:
             self.on_preempt(req, now)
         self.running.remove(req)

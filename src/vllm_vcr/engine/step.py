@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .latency import LatencyModel, StepBatch
 from .request import Request
-from .scheduler import DECODE, TRANSFER, Scheduled, Scheduler
+from .scheduler import DECODE, STEADY, TRANSFER, Scheduled, Scheduler
 
 if TYPE_CHECKING:
     from .core import EngineCore
@@ -39,6 +39,8 @@ def compose(scheduled: Scheduled, pulled: list[Request], after_idle: bool) -> St
     for req, n, kind in scheduled:
         if kind == DECODE:
             contexts.append(req.num_tokens)
+        elif kind == STEADY:  # a batch of decodes (steady_batch.py)
+            contexts.extend(map(len, req.alls))
         elif kind != TRANSFER:
             prefills += 1
             prefill_tokens += n

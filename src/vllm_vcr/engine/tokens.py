@@ -6,7 +6,7 @@ import bisect
 import math
 import random
 from collections.abc import Iterator
-from itertools import islice, repeat, starmap
+from itertools import chain, islice, repeat, starmap
 from typing import Protocol
 
 # sampling_params.extra_args key of ids a frontend planned (a tool call, a schema instance): the
@@ -52,9 +52,14 @@ class RandomTokens:
 
 
 def _random_ids(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list[list[int]]) -> Iterator[int]:
-    # (holds no reference to its RandomTokens: a request's ids leave no reference cycle behind)
+    # (holds no reference to its RandomTokens: a request's ids leave no reference cycle behind; a
+    # token is a step of C iterators, the generator resumes once per batch drawn)
+    return chain.from_iterable(_draws(rng, vocab, avoid, ahead))
+
+
+def _draws(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list[list[int]]) -> Iterator[list[int]]:
     while True:
-        yield from (ahead.pop() if ahead else _draw(rng, vocab, avoid, RandomTokens.DRAW_BATCH))
+        yield ahead.pop() if ahead else _draw(rng, vocab, avoid, RandomTokens.DRAW_BATCH)
 
 
 def _draw(rng: random.Random, vocab: int, avoid: frozenset[int], n: int) -> list[int]:

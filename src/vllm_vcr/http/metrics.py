@@ -187,6 +187,67 @@ class _Engine:
             setattr(self, "h_" + attr, _Hist(token_buckets if fam == "tokens" else fam))
 
 
+class TakenTokens:
+    """What `token_observer` counts, for the members of one steady batch at once (the engine's
+    steady_batch.py): each step of the batch is one token for each member whose reader took it,
+    and its inter-token latency is the same for every member that was in the batch's previous
+    step, so a step costs one histogram observation (plus one per member new since then). A
+    member's own record (last token time, token count) is brought up to date when it leaves."""
+
+    __slots__ = ("eng", "records", "gen0", "fresh", "steps", "last_ts")
+
+    def __init__(self, eng: _Engine) -> None:
+        self.eng = eng
+        self.records: list[_Req | None] = []  # None: brought up to date already (its token was declined)
+        self.gen0: list[int] = []  # a member's token count is gen0 + steps
+        self.fresh: list[_Req] = []  # members added since the last step (their last token was their own)
+        self.steps = 0
+        self.last_ts = 0.0
+
+    def add(self, observer: Any) -> None:
+        r = observer.record
+        self.records.append(r)
+        self.gen0.append(r.num_gen - self.steps)
+        self.fresh.append(r)
+
+    def _settle(self, i: int) -> None:
+        r = self.records[i]
+        if r is None:
+            return
+        self.records[i] = None
+        if r in self.fresh:
+            self.fresh.remove(r)  # it has had no step here: its record is current
+        else:
+            r.num_gen = self.gen0[i] + self.steps
+            r.last_ts = self.last_ts
+
+    def drop(self, index: int) -> None:
+        self._settle(index)
+        del self.records[index], self.gen0[index]
+
+    def observe(self, ts: float, declined: list[int] | None) -> None:
+        taken = len(self.records)
+        if declined:  # (their token goes out as an output, which on_engine_outputs counts)
+            for i in declined:
+                self._settle(i)
+            taken -= len(declined)
+        h = self.eng.h_itl
+        counts, bounds = h.counts, h.bounds
+        stable = taken - len(self.fresh)
+        if stable:
+            d = ts - self.last_ts
+            counts[bisect_left(bounds, d)] += stable
+            h.total += d * stable
+        for r in self.fresh:
+            d = ts - r.last_ts
+            counts[bisect_left(bounds, d)] += 1
+            h.total += d
+        self.fresh.clear()
+        self.steps += 1
+        self.last_ts = ts
+        self.eng.tokens_taken += taken
+
+
 class _Req:
     """Per-request state between arrival and finish (vLLM's RequestStateStats + a bit of RequestState)."""
 
@@ -441,6 +502,8 @@ class FrontendMetrics:
             r.last_ts = ts
             r.num_gen += 1
             eng.tokens_taken += 1
+        observe.record = r  # (for a steady batch's TakenTokens)
+        observe.new_group = lambda: TakenTokens(eng)
         return observe
 
     # ------------------------------------------------------------------ internals

@@ -36,6 +36,7 @@ from ..fd_limits import prepare_for_many_connections  # noqa: E402
 from ..gc_tuning import collect_while_idle, tune_for_serving  # noqa: E402
 from ..heap_trim import start_idle_trimming  # noqa: E402
 from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: E402
+from ..engine.block_hash import ContentHasher  # noqa: E402
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
@@ -160,10 +161,13 @@ class _ServeCommand:
 
     def create_engines(self) -> None:
         try:
+            inputs = engine_inputs(self.engine_args)
+            if self.kv_config is None:  # no block hash leaves the process: any content hash finds the same prefixes
+                inputs["block_hasher"] = ContentHasher()
             self.engine = AsyncEngine(self.engine_args, engine_count=self.engine_count,
                                       token_source_factory=planned_token_source(self.engine_args.vocab_size),
                                       textless_ids=self.tokenizer.random_text_avoid(self.engine_args.vocab_size),
-                                      on_idle=collect_while_idle, **engine_inputs(self.engine_args))
+                                      on_idle=collect_while_idle, **inputs)
         except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
             raise CLIError(str(e)) from None
 

@@ -15,7 +15,10 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from collections.abc import Callable
+from itertools import compress, count, repeat
+from operator import add, attrgetter, call, is_ as _is, is_not as _is_not, mod
 from typing import Any
 
 import msgspec
@@ -325,6 +328,7 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStrea
         return 1
 
     renderer.cancel = _no_cancel
+    take.batch_reader = SteadyReader(renderer, direct, backlog)
     async for _ in engine.push(request, deliver, take if feed == renderer.feed else None):
         if backlog:
             data = b"".join(backlog)
@@ -344,6 +348,161 @@ async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: C
                 await w.write(data)
             if renderer.done:
                 return
+
+
+class SteadyReader:
+    """A pushed stream as a member of the engine's steady batches (engine/steady_batch.py): from
+    the step after it joins, its tokens come with its batch's, and `SteadyChunks` renders, frames
+    and writes them for the whole batch. Only the fast case joins: one choice, plain tokens whose
+    JSON text is cached, nothing queued for the socket."""
+
+    __slots__ = ("renderer", "direct", "backlog", "kind")
+
+    def __init__(self, renderer: ChoiceStream, direct: DirectBody, backlog: list[bytes]) -> None:
+        self.renderer = renderer
+        self.direct = direct
+        self.backlog = backlog
+        continuous = renderer.fast_prompt_len >= 0
+        # streams batch with streams of the same chunk shape and token texts (a usage tail must
+        # split into its parts around the two counts: SteadyChunks joins them)
+        usable = renderer.fast_ok and not (continuous and (renderer.fast_tail.count(b"%d") != 2
+                                                           or renderer.fast_tail.count(b"%") != 2))
+        self.kind = ("sse", continuous, id(renderer.token_json)) if usable else None
+
+    def ready(self) -> bool:
+        r = self.renderer
+        st = r.fast
+        if self.kind is None:
+            return False
+        c = self.direct._cycle
+        return (st is not None and not self.backlog and not r.done and not st.detok.pending
+                and not (c.flow.write_paused or c.disconnected or c.response_complete))
+
+    def new_columns(self) -> SteadyChunks:
+        r = self.renderer
+        return SteadyChunks(r.token_json, r.fast_prompt_len >= 0)
+
+
+_write_paused = attrgetter("flow.write_paused")
+_disconnected = attrgetter("disconnected")
+_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body (DirectBody.write's)
+
+
+class _Formatted(dict):
+    """n -> `fmt % n`, made once per n: a column of numbers becomes bytes by one map in C, without a
+    `%` per member (which parses its template every time)."""
+
+    def __init__(self, fmt: bytes) -> None:
+        super().__init__()
+        self.fmt = fmt
+
+    def __missing__(self, n: int) -> bytes:
+        b = self[n] = self.fmt % n
+        return b
+
+
+_DIGITS = _Formatted(b"%d")  # the usage's counts
+_CHUNK_SIZE = _Formatted(b"%x\r\n")  # a chunk's size line
+
+
+class SteadyChunks:
+    """The chunks of one steady batch's streams, made and written as columns (the batch's
+    BatchColumns): for one token per member, `feed_token` and `DirectBody.write` of each, the
+    per-stream loops in C. A member's token count is `base + steps` (written back when it leaves).
+    A token whose text is not cached yet (or a stream whose detokenizer holds part of a character)
+    takes `feed_token` itself; a member whose socket cannot take a chunk now declines its token,
+    which then reaches it as an output."""
+
+    def __init__(self, token_json: dict[int, bytes], continuous: bool) -> None:
+        self.text_of = token_json.get
+        self.continuous = continuous  # usage on every chunk: the tail is pre + total + mid + completion + post
+        self.steps = 0
+        self.readers: list[SteadyReader | None] = []  # None: written back already (it declined)
+        self.heads: list[bytes] = []
+        self.tails: list[bytes] = []  # continuous: (pre, mid, post) of the tail's template
+        self.prompt_lens: list[int] = []
+        self.base: list[int] = []
+        self.cycles: list[Any] = []
+        self.writes: list[Callable[[bytes], Any]] = []
+        self.partial: set[SteadyReader] = set()  # members whose detokenizer holds part of a character
+
+    def add(self, reader: SteadyReader) -> None:
+        r = reader.renderer
+        self.readers.append(reader)
+        self.heads.append(r.fast_head)
+        self.tails.append(tuple(r.fast_tail.split(b"%d")) if self.continuous else r.fast_tail)
+        self.prompt_lens.append(r.fast_prompt_len)
+        self.base.append(r.fast.num_tokens - self.steps)
+        self.cycles.append(reader.direct._cycle)
+        self.writes.append(reader.direct._write)
+
+    def _settle(self, i: int) -> None:
+        reader = self.readers[i]
+        if reader is not None:
+            self.readers[i] = None
+            self.partial.discard(reader)
+            reader.renderer.fast.num_tokens = self.base[i] + self.steps
+
+    def drop(self, index: int) -> None:
+        self._settle(index)
+        for col in (self.readers, self.heads, self.tails, self.prompt_lens, self.base, self.cycles, self.writes):
+            del col[index]
+
+    def take(self, tokens: list[int], ts: float) -> list[int] | None:
+        texts = list(map(self.text_of, tokens))
+        cycles = self.cycles
+        if None in texts or self.partial or any(map(_write_paused, cycles)) or any(map(_disconnected, cycles)):
+            return self._take_some(tokens, texts)
+        self.steps = k = self.steps + 1
+        self._write(texts, self.heads, self.tails, self.prompt_lens, self.base, self.writes, k)
+        return None
+
+    def _write(self, texts: list[bytes], heads: list[bytes], tails: list[bytes], prompt_lens: list[int],
+               base: list[int], writes: list[Callable], k: int) -> None:
+        join, number = b"".join, _DIGITS.__getitem__
+        if self.continuous:  # head, text, pre, total, mid, completion, post
+            counts = list(map(add, base, repeat(k)))
+            pre, mid, post = zip(*tails)
+            bodies = list(map(join, zip(heads, texts, pre, map(number, map(add, prompt_lens, counts)), mid,
+                                        map(number, counts), post)))
+        else:
+            bodies = list(map(join, zip(heads, texts, tails)))
+        # (DirectBody.write's framing)
+        deque(map(call, writes, map(join, zip(map(_CHUNK_SIZE.__getitem__, map(len, bodies)), bodies,
+                                              repeat(b"\r\n")))), 0)
+
+    def _take_some(self, tokens: list[int], texts: list[bytes | None]) -> list[int]:
+        """`take` when some members need more: those whose socket is paused or gone decline; those
+        whose text needs the detokenizer are rendered one by one; the rest as columns."""
+        cycles = self.cycles
+        declined = []
+        if any(map(_write_paused, cycles)) or any(map(_disconnected, cycles)):
+            declined = [i for i, c in enumerate(cycles) if c.flow.write_paused or c.disconnected
+                        or c.response_complete]
+            for i in declined:
+                self._settle(i)  # as of before this step
+        keep = list(map(_is_not, self.readers, repeat(None)))
+        self.steps = k = self.steps + 1
+        # (the members to render one by one, found in C: most steps have few or none)
+        alone = list(compress(count(), map(_is, texts, repeat(None))))
+        if self.partial:
+            alone = sorted(set(alone).union(compress(count(), map(self.partial.__contains__, self.readers))))
+        for i in alone:
+            reader = self.readers[i]
+            if reader is not None:
+                keep[i] = False
+                st = reader.renderer.fast
+                st.num_tokens = self.base[i] + k - 1
+                data = reader.renderer.feed_token(tokens[i])  # (caches the text when it can)
+                self.writes[i](_FRAME % (len(data), data))
+                if st.detok.pending:
+                    self.partial.add(reader)
+                else:
+                    self.partial.discard(reader)
+        if any(keep):
+            self._write(*(list(compress(col, keep)) for col in (texts, self.heads, self.tails, self.prompt_lens,
+                                                                   self.base, self.writes)), k)
+        return declined
 
 
 def _no_cancel(i: int) -> None:
