@@ -42,6 +42,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from vllm_vcr.engine.async_engine import AsyncEngine
+from vllm_vcr.engine.block_hash import ContentHasher
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.gc_tuning import tune_for_serving
@@ -202,7 +203,7 @@ async def main_async(a: argparse.Namespace) -> None:
     args = EngineArgs(config=EngineConfig(inter_token_latency=20.0, time_to_first_token=100.0, max_num_seqs=2048,
                                           log_requests=False),
                       vocab_size=tok.vocab_size, kv_cache_size=65536, eos_token_id=tok.eos_token_id).validate()
-    engine = AsyncEngine(args, clock=clock)
+    engine = AsyncEngine(args, clock=clock, block_hasher=ContentHasher())  # (serve's, without KV events)
     await engine.start()
     app = build_app(engine, tok, ServeSettings(served_model_names=["m"]))
     rng = random.Random(7)

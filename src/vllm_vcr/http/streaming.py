@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from itertools import compress, count, repeat
-from operator import add, attrgetter, call, is_ as _is, is_not as _is_not, mod
+from operator import add, attrgetter, call, is_ as _is, is_not as _is_not
 from typing import Any
 
 import msgspec
@@ -362,12 +362,8 @@ class SteadyReader:
         self.renderer = renderer
         self.direct = direct
         self.backlog = backlog
-        continuous = renderer.fast_prompt_len >= 0
-        # streams batch with streams of the same chunk shape and token texts (a usage tail must
-        # split into its parts around the two counts: SteadyChunks joins them)
-        usable = renderer.fast_ok and not (continuous and (renderer.fast_tail.count(b"%d") != 2
-                                                           or renderer.fast_tail.count(b"%") != 2))
-        self.kind = ("sse", continuous, id(renderer.token_json)) if usable else None
+        # streams batch with streams of the same chunk shape and token texts
+        self.kind = ("sse", renderer.fast_prompt_len >= 0, id(renderer.token_json)) if renderer.fast_ok else None
 
     def ready(self) -> bool:
         r = self.renderer
@@ -383,14 +379,13 @@ class SteadyReader:
         return SteadyChunks(r.token_json, r.fast_prompt_len >= 0)
 
 
-_write_paused = attrgetter("flow.write_paused")
+_write_paused = attrgetter("write_paused")
 _disconnected = attrgetter("disconnected")
 _FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body (DirectBody.write's)
 
 
 class _Formatted(dict):
-    """n -> `fmt % n`, made once per n: a column of numbers becomes bytes by one map in C, without a
-    `%` per member (which parses its template every time)."""
+    """n -> `fmt % n`, made once per n: a column of numbers becomes bytes by one map in C."""
 
     def __init__(self, fmt: bytes) -> None:
         super().__init__()
@@ -401,8 +396,38 @@ class _Formatted(dict):
         return b
 
 
-_DIGITS = _Formatted(b"%d")  # the usage's counts
 _CHUNK_SIZE = _Formatted(b"%x\r\n")  # a chunk's size line
+
+
+class _UsageTails(dict):
+    """One continuous-usage tail template (its prompt count filled in): completion tokens n -> the
+    tail's bytes, made once per n (a `%` per chunk parses the template every time)."""
+
+    __slots__ = ("template", "prompt_len")
+    made = 0  # entries made since the shared index was last dropped
+    MAX_MADE = 200_000  # (then it is: batches keep the tables they use, later ones start afresh)
+    tables: dict[bytes, _UsageTails] = {}  # by template (its prompt count is in it)
+
+    def __init__(self, template: bytes, prompt_len: int) -> None:
+        super().__init__()
+        self.template = template
+        self.prompt_len = prompt_len
+
+    @classmethod
+    def of(cls, template: bytes, prompt_len: int) -> _UsageTails:
+        table = cls.tables.get(template)
+        if table is None:
+            table = cls.tables[template] = cls(template, prompt_len)
+        return table
+
+    def __missing__(self, n: int) -> bytes:
+        cls = _UsageTails
+        cls.made += 1
+        if cls.made > cls.MAX_MADE:
+            cls.made = 0
+            cls.tables.clear()
+        b = self[n] = self.template % (self.prompt_len + n, n)
+        return b
 
 
 class SteadyChunks:
@@ -415,25 +440,26 @@ class SteadyChunks:
 
     def __init__(self, token_json: dict[int, bytes], continuous: bool) -> None:
         self.text_of = token_json.get
-        self.continuous = continuous  # usage on every chunk: the tail is pre + total + mid + completion + post
+        self.continuous = continuous  # usage on every chunk: the tail depends on the token count
         self.steps = 0
         self.readers: list[SteadyReader | None] = []  # None: written back already (it declined)
         self.heads: list[bytes] = []
-        self.tails: list[bytes] = []  # continuous: (pre, mid, post) of the tail's template
-        self.prompt_lens: list[int] = []
+        self.tails: list[Any] = []  # the tail's bytes, or (continuous) its table by token count
         self.base: list[int] = []
+        self.flows: list[Any] = []
         self.cycles: list[Any] = []
         self.writes: list[Callable[[bytes], Any]] = []
         self.partial: set[SteadyReader] = set()  # members whose detokenizer holds part of a character
 
     def add(self, reader: SteadyReader) -> None:
         r = reader.renderer
+        cycle = reader.direct._cycle
         self.readers.append(reader)
         self.heads.append(r.fast_head)
-        self.tails.append(tuple(r.fast_tail.split(b"%d")) if self.continuous else r.fast_tail)
-        self.prompt_lens.append(r.fast_prompt_len)
+        self.tails.append(_UsageTails.of(r.fast_tail, r.fast_prompt_len) if self.continuous else r.fast_tail)
         self.base.append(r.fast.num_tokens - self.steps)
-        self.cycles.append(reader.direct._cycle)
+        self.flows.append(cycle.flow)
+        self.cycles.append(cycle)
         self.writes.append(reader.direct._write)
 
     def _settle(self, i: int) -> None:
@@ -445,28 +471,24 @@ class SteadyChunks:
 
     def drop(self, index: int) -> None:
         self._settle(index)
-        for col in (self.readers, self.heads, self.tails, self.prompt_lens, self.base, self.cycles, self.writes):
+        for col in (self.readers, self.heads, self.tails, self.base, self.flows, self.cycles, self.writes):
             del col[index]
 
     def take(self, tokens: list[int], ts: float) -> list[int] | None:
         texts = list(map(self.text_of, tokens))
-        cycles = self.cycles
-        if None in texts or self.partial or any(map(_write_paused, cycles)) or any(map(_disconnected, cycles)):
+        if None in texts or self.partial or any(map(_write_paused, self.flows)) \
+                or any(map(_disconnected, self.cycles)):
             return self._take_some(tokens, texts)
         self.steps = k = self.steps + 1
-        self._write(texts, self.heads, self.tails, self.prompt_lens, self.base, self.writes, k)
+        self._write(texts, self.heads, self.tails, self.base, self.writes, k)
         return None
 
-    def _write(self, texts: list[bytes], heads: list[bytes], tails: list[bytes], prompt_lens: list[int],
-               base: list[int], writes: list[Callable], k: int) -> None:
-        join, number = b"".join, _DIGITS.__getitem__
-        if self.continuous:  # head, text, pre, total, mid, completion, post
-            counts = list(map(add, base, repeat(k)))
-            pre, mid, post = zip(*tails)
-            bodies = list(map(join, zip(heads, texts, pre, map(number, map(add, prompt_lens, counts)), mid,
-                                        map(number, counts), post)))
-        else:
-            bodies = list(map(join, zip(heads, texts, tails)))
+    def _write(self, texts: list[bytes], heads: list[bytes], tails: list[Any], base: list[int],
+               writes: list[Callable], k: int) -> None:
+        join = b"".join
+        if self.continuous:  # each tail from its table, by the member's token count
+            tails = map(dict.__getitem__, tails, map(add, base, repeat(k)))
+        bodies = list(map(join, zip(heads, texts, tails)))
         # (DirectBody.write's framing)
         deque(map(call, writes, map(join, zip(map(_CHUNK_SIZE.__getitem__, map(len, bodies)), bodies,
                                               repeat(b"\r\n")))), 0)
@@ -476,7 +498,7 @@ class SteadyChunks:
         whose text needs the detokenizer are rendered one by one; the rest as columns."""
         cycles = self.cycles
         declined = []
-        if any(map(_write_paused, cycles)) or any(map(_disconnected, cycles)):
+        if any(map(_write_paused, self.flows)) or any(map(_disconnected, cycles)):
             declined = [i for i, c in enumerate(cycles) if c.flow.write_paused or c.disconnected
                         or c.response_complete]
             for i in declined:
@@ -500,8 +522,8 @@ class SteadyChunks:
                 else:
                     self.partial.discard(reader)
         if any(keep):
-            self._write(*(list(compress(col, keep)) for col in (texts, self.heads, self.tails, self.prompt_lens,
-                                                                   self.base, self.writes)), k)
+            self._write(*(list(compress(col, keep)) for col in (texts, self.heads, self.tails, self.base,
+                                                                   self.writes)), k)
         return declined
 
 
