@@ -79,6 +79,13 @@ class CountingTransport:
     def is_closing(self) -> bool:
         return False
 
+    # its own protocol, as far as a steady batch asks: one that reports a socket that stops taking
+    # writes (serve's does, http/acceptor.py); this one never stops
+    reports_write_side = True
+
+    def get_protocol(self) -> CountingTransport:
+        return self
+
     def get_extra_info(self, name: str, default=None):
         return default
 

@@ -3,7 +3,14 @@
 import contextlib
 import gc
 
-from vllm_vcr.gc_tuning import IDLE_GAP_S, IDLE_YOUNG_COUNT, YOUNG_THRESHOLD, collect_while_idle, tune_for_serving
+from vllm_vcr.gc_tuning import (
+    IDLE_GAP_S,
+    IDLE_YOUNG_COUNT,
+    PAUSE_PER_YOUNG_OBJECT_S,
+    YOUNG_THRESHOLD,
+    collect_while_idle,
+    tune_for_serving,
+)
 
 
 def test_tune_for_serving_freezes_the_heap_and_raises_the_young_threshold():
@@ -50,9 +57,20 @@ def test_an_idle_engine_collects_the_young_generation_once_it_is_large():
     with _thresholds(10 * IDLE_YOUNG_COUNT, 1000):  # no automatic collection in this test
         live = [[] for _ in range(IDLE_YOUNG_COUNT + 100)]  # tracked objects that survive
         assert _collections(lambda: collect_while_idle(IDLE_GAP_S / 2)) == []  # too short a sleep
-        assert _collections(lambda: collect_while_idle(IDLE_GAP_S)) == [0]
+        fits = max(IDLE_GAP_S, 2 * len(live) * PAUSE_PER_YOUNG_OBJECT_S)
+        assert _collections(lambda: collect_while_idle(fits)) == [0]
         assert gc.get_count()[0] < IDLE_YOUNG_COUNT
         assert _collections(lambda: collect_while_idle(float("inf"))) == []  # nothing young left
+        del live
+
+
+def test_a_young_generation_whose_walk_would_outlast_the_sleep_waits():
+    with _thresholds(10 * IDLE_YOUNG_COUNT, 1000):
+        live = [[] for _ in range(4 * IDLE_YOUNG_COUNT)]
+        walk = len(live) * PAUSE_PER_YOUNG_OBJECT_S
+        assert walk > IDLE_GAP_S  # (a sleep long enough by the first rule)
+        assert _collections(lambda: collect_while_idle(walk / 2)) == []
+        assert _collections(lambda: collect_while_idle(2 * walk)) == [0]
         del live
 
 

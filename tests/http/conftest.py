@@ -62,8 +62,10 @@ async def inprocess(serve_harness):
 
     running = []
 
-    async def start(itl_ms: float = 2.0, engine_count: int = 1, sndbuf: int | None = None, stamped: bool = False):
-        """`stamped`: serve's own HTTP protocol (acceptor.stamping_arrival), not uvicorn's plain one."""
+    async def start(itl_ms: float = 2.0, engine_count: int = 1, sndbuf: int | None = None, stamped: bool = True):
+        """`stamped`: serve's own HTTP protocol (acceptor.stamping_arrival), as serve runs; False:
+        uvicorn's plain one (streams then never join steady batches: it does not report paused
+        or lost sockets)."""
         tok = load_tokenizer()
         args = EngineArgs(config=EngineConfig(inter_token_latency=itl_ms, time_to_first_token=1.0,
                                               max_model_len=4096, log_requests=False),

@@ -65,36 +65,42 @@ def _count_writes(monkeypatch) -> dict[str, int]:
         taken = len(tokens) - len(declined or ())
         counts["direct"] += taken
         counts["batched"] = counts.get("batched", 0) + taken
+        counts["batch_declined"] = counts.get("batch_declined", 0) + len(declined or ())
         return declined
 
     monkeypatch.setattr(streaming.SteadyChunks, "take", batch_take)
     return counts
 
 
-async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch):
-    """Fill the socket (uvicorn pauses writing), then read: every token arrives, in order, framed."""
-    counts = _count_writes(monkeypatch)
-    url, engine = await inprocess(itl_ms=0.02, sndbuf=4096)
-    port = int(url.rsplit(":", 1)[1])
-    n = 4000  # with 5 logprobs each: megabytes, more than the socket buffers hold
-    payload = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": n, "stream": True, "ignore_eos": True,
-                          "logprobs": 5,
-                          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).encode()
+async def _read_late(url: str, path: str, body: dict) -> list[bytes]:
+    """POST a stream from a socket with a small receive buffer, read nothing for a second (the
+    server's transport pauses writing, chunks queue), then read it all: its SSE payloads."""
+    payload = json.dumps(body).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(sock, b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                            b"content-length: %d\r\n\r\n%b" % (len(payload), payload))
-    await asyncio.sleep(1.0)  # not reading: the server's transport pauses, chunks queue
+    await loop.sock_connect(sock, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
+    await loop.sock_sendall(sock, b"POST %b HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                            b"content-length: %d\r\n\r\n%b" % (path.encode(), len(payload), payload))
+    await asyncio.sleep(1.0)  # not reading
     raw = bytearray()
     while not raw.endswith(b"0\r\n\r\n"):
         data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 30)
         assert data, f"server closed early: {bytes(raw[:300])!r}"
         raw += data
     sock.close()
-    events = _events(bytes(raw))
+    return _events(bytes(raw))
+
+
+async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch):
+    """Fill the socket (uvicorn pauses writing), then read: every token arrives, in order, framed."""
+    counts = _count_writes(monkeypatch)
+    url, engine = await inprocess(itl_ms=0.02, sndbuf=4096)
+    n = 4000  # with 5 logprobs each: megabytes, more than the socket buffers hold
+    events = await _read_late(url, "/v1/completions", {
+        "model": MODEL, "prompt": "x", "max_tokens": n, "stream": True, "ignore_eos": True, "logprobs": 5,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     assert events[-1] == b"[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     seen = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
@@ -103,6 +109,38 @@ async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch)
     assert counts["declined"] >= 1  # the paused socket sent chunks through ASGI
     stats = (await engine.call_all(lambda core: core.current_stats()))[0]
     assert (stats.requests_completed, stats.requests_aborted) == (1, 0)
+
+
+async def test_a_batched_stream_whose_client_stops_reading_loses_nothing(inprocess, monkeypatch):
+    """A stream in a steady batch learns that its socket paused from the protocol's count of
+    write-side changes (acceptor.WriteSide), not by looking at its socket every step: its token
+    is declined there and then, and every later chunk waits for the socket, in order."""
+    counts = _count_writes(monkeypatch)
+    counted_take = streaming.SteadyChunks.take
+
+    def take(self, tokens, ts):  # tokens a batch took for a socket that had paused already
+        paused = [c.flow.write_paused for c in self.cycles]
+        declined = set(counted_take(self, tokens, ts) or ())
+        counts["taken_while_paused"] = counts.get("taken_while_paused", 0) + sum(
+            p and i not in declined for i, p in enumerate(paused))
+        return sorted(declined) or None
+
+    monkeypatch.setattr(streaming.SteadyChunks, "take", take)
+    url, _ = await inprocess(itl_ms=0.05, sndbuf=4096)
+    # first a stream read as it comes, which leaves nearly every token's text cached: then the
+    # pause meets the batch's columns, not a token rendered on its own (which looks at the socket)
+    for _ in range(5):
+        await _stream_bytes(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4000,
+                                                      "stream": True, "ignore_eos": True})
+    n = 3000  # ~300 bytes a chunk: more than the socket buffers hold
+    events = await _read_late(url, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": n, "stream": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = [json.loads(e) for e in events[:-1]]
+    seen = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    assert events[-1] == b"[DONE]" and seen == list(range(n + 1))  # the role chunk, then every token once, in order
+    assert counts.get("batched", 0) >= 10 and counts["batch_declined"] >= 1
+    assert counts["taken_while_paused"] == 0
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -25,6 +25,7 @@ bucketed by the phase of their length, so a step visits only those at a boundary
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -83,8 +84,9 @@ class SteadyBatch:
         self.outs: list[list[int]] = []
         self.alls: list[list[int]] = []
         # each member's next deadline, moved by the gap each step as the plain path moves it (the
-        # same float sums: the same steps, at the same clock times)
-        self.dues: list[float] = []
+        # same float sums: the same steps, at the same clock times); C doubles side by side, not a
+        # float object per member that is cold again by the batch's next step
+        self.dues = array("d")
         self.phases: list[int] = []  # (len(all_token_ids) - step - 1) % block_size, fixed while a member
         self.leave_at: list[int] = []  # the step whose token is the member's last steady one, + 1
         self.buckets: list[list[Request]] = [[] for _ in range(batches.block_size)]
@@ -99,7 +101,7 @@ class SteadyBatch:
     def next_due(self, due: float) -> None:  # (the lane's push; shift_deadlines after a pause)
         if due != self.lo:
             delta = due - self.lo
-            self.dues = [d + delta for d in self.dues]
+            self.dues = array("d", [d + delta for d in self.dues])
             self.lo, self.hi = due, self.hi + delta
 
     def __len__(self) -> int:
@@ -209,7 +211,7 @@ class SteadyBatch:
         if not reqs:
             return
         gap = self.gap
-        self.dues = list(map(gap.__add__, self.dues))  # (d + gap: the plain path's sum, bit for bit)
+        self.dues = array("d", map(gap.__add__, self.dues))  # (d + gap: the plain path's sum, bit for bit)
         self.lo += gap
         self.hi += gap
         tokens = list(map(next, self.ids))

@@ -23,6 +23,9 @@ for about `slice` seconds of each turn (or as long as the rest of a busy turn to
 start in the next turns, in arrival order, after the loop has stamped new arrivals and run what
 is due.
 
+The protocol also counts changes of any connection's write side (`WriteSide`): a steady batch of
+streams then checks one number per step instead of every stream's socket.
+
 A client that leaves must cancel its request's handler (and so abort its engine request). An ASGI
 app learns of it only by awaiting `receive`, which takes a second task per request; serve's
 protocol instead calls the handler's hook (`scope[ON_DISCONNECT]`) from `connection_lost`.
@@ -59,6 +62,16 @@ CLIENT_GONE = "gone"
 # could then precede a request's arrival, so every request is stamped as it is parsed.
 READ_PHASE_MAX_CONNECTIONS = 512
 _stamping: dict[type, type] = {}
+
+
+class WriteSide:
+    """How many times a connection's write side changed anywhere in the process (its transport
+    paused writing, or the connection was lost), counted by serve's protocol (its class says so:
+    `reports_write_side`). A reader that found each of its sockets writable at one count need not
+    look at them again until the count moves: streams in a steady batch are checked by that one
+    comparison per step (SteadyChunks), not by reading two objects per stream that are cold by then."""
+
+    changes = 0
 
 
 class ReadPhase:
@@ -116,7 +129,8 @@ def stamping_arrival(protocol_class: type) -> type:
             f"ArrivalStamped{protocol_class.__name__}", (protocol_class,),
             {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
              "on_message_complete": _message_complete(protocol_class),
-             "connection_lost": _connection_lost(protocol_class), "_in_message": False,
+             "connection_lost": _connection_lost(protocol_class), "pause_writing": _pause_writing(protocol_class),
+             "reports_write_side": True, "_in_message": False,
              "_fresh_read": False, "_phase_of_read": 0, "_read_phase": None,
              "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
@@ -151,8 +165,16 @@ def _message_begin(protocol_class: type) -> Callable:
     return on_message_begin
 
 
+def _pause_writing(protocol_class: type) -> Callable:
+    def pause_writing(self) -> None:
+        WriteSide.changes += 1
+        protocol_class.pause_writing(self)
+    return pause_writing
+
+
 def _connection_lost(protocol_class: type) -> Callable:
     def connection_lost(self, exc: Exception | None) -> None:
+        WriteSide.changes += 1
         cycle = self.cycle
         protocol_class.connection_lost(self, exc)  # marks the unfinished cycle disconnected
         if cycle is not None and cycle.disconnected:

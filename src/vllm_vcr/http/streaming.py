@@ -15,15 +15,17 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 from __future__ import annotations
 
 import weakref
+from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
-from operator import add, attrgetter, call, is_ as _is, is_not as _is_not
+from operator import add, attrgetter, is_ as _is, is_not as _is_not
 from typing import Any
 
 import msgspec
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from .acceptor import WriteSide
 from .errors import STREAM_INTERNAL_ERROR
 from .generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
@@ -362,8 +364,11 @@ class SteadyReader:
         self.renderer = renderer
         self.direct = direct
         self.backlog = backlog
-        # streams batch with streams of the same chunk shape and token texts
-        self.kind = ("sse", renderer.fast_prompt_len >= 0, id(renderer.token_json)) if renderer.fast_ok else None
+        # streams batch with streams of the same chunk shape, token texts and transport type (a
+        # batch calls that type's `write` on each), on a protocol that reports when a socket stops
+        # taking writes (a batch looks at its sockets only then)
+        self.kind = (("sse", renderer.fast_prompt_len >= 0, id(renderer.token_json), type(direct._cycle.transport))
+                     if renderer.fast_ok and _reports_write_side(direct) else None)
 
     def ready(self) -> bool:
         r = self.renderer
@@ -376,7 +381,12 @@ class SteadyReader:
 
     def new_columns(self) -> SteadyChunks:
         r = self.renderer
-        return SteadyChunks(r.token_json, r.fast_prompt_len >= 0)
+        return SteadyChunks(r.token_json, r.fast_prompt_len >= 0, type(self.direct._cycle.transport).write)
+
+
+def _reports_write_side(direct: DirectBody) -> bool:
+    get_protocol = getattr(direct._cycle.transport, "get_protocol", None)
+    return get_protocol is not None and getattr(get_protocol(), "reports_write_side", False)
 
 
 _write_paused = attrgetter("write_paused")
@@ -438,18 +448,24 @@ class SteadyChunks:
     takes `feed_token` itself; a member whose socket cannot take a chunk now declines its token,
     which then reaches it as an output."""
 
-    def __init__(self, token_json: dict[int, bytes], continuous: bool) -> None:
+    def __init__(self, token_json: dict[int, bytes], continuous: bool, write: Callable[[Any, bytes], Any]) -> None:
         self.text_of = token_json.get
         self.continuous = continuous  # usage on every chunk: the tail depends on the token count
         self.steps = 0
         self.readers: list[SteadyReader | None] = []  # None: written back already (it declined)
         self.heads: list[bytes] = []
         self.tails: list[Any] = []  # the tail's bytes, or (continuous) its table by token count
-        self.base: list[int] = []
+        self.base = array("q")  # (machine ints side by side: no int object per member to fetch)
         self.flows: list[Any] = []
         self.cycles: list[Any] = []
-        self.writes: list[Callable[[bytes], Any]] = []
+        # the members' transports, and their type's `write` (not a bound method per member: one
+        # object less to fetch per token)
+        self.transports: list[Any] = []
+        self.write = write
         self.partial: set[SteadyReader] = set()  # members whose detokenizer holds part of a character
+        # WriteSide.changes when every member's socket was last seen writable (a member joins
+        # writable: SteadyReader.ready)
+        self.writable_at = WriteSide.changes
 
     def add(self, reader: SteadyReader) -> None:
         r = reader.renderer
@@ -460,7 +476,7 @@ class SteadyChunks:
         self.base.append(r.fast.num_tokens - self.steps)
         self.flows.append(cycle.flow)
         self.cycles.append(cycle)
-        self.writes.append(reader.direct._write)
+        self.transports.append(cycle.transport)
 
     def _settle(self, i: int) -> None:
         reader = self.readers[i]
@@ -471,26 +487,32 @@ class SteadyChunks:
 
     def drop(self, index: int) -> None:
         self._settle(index)
-        for col in (self.readers, self.heads, self.tails, self.base, self.flows, self.cycles, self.writes):
+        for col in (self.readers, self.heads, self.tails, self.base, self.flows, self.cycles, self.transports):
             del col[index]
 
     def take(self, tokens: list[int], ts: float) -> list[int] | None:
         texts = list(map(self.text_of, tokens))
-        if None in texts or self.partial or any(map(_write_paused, self.flows)) \
-                or any(map(_disconnected, self.cycles)):
+        if None in texts or self.partial or (self.writable_at != WriteSide.changes and not self._all_writable()):
             return self._take_some(tokens, texts)
         self.steps = k = self.steps + 1
-        self._write(texts, self.heads, self.tails, self.base, self.writes, k)
+        self._write(texts, self.heads, self.tails, self.base, self.transports, k)
         return None
 
-    def _write(self, texts: list[bytes], heads: list[bytes], tails: list[Any], base: list[int],
-               writes: list[Callable], k: int) -> None:
+    def _all_writable(self) -> bool:
+        """Some socket's write side changed since the last look: every member's socket takes writes."""
+        if any(map(_write_paused, self.flows)) or any(map(_disconnected, self.cycles)):
+            return False
+        self.writable_at = WriteSide.changes
+        return True
+
+    def _write(self, texts: list[bytes], heads: list[bytes], tails: list[Any], base: Sequence[int],
+               transports: list[Any], k: int) -> None:
         join = b"".join
         if self.continuous:  # each tail from its table, by the member's token count
             tails = map(dict.__getitem__, tails, map(add, base, repeat(k)))
         bodies = list(map(join, zip(heads, texts, tails)))
         # (DirectBody.write's framing)
-        deque(map(call, writes, map(join, zip(map(_CHUNK_SIZE.__getitem__, map(len, bodies)), bodies,
+        deque(map(self.write, transports, map(join, zip(map(_CHUNK_SIZE.__getitem__, map(len, bodies)), bodies,
                                               repeat(b"\r\n")))), 0)
 
     def _take_some(self, tokens: list[int], texts: list[bytes | None]) -> list[int]:
@@ -516,14 +538,14 @@ class SteadyChunks:
                 st = reader.renderer.fast
                 st.num_tokens = self.base[i] + k - 1
                 data = reader.renderer.feed_token(tokens[i])  # (caches the text when it can)
-                self.writes[i](_FRAME % (len(data), data))
+                self.write(self.transports[i], _FRAME % (len(data), data))
                 if st.detok.pending:
                     self.partial.add(reader)
                 else:
                     self.partial.discard(reader)
         if any(keep):
             self._write(*(list(compress(col, keep)) for col in (texts, self.heads, self.tails, self.base,
-                                                                   self.writes)), k)
+                                                                   self.transports)), k)
         return declined
 
 
