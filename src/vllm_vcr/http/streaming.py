@@ -19,7 +19,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
-from operator import add, attrgetter, is_ as _is, is_not as _is_not
+from operator import add, is_ as _is, is_not as _is_not
 from typing import Any
 
 import msgspec
@@ -389,8 +389,6 @@ def _reports_write_side(direct: DirectBody) -> bool:
     return get_protocol is not None and getattr(get_protocol(), "reports_write_side", False)
 
 
-_write_paused = attrgetter("write_paused")
-_disconnected = attrgetter("disconnected")
 _FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body (DirectBody.write's)
 
 
@@ -456,7 +454,6 @@ class SteadyChunks:
         self.heads: list[bytes] = []
         self.tails: list[Any] = []  # the tail's bytes, or (continuous) its table by token count
         self.base = array("q")  # (machine ints side by side: no int object per member to fetch)
-        self.flows: list[Any] = []
         self.cycles: list[Any] = []
         # the members' transports, and their type's `write` (not a bound method per member: one
         # object less to fetch per token)
@@ -474,7 +471,6 @@ class SteadyChunks:
         self.heads.append(r.fast_head)
         self.tails.append(_UsageTails.of(r.fast_tail, r.fast_prompt_len) if self.continuous else r.fast_tail)
         self.base.append(r.fast.num_tokens - self.steps)
-        self.flows.append(cycle.flow)
         self.cycles.append(cycle)
         self.transports.append(cycle.transport)
 
@@ -487,23 +483,27 @@ class SteadyChunks:
 
     def drop(self, index: int) -> None:
         self._settle(index)
-        for col in (self.readers, self.heads, self.tails, self.base, self.flows, self.cycles, self.transports):
+        for col in (self.readers, self.heads, self.tails, self.base, self.cycles, self.transports):
             del col[index]
 
     def take(self, tokens: list[int], ts: float) -> list[int] | None:
         texts = list(map(self.text_of, tokens))
-        if None in texts or self.partial or (self.writable_at != WriteSide.changes and not self._all_writable()):
+        # (the counter compared inline: this runs every step, the method only after a change)
+        if None in texts or self.partial or (self.writable_at != WriteSide.changes and self._some_blocked()):
             return self._take_some(tokens, texts)
         self.steps = k = self.steps + 1
         self._write(texts, self.heads, self.tails, self.base, self.transports, k)
         return None
 
-    def _all_writable(self) -> bool:
-        """Some socket's write side changed since the last look: every member's socket takes writes."""
-        if any(map(_write_paused, self.flows)) or any(map(_disconnected, self.cycles)):
+    def _some_blocked(self) -> bool:
+        """Whether a member's socket is paused or gone; looked at only when some socket's write side
+        changed since every member's was last seen writable."""
+        if self.writable_at == WriteSide.changes:
             return False
+        if any(c.flow.write_paused or c.disconnected for c in self.cycles):
+            return True
         self.writable_at = WriteSide.changes
-        return True
+        return False
 
     def _write(self, texts: list[bytes], heads: list[bytes], tails: list[Any], base: Sequence[int],
                transports: list[Any], k: int) -> None:
@@ -518,10 +518,9 @@ class SteadyChunks:
     def _take_some(self, tokens: list[int], texts: list[bytes | None]) -> list[int]:
         """`take` when some members need more: those whose socket is paused or gone decline; those
         whose text needs the detokenizer are rendered one by one; the rest as columns."""
-        cycles = self.cycles
         declined = []
-        if any(map(_write_paused, self.flows)) or any(map(_disconnected, cycles)):
-            declined = [i for i, c in enumerate(cycles) if c.flow.write_paused or c.disconnected
+        if self._some_blocked():
+            declined = [i for i, c in enumerate(self.cycles) if c.flow.write_paused or c.disconnected
                         or c.response_complete]
             for i in declined:
                 self._settle(i)  # as of before this step
