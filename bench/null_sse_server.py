@@ -8,7 +8,11 @@ is the client's and the kernel's (one loopback write per chunk), not a server's:
 do better on the same cores. At --itl-ms 0 (W1) each pass over the heap sends one chunk per
 stream and then yields to the loop, as an engine step gives every running request one token.
 
-usage: python bench/null_sse_server.py --port 18400 --ttft-ms 100 --itl-ms 20
+`--request-cpu-us N` spins N µs of CPU for every request as its bytes are parsed (nothing else
+changes): what a server's own per-request work, done on the loop that writes the tokens, costs
+W2's ITL tail and TTFT (docs/benchmarks.md).
+
+usage: python bench/null_sse_server.py --port 18400 --ttft-ms 100 --itl-ms 20 [--request-cpu-us 0]
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ def framed(body: bytes) -> bytes:
 
 
 class Streams:
-    """Every open stream's next deadline, in one heap, served by one timer task."""
+    """Every open stream's next deadline, in one heap, served by one timer task. A stream is its
+    connection (`transport`, and `last_chunk` / `gone` for its end: asgi_floor_server.py's streams
+    end their responses through uvicorn instead)."""
 
     def __init__(self, ttft: float, itl: float) -> None:
         self.ttft, self.itl = ttft, itl
@@ -64,12 +70,13 @@ class Streams:
             while heap and heap[0][0] <= horizon:
                 due, seq, conn, i, n = heapq.heappop(heap)
                 if conn.transport.is_closing():
+                    conn.gone()
                     continue
-                last = i >= n
-                body = CHUNK % (b'"length"' if last else b"null", 128 + i, i)
-                conn.transport.write(framed(body + DONE) + b"0\r\n\r\n" if last else framed(body))
-                if not last:
-                    later.append((due + self.itl, seq, conn, i + 1, n))
+                if i >= n:
+                    conn.last_chunk(CHUNK % (b'"length"', 128 + i, i))
+                    continue
+                conn.transport.write(framed(CHUNK % (b"null", 128 + i, i)))
+                later.append((due + self.itl, seq, conn, i + 1, n))
             for item in later:
                 heapq.heappush(heap, item)
             self.wake = wake = loop.create_future()
@@ -81,10 +88,17 @@ class Streams:
 
 class Conn(asyncio.Protocol):
     streams: Streams
+    request_cpu = 0.0  # seconds of CPU spun per request (--request-cpu-us)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.buf = b""
+
+    def last_chunk(self, body: bytes) -> None:
+        self.transport.write(framed(body + DONE) + b"0\r\n\r\n")
+
+    def gone(self) -> None:
+        pass
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -101,6 +115,10 @@ class Conn(asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
                                  % (len(MODELS), MODELS))
             return
+        if self.request_cpu:
+            until = time.thread_time() + self.request_cpu
+            while time.thread_time() < until:
+                pass
         self.transport.write(HEAD)
         self.streams.add(self, int(json.loads(body).get("max_tokens") or 16))
 
@@ -111,8 +129,11 @@ async def main() -> None:
     ap.add_argument("--port", type=int, default=18400)
     ap.add_argument("--ttft-ms", type=float, default=100.0)
     ap.add_argument("--itl-ms", type=float, default=20.0)
+    ap.add_argument("--request-cpu-us", type=float, default=0.0,
+                    help="CPU to spin per request as it is parsed (a server's own per-request work)")
     a = ap.parse_args()
     Conn.streams = streams = Streams(a.ttft_ms / 1e3, a.itl_ms / 1e3)
+    Conn.request_cpu = a.request_cpu_us / 1e6
     server = await asyncio.get_running_loop().create_server(Conn, a.host, a.port, backlog=4096)
     async with server:
         await streams.run()

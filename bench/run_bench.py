@@ -18,6 +18,9 @@ Servers (all on 127.0.0.1, each started in its own process group and killed with
   guidellm          `guidellm mock-server`
   null              bench/null_sse_server.py: pre-built chunks on deadlines, nothing else: the
                     floor this machine and client put under any server's timing and CPU per event
+  uvicorn-floor     bench/asgi_floor_server.py: null's chunks and timing behind uvicorn's request
+                    path (httptools, uvloop, an ASGI task per request; serve's GC settings): what
+                    the HTTP framework `serve` runs on costs before any of serve's own work
 Peers come from bench/install-peers-bench.sh (venvs under $VLLM_VCR_PEERS).
 
 usage:
@@ -179,6 +182,14 @@ def start_null(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float) -> Se
     s = Server("null", port, run_dir)
     s.spawn("null", [sys.executable, str(HERE / "null_sse_server.py"), "--port", str(port),
                      "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)])
+    return s
+
+
+def start_uvicorn_floor(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float) -> Server:
+    s = Server("uvicorn-floor", port, run_dir)
+    s.spawn("floor", [sys.executable, str(HERE / "asgi_floor_server.py"), "--host", "127.0.0.1",
+                      "--port", str(port), "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)],
+            {"PYTHONPATH": str(REPO / "src")})
     return s
 
 
@@ -497,7 +508,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="vllm-vcr,vllm-vcr-si16,dynamo,guidellm,null",
                     help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys); "
-                         "null: bench/null_sse_server.py, the floor")
+                         "null: bench/null_sse_server.py, the floor; uvicorn-floor: bench/asgi_floor_server.py, "
+                         "the floor behind uvicorn's request path")
     ap.add_argument("--workloads", default="w1,w2", help="w1, w2, burst (the opening-burst TTFT)")
     ap.add_argument("--w1-requests", type=int, default=3000)
     ap.add_argument("--w2-concurrency", default="32,256,1000")
@@ -553,6 +565,8 @@ def main() -> int:
             return start_guidellm(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir)
         if name == "null":
             return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl)
+        if name == "uvicorn-floor":
+            return start_uvicorn_floor(port, out_dir, ttft_ms=ttft, itl_ms=itl)
         raise SystemExit(f"unknown server {name}")
 
     for name in servers:
@@ -608,7 +622,7 @@ def main() -> int:
                "vllm-vcr-si16 up to 16)", "", table_w1(results["w1"]), ""]
     if results["w2"]:
         md += ["### W2 (TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)", "", table_w2(results["w2"]), "",
-               *verdict_w2(results["w2"]), ""]
+               *verdict_w2(results["w2"]), *verdict_w2(results["w2"], "uvicorn-floor"), ""]
     if results["burst"]:
         md += [f"### Opening burst (C = N = {a.burst_concurrency} at once; TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)",
                "", table_burst(results["burst"]), "", *verdict_burst(results["burst"]), ""]

@@ -1,8 +1,9 @@
-"""bench/run_bench.py's target lines, stream_bench.py's gaps away from arrivals, and the null server's
-ITL-0 mode (the W1 floor)."""
+"""bench/run_bench.py's target lines, stream_bench.py's gaps away from arrivals, the null server's
+ITL-0 mode (the W1 floor) and per-request CPU knob, and uvicorn's timed floor."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -96,10 +97,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_null_server_at_itl_0_streams_every_chunk():
+@contextlib.contextmanager
+def _server(script: str, *args: str):
+    """A bench server on a free port, and a connection to it; stopped afterwards."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(BENCH / "null_sse_server.py"), "--port", str(port),
-                             "--ttft-ms", "0", "--itl-ms", "0"])
+    proc = subprocess.Popen([sys.executable, str(BENCH / script), "--port", str(port), *args])
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -109,20 +111,56 @@ def test_null_server_at_itl_0_streams_every_chunk():
             except OSError:
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.1)
-        body = json.dumps({"max_tokens": 50}).encode()
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body))
-        raw = b""
-        while not raw.endswith(b"0\r\n\r\n"):
-            data = sock.recv(65536)
-            assert data
-            raw += data
-        sock.close()
+        with sock:
+            yield sock
     finally:
         proc.terminate()
         proc.wait(10)
-    events = [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
-    assert len(events) == 51 and events[-1] == b"data: [DONE]"
-    assert b'"finish_reason":"length"' in events[-2] and b'"completion_tokens":50' in events[-2]
+
+
+def _stream(sock: socket.socket, max_tokens: int) -> list[bytes]:
+    """One streaming POST on a kept-alive connection: its SSE data lines, once its last chunk came."""
+    body = json.dumps({"max_tokens": max_tokens}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%b" % (len(body), body))
+    raw = b""
+    while not raw.endswith(b"0\r\n\r\n"):
+        data = sock.recv(65536)
+        assert data
+        raw += data
+    return [ln for ln in raw.split(b"\n") if ln.startswith(b"data: ")]
+
+
+def _assert_whole(events: list[bytes], n: int) -> None:
+    assert len(events) == n + 1 and events[-1] == b"data: [DONE]"
+    assert b'"finish_reason":"length"' in events[-2] and b'"completion_tokens":%d' % n in events[-2]
+
+
+def test_null_server_at_itl_0_streams_every_chunk():
+    with _server("null_sse_server.py", "--ttft-ms", "0", "--itl-ms", "0") as sock:
+        _assert_whole(_stream(sock, 50), 50)
+
+
+def _assert_timed(sock: socket.socket, ms_before_first: float, itl_ms: float) -> None:
+    """Two streams on one kept-alive connection, each whole and no sooner than its deadlines allow."""
+    for n in (20, 3):
+        t0 = time.monotonic()
+        events = _stream(sock, n)
+        assert time.monotonic() - t0 >= (ms_before_first + (n - 1) * itl_ms) / 1e3
+        _assert_whole(events, n)
+        assert [b'"completion_tokens":%d}' % i in e for i, e in enumerate(events[:-1], 1)] == [True] * n
+
+
+def test_null_server_with_per_request_cpu_still_streams_every_chunk():
+    # 20 ms of CPU per request before its stream starts: no chunk can come sooner than that + TTFT + ITLs
+    with _server("null_sse_server.py", "--ttft-ms", "1", "--itl-ms", "1", "--request-cpu-us", "20000") as sock:
+        _assert_timed(sock, 20 + 1, 1)
+
+
+def test_uvicorn_floor_times_its_chunks_and_ends_each_response_through_uvicorn():
+    # the second request on the connection is only read once uvicorn saw the first response end
+    with _server("asgi_floor_server.py", "--host", "127.0.0.1", "--ttft-ms", "30", "--itl-ms", "2") as sock:
+        _assert_timed(sock, 30, 2)
 
 
 def test_arrival_lag_matches_a_rounds_sends_with_its_arrivals_by_rank(monkeypatch):
