@@ -245,6 +245,9 @@ def merge_outputs(first: EngineCoreOutput, then: EngineCoreOutput) -> EngineCore
     return merged
 
 
+_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body
+
+
 class DirectBody:
     """Body chunks of a started chunked response written to uvicorn's transport directly.
 
@@ -275,7 +278,7 @@ class DirectBody:
         c = self._cycle
         if c.flow.write_paused or c.disconnected or c.response_complete:
             return False
-        self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        self._write(_FRAME % (len(data), data))
         return True
 
 
@@ -387,9 +390,6 @@ class SteadyReader:
 def _reports_write_side(direct: DirectBody) -> bool:
     get_protocol = getattr(direct._cycle.transport, "get_protocol", None)
     return get_protocol is not None and getattr(get_protocol(), "reports_write_side", False)
-
-
-_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body (DirectBody.write's)
 
 
 class _Formatted(dict):
