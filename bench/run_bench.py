@@ -10,6 +10,8 @@
   burst (TTFT)      TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100: C streams opened at once (one wave,
                     N = C, default C 256), `--burst-rounds` times -> TTFT p50/p99 against the
                     configured 100 ms, with null as the floor
+  requests          TTFT 100 ms, ITL 20 ms, ISL 128, OSL 2, concurrency 300: almost all of a
+                    request's work is per request -> server CPU us per request
   aiperf            optional cross-check of one W1 and one W2 point (`--aiperf`)
 
 Servers (all on 127.0.0.1, each started in its own process group and killed with it):
@@ -21,11 +23,13 @@ Servers (all on 127.0.0.1, each started in its own process group and killed with
   uvicorn-floor     bench/asgi_floor_server.py: null's chunks and timing behind uvicorn's request
                     path (httptools, uvloop, an ASGI task per request; serve's GC settings): what
                     the HTTP framework `serve` runs on costs before any of serve's own work
+  null+cpuN         null spending N us of CPU on each request as it parses it (e.g. null+cpu50):
+                    what W2's ITL tail makes of per-request work alone, on the same client and box
 Peers come from bench/install-peers-bench.sh (venvs under $VLLM_VCR_PEERS).
 
 usage:
   python bench/run_bench.py [--servers vllm-vcr,vllm-vcr-si16,dynamo,guidellm,null]
-                            [--workloads w1,w2,burst] [--w2-concurrency 32,256,1000]
+                            [--workloads w1,w2,burst,requests] [--w2-concurrency 32,256,1000]
                             [--burst-concurrency 256] [--burst-rounds 3] [--aiperf] [--out-dir DIR]
 Writes DIR/results.json and DIR/results.md (markdown tables) and prints the tables.
 """
@@ -178,11 +182,18 @@ def start_guidellm(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float, m
     return s
 
 
-def start_null(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float) -> Server:
-    s = Server("null", port, run_dir)
+def start_null(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float, request_cpu_us: int = 0) -> Server:
+    s = Server(f"null+cpu{request_cpu_us}" if request_cpu_us else "null", port, run_dir)
     s.spawn("null", [sys.executable, str(HERE / "null_sse_server.py"), "--port", str(port),
-                     "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)])
+                     "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+                     *(["--request-cpu-us", str(request_cpu_us)] if request_cpu_us else [])])
     return s
+
+
+def null_cpu_us(name: str) -> int | None:
+    """N of a `null+cpuN` server name, else None."""
+    head, sep, n = name.partition("+cpu")
+    return int(n) if head == "null" and sep and n.isdigit() and int(n) > 0 else None
 
 
 def start_uvicorn_floor(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float) -> Server:
@@ -409,6 +420,24 @@ def table_w2(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def table_requests(rows: list[dict]) -> str:
+    """The `requests` workload: two tokens per request, so the server's CPU is nearly all per-request work."""
+    out = ["| server | C | N | req/s | server CPU µs per request (of it, system) | server CPU % "
+           "| TTFT p50 / p99 ms (cfg 100) | errors | client CPU % | others CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            out.append(f"| {r['label']} | | | failed | | | | | | |")
+            continue
+        per_req = r["server_cpu_s"] / max(1, r["ok"]) * 1e6
+        sys_ = r["server_sys_us_per_event"] * r["content_events"] / max(1, r["ok"])
+        out.append(f"| {r['label']} | {r['concurrency']} | {r['requests']} | {fmt(r['req_per_s'], 0)} "
+                   f"| {per_req:.0f} ({sys_:.0f}) | {fmt(r.get('server_cpu_pct'))} "
+                   f"| {fmt(r['ttft_ms']['p50'])} / {fmt(r['ttft_ms']['p99'])} | {r['errors']} "
+                   f"| {fmt(r['client_cpu_pct'])} | {fmt(r.get('other_cpu_pct'))} |")
+    return "\n".join(out)
+
+
 def table_burst(rows: list[dict]) -> str:
     # the server's own TTFT (its /metrics, from the arrival stamp) beside the client's: the difference
     # is what happens before the stamp (the loop not reading yet) and after the write (the client)
@@ -510,10 +539,13 @@ def main() -> int:
                     help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys); "
                          "null: bench/null_sse_server.py, the floor; uvicorn-floor: bench/asgi_floor_server.py, "
                          "the floor behind uvicorn's request path")
-    ap.add_argument("--workloads", default="w1,w2", help="w1, w2, burst (the opening-burst TTFT)")
+    ap.add_argument("--workloads", default="w1,w2",
+                    help="w1, w2, burst (the opening-burst TTFT), requests (server CPU per request)")
     ap.add_argument("--w1-requests", type=int, default=3000)
     ap.add_argument("--w2-concurrency", default="32,256,1000")
     ap.add_argument("--w2-rounds", type=int, default=4, help="W2 requests = rounds x concurrency (min 320)")
+    ap.add_argument("--requests-concurrency", type=int, default=300, help="requests workload: C")
+    ap.add_argument("--requests-n", type=int, default=6000, help="requests workload: N")
     ap.add_argument("--burst-concurrency", type=int, default=256, help="streams opened at once (burst workload)")
     ap.add_argument("--burst-rounds", type=int, default=3,
                     help="burst workload: separate client runs, each one opening burst of C requests")
@@ -541,15 +573,15 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     servers = [s for s in a.servers.split(",") if s]
     workloads = [w for w in a.workloads.split(",") if w]
-    if unknown := set(workloads) - {"w1", "w2", "burst"}:
-        raise SystemExit(f"unknown workload(s) {sorted(unknown)}: w1, w2, burst")
+    if unknown := set(workloads) - {"w1", "w2", "burst", "requests"}:
+        raise SystemExit(f"unknown workload(s) {sorted(unknown)}: w1, w2, burst, requests")
     w2_conc = [int(c) for c in a.w2_concurrency.split(",") if c]
     client_extra = a.client_args.split()
     # W2 asks for usage on every chunk (vLLM's continuous_usage_stats) so a chunk's token count is
     # exact; servers that ignore it make every content chunk count as one token
     w2_extra = client_extra + ([] if a.no_continuous_usage else ["--continuous-usage"])
-    results: dict = {"machine": machine_info(), "w1": [], "w2": [], "burst": [], "aiperf": [], "servers": {},
-                     "profiles": []}
+    results: dict = {"machine": machine_info(), "w1": [], "w2": [], "burst": [], "requests": [], "aiperf": [],
+                     "servers": {}, "profiles": []}
     port = a.base_port
 
     def start(name: str, ttft: float, itl: float) -> Server:
@@ -563,8 +595,8 @@ def main() -> int:
                                 speedup=a.dynamo_speedup)
         if name == "guidellm":
             return start_guidellm(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir)
-        if name == "null":
-            return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl)
+        if name == "null" or null_cpu_us(name):
+            return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl, request_cpu_us=null_cpu_us(name) or 0)
         if name == "uvicorn-floor":
             return start_uvicorn_floor(port, out_dir, ttft_ms=ttft, itl_ms=itl)
         raise SystemExit(f"unknown server {name}")
@@ -588,6 +620,11 @@ def main() -> int:
                         results["profiles"].append(run_profiled(
                             srv, label="vllm-vcr-w1", osl=256, conc=64, n=a.w1_requests * 3, model_dir=model_dir,
                             out_dir=out_dir, extra=client_extra))
+                elif wl == "requests":
+                    c, n = a.requests_concurrency, a.requests_n
+                    results["requests"].append(run_client(srv, label=name, osl=2, conc=c, n=n, model_dir=model_dir,
+                                                          out=out_dir / f"{name}-requests-c{c}.json",
+                                                          extra=w2_extra))
                 elif wl == "burst":
                     c = a.burst_concurrency
                     for k in range(1, a.burst_rounds + 1):
@@ -622,7 +659,11 @@ def main() -> int:
                "vllm-vcr-si16 up to 16)", "", table_w1(results["w1"]), ""]
     if results["w2"]:
         md += ["### W2 (TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)", "", table_w2(results["w2"]), "",
-               *verdict_w2(results["w2"]), *verdict_w2(results["w2"], "uvicorn-floor"), ""]
+               *verdict_w2(results["w2"]), *verdict_w2(results["w2"], "uvicorn-floor"),
+               *(line for s in servers if null_cpu_us(s) for line in verdict_w2(results["w2"], s)), ""]
+    if results["requests"]:
+        md += [f"### Per-request work (TTFT 100 ms, ITL 20 ms, ISL 128, OSL 2, C {a.requests_concurrency})", "",
+               table_requests(results["requests"]), ""]
     if results["burst"]:
         md += [f"### Opening burst (C = N = {a.burst_concurrency} at once; TTFT 100 ms, ITL 20 ms, ISL 128, OSL 100)",
                "", table_burst(results["burst"]), "", *verdict_burst(results["burst"]), ""]

@@ -1,5 +1,5 @@
-"""bench/run_bench.py's target lines, stream_bench.py's gaps away from arrivals, the null server's
-ITL-0 mode (the W1 floor) and per-request CPU knob, and uvicorn's timed floor."""
+"""bench/run_bench.py's target lines and per-request table, stream_bench.py's gaps away from arrivals,
+the null server's ITL-0 mode (the W1 floor) and per-request CPU knob, and uvicorn's timed floor."""
 
 from __future__ import annotations
 
@@ -78,6 +78,25 @@ def test_w2_verdict_splits_cpu_into_user_and_system_time_when_measured():
             {**_w2("null", 1000, 22.0, 16.0), "server_sys_us_per_event": 9.0}]
     (line,) = rb.verdict_w2(rows)
     assert "(1.50x; target <= 1.2x: NOT met; user 15.5 vs 7.0, system 8.5 vs 9.0)" in line
+
+
+def test_null_plus_cpu_servers_are_named_by_their_microseconds_and_judged_like_vllm_vcr():
+    rb = _load("run_bench")
+    assert [rb.null_cpu_us(n) for n in ("null+cpu50", "null+cpu250", "null", "null+cpu", "null+cpu0", "x+cpu5")] \
+        == [50, 250, None, None, None, None]
+    (line,) = rb.verdict_w2([_w2("null+cpu50", 1000, 25.0, 17.0), _w2("null", 1000, 22.0, 16.0)], "null+cpu50")
+    assert line.startswith("* null+cpu50 vs null, C=1000: one-token ITL p99 25.00 vs 22.00 ms (+3.00; target <= +2: NOT met")
+
+
+def test_requests_table_shows_server_cpu_per_request_not_per_event():
+    rb = _load("run_bench")
+    row = {"label": "null", "concurrency": 300, "requests": 6000, "ok": 6000, "req_per_s": 2380.0,
+           "server_cpu_s": 0.372, "server_sys_us_per_event": 15.0, "content_events": 12000,
+           "server_cpu_pct": 14.7, "ttft_ms": {"p50": 101.8, "p99": 122.8}, "errors": 0, "client_cpu_pct": 14.7,
+           "other_cpu_pct": 0.0}
+    table = rb.table_requests([row, {"label": "vllm-vcr", "failed": "boom"}])
+    assert "| null | 300 | 6000 | 2,380 | 62 (30) | 14.7 | 101.8 / 122.8 | 0 |" in table  # 0.372 s / 6000
+    assert "| vllm-vcr | | | failed |" in table
 
 
 def test_stream_bench_counts_a_servers_user_and_system_time_apart():
