@@ -595,8 +595,9 @@ def main() -> int:
                                 speedup=a.dynamo_speedup)
         if name == "guidellm":
             return start_guidellm(port, out_dir, ttft_ms=ttft, itl_ms=itl, model_dir=model_dir)
-        if name == "null" or null_cpu_us(name):
-            return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl, request_cpu_us=null_cpu_us(name) or 0)
+        cpu_us = null_cpu_us(name)
+        if name == "null" or cpu_us:
+            return start_null(port, out_dir, ttft_ms=ttft, itl_ms=itl, request_cpu_us=cpu_us or 0)
         if name == "uvicorn-floor":
             return start_uvicorn_floor(port, out_dir, ttft_ms=ttft, itl_ms=itl)
         raise SystemExit(f"unknown server {name}")
