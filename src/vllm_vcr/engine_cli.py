@@ -11,6 +11,7 @@ import os
 
 from .engine.config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
 from .engine.output_length import DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, DISTRIBUTIONS
+from .engine.policy import engine_types
 
 
 def _env(name: str, default):
@@ -78,7 +79,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="seconds of simulated model loading before the engine serves")
     g.add_argument("--startup-failure", default=None, metavar="MESSAGE",
                    help="after --startup-time, fail model loading with MESSAGE (for orchestration tests)")
-    g.add_argument("--engine-type", choices=["vllm", "sglang"], default="vllm",
+    g.add_argument("--engine-type", choices=engine_types(), default="vllm",
                    help="the engine simulated: sglang serves SGLang's metric names (sglang:*), its HTTP routes "
                         "(/generate, /get_model_info, /health_generate, /flush_cache) and P/D handoff order")
     g.add_argument("--forward-pass-metrics-port", type=int, default=None, metavar="PORT",

@@ -86,14 +86,14 @@ class RecordingObserver:
         self.calls = []
         self.reject = reject
 
-    def arrived(self, core, rid, params):
+    def arrived(self, rid, params):
         self.calls.append(("arrived", rid))
         return self.reject
 
-    def prefilled(self, core, rid, params):
+    def prefilled(self, rid, params):
         self.calls.append(("prefilled", rid, params.get("bootstrap_room")))
 
-    def ended(self, core, rid):
+    def ended(self, rid):
         self.calls.append(("ended", rid))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from .config import FailureType
 from .kv_transfer import has_handoff_metadata
@@ -20,7 +20,14 @@ from .tokens import (PLANNED_OUTPUT_KEY, BiasedTokens, EchoTokens, RandomTokens,
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from .clock import Clock
+    from .config import EngineArgs, EngineConfig
+    from .kv_cache_manager import KVCacheManager
+    from .kv_transfer import KVTransfer
+    from .latency import LatencyModel
+    from .plan import OutputReplayTable, Planner
+    from .scheduler import Scheduler
+    from .stats import EngineStats
 
 logger = logging.getLogger("vllm_vcr.engine")
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy sampling
@@ -39,12 +46,11 @@ def finish_output(rid: str, reason: FinishReason, *, events: list[EngineCoreEven
                             events=events or None, error=error)
 
 
-def reject(core: EngineCore, outputs: list, finished: list, client: int, rid: str, reason: FinishReason, *,
+def reject(stats: EngineStats, outputs: list, finished: list, client: int, rid: str, reason: FinishReason, *,
            counter: str = "requests_failed", events: list[EngineCoreEvent] | None = None,
            stop_reason: int | str | None = None, error: RequestError | None = None) -> None:
-    """End a request that will not (or no longer) run: count it, answer it, mark it finished
-    (the one path for every rejection, injected failure, and abort or failure with an output)."""
-    stats = core.stats
+    """End a request that will not (or no longer) run: count it in `stats`, answer it, mark it
+    finished (the one path for every rejection, injected failure, and abort or failure with an output)."""
     setattr(stats, counter, getattr(stats, counter) + 1)
     outputs.append((client, finish_output(rid, reason, events=events, stop_reason=stop_reason, error=error)))
     finished.append((client, rid))
@@ -61,15 +67,36 @@ def context_error(prompt_len: int, max_model_len: int) -> str:
 
 
 class Admission:
-    def __init__(self, core: EngineCore, token_source_factory: TokenSourceFactory | None,
+    """Admission for one engine. Its collaborators: the engine's args and index, its current
+    config and latency model (`config()`, `latency()`: patches and swaps included), the loop's
+    count of sleeps (`idle_waits()`), its counters, live requests (by id), scheduler, KV cache,
+    KV transfers and clock, and the recorded inputs (`planner`, `replay_table`)."""
+
+    def __init__(self, args: EngineArgs, engine_index: int, *, config: Callable[[], EngineConfig],
+                 latency: Callable[[], LatencyModel], idle_waits: Callable[[], int], stats: EngineStats,
+                 requests: Mapping[str, Request], scheduler: Scheduler, kv: KVCacheManager, kv_transfer: KVTransfer,
+                 clock: Clock, planner: Planner | None = None, replay_table: OutputReplayTable | None = None,
+                 token_source_factory: TokenSourceFactory | None = None,
                  textless_ids: frozenset[int] = frozenset()) -> None:
-        args = core.args
-        self.core = core
+        self.args = args
+        self.engine_index = engine_index
+        self._config = config
+        self._latency = latency
+        self._idle_waits = idle_waits
+        self._stats = stats
+        self._requests = requests
+        self._scheduler = scheduler
+        self._kv = kv
+        self._kv_transfer = kv_transfer
+        self._clock = clock
+        self.planner = planner
+        self.replay_table = replay_table
+        self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.token_source_factory = token_source_factory
         self.reasoning = ReasoningConfig.parse(args.reasoning) if args.reasoning else None
-        self.failure_rng = random.Random(args.seed ^ (core.engine_index * 0x9E3779B9))
-        self.latency_rng = random.Random(args.seed * 7919 + core.engine_index)
-        self.length_rng = random.Random(f"output-length/{args.seed}/{core.engine_index}")
+        self.failure_rng = random.Random(args.seed ^ (engine_index * 0x9E3779B9))
+        self.latency_rng = random.Random(args.seed * 7919 + engine_index)
+        self.length_rng = random.Random(f"output-length/{args.seed}/{engine_index}")
         self._length_config = None  # the config the cached length model was built from
         self._length_model = None
         self.seq = 0
@@ -91,31 +118,31 @@ class Admission:
     def admit(self, ecr: EngineCoreRequest, now: float, draining: bool, outputs: list,
               finished: list) -> Request | None:
         """The request to queue, or None when it was rejected (its finish output is in `outputs`)."""
-        core = self.core
-        core.stats.requests_received += 1
+        stats = self._stats
+        stats.requests_received += 1
         rid, client = ecr.request_id, ecr.client_index
-        if rid in core.requests:  # a duplicate must not disturb the live request with the same id
+        if rid in self._requests:  # a duplicate must not disturb the live request with the same id
             logger.warning("request %s: duplicate request id, rejected", rid)
-            return reject(core, outputs, finished, client, rid, FinishReason.ERROR)
+            return reject(stats, outputs, finished, client, rid, FinishReason.ERROR)
         err = self.check(ecr)
         if err is None:
             req = self.new_request(ecr, now)
             ktp = ecr.kv_transfer_params
             if draining:
-                return reject(core, outputs, finished, client, rid, FinishReason.ABORT, counter="requests_aborted",
+                return reject(stats, outputs, finished, client, rid, FinishReason.ABORT, counter="requests_aborted",
                               events=req.pending_events)
             failure = self.injected_failure(rid)
             if failure is not None:
-                return reject(core, outputs, finished, client, rid, failure[0], stop_reason=failure[1],
+                return reject(stats, outputs, finished, client, rid, failure[0], stop_reason=failure[1],
                               events=req.pending_events)
             if req.max_tokens == 0:  # nothing may be generated: LENGTH without running (vLLM's check_stop)
-                return reject(core, outputs, finished, client, rid, FinishReason.LENGTH,
+                return reject(stats, outputs, finished, client, rid, FinishReason.LENGTH,
                               counter="requests_completed", events=req.pending_events)
             if has_handoff_metadata(ktp):
-                err = core.kv_transfer.admit_handoff(req, ktp)
+                err = self._kv_transfer.admit_handoff(req, ktp)
         if err is not None:
             logger.warning("request %s rejected: %s", rid, err)
-            return reject(core, outputs, finished, client, rid, FinishReason.ERROR,
+            return reject(stats, outputs, finished, client, rid, FinishReason.ERROR,
                           error=RequestError("validation_error", err))
         return req
 
@@ -126,18 +153,18 @@ class Admission:
             return "request has no sampling_params (pooling is not simulated)"
         if not ecr.prompt_token_ids:
             return "request has no prompt_token_ids (prompt_embeds and multimodal inputs are not simulated)"
-        core = self.core
+        kv = self._kv
         prompt_len = len(ecr.prompt_token_ids)
-        if not core.kv.can_fit(prompt_len + 1):
-            return (f"prompt of {prompt_len} tokens needs {core.kv.blocks_needed(prompt_len + 1)} KV blocks "
-                    f"but the cache has {core.block_pool.num_blocks}")
+        if not kv.can_fit(prompt_len + 1):
+            return (f"prompt of {prompt_len} tokens needs {kv.blocks_needed(prompt_len + 1)} KV blocks "
+                    f"but the cache has {kv.pool.num_blocks}")
         if sp.max_tokens is not None and sp.max_tokens < 0:
             return f"max_tokens must be >= 0, got {sp.max_tokens}"
-        cfg = core.config
+        cfg = self._config()
         if cfg.max_model_len and prompt_len >= cfg.max_model_len:
             # a patched max_model_len the prompt leaves no room in: vLLM's input check, a failure
             return context_error(prompt_len, cfg.max_model_len)
-        if not core.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:
+        if not self.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:
             return (f"prompt of {prompt_len} tokens exceeds max_num_batched_tokens {cfg.max_num_batched_tokens} "
                     "and chunked prefill is disabled")
         return None
@@ -145,14 +172,14 @@ class Admission:
     def new_request(self, ecr: EngineCoreRequest, now: float) -> Request:
         """The engine's request, with its output budget (max_tokens after the context window, the
         KV capacity, a recorded plan, a modeled EOS and the prefill-worker cap)."""
-        core = self.core
+        args = self.args
         sp = ecr.sampling_params
         prompt_len = len(ecr.prompt_token_ids)
-        max_len = core.config.max_model_len or core.args.advertised_max_model_len
-        room = min(max_len, core.kv_capacity_tokens) - prompt_len
+        max_len = self._config().max_model_len or args.advertised_max_model_len
+        room = min(max_len, self.kv_capacity_tokens) - prompt_len
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
         ktp = ecr.kv_transfer_params or {}
-        remote_decode = bool(ktp.get("do_remote_decode")) or core.args.worker_type == "prefill"
+        remote_decode = bool(ktp.get("do_remote_decode")) or args.worker_type == "prefill"
         plan = self.plan_for(ecr)
         if plan is not None and plan.num_tokens is not None:
             max_tokens = min(plan.num_tokens if plan.overrides_max_tokens else min(max_tokens, plan.num_tokens), room)
@@ -192,11 +219,10 @@ class Admission:
         """An output length from the recording (`--latency-trace`), else from the configured
         distribution (random mode only): per request `seed` when given, from the prompt when greedy,
         else from the engine's own sequence (`--seed`)."""
-        core = self.core
-        n = core.latency.sample_output_len(self.latency_rng)
-        if n is not None or core.args.mode != "random":
+        n = self._latency().sample_output_len(self.latency_rng)
+        if n is not None or self.args.mode != "random":
             return n
-        cfg = core.config
+        cfg = self._config()
         if cfg is not self._length_config:
             self._length_config, self._length_model = cfg, cfg.output_length_model()
         if self._length_model is None:
@@ -207,24 +233,23 @@ class Admission:
             rng = random.Random(f"output-length/{sp.seed}")
         elif sp.temperature is not None and sp.temperature < GREEDY_EPS:
             # greedy: the prompt decides (apart from the token draw, which the same hash seeds)
-            rng = random.Random(f"output-length/{hash((core.args.seed, tuple(ecr.prompt_token_ids)))}")
+            rng = random.Random(f"output-length/{hash((self.args.seed, tuple(ecr.prompt_token_ids)))}")
         return self._length_model.draw(rng)
 
     def plan_for(self, ecr: EngineCoreRequest) -> RequestPlan | None:
         """A recorded trace's plan (planner), else the response replay table's planned ids."""
-        core = self.core
-        if core.planner is not None:
-            plan = core.planner(ecr)
+        if self.planner is not None:
+            plan = self.planner(ecr)
             if plan is not None:
                 return plan
         key = (ecr.sampling_params.extra_args or {}).get("output_replay_id")
         if key is None:
             return None
-        if core.replay_table is None:
+        if self.replay_table is None:
             logger.warning("request %s asked for output replay id %r but no response replay trace is loaded",
                            ecr.request_id, key)
             return None
-        planned = core.replay_table.get(str(key))
+        planned = self.replay_table.get(str(key))
         if planned is None:
             logger.warning("request %s: output replay id %r not found in the response replay trace",
                            ecr.request_id, key)
@@ -233,7 +258,7 @@ class Admission:
 
     def injected_failure(self, rid: str) -> tuple[FinishReason, str | None] | None:
         """--failure-injection-rate: the (finish reason, stop reason) this request fails with, or None."""
-        cfg = self.core.config
+        cfg = self._config()
         if cfg.failure_injection_rate <= 0 or self.failure_rng.random() >= cfg.failure_injection_rate:
             return None
         ftype = self.failure_rng.choice(cfg.failure_types)
@@ -246,22 +271,21 @@ class Admission:
         """Fix the request's pacing and token source (a preempted request keeps both)."""
         if req.pacing is not None:
             return
-        core = self.core
-        args = core.args
+        args = self.args
         sp = req.sampling_params
         seed = sp.seed
         if seed is None and sp.temperature is not None and sp.temperature < GREEDY_EPS:
             seed = hash((args.seed, tuple(req.prompt_token_ids)))  # greedy: same prompt, same tokens
-        rng_seed = seed if seed is not None else f"{args.seed}/{core.engine_index}/{req.request_id}"
-        pacing = core.latency.pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
-                                     len(core.scheduler.running), self.latency_rng)
+        rng_seed = seed if seed is not None else f"{args.seed}/{self.engine_index}/{req.request_id}"
+        pacing = self._latency().pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
+                                        len(self._scheduler.running), self.latency_rng)
         plan = req.plan
         if plan is not None and (plan.ttft is not None or plan.steps is not None):
             pacing = ScriptedPacing(plan, pacing, args.time_scale)
         req.pacing = pacing
         req.chunk = pacing.first_chunk
         ttft = pacing.ttft
-        if type(pacing) is RequestPacing and not core.clock.virtual:
+        if type(pacing) is RequestPacing and not self._clock.virtual:
             # vLLM counts TTFT from the request's arrival: the server's own delay is inside it
             ttft = max(0.0, ttft - self.server_delay(req, now))
         req.first_due = now + ttft
@@ -280,17 +304,17 @@ class Admission:
         engine's own admission work too (the steps that admitted the requests before it). A request
         that waited while the loop slept waited for capacity (a full batch, KV blocks, a pause):
         that queueing adds to its TTFT, as in vLLM."""
-        if req.received_in != self.core.idle_waits or req.arrival_time <= 0:
+        if req.received_in != self._idle_waits() or req.arrival_time <= 0:
             return req.frontend_delay
         # the wall-clock time of `now`: the step started before this admission's own work
-        return max(0.0, time.time() - (self.core.clock.now() - now) - req.arrival_time)
+        return max(0.0, time.time() - (self._clock.now() - now) - req.arrival_time)
 
     def _load_adapter(self, req: Request) -> None:
         """Make the request's adapter resident beside the batch's; loading delays its first token
         (untimed) or the step (timed, charged by `take_lora_time`)."""
-        batch = {r.lora_id for r in self.core.scheduler.running if r.lora_id}
+        batch = {r.lora_id for r in self._scheduler.running if r.lora_id}
         cost = self.lora.activate([*batch, req.lora_id])
-        if cost > 0 and self.core.latency.times_steps:
+        if cost > 0 and self._latency().times_steps:
             self.lora_time += cost
         else:
             req.first_due += cost
@@ -306,7 +330,7 @@ class Admission:
         return base if extra <= base else base | extra
 
     def _token_source(self, req: Request, rng_seed) -> TokenSource:
-        args = self.core.args
+        args = self.args
         factory = self.token_source_factory
         # the request's own random sequence; a factory marked `rng_free` never reads it, and when it
         # makes the source, none is seeded (it is fresh per request: nothing else could see it)

@@ -40,3 +40,6 @@ class VirtualClock:
     async def sleep_until(self, deadline: float) -> None:
         self.advance_to(deadline)
         await asyncio.sleep(0)
+
+
+Clock = RealClock | VirtualClock

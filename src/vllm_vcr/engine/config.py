@@ -16,8 +16,7 @@ import msgspec
 
 from .output_length import (DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, LengthError, OutputLengthModel,
                             build_length_model)
-
-ENGINE_TYPES = ("vllm", "sglang")
+from .policy import engine_types
 
 LATENCY_FIELDS = (
     "time_to_first_token",
@@ -141,8 +140,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     replay_steps: str | None = None
     replay_match: str = "index"  # index | prefix
     reasoning: str | None = None  # "START_ID,END_ID,RATIO"
-    # which engine is simulated: its metric names, HTTP routes, P/D handoff order (and perf data)
-    engine_type: str = "vllm"  # vllm | sglang
+    # which engine is simulated (policy.py's registry: vllm | sglang): its scheduling policy and
+    # P/D handoff order here; its metric names, HTTP routes (and perf data) in the adapters
+    engine_type: str = "vllm"
     # prefill/decode disaggregation
     worker_type: str = "aggregated"  # aggregated | prefill | decode
     kv_bytes_per_token: int = 131072
@@ -178,8 +178,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.mode not in ("random", "echo"):
             raise ConfigError(f"--mode must be random or echo, got {self.mode!r}")
-        if self.engine_type not in ENGINE_TYPES:
-            raise ConfigError(f"--engine-type must be one of {', '.join(ENGINE_TYPES)}, got {self.engine_type!r}")
+        if self.engine_type not in engine_types():
+            raise ConfigError(f"--engine-type must be one of {', '.join(engine_types())}, got {self.engine_type!r}")
         if self.worker_type not in ("aggregated", "prefill", "decode"):
             raise ConfigError(f"--worker-type must be aggregated, prefill or decode, got {self.worker_type!r}")
         if self.kv_transfer_bandwidth <= 0:

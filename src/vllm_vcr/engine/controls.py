@@ -72,8 +72,11 @@ class EngineControls:
 
     def reset_stats(self) -> None:
         # requests still in flight finish inside the new window: counting them as received there
-        # keeps received == completed + failed + aborted once idle
-        self.stats = EngineStats(requests_received=len(self.requests))
+        # keeps received == completed + failed + aborted once idle. In place: admission and the
+        # output processor count into this one object.
+        s, fresh = self.stats, EngineStats(requests_received=len(self.requests))
+        for f in fresh.__struct_fields__:
+            setattr(s, f, getattr(fresh, f))
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()

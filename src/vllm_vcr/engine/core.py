@@ -26,7 +26,7 @@ from .admission import Admission, TokenSourceFactory, reject
 from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
-from .config import EngineArgs
+from .config import EngineArgs, EngineConfig
 from .controls import EngineControls, LatencyTraceActive  # noqa: F401  (LatencyTraceActive: re-exported)
 from .decode_cohort import CohortOutputProcessor, CohortScheduler, DecodeCohort, timing_only_unsupported
 from .inbox import Inbox, run_call
@@ -34,13 +34,13 @@ from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
 from .latency import KnobLatency, LatencyModel, StepRecord
 from .lifecycle import EngineLifecycle
-from .output import OutputProcessor
+from .output import OutputProcessor, OutputSink
 from .plan import OutputReplayTable, Planner
 from .policy import policy_for
 from .request import Request, RequestStatus, TokenSink
 from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
-from .step import StepInFlight, TimedSteps, burst_size, compose, log_step
+from .step import Bursts, StepInFlight, TimedSteps, compose, log_step
 from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError
 
 logger = logging.getLogger("vllm_vcr.engine")
@@ -50,7 +50,6 @@ BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O
 # (steps that emit nothing, e.g. admitting a burst of requests a token budget at a time, run back to
 # back up to BUSY_SLICE even at one token per event: yielding after each would queue every one
 # behind all the other work of the loop and move the requests' first tokens later)
-OutputSink = Callable[[int, EngineCoreOutputs], None]
 StepObserver = Callable[[StepRecord], None]
 
 
@@ -88,12 +87,11 @@ class EngineCore(EngineControls):
         self.idle_waits = 0  # times the loop slept: between two, it ran without waiting for anything
         self.on_idle = on_idle
         self._config = args.config
+        config = self._current_config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
-        self.planner = planner
-        self.replay_table = replay_table
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
         self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
-        sched_args = (lambda: self._config, self.kv, args.scheduling_policy, args.long_prefill_token_threshold,
+        sched_args = (config, self.kv, args.scheduling_policy, args.long_prefill_token_threshold,
                       policy_for(args.engine_type))
         self.cohort: DecodeCohort | None = None
         if timing_only:
@@ -108,11 +106,20 @@ class EngineCore(EngineControls):
         self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}
-        self.stats = EngineStats()
+        self.stats = EngineStats()  # (one object for the engine's life: reset_stats resets it in place)
         self.dead: BaseException | None = None
-        self.admission = Admission(self, token_source_factory, textless_ids)
-        self.output = OutputProcessor(self) if self.cohort is None else CohortOutputProcessor(self, self.cohort)
-        self.kv_transfer = KVTransfer(self, self.kv, self.scheduler)
+        self.kv_transfer = KVTransfer(args, engine_index, self.kv, self.scheduler, self.requests)
+        self.admission = Admission(args, engine_index, config=config, latency=lambda: self.latency,
+                                   idle_waits=lambda: self.idle_waits, stats=self.stats, requests=self.requests,
+                                   scheduler=self.scheduler, kv=self.kv, kv_transfer=self.kv_transfer,
+                                   clock=self.clock, planner=planner, replay_table=replay_table,
+                                   token_source_factory=token_source_factory, textless_ids=textless_ids)
+        collaborators = dict(scheduler=self.scheduler, kv=self.kv, kv_transfer=self.kv_transfer, requests=self.requests,
+                             stats=self.stats, clock=self.clock, config=config, sink=self.output_sink,
+                             engine_index=engine_index, scheduler_stats=self.scheduler_stats)
+        self.output = OutputProcessor(**collaborators) if self.cohort is None else \
+            CohortOutputProcessor(self.cohort, **collaborators)
+        self._bursts = Bursts(args, self.scheduler, self.kv_transfer, self.kv, config).size
         self.scheduler.on_admit = self.admission.on_admit
         self.scheduler.on_preempt = self.kv_transfer.cancel_pull
         self._kv_events: tuple[KVEventSink, Callable[[list, float], Any]] | None = None
@@ -127,7 +134,29 @@ class EngineCore(EngineControls):
         self._pulled: list[str] = []
         self.inbox = Inbox()
         self._inbox = self.inbox.messages  # read every turn
-        self.lifecycle = EngineLifecycle(self)  # frozen, draining, stopped
+        self.lifecycle = EngineLifecycle(engine_index, self.clock, self.requests, abort_all=self._abort_all,
+                                         emit=self.output.emit, resume=self._resume)  # frozen, draining, stopped
+
+    def _current_config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def planner(self) -> Planner | None:
+        """A recorded trace's plans for arriving requests (admission reads it)."""
+        return self.admission.planner
+
+    @planner.setter
+    def planner(self, planner: Planner | None) -> None:
+        self.admission.planner = planner
+
+    @property
+    def replay_table(self) -> OutputReplayTable | None:
+        """A response replay trace's planned output ids (admission reads it)."""
+        return self.admission.replay_table
+
+    @replay_table.setter
+    def replay_table(self, table: OutputReplayTable | None) -> None:
+        self.admission.replay_table = table
 
     def _counting_sink(self, sink: OutputSink) -> OutputSink:
         def counted(client: int, outs: EngineCoreOutputs) -> None:
@@ -380,12 +409,24 @@ class EngineCore(EngineControls):
                 if self._config.log_requests:
                     logger.info("request %s aborted", rid)
             elif error is None:
-                reject(self, outputs, finished, req.client_index, rid, FinishReason.ABORT,
+                reject(self.stats, outputs, finished, req.client_index, rid, FinishReason.ABORT,
                        counter="requests_aborted", events=req.pending_events)
             else:
-                reject(self, outputs, finished, req.client_index, rid, FinishReason.ERROR, events=req.pending_events,
-                       error=error)
+                reject(self.stats, outputs, finished, req.client_index, rid, FinishReason.ERROR,
+                       events=req.pending_events, error=error)
             self.kv_transfer.end_handoff(rid)
+
+    def _abort_all(self, outputs: list, finished: list) -> None:
+        """Abort every live request, each with a finish output (shutdown, the end of a drain)."""
+        self.finish_requests(list(self.requests), finished, outputs)
+
+    def _resume(self, delta: float) -> None:
+        """Resumed after `delta` seconds frozen: every deadline moves by that much."""
+        self.scheduler.shift_deadlines(delta)
+        self.timed.shift(delta)
+        for req in self.requests.values():
+            if not req.output_token_ids:
+                req.first_due += delta
 
     # --- the step ----------------------------------------------------------------------------------
     def step(self, now: float) -> None:
@@ -448,7 +489,8 @@ class EngineCore(EngineControls):
             return False
         self.step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
-            log_step(self, scheduled, TRACE_LEVEL)
+            log_step(self.engine_index, self.step_counter, scheduled, self.scheduler, self.block_pool.usage(),
+                     TRACE_LEVEL)
         duration = 0.0
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self.timed.after_idle(now))
@@ -462,7 +504,7 @@ class EngineCore(EngineControls):
             self.timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
         else:
             draining = self.lifecycle.draining_deadline is not None
-            burst = burst_size(self, scheduled, draining) if not pulled else 1
+            burst = self._bursts(scheduled, draining) if not pulled else 1
             self.step_counter += burst - 1
             self.output.update_from_output(scheduled, pulled, now, burst)
             if self._step_floor:
@@ -472,3 +514,41 @@ class EngineCore(EngineControls):
             if draining:
                 self.lifecycle.drained()
         return True
+
+    # --- timing-only decodes (decode_cohort.py) --------------------------------------------------
+    def fast_forward(self, horizon: float) -> int:
+        """Run, at once, the cohort-only steps of this engine that end before `horizon` (when its
+        driver knows no input arrives: the offline simulator), stopping before a step that samples a
+        last token (`DecodeCohort.run_alone`); a step whose blocks do not all fit runs the plain
+        way. Returns the steps."""
+        cohort, timed = self.cohort, self.timed
+        batch = timed.in_flight
+        if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon \
+                or not cohort.members or not self._quiet():
+            return 0
+        steps, now, end, pressure = cohort.run_alone(batch.end, horizon, self.kv.pool,
+                                                     self.scheduler.engine_policy.on_step,
+                                                     self.latency.step_duration, timed.rng, self.admission)
+        if pressure:  # the next step preempts: the plain way
+            self._end_fast_run(now, steps - 1)
+            timed.in_flight = None
+            self._start_step(now)
+        elif steps:
+            batch.end = end  # (the step in flight: nothing scheduled in it but the cohort)
+            self._end_fast_run(now, steps)
+        return steps
+
+    def _quiet(self) -> bool:
+        """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
+        sched, life, kvt = self.scheduler, self.lifecycle, self.kv_transfer
+        return not (self._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
+                    or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
+                    or kvt.holds or kvt.transfers.remaining or self._pulled or self.timed.gate.hidden
+                    or self._step_observers or logger.isEnabledFor(TRACE_LEVEL))
+
+    def _end_fast_run(self, now: float, priced: int) -> None:
+        """The engine's clock and counters after fast-forwarded steps, the last ending at `now`
+        (`priced`: the steps that started)."""
+        self.timed.last_end = now
+        self.step_counter += priced
+        self.clock.advance_to(now)

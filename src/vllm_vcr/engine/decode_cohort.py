@@ -8,7 +8,7 @@ prefill decodes one token in every step, and nothing reads the tokens of the ste
 keeps the members' summed context (for the step's price); the members by the phase of the step
 (`D % block_size`) at which they need their next KV block, in the plain scheduler's decode order
 (first-token time, then arrival), allocated then (in one call while the free blocks cover them,
-else one by one through the scheduler's own `_allocate_or_preempt`, so preemption is unchanged);
+else one by one through the scheduler's own allocation, so preemption is unchanged);
 and a queue of the steps that sample each member's last token (done by the plain `sample`). A
 member is materialized (its token ids, its computed count) only when it leaves: at its finish, or
 when it is preempted. Prefills, admission, preemption, first and last tokens run the plain code.
@@ -22,11 +22,11 @@ its random ids; a preempted request's are, so its resume finds them); no KV even
 from __future__ import annotations
 
 import heapq
-import logging
 import math
+import random
 from array import array
 from bisect import insort
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .block_pool import BlockPool
 from .latency import StepBatch
@@ -37,13 +37,19 @@ from .tokens import CountedTokens, RandomTokens
 
 if TYPE_CHECKING:
     from .config import EngineConfig
-    from .core import EngineCore
     from .latency import LatencyModel
-    from .policy import VLLMPolicy
+    from .policy import EnginePolicy
 
-_engine_log = logging.getLogger("vllm_vcr.engine")
-TRACE_LEVEL = 5  # core.TRACE_LEVEL: every step is logged
 TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
+# (request, tokens, now) -> False when the request itself was preempted: Scheduler's allocation
+AllocateOrPreempt = Callable[[Request, int, float], bool]
+
+
+class LoRACharge(Protocol):
+    """Adapter loading time not yet charged to a step (admission.py's Admission)."""
+    lora_time: float
+
+    def take_lora_time(self) -> float: ...
 
 
 def cohort_eligible(req: Request) -> bool:
@@ -149,12 +155,13 @@ class DecodeCohort:
         """The members' summed tokens: the context their decodes attend to in the next step."""
         return self._tokens_minus_join + len(self.members) * self.step
 
-    def allocate(self, sched: Scheduler, now: float) -> None:
+    def allocate(self, pool: BlockPool, allocate_or_preempt: AllocateOrPreempt, now: float) -> None:
         """Before scheduling step D+1: the members whose next token needs a new block get it, in the
-        plain scheduler's decode order (a member preempted here leaves through `_preempt`)."""
+        plain scheduler's decode order (`allocate_or_preempt`: the scheduler's, a member preempted
+        there leaves through its preemption)."""
         if self._prepared == self.step:
             return  # (the input gate may schedule twice in one step)
-        if self.allocate_if_free(sched.kv.pool):
+        if self.allocate_if_free(pool):
             return
         self._prepared = step = self.step
         # KV pressure: one by one, preempting as the plain scheduler does
@@ -163,7 +170,7 @@ class DecodeCohort:
             if m is None:
                 continue  # preempted by an earlier member's allocation
             req.num_computed_tokens = m.t0 + step - m.d0 - 1
-            sched._allocate_or_preempt(req, 1, now)
+            allocate_or_preempt(req, 1, now)
 
     def allocate_if_free(self, pool: BlockPool) -> bool:
         """Before step D+1, when the free blocks cover every member at a block boundary: one block
@@ -206,6 +213,47 @@ class DecodeCohort:
             done.append(req)
         return done
 
+    def run_alone(self, end: float, horizon: float, pool: BlockPool, on_step: Callable[[], None],
+                  step_duration: Callable[[StepBatch, random.Random], float], rng: random.Random,
+                  lora: LoRACharge) -> tuple[int, float, float, bool]:
+        """The cohort's steps when nothing else runs (its engine knows no input arrives before
+        `horizon`: the offline simulator), the first one starting at `end`, while they end before
+        `horizon`, stopping before a step that samples a last token. Each step is what the plain
+        loop would do (advance, block boundaries, a priced step: `on_step`, `step_duration` with
+        `rng`, `lora`'s loading time), without its generic scheduling. Returns (the steps that
+        ended, when the last of them ended, when the step they started ends, KV pressure): under
+        KV pressure the last step's blocks did not all fit and it started no step (the plain
+        step preempts)."""
+        # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
+        n = len(self.members)
+        last_step = self.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
+        if not n or self.step > last_step:
+            return 0, end, end, False
+        buckets, block_size = self._buckets, self.block_size
+        step_ends, base = self.step_ends, self._tokens_minus_join
+        step, now, steps = self.step, end, 0
+        while end < horizon and step <= last_step:
+            step += 1  # cohort step `step` ended at `end` (no member finishes here)
+            step_ends.append(end)
+            now = end
+            steps += 1
+            due = buckets[step % block_size]
+            if due:  # members crossing a block boundary get their block, in decode order
+                if len(due) > pool.num_free_blocks:  # KV pressure: the plain step preempts
+                    self.step = step
+                    return steps, now, end, True
+                for slot, block in zip(due, pool.allocate(len(due))):
+                    slot[2].blocks.append(block)
+            on_step()
+            # = compose() + extend() of a step of the cohort's decodes alone
+            composition = tuple.__new__(StepBatch, (n, 0, 0, 0, base + n * step, False, 0, 0, (), ()))
+            end = now + max(step_duration(composition, rng), 0.0)
+            if lora.lora_time:
+                end += lora.take_lora_time()
+        if steps:
+            self.step = self._prepared = step
+        return steps, now, end, False
+
 
 class CohortScheduler(Scheduler):
     """The vLLM scheduler with eligible decodes in a DecodeCohort instead of the decode heap."""
@@ -239,7 +287,7 @@ class CohortScheduler(Scheduler):
     def schedule(self, now: float) -> list:
         self.engine_policy.on_step()
         before = self.total_preemptions
-        self.cohort.allocate(self, now)
+        self.cohort.allocate(self.kv.pool, self._allocate_or_preempt, now)
         budget = self._config().max_num_batched_tokens - len(self.cohort.members)
         scheduled, budget = self._schedule_decodes([], budget, now)  # ineligible decodes, if any
         scheduled, budget = self._schedule_prefills(scheduled, budget, now)
@@ -254,8 +302,8 @@ class CohortOutputProcessor(OutputProcessor):
     """Step ends: the cohort advances and its finishing members sample their last token first
     (as the plain path handles decodes before prefills), in the same output batch."""
 
-    def __init__(self, core: EngineCore, cohort: DecodeCohort) -> None:
-        super().__init__(core)
+    def __init__(self, cohort: DecodeCohort, **collaborators: Any) -> None:
+        super().__init__(**collaborators)
         self.cohort = cohort
         self._pending: tuple[list, list] | None = None
 
@@ -281,75 +329,12 @@ class CohortOutputProcessor(OutputProcessor):
 _LENGTH_ONLY = (RandomTokens, CountedTokens)  # sources that never emit an ending id
 
 
-def timing_only_unsupported(latency: LatencyModel, policy: VLLMPolicy, config: EngineConfig) -> str | None:
+def timing_only_unsupported(latency: LatencyModel, policy: EnginePolicy, config: EngineConfig) -> str | None:
     """Why an engine cannot run timing-only decodes (None: it can)."""
     if not latency.times_steps:
         return "steps are not timed (no step-time or perf model)"
-    if policy.extend_first or policy.name != "vllm":
+    if not policy.decode_cohort:
         return "the engine type is not vllm"
     if config.max_num_seqs > config.max_num_batched_tokens:
         return "max_num_seqs exceeds max_num_batched_tokens (the budget could cut decodes)"
     return None
-
-
-def _quiet(core: EngineCore) -> bool:
-    """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
-    sched, life, kvt = core.scheduler, core.lifecycle, core.kv_transfer
-    return not (core._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
-                or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
-                or kvt.holds or kvt.transfers.remaining or core._pulled or core.timed.gate.hidden
-                or core._step_observers or _engine_log.isEnabledFor(TRACE_LEVEL))
-
-
-def fast_forward(core: EngineCore, horizon: float) -> int:
-    """Run, at once, the cohort-only steps of `core` that end before `horizon` (when its driver
-    knows no input arrives: the offline simulator), stopping before a step that samples a last
-    token. Each step is what the plain loop would do (advance, block boundaries, a priced step), without
-    its generic scheduling; a step whose blocks do not all fit runs the plain way. Returns the steps."""
-    cohort, timed = core.cohort, core.timed
-    batch = timed.in_flight
-    if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon:
-        return 0
-    # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
-    n = len(cohort.members)
-    last_step = cohort.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
-    if not n or cohort.step > last_step or not _quiet(core):
-        return 0
-    pool, buckets, block_size = core.kv.pool, cohort._buckets, cohort.block_size
-    on_step, step_duration, rng = core.scheduler.engine_policy.on_step, core.latency.step_duration, timed.rng
-    admission, step_ends, base = core.admission, cohort.step_ends, cohort._tokens_minus_join
-    step, end, steps = cohort.step, batch.end, 0
-    while end < horizon and step <= last_step:
-        step += 1  # cohort step `step` ended at `end` (no member finishes here)
-        step_ends.append(end)
-        now = end
-        steps += 1
-        due = buckets[step % block_size]
-        if due:  # members crossing a block boundary get their block, in decode order
-            if len(due) > pool.num_free_blocks:  # KV pressure: the plain step preempts
-                cohort.step = step
-                _end_run(core, now, steps - 1)
-                timed.in_flight = None
-                core._start_step(now)
-                return steps
-            for slot, block in zip(due, pool.allocate(len(due))):
-                slot[2].blocks.append(block)
-        on_step()
-        # = compose() + extend() of a step of the cohort's decodes alone
-        composition = tuple.__new__(StepBatch, (n, 0, 0, 0, base + n * step, False, 0, 0, (), ()))
-        end = now + max(step_duration(composition, rng), 0.0)
-        if admission.lora_time:
-            end += admission.take_lora_time()
-    if steps:
-        cohort.step = cohort._prepared = step
-        batch.end = end  # (the step in flight: nothing scheduled in it but the cohort)
-        _end_run(core, now, steps)
-    return steps
-
-
-def _end_run(core: EngineCore, now: float, priced: int) -> None:
-    """The engine's clock and counters after fast-forwarded steps, the last ending at `now` (`priced`:
-    the steps that started)."""
-    core.timed.last_end = now
-    core.step_counter += priced
-    core.clock.advance_to(now)

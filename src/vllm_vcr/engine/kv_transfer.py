@@ -8,19 +8,20 @@ a timeout frees them.
 
 `KVTransfer` owns one engine's P/D state (pulls, holds, deferred pulls, bootstrap handoffs) and
 its hooks. Adapters (pd/) use its public interface: `add_pulled_listener`,
-`remove_pulled_listener`, `set_handoff_observer`; the engine core calls the rest from its loop.
+`remove_pulled_listener`, `set_handoff_observer` (an observer bound to its engine); the engine
+core calls the rest from its loop.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from .policy import HandoffOrder
 from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from .config import EngineArgs
     from .kv_cache_manager import KVCacheManager
     from .scheduler import Scheduler
 
@@ -112,31 +113,32 @@ def handoff_error(worker_type: str, params: dict[str, Any]) -> str | None:
 
 
 class HandoffObserver(Protocol):
-    """The network side of a bootstrap handoff, told about a handoff request's life.
+    """The network side of a bootstrap handoff for one engine, told about a handoff request's life.
 
     Every call comes from the engine loop and must not block. `arrived` accepts (None) or rejects
     (the error text) a request; each accepted request later gets exactly one `ended`, when the
     engine holds nothing more for it (finished, aborted, or its prefill blocks released)."""
 
-    def arrived(self, core: "EngineCore", request_id: str, params: dict[str, Any]) -> str | None: ...
+    def arrived(self, request_id: str, params: dict[str, Any]) -> str | None: ...
 
-    def prefilled(self, core: "EngineCore", request_id: str, params: dict[str, Any]) -> None:
+    def prefilled(self, request_id: str, params: dict[str, Any]) -> None:
         """Prefill side: the KV is computed and held for the decode side."""
 
-    def ended(self, core: "EngineCore", request_id: str) -> None: ...
+    def ended(self, request_id: str) -> None: ...
 
 
 class KVTransfer:
     """One engine's P/D state: KV pulls in flight and deferred (decode side), blocks held for
     pullers (prefill side), bootstrap handoffs, and the hooks that tell the network side."""
 
-    def __init__(self, core: EngineCore, kv: KVCacheManager, scheduler: Scheduler) -> None:
-        a = core.args
-        self._core = core
+    def __init__(self, args: EngineArgs, engine_index: int, kv: KVCacheManager, scheduler: Scheduler,
+                 requests: Mapping[str, Request]) -> None:
         self._kv = kv
         self._scheduler = scheduler
-        self._args = a
-        self.transfers = TransferQueue(a.kv_transfer_bandwidth * 1e9 * a.time_scale)
+        self._requests = requests  # the engine's live requests, by id
+        self._args = args
+        self._engine_index = engine_index
+        self.transfers = TransferQueue(args.kv_transfer_bandwidth * 1e9 * args.time_scale)
         self.holds: dict[str, tuple[Request, float]] = {}  # request id -> (request, expiry)
         self.handoffs: set[str] = set()  # requests the handoff observer was told about
         # decode requests that have their blocks but pull only once kv_ready() says the KV is there
@@ -179,8 +181,8 @@ class KVTransfer:
             return "source handoff manager is not initialized" if wt == "prefill" else \
                 "bootstrap client is not initialized"
         destination_first = wt == "prefill" and \
-            self._core.scheduler.engine_policy.handoff_order is HandoffOrder.DESTINATION_FIRST
-        err = self._handoff.arrived(self._core, req.request_id, params)
+            self._scheduler.engine_policy.handoff_order is HandoffOrder.DESTINATION_FIRST
+        err = self._handoff.arrived(req.request_id, params)
         if err is not None:
             return err
         if destination_first:
@@ -196,7 +198,7 @@ class KVTransfer:
             self.handoffs.discard(request_id)
             self.waits.discard(request_id)
             if self._handoff is not None:
-                self._handoff.ended(self._core, request_id)
+                self._handoff.ended(request_id)
 
     def schedule_pull(self, req: Request, num_tokens: int, now: float) -> None:
         """The scheduler gave a request its blocks for `num_tokens` external tokens: pull them,
@@ -241,7 +243,7 @@ class KVTransfer:
         if request_id not in self.waits:
             return None  # finished, aborted, or never deferred
         self.waits.discard(request_id)
-        req = self._core.requests.get(request_id)
+        req = self._requests.get(request_id)
         if req is None:
             return None
         if error is not None:
@@ -256,10 +258,10 @@ class KVTransfer:
         a = self._args
         self.holds[req.request_id] = (req, now + a.kv_hold_timeout / a.time_scale)
         params = prefill_side_params(req.request_id, [b.block_id for b in req.blocks], a.engine_id,
-                                     a.side_channel_host, a.side_channel_port + self._core.engine_index,
+                                     a.side_channel_host, a.side_channel_port + self._engine_index,
                                      request_params=req.kv_transfer_params)
         if req.request_id in self.handoffs and self._handoff is not None:
-            self._handoff.prefilled(self._core, req.request_id, params)
+            self._handoff.prefilled(req.request_id, params)
         return params
 
     def release_hold(self, request_id: str) -> bool:

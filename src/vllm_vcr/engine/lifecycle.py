@@ -9,26 +9,39 @@ finish until the deadline, then aborts the rest and stops.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from .clock import Clock
+    from .request import Request
 
 logger = logging.getLogger("vllm_vcr.engine")
+# (outputs, finished): every live request aborted, each with a finish output
+AbortAll = Callable[[list, list], None]
+# (outputs, finished, with_stats): a batch of outputs sent (OutputProcessor.emit)
+Emit = Callable[[list, list, bool], None]
 
 
 class EngineLifecycle:
-    """Frozen, draining or stopped: the state the core's loop and step read (plain attributes)."""
+    """Frozen, draining or stopped: the state the core's loop and step read (plain attributes).
 
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
+    What it acts on: the engine's clock and live requests (by id), and three callbacks of the
+    core: `abort_all`, `emit`, and `resume(paused_seconds)` (every deadline moves that much)."""
+
+    def __init__(self, engine_index: int, clock: Clock, requests: Mapping[str, Request], *, abort_all: AbortAll,
+                 emit: Emit, resume: Callable[[float], None]) -> None:
+        self._engine_index = engine_index
+        self._clock = clock
+        self._requests = requests
+        self._abort_all = abort_all
+        self._emit = emit
+        self._resume = resume
         self.frozen_at: float | None = None
         self.draining_deadline: float | None = None
         self.stopped = False
 
     def set_frozen(self, frozen: bool) -> None:
-        core = self.core
-        now = core.clock.now()
+        now = self._clock.now()
         if frozen:
             if self.frozen_at is None:
                 self.frozen_at = now
@@ -36,39 +49,34 @@ class EngineLifecycle:
         if self.frozen_at is None:
             return
         delta, self.frozen_at = now - self.frozen_at, None
-        core.scheduler.shift_deadlines(delta)
-        core.timed.shift(delta)
-        for req in core.requests.values():
-            if not req.output_token_ids:
-                req.first_due += delta
+        self._resume(delta)
 
     def begin_shutdown(self, timeout: float, outputs: list, finished: list) -> None:
         """Drain for up to `timeout` seconds (stop at once when idle); without one, abort everything."""
-        core = self.core
+        requests = self._requests
         if timeout > 0 and self.draining_deadline is None:
-            self.draining_deadline = core.clock.now() + timeout
-            logger.info("engine %d draining %d requests for up to %.1fs", core.engine_index, len(core.requests),
+            self.draining_deadline = self._clock.now() + timeout
+            logger.info("engine %d draining %d requests for up to %.1fs", self._engine_index, len(requests),
                         timeout)
-            if not core.requests:
+            if not requests:
                 self.stopped = True
             return
-        core.finish_requests(list(core.requests), finished, outputs)
+        self._abort_all(outputs, finished)
         self.stopped = True
 
     def drain_expired(self, now: float) -> bool:
         """At the draining deadline the requests still in flight are aborted and the engine stops."""
         if now < self.draining_deadline:
             return False
-        core = self.core
         outputs: list = []
         finished: list = []
-        core.finish_requests(list(core.requests), finished, outputs)
-        core.output.emit(outputs, finished, with_stats=True)
+        self._abort_all(outputs, finished)
+        self._emit(outputs, finished, True)
         self.stopped = True
         return True
 
     def drained(self) -> bool:
         """Draining and nothing left: the engine stops. True once stopped."""
-        if self.draining_deadline is not None and not self.core.requests:
+        if self.draining_deadline is not None and not self._requests:
             self.stopped = True
         return self.stopped

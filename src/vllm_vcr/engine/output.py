@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import logging
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .request import Request, RequestStatus
-from .scheduler import DECODE, DUE_SLACK, STEADY, TRANSFER, Scheduler
+from .scheduler import DECODE, DUE_SLACK, STEADY, TRANSFER, Scheduled, Scheduler
 from .steady_batch import SteadyBatches
 from .tokens import CountedTokens, RandomTokens
-from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats
+from .types import EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats, SchedulerStats
 
 if TYPE_CHECKING:
-    from .core import EngineCore
-    from .step import Scheduled
+    from .clock import Clock
+    from .config import EngineConfig
+    from .kv_cache_manager import KVCacheManager
+    from .kv_transfer import KVTransfer
+    from .stats import EngineStats
+
+OutputSink = Callable[[int, EngineCoreOutputs], None]  # (client index, the batch for that client)
 
 logger = logging.getLogger("vllm_vcr.engine")
 _client_of, _item_of = itemgetter(0), itemgetter(1)  # of the (client index, output or request id) pairs
@@ -84,19 +89,33 @@ def prefill_stats(req: Request) -> PrefillStats:
 
 
 class OutputProcessor:
-    """Appends tokens and builds outputs for one engine (`max_model_len` follows config patches)."""
+    """Appends tokens and builds outputs for one engine (`max_model_len` follows config patches).
 
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
-        self.max_model_len = core.config.max_model_len
-        sched = core.scheduler
-        self._push_decode = sched.push_decode
+    Its collaborators: the engine's scheduler, KV cache and KV transfers, its live requests (by
+    id) and counters, its clock, its config (`config()`: the current one, patches included), where
+    output batches go (`sink`) and the scheduler stats a batch carries (`scheduler_stats()`)."""
+
+    def __init__(self, *, scheduler: Scheduler, kv: KVCacheManager, kv_transfer: KVTransfer,
+                 requests: dict[str, Request], stats: EngineStats, clock: Clock, config: Callable[[], EngineConfig],
+                 sink: OutputSink, engine_index: int, scheduler_stats: Callable[[], SchedulerStats]) -> None:
+        self._scheduler = scheduler
+        self._kv = kv
+        self._kv_transfer = kv_transfer
+        self._requests = requests
+        self._stats = stats
+        self._clock = clock
+        self._config = config
+        self._sink = sink
+        self._engine_index = engine_index
+        self._scheduler_stats = scheduler_stats
+        self.max_model_len = config().max_model_len
+        self._push_decode = scheduler.push_decode
         # a scheduler with its own push_decode (the decode cohort) sees every deadline through it
-        self._push_next = sched.push_next_decode if type(sched).push_decode is Scheduler.push_decode \
-            else sched.push_decode
+        self._push_next = scheduler.push_next_decode if type(scheduler).push_decode is Scheduler.push_decode \
+            else scheduler.push_decode
         self.step_time = 0.0  # the clock when the step being applied ended (what a token sink is told)
         self.tokens_taken = 0  # by token sinks since the last batch went out
-        self.steady = SteadyBatches(sched, core.kv.block_size, DUE_SLACK)
+        self.steady = SteadyBatches(scheduler, kv, DUE_SLACK)
 
     def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
@@ -136,7 +155,7 @@ class OutputProcessor:
             out.finish_reason = reason
             out.stop_reason = stop_reason
             if req.remote_decode:
-                out.kv_transfer_params = self.core.kv_transfer.hold_for_decode(req, now)
+                out.kv_transfer_params = self._kv_transfer.hold_for_decode(req, now)
             self.free_request(req)
             finished.append((req.client_index, req.request_id))
         else:
@@ -188,19 +207,18 @@ class OutputProcessor:
         """Apply a step's work at `now` (its end): prefill progress, tokens for the decodes and for
         every request whose prefill (or KV pull) completed, in one output batch."""
         if timed:  # requests aborted (or finished by a drain) while the step ran drop out (batches: their members)
-            live, running = self.core.requests, RequestStatus.RUNNING
+            live, running = self._requests, RequestStatus.RUNNING
             pulled = [r for r in pulled if r.status is running and live.get(r.request_id) is r]
             scheduled = [e for e in scheduled if e[2] == STEADY
                          or (e[0].status is running and live.get(e[0].request_id) is e[0])]
         outputs: list = []
         finished: list = []
-        self.step_time = self.core.clock.now()
+        self.step_time = self._clock.now()
         sample = self.sample
         for req in pulled:
             req.first_due = now
             sample(req, now, outputs, finished)
-        core = self.core
-        kv = core.kv
+        kv = self._kv
         block_size = kv.block_size
         push = self._push_decode
         # a decode's usual token: the steady case first, `sample` (the general path) for the rest
@@ -218,7 +236,7 @@ class OutputProcessor:
                 req.apply(self, now, outputs, finished)
                 continue
             if kind == TRANSFER:
-                core.kv_transfer.schedule_pull(req, n, now)
+                self._kv_transfer.schedule_pull(req, n, now)
                 continue
             req.num_computed_tokens += n  # a prefill chunk
             kv.cache_computed_blocks(req)
@@ -241,12 +259,11 @@ class OutputProcessor:
     def emit(self, outputs: list[tuple[int, EngineCoreOutput]], finished: list[tuple[int, str]],
              with_stats: bool) -> None:
         """Send this step's outputs, one batch per client; scheduler stats ride on the first."""
-        core = self.core
-        ts = core.clock.now()
+        ts = self._clock.now()
         self.tokens_taken = 0
-        stats = core.scheduler.make_stats(core.step_counter, core.block_pool.usage()) if with_stats else None
-        sink = core.output_sink
-        index = core.engine_index
+        stats = self._scheduler_stats() if with_stats else None
+        sink = self._sink
+        index = self._engine_index
         # (map with itemgetter: the per-output passes run in C, not as comprehension bytecode)
         clients = set(map(_client_of, outputs))
         if finished:
@@ -268,14 +285,14 @@ class OutputProcessor:
 
     def free_request(self, req: Request) -> None:
         """A request finished: it leaves the engine (its blocks stay if held for a decode side)."""
-        core = self.core
         rid = req.request_id
-        core.requests.pop(rid, None)
-        held = rid in core.kv_transfer.holds
-        core.scheduler.remove(req, free_blocks=not held)
+        self._requests.pop(rid, None)
+        kv_transfer = self._kv_transfer
+        held = rid in kv_transfer.holds
+        self._scheduler.remove(req, free_blocks=not held)
         req.status = RequestStatus.FINISHED
         if not held:
-            core.kv_transfer.end_handoff(rid)
-        core.stats.requests_completed += 1
-        if core.config.log_requests:
+            kv_transfer.end_handoff(rid)
+        self._stats.requests_completed += 1
+        if self._config().log_requests:
             logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)

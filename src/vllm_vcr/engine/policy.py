@@ -1,5 +1,5 @@
-"""The engine type as a scheduling policy: what differs between a vLLM and an SGLang engine step,
-on one shared scheduler, KV pool and prefix cache.
+"""The engine types: what differs between a vLLM and an SGLang engine, on one shared scheduler,
+KV pool and prefix cache, as a scheduling policy per type, and the registry of the types.
 
 | decision | vLLM v1 (`VLLMPolicy`) | SGLang (`SGLangPolicy`, as Dynamo's mocker models it) |
 |---|---|---|
@@ -12,22 +12,21 @@ on one shared scheduler, KV pool and prefix cache.
 
 The prefix cache is the same page-granular chain for both (SGLang's radix tree matches the same
 prefixes at `page_size` = `--tokens-per-block`); SGLang's own default page size is 1.
+
+An engine type is its policy class, declared once with every per-type decision of the engine
+(its name, step composition, admission, chunking, victim, handoff order, whether timing-only
+decodes apply) and registered under its name with `register_engine_type`; `engine_type(name)`
+looks it up (`--engine-type` validates against `engine_types()`). vLLM and SGLang are declared
+below; a third engine type is one module that subclasses `EnginePolicy` and registers it
+(imported before the CLI parses `--engine-type` or an engine is built).
+This module reads nothing else of the engine: what a policy looks at is typed by the small
+protocols below, so any engine module (and the config) may import it.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .request import Request
-    from .scheduler import Scheduler
-
-CLIP_MAX_NEW_TOKENS = 4096  # SGLang's clip on the output a request is expected to still produce
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
-NEW_TOKEN_RATIO_DECAY_STEPS = 600
-
+from typing import Protocol, Sequence
 
 class HandoffOrder(enum.Enum):
     """Which side of a P/D bootstrap handoff goes first."""
@@ -36,38 +35,127 @@ class HandoffOrder(enum.Enum):
     DESTINATION_FIRST = "destination_first"  # SGLang: the prefill waits until its decoder has joined the room
 
 
-def order_for_engine(engine_type: str) -> HandoffOrder:
-    """The handoff order of an engine type (Dynamo's mocker has none for TRT-LLM: an error)."""
-    if engine_type == "vllm":
-        return HandoffOrder.SOURCE_FIRST
-    if engine_type == "sglang":
-        return HandoffOrder.DESTINATION_FIRST
-    raise ValueError(f"{engine_type} engine type does not support disaggregated handoff")
+# --- what a policy reads ---------------------------------------------------------------------------
+
+class PolicyRequest(Protocol):
+    """A request, as a policy reads it (engine/request.py's Request)."""
+    max_tokens: int
+    num_prompt_tokens: int
+    seq: int
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
-class VLLMPolicy:
-    name = "vllm"
+class FreeBlocks(Protocol):
+    num_free_blocks: int
+
+
+class KVSpace(Protocol):
+    """The KV cache, as an admission check reads it (engine/kv_cache_manager.py's KVCacheManager)."""
+    block_size: int
+    pool: FreeBlocks
+
+    def blocks_needed(self, num_tokens: int) -> int: ...
+
+
+class SchedulerState(Protocol):
+    """The scheduler, as an admission check reads it: the running requests and the KV cache."""
+    running: Sequence[PolicyRequest]
+    kv: KVSpace
+
+
+# --- the policies ------------------------------------------------------------------------------------
+
+class EnginePolicy:
+    """The per-type decisions of an engine step. The methods default to vLLM v1's; the identity of
+    a type (its name, its handoff order, whether timing-only decodes reproduce it) has no default."""
+
+    name = ""
     extend_first = False  # True: a step with prefills runs no decodes
-    handoff_order = HandoffOrder.SOURCE_FIRST
+    handoff_order: HandoffOrder | None = None  # None: no disaggregated handoff
+    # timing-only decodes (decode_cohort.py) reproduce this policy's steps: only vLLM's, which the
+    # cohort's scheduler re-implements
+    decode_cohort = False
 
     def on_step(self) -> None:
         """A step is being scheduled."""
 
-    def can_admit(self, sched: Scheduler, req: Request, num_new_tokens: int) -> bool:
+    def can_admit(self, sched: SchedulerState, req: PolicyRequest, num_new_tokens: int) -> bool:
         return True
 
     def chunk(self, num_tokens: int, budget: int, page: int) -> int:
         """Tokens of a prompt remainder `num_tokens` computed with `budget` left."""
         return min(num_tokens, budget)
 
-    def pick_victim(self, running: list[Request]) -> Request:
+    def pick_victim(self, running: Sequence[PolicyRequest]) -> PolicyRequest:
         return running[-1]
 
     def on_retract(self) -> None:
         """A running request lost its KV blocks."""
 
 
-class SGLangPolicy(VLLMPolicy):
+# --- the registry --------------------------------------------------------------------------------------
+
+_ENGINE_TYPES: dict[str, type[EnginePolicy]] = {}
+
+
+def register_engine_type(name: str, policy: type[EnginePolicy]) -> type[EnginePolicy]:
+    """Make `name` an engine type (`--engine-type name`): `policy` is its policy class, one
+    instance per engine (a policy may keep state), whose `name` is `name`."""
+    if policy.name != name:
+        raise ValueError(f"engine type {name!r}: its policy {policy.__name__} is named {policy.name!r}")
+    known = _ENGINE_TYPES.get(name)
+    if known is not None and known is not policy:
+        raise ValueError(f"engine type {name!r} is already registered ({known.__name__})")
+    _ENGINE_TYPES[name] = policy
+    return policy
+
+
+def engine_type(name: str) -> type[EnginePolicy]:
+    """The policy class of a registered engine type."""
+    policy = _ENGINE_TYPES.get(name)
+    if policy is None:
+        raise ValueError(f"unknown engine type {name!r}; choose from {', '.join(_ENGINE_TYPES)}")
+    return policy
+
+
+def engine_types() -> tuple[str, ...]:
+    """The registered engine types' names, in registration order."""
+    return tuple(_ENGINE_TYPES)
+
+
+def policy_for(name: str) -> EnginePolicy:
+    """A new scheduling policy of engine type `name` (one per engine)."""
+    return engine_type(name)()
+
+
+def order_for_engine(name: str) -> HandoffOrder:
+    """The handoff order of an engine type (Dynamo's mocker has none for TRT-LLM: an error)."""
+    policy = _ENGINE_TYPES.get(name)
+    if policy is None or policy.handoff_order is None:
+        raise ValueError(f"{name} engine type does not support disaggregated handoff")
+    return policy.handoff_order
+
+
+# --- the engine types ---------------------------------------------------------------------------------
+
+class VLLMPolicy(EnginePolicy):
+    name = "vllm"
+    handoff_order = HandoffOrder.SOURCE_FIRST
+    decode_cohort = True
+
+
+register_engine_type("vllm", VLLMPolicy)
+
+
+CLIP_MAX_NEW_TOKENS = 4096  # SGLang's clip on the output a request is expected to still produce
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+
+
+class SGLangPolicy(EnginePolicy):
     name = "sglang"
     extend_first = True
     handoff_order = HandoffOrder.DESTINATION_FIRST
@@ -81,12 +169,12 @@ class SGLangPolicy(VLLMPolicy):
     def on_step(self) -> None:
         self.new_token_ratio = max(self.new_token_ratio - self.decay, self.min_ratio)
 
-    def reserve(self, req: Request) -> float:
+    def reserve(self, req: PolicyRequest) -> float:
         """Output tokens the request is expected to still need, scaled by the ratio."""
         remaining = max(req.max_tokens - req.num_output_tokens, 0)
         return min(remaining, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
 
-    def can_admit(self, sched: Scheduler, req: Request, num_new_tokens: int) -> bool:
+    def can_admit(self, sched: SchedulerState, req: PolicyRequest, num_new_tokens: int) -> bool:
         if not sched.running:  # the reserve is a guess about output: it never keeps an idle engine idle
             return True
         kv = sched.kv
@@ -100,12 +188,11 @@ class SGLangPolicy(VLLMPolicy):
             return num_tokens
         return budget // page * page
 
-    def pick_victim(self, running: list[Request]) -> Request:
+    def pick_victim(self, running: Sequence[PolicyRequest]) -> PolicyRequest:
         return min(running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens, -r.seq))
 
     def on_retract(self) -> None:
         self.new_token_ratio = self.init_ratio
 
 
-def policy_for(engine_type: str) -> VLLMPolicy:
-    return SGLangPolicy() if engine_type == "sglang" else VLLMPolicy()
+register_engine_type("sglang", SGLangPolicy)

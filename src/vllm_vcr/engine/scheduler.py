@@ -18,7 +18,7 @@ from typing import Callable
 
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
-from .policy import VLLMPolicy
+from .policy import EnginePolicy, VLLMPolicy
 from .request import Request, RequestStatus
 from .lora import admissible
 from .steady_batch import SteadyBatch
@@ -33,7 +33,7 @@ DUE_SLACK = 0.0002
 
 class Scheduler:
     def __init__(self, config_ref: Callable[[], EngineConfig], kv: KVCacheManager, policy: str = "fcfs",
-                 long_prefill_token_threshold: int = 0, engine_policy: VLLMPolicy | None = None) -> None:
+                 long_prefill_token_threshold: int = 0, engine_policy: EnginePolicy | None = None) -> None:
         self._config = config_ref
         self.kv = kv
         self.policy = policy

@@ -33,8 +33,7 @@ from .request import Request, RequestStatus
 from .types import EngineCoreOutput
 
 if TYPE_CHECKING:
-    from .output import OutputProcessor
-    from .scheduler import Scheduler
+    from .kv_cache_manager import KVCacheManager
 
 _batch_seq = itertools.count(-1, -1)  # lane tie-breakers, apart from the requests' (positive) seqs
 
@@ -60,6 +59,25 @@ class BatchReader(Protocol):
         """The reader can take tokens in a batch from the next step on."""
 
     def new_columns(self) -> BatchColumns: ...
+
+
+class DecodeLane(Protocol):
+    """The scheduler, as a batch uses it (scheduler.py's Scheduler): its running requests, and
+    its decode heap and lane, where a batch (and a member leaving it) takes its place."""
+    running: list[Request]
+
+    def push_decode(self, req: Any, due: float) -> None: ...
+
+    def push_next_decode(self, req: Any, due: float) -> None: ...
+
+
+class StepSampler(Protocol):
+    """The output processor, as a batch's step uses it (output.py's OutputProcessor)."""
+    step_time: float  # the clock when the step being applied ended
+    tokens_taken: int  # by token sinks since the last output batch
+
+    def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
+        """The general path for a request's token: its last steady one's successor, with its finish."""
 
 
 class SteadyBatch:
@@ -156,13 +174,13 @@ class SteadyBatch:
                 self.lo = lo
                 self.batches.touched.append(self)
 
-    def eject(self, req: Request, sched: Scheduler) -> None:
+    def eject(self, req: Request, sched: DecodeLane) -> None:
         """Back to the plain path, due when it was."""
         self.leave(req)
         sched.push_decode(req, req.next_due)
 
     # --- a step ------------------------------------------------------------------------------------
-    def schedule(self, sched: Scheduler, budget: int, horizon: float) -> int:
+    def schedule(self, sched: DecodeLane, budget: int, horizon: float) -> int:
         """The batch is due: its members' tokens for this step (their count), KV blocks included.
         0: it went back to the plain path whole (the budget cannot take it). Members not due by
         `horizon` (the step came early for them) wait on the plain path."""
@@ -174,7 +192,7 @@ class SteadyBatch:
             for req in list(self.reqs):
                 self.eject(req, sched)
             return 0
-        kv = sched.kv
+        kv = self.batches.kv
         bs = kv.block_size
         # members whose next token starts a block: len(all_token_ids) % bs == 1 this step
         due = [r for r in self.buckets[-self.step % bs] if len(r.all_token_ids) > len(r.blocks) * bs]
@@ -191,11 +209,11 @@ class SteadyBatch:
         self.scheduled = bool(self.reqs)
         return len(self.reqs)
 
-    def apply(self, proc: OutputProcessor, now: float, outputs: list, finished: list) -> None:
+    def apply(self, proc: StepSampler, now: float, outputs: list, finished: list) -> None:
         """The step ended at `now`: each member has one more token."""
         self.scheduled = False
         self.step = k = self.step + 1
-        kv = proc.core.kv
+        kv = self.batches.kv
         bs = kv.block_size
         for req in self.buckets[-k % bs]:  # their computed tokens fill a block: into the prefix cache
             n = req.num_computed_tokens = len(req.all_token_ids)
@@ -234,9 +252,10 @@ class SteadyBatch:
 class SteadyBatches:
     """An engine's steady batches: joining, and each step's re-entry into the lane."""
 
-    def __init__(self, sched: Scheduler, block_size: int, slack: float) -> None:
+    def __init__(self, sched: DecodeLane, kv: KVCacheManager, slack: float) -> None:
         self.sched = sched
-        self.block_size = block_size
+        self.kv = kv
+        self.block_size = kv.block_size
         self.slack = slack
         self.forming: dict[tuple, SteadyBatch] = {}  # (kind, gap) -> the batch the next joiner tries
         self.live: dict[int, SteadyBatch] = {}  # by seq: every batch with members

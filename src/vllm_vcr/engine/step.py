@@ -25,10 +25,12 @@ from .request import Request
 from .scheduler import DECODE, STEADY, TRANSFER, Scheduled, Scheduler
 
 if TYPE_CHECKING:
-    from .core import EngineCore
+    from .config import EngineArgs, EngineConfig
+    from .kv_cache_manager import KVCacheManager
+    from .kv_transfer import KVTransfer
 
 logger = logging.getLogger("vllm_vcr.engine")
-MAX_BURST = 8  # zero-latency decode steps run as one (see burst_size)
+MAX_BURST = 8  # zero-latency decode steps run as one (see Bursts.size)
 
 
 def compose(scheduled: Scheduled, pulled: list[Request], after_idle: bool) -> StepBatch:
@@ -133,32 +135,47 @@ class InputGate:
         return sched.schedule(now)
 
 
-def burst_size(core: EngineCore, scheduled: Scheduled, draining: bool) -> int:
-    """How many zero-latency decode steps this (untimed) step runs at once (1: just this one; always
-    1 unless EngineArgs.max_burst allows more).
+class Bursts:
+    """How many zero-latency decode steps an untimed step runs at once (`size`), from the engine's
+    scheduler, KV transfers, KV cache, its args (`max_burst`) and its current config."""
 
-    When every running request decodes with no gap between tokens and nothing else can enter
-    before the next step (no waiting request, prefill, transfer, hold or drain deadline), the
-    next steps happen at this same instant with the same batch: emitting k tokens per request
-    now is what k steps would emit, in one output instead of k. The next step computes the
-    k tokens (as after a recorded chunk), so k is capped by the token budget, and bursts
-    stop while free KV blocks could not cover them (preemption stays step by step)."""
-    sched = core.scheduler
-    kvt = core.kv_transfer
-    n = len(scheduled)
-    if n != len(sched.running) or sched.waiting or kvt.holds or kvt.transfers.remaining or draining:
-        return 1
-    for req, _, kind in scheduled:
-        if kind != DECODE or not req.burstable or not req.output_token_ids:
-            return 1  # (the first token is emitted on its own, as after a prefill)
-    k = min(MAX_BURST, core.args.max_burst, core.config.max_num_batched_tokens // n)
-    if k < 2 or core.block_pool.num_free_blocks < n * (core.kv.blocks_needed(k) + 1):
-        return 1
-    return k
+    def __init__(self, args: EngineArgs, scheduler: Scheduler, kv_transfer: KVTransfer, kv: KVCacheManager,
+                 config: Callable[[], EngineConfig]) -> None:
+        self._args = args
+        self._scheduler = scheduler
+        self._kv_transfer = kv_transfer
+        self._kv = kv
+        self._config = config
+
+    def size(self, scheduled: Scheduled, draining: bool) -> int:
+        """The steps this one runs (1: just this one; always 1 unless EngineArgs.max_burst allows more).
+
+        When every running request decodes with no gap between tokens and nothing else can enter
+        before the next step (no waiting request, prefill, transfer, hold or drain deadline), the
+        next steps happen at this same instant with the same batch: emitting k tokens per request
+        now is what k steps would emit, in one output instead of k. The next step computes the
+        k tokens (as after a recorded chunk), so k is capped by the token budget, and bursts
+        stop while free KV blocks could not cover them (preemption stays step by step)."""
+        max_burst = self._args.max_burst
+        if max_burst < 2:
+            return 1  # (what the checks below come to: k < 2)
+        sched = self._scheduler
+        kvt = self._kv_transfer
+        n = len(scheduled)
+        if n != len(sched.running) or sched.waiting or kvt.holds or kvt.transfers.remaining or draining:
+            return 1
+        for req, _, kind in scheduled:
+            if kind != DECODE or not req.burstable or not req.output_token_ids:
+                return 1  # (the first token is emitted on its own, as after a prefill)
+        k = min(MAX_BURST, max_burst, self._config().max_num_batched_tokens // n)
+        kv = self._kv
+        if k < 2 or kv.pool.num_free_blocks < n * (kv.blocks_needed(k) + 1):
+            return 1
+        return k
 
 
-def log_step(core: EngineCore, scheduled: Scheduled, level: int) -> None:
-    sched = core.scheduler
-    logger.log(level, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", core.engine_index,
-               core.step_counter, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
-               len(sched.running), len(sched.waiting), core.block_pool.usage())
+def log_step(engine_index: int, step_counter: int, scheduled: Scheduled, sched: Scheduler, kv_usage: float,
+             level: int) -> None:
+    logger.log(level, "engine %d step %d: %s; running=%d waiting=%d kv_usage=%.3f", engine_index,
+               step_counter, " ".join(f"{r.request_id}:{n}" for r, n, _ in scheduled),
+               len(sched.running), len(sched.waiting), kv_usage)

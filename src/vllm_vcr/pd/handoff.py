@@ -1,7 +1,8 @@
 """Bootstrap handoff sessions, between the engines and the bootstrap wire protocol.
 
-The engine calls `arrived` / `prefilled` / `ended` (engine.kv_transfer.HandoffObserver) for every
-request carrying handoff metadata in its kv_transfer_params:
+The engine calls `arrived` / `prefilled` / `ended` (engine.kv_transfer.HandoffObserver, of the
+manager bound to that engine: `for_engine`) for every request carrying handoff metadata in its
+kv_transfer_params:
 
     {"bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": u64, "handoff_id": str}
 
@@ -38,7 +39,12 @@ class HandoffManager:
         self._by_room: dict[tuple[int, str, int, int], str] = {}  # decode: (engine, host, port, room) -> rid
         self._rkeys: dict[tuple[int, str], tuple[int, str, int, int]] = {}  # its inverse
 
-    # --- HandoffObserver -----------------------------------------------------------------------
+    def for_engine(self, core: EngineCore) -> EngineHandoffs:
+        """The engine's handoff observer (`core.kv_transfer.set_handoff_observer`): this manager's
+        calls, for `core`."""
+        return EngineHandoffs(self, core)
+
+    # --- HandoffObserver, per engine -------------------------------------------------------------
     def arrived(self, core: EngineCore, request_id: str, params: dict[str, Any]) -> str | None:
         try:
             return self._arrived(core, request_id, params)
@@ -134,3 +140,22 @@ class HandoffManager:
         for key in list(self._joins) + list(self._conns):
             self._finish_join(key)
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class EngineHandoffs:
+    """A HandoffManager bound to one engine: the engine's HandoffObserver."""
+
+    __slots__ = ("manager", "core")
+
+    def __init__(self, manager: HandoffManager, core: EngineCore) -> None:
+        self.manager = manager
+        self.core = core
+
+    def arrived(self, request_id: str, params: dict[str, Any]) -> str | None:
+        return self.manager.arrived(self.core, request_id, params)
+
+    def prefilled(self, request_id: str, params: dict[str, Any]) -> None:
+        self.manager.prefilled(self.core, request_id, params)
+
+    def ended(self, request_id: str) -> None:
+        self.manager.ended(self.core, request_id)

@@ -117,7 +117,7 @@ async def start_pd_services(cores: list[EngineCore], args: Any = None) -> PDServ
     for core in cores:
         listeners.append(_pulled_listener(core, handoffs, notifier))
         core.kv_transfer.add_pulled_listener(listeners[-1])
-        core.kv_transfer.set_handoff_observer(handoffs)
+        core.kv_transfer.set_handoff_observer(handoffs.for_engine(core))
     pd = PDServices(cores, listener, server, handoffs, notifier, listeners)
     if listener is not None or server is not None:
         logger.info("P/D %s worker: KV release listener on %s, bootstrap server on %s", worker,

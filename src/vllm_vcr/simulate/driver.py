@@ -25,7 +25,7 @@ from ..engine.block_hash import ContentHasher
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
-from ..engine.decode_cohort import counted_token_source, fast_forward, timing_only_unsupported
+from ..engine.decode_cohort import counted_token_source, timing_only_unsupported
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..gc_tuning import YOUNG_THRESHOLD
@@ -211,7 +211,7 @@ class Simulation:
                     w = other.next_wake()
                     if w is not None and w < horizon:
                         horizon = w
-            fast_forward(core, horizon)
+            core.fast_forward(horizon)
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
