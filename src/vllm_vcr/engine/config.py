@@ -129,6 +129,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     engine_id: str = "vllm-vcr-engine"
     enable_chunked_prefill: bool = True
     prefix_caching_hash_algo: str = "sha256"  # vLLM's default; KV event hashes depend on it
+    # the seed of vLLM's NONE_HASH (the parent of every first block): what vLLM reads from
+    # $PYTHONHASHSEED, read there by the CLI (the engine reads no environment); None: vLLM's
+    # default without it ("vllm-none-hash" for sha256*, a random seed per engine for xxhash*)
+    none_hash_seed: str | None = None
     startup_time: float = 0.0  # s of simulated model loading (divided by time_scale)
     startup_failure: str | None = None  # simulate a loading failure with this message
     response_replay_trace: str | None = None  # JSONL of planned output token ids

@@ -90,7 +90,8 @@ class EngineCore(EngineControls):
         config = self._current_config
         self.latency: LatencyModel = latency or KnobLatency(self._config, args.time_scale)
         self.block_pool = BlockPool(args.kv_cache_size, args.tokens_per_block, args.enable_prefix_caching, kv_events)
-        self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo))
+        self.kv = KVCacheManager(self.block_pool, block_hasher or make_block_hasher(args.prefix_caching_hash_algo,
+                                                                                    args.none_hash_seed))
         sched_args = (config, self.kv, args.scheduling_policy, args.long_prefill_token_threshold,
                       policy_for(args.engine_type))
         self.cohort: DecodeCohort | None = None

@@ -9,13 +9,20 @@ exactly their layout; 0.32 decoders would ignore it anyway (unknown map keys are
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence, Union
 
 import msgspec
 
-from ..engine.block_hash import event_extra_keys, external_block_hash, use_int_block_hashes
+from ..engine.block_hash import event_extra_keys, external_block_hash
 
 ExternalBlockHash = Union[int, bytes]  # low-64 int by default, raw digest if the env var is 0
+
+
+def use_int_block_hashes() -> bool:
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1 in 0.32 and 0.33)."""
+    return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
+
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
@@ -152,5 +159,5 @@ class KVEventCollector:
 __all__ = [
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "EventBatch", "KVCacheEvent",
     "KVEvent", "KVEventBatch", "KVEventCollector", "MEDIUM_CPU", "MEDIUM_GPU", "MEDIUM_STORAGE",
-    "decode_batch", "encode_batch",
+    "decode_batch", "encode_batch", "use_int_block_hashes",
 ]
