@@ -1,7 +1,14 @@
 """The package's dependency rule, read from the source: no import cycles between modules, and
 `engine/` imports none of the adapters nor the trace tools. Every import counts, including the
 ones inside functions (a late import hides a cycle, it does not remove it); imports under
-`if TYPE_CHECKING:` do not run, so they count for the engine rule but not for cycles."""
+`if TYPE_CHECKING:` do not run, so they count for the engine rule but not for cycles between the
+package's modules.
+
+Inside `engine/` the rules are stricter: no cycle at all, not even through type-only imports
+(core.py builds the helpers, which take narrow interfaces and never import it); no module reads
+the environment (what the engine needs arrives in its config); and no module reads another
+object's private attributes. The source checked is the imported package's, so
+`PYTHONPATH=<tree>/src pytest tests/test_layout.py` checks that tree."""
 
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+import vllm_vcr
+
+SRC = Path(vllm_vcr.__file__).resolve().parents[1]
 ENGINE = "vllm_vcr.engine"
 # what engine/ must not import: the adapters and the trace tools built on top of it
 NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "fpm", "cli", "trace", "record", "replay", "inspect")
@@ -181,6 +190,100 @@ def test_no_import_cycles_between_packages():
 
 def test_engine_imports_no_adapter_and_no_trace_tools():
     assert engine_violations(import_graph(SRC, runtime_only=False)) == []
+
+
+# --- engine/: no cycle even through type-only imports, no environment, no private reads ---------
+
+def engine_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles among engine/ modules, of a graph with every import (run-time and type-only)."""
+    inside = {m for m in graph if m.startswith(ENGINE + ".")}
+    return cycles({m: graph[m] & inside for m in inside})
+
+
+# what reading the environment goes through: os.environ / os.getenv and their bytes forms, and
+# the writers (a write is a read of the process's state by whatever reads it next)
+ENV_NAMES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+
+def environment_reads(tree: ast.AST) -> list[str]:
+    """Where a module touches the environment: `<x>.environ`, `<x>.getenv(...)` (any alias of os),
+    `from os import environ` and the like. Comments and strings do not count (they are not code)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENV_NAMES:
+            found.append((node.lineno, f"line {node.lineno}: {ast.unparse(node)}"))
+        elif isinstance(node, ast.ImportFrom) and node.module in ("os", "posix", "nt"):
+            found += [(node.lineno, f"line {node.lineno}: from {node.module} import {a.name}") for a in node.names
+                      if a.name in ENV_NAMES or a.name == "*"]
+    return [text for _, text in sorted(found)]
+
+
+def _is_self(node: ast.expr) -> bool:
+    """`self`, `cls` or `super()`: an object's own attributes."""
+    if isinstance(node, ast.Name):
+        return node.id in ("self", "cls")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def private_reads(tree: ast.AST) -> list[str]:
+    """`x._name` where `x` is not self/cls/super(): a private attribute of another object
+    (`__dunder__` names are public protocol)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not (node.attr.startswith("__") and node.attr.endswith("__")) and not _is_self(node.value):
+            found.append((node.lineno, node.col_offset, f"line {node.lineno}: {ast.unparse(node)}"))
+    return [text for *_, text in sorted(found)]
+
+
+# engine module -> (attribute expression, why it may read another object's private attribute)
+PRIVATE_READS_ALLOWED: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
+def engine_trees(root: Path) -> Iterator[tuple[str, ast.AST]]:
+    engine = root / "vllm_vcr" / "engine"
+    for path in sorted(engine.rglob("*.py")):
+        yield str(path.relative_to(engine)), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_checker_finds_engine_rule_breaks(tmp_path):
+    root = _write(tmp_path, {
+        "vllm_vcr/__init__.py": "",
+        "vllm_vcr/engine/core.py": "from . import helper\n",
+        "vllm_vcr/engine/helper.py": ("from typing import TYPE_CHECKING\n"
+                                      "if TYPE_CHECKING:\n    from .core import Core\n"),
+    })
+    assert engine_cycles(import_graph(root, runtime_only=False)) == [["vllm_vcr.engine.core", "vllm_vcr.engine.helper"]]
+    assert cycles(import_graph(root, runtime_only=True)) == []  # (the package-wide rule lets it pass)
+    code = ("import os as o\nfrom os import getenv\n# os.environ in a comment\nDOC = 'os.environ'\n"
+            "a = o.environ.get('X')\nb = getenv('Y')\n")
+    assert environment_reads(ast.parse(code)) == ["line 2: from os import getenv", "line 5: o.environ"]
+    code = ("class A:\n    def f(self, core):\n        self._x = core._y + super()._z() + self.__dict__.__len__()\n"
+            "        return core.__class__, type(core)._w\n")
+    assert private_reads(ast.parse(code)) == ["line 3: core._y", "line 4: type(core)._w"]
+
+
+def test_no_import_cycles_in_engine_even_type_only():
+    """core.py may import the helpers; a helper imports neither core.py nor anything that does."""
+    assert engine_cycles(import_graph(SRC, runtime_only=False)) == []
+
+
+def test_engine_reads_no_environment():
+    """The engine's inputs arrive in its config (EngineArgs): the CLI and the adapters read the
+    environment (e.g. PYTHONHASHSEED into EngineArgs.none_hash_seed)."""
+    found = {name: reads for name, tree in engine_trees(SRC) if (reads := environment_reads(tree))}
+    assert found == {}
+
+
+def test_engine_reads_no_private_attribute_of_another_object():
+    """Engine modules talk through public interfaces: no `other._name` beyond the allowlist."""
+    found = {}
+    for name, tree in engine_trees(SRC):
+        allowed = {expr for expr, _why in PRIVATE_READS_ALLOWED.get(name, ())}
+        reads = [r for r in private_reads(tree) if r.split(": ", 1)[1] not in allowed]
+        if reads:
+            found[name] = reads
+    assert found == {}
 
 
 def test_trace_is_a_leaf_library():
