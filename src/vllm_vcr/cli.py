@@ -8,7 +8,7 @@ import sys
 
 # subcommand -> module exposing add_parser(subparsers) and run(args) -> int
 SUBCOMMANDS = {
-    "serve": "vllm_vcr.http.cli",
+    "serve": "vllm_vcr.serve.cli",
     "play": "vllm_vcr.wire.cli",
     "record": "vllm_vcr.record.cli",
     "inspect": "vllm_vcr.inspect.cli",

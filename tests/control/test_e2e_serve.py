@@ -17,7 +17,7 @@ from .control_helpers import free_port, port_is_free
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm_vcr.http.cli") is None,
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm_vcr.serve.cli") is None,
                                 reason="vllm-vcr serve is not built yet")
 
 SEED = REPO.parent / "shared" / "seeds" / "000_ddf3c08c66162100.txt"

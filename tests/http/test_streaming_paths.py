@@ -11,7 +11,8 @@ import socket
 import httpx
 import pytest
 
-from vllm_vcr.http import serving_chat, streaming
+from vllm_vcr.http import streaming
+from vllm_vcr.openai import chat as serving_chat
 
 MODEL = "vllm-vcr/sim"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.http.chat_template import ChatTemplate, ChatTemplateError
-from vllm_vcr.http.tokenizer import TokenizerError, load_tokenizer
+from vllm_vcr.frontend.chat_template import ChatTemplate, ChatTemplateError
+from vllm_vcr.frontend.tokenizer import TokenizerError, load_tokenizer
 
 TOK = load_tokenizer()
 

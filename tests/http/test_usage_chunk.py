@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_vcr.http.serving_base import encode
-from vllm_vcr.http.serving_chat import ChatStream
-from vllm_vcr.http.serving_completion import final_usage_chunk, usage_dict
+from vllm_vcr.openai.chat import ChatStream
+from vllm_vcr.openai.completion import final_usage_chunk, usage_dict
 
 
 @given(rid=st.text(), model=st.text(), fp=st.none() | st.text(), created=st.integers(0, 2**40),

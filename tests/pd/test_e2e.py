@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import vllm_vcr.http.server as serve_server
+import vllm_vcr.serve.server as serve_server
 
 from ..conftest import free_port, subprocess_env
 

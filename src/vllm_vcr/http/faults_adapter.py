@@ -17,7 +17,7 @@ from typing import Any, Callable
 import msgspec
 
 from ..faults import RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
-from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
+from ..frontend.errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
 from .sse import DONE, send_bytes
 
 

@@ -10,13 +10,13 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from .errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
+from ..frontend.errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
                      validation_error)
-from .generation import OutputStream, random_hex
-from .protocol import RequestValueError
+from ..frontend.generation import OutputStream, random_hex
+from ..frontend.protocol import RequestValueError
 from .sse import send_bytes
-from .tokenizer import Tokenizer
-from .tools.calls import ToolSettings
+from ..frontend.tokenizer import Tokenizer
+from ..frontend.tools.calls import ToolSettings
 
 logger = logging.getLogger("vllm_vcr.http")
 

@@ -26,8 +26,8 @@ import msgspec
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from .acceptor import WriteSide
-from .errors import STREAM_INTERNAL_ERROR
-from .generation import OutputStream
+from ..frontend.errors import STREAM_INTERNAL_ERROR
+from ..frontend.generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
 

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from ..http.logprobs import step_logprobs
+from ..frontend.logprobs import step_logprobs
 from .codec import EXT_RAW_VIEW
 
 
