@@ -114,13 +114,13 @@ async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch)
 
 async def test_a_batched_stream_whose_client_stops_reading_loses_nothing(inprocess, monkeypatch):
     """A stream in a steady batch learns that its socket paused from the protocol's count of
-    write-side changes (acceptor.WriteSide), not by looking at its socket every step: its token
+    write-side changes (WriteSide), not by looking at its socket every step: its token
     is declined there and then, and every later chunk waits for the socket, in order."""
     counts = _count_writes(monkeypatch)
     counted_take = streaming.SteadyChunks.take
 
     def take(self, tokens, ts):  # tokens a batch took for a socket that had paused already
-        paused = [c.flow.write_paused for c in self.cycles]
+        paused = [d.blocked() for d in self.directs]
         declined = set(counted_take(self, tokens, ts) or ())
         counts["taken_while_paused"] = counts.get("taken_while_paused", 0) + sum(
             p and i not in declined for i, p in enumerate(paused))

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -30,10 +30,6 @@ from ..frontend.generation import check_prompt_tokens, parse_dp_rank, random_hex
 from ..frontend.protocol import RequestValueError
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from ..http.sse import send_bytes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..serve.app import OpenAIApp
-    from ..serve.extensions import ServeExtensions
 
 DEFAULT_EMBEDDING_SIZE = 1024
 SUPPORTED_TASKS = ("embed", "token_embed")  # what vLLM reports for a model converted to embedding
@@ -192,7 +188,7 @@ class _Prompt:
 class PoolingServing(ServingBase):
     """The handlers of the pooling routes; one engine request per prompt."""
 
-    def __init__(self, app: "OpenAIApp", config: PoolingConfig):
+    def __init__(self, app: Any, config: PoolingConfig):  # the serve app
         super().__init__(app.engine, app.tokenizer, app.settings, app.metrics)
         self.app = app
         self.config = config
@@ -380,11 +376,3 @@ def _check_lens(d1: list, d2: list) -> None:
         raise RequestValueError("At least one text element must be given")
     if not d2:
         raise RequestValueError("At least one text_pair element must be given")
-
-
-def register_pooling_routes(app: "OpenAIApp", ext: "ServeExtensions") -> None:
-    serving = PoolingServing(app, ext.pooling)
-    for path, handler in (("/v1/embeddings", serving.embeddings), ("/pooling", serving.pooling),
-                          ("/score", serving.score), ("/v1/score", serving.score), ("/rerank", serving.rerank),
-                          ("/v1/rerank", serving.rerank), ("/v2/rerank", serving.rerank)):
-        app.routes[path] = {"POST": (handler, True)}

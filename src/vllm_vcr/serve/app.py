@@ -10,22 +10,20 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import secrets
 import time
 from typing import Any, Awaitable, Callable
 
-from .. import __version__
-from ..http.acceptor import CLIENT_GONE, ON_DISCONNECT
 from ..frontend.errors import HTTPError, error_body
-from ..http.faults_adapter import FaultEnded
-from .extra_routes import add_generative_routes, match_route
-from ..http.middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
-from ..frontend.protocol import DetokenizeRequest, RequestValueError, TokenizeChatRequest, TokenizeCompletionRequest
-from ..http.serving_base import VLLM_API_VERSION, RequestContext, ServeSettings, encode, logger, parse_request
-from ..openai.chat import ChatServing
-from ..openai.completion import CompletionServing
-from ..http.sse import send_bytes
+from ..frontend.protocol import RequestValueError
 from ..frontend.tokenizer import Tokenizer
+from ..http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT
+from ..http.faults_adapter import FaultEnded
+from ..http.middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
+from ..http.routes import Family, served
+from ..http.serving_base import RequestContext, ServeSettings, encode, logger
+from ..http.sse import send_bytes
+from .extensions import ServeExtensions
+from .routes import FAMILIES, route_config
 
 Handler = Callable[[RequestContext], Awaitable[None]]
 
@@ -34,12 +32,10 @@ _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
 _GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's AuthenticationMiddleware guards
-# routes whose body must be application/json (vLLM's validate_json_request)
-_JSON_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"})
 
 
 def _load_metrics(settings: ServeSettings) -> Any:
-    """The Prometheus side (http/metrics.py, written separately); None when it is absent."""
+    """The Prometheus side (vllm/metrics.py, sglang/metrics.py); None when it is absent."""
     try:
         from ..vllm import metrics as metrics_mod
     except ImportError:
@@ -68,15 +64,15 @@ class OpenAIApp:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None,
                  on_startup: Callable[[], Awaitable[None]] | None = None,
                  on_shutdown: Callable[[], Awaitable[None]] | None = None, faults: Any = None,
-                 extensions: Any = None):
+                 extensions: Any = None, families: tuple[Family, ...] = FAMILIES):
         self.engine = engine
         self.faults = faults  # a FaultGate (http/faults_adapter.py), or None
         self.tokenizer = tokenizer
         self.settings = settings
         self.metrics = metrics if metrics is not None else _load_metrics(settings)
-        self.extensions = extensions  # http/extensions.py: LoRA, sleep, operator routes, pooling
-        if extensions is not None:
-            engine = extensions.wrap_engine(engine, settings.served_model_names, self.metrics)
+        # serve/extensions.py: LoRA, sleep, operator routes, pooling
+        self.extensions = extensions = extensions if extensions is not None else ServeExtensions()
+        engine = extensions.wrap_engine(engine, settings.served_model_names, self.metrics)
         self.engine = engine
         if self.metrics is not None and hasattr(self.metrics, "on_engine_outputs") \
                 and hasattr(engine, "add_output_listener"):
@@ -85,35 +81,43 @@ class OpenAIApp:
                 engine.add_output_listener(self.metrics.on_engine_outputs, observer)
             else:
                 engine.add_output_listener(self.metrics.on_engine_outputs)
-        self.completions = CompletionServing(engine, tokenizer, settings, self.metrics)
-        self.chat = ChatServing(engine, tokenizer, settings, self.metrics)
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
         self._api_keys = [k.encode() for k in settings.api_keys if k]
-        self._perm_id = f"modelperm-{secrets.token_hex(8)}"
-        # path -> {method: (handler, watch_disconnect)}
-        self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {
-            "/v1/completions": {"POST": (self.completions.handle, True)},
-            "/v1/chat/completions": {"POST": (self.chat.handle, True)},
-            "/v1/models": {"GET": (self._models, False)},
-            "/health": {"GET": (self._health, False)},
-            "/ping": {"GET": (self._health, False), "POST": (self._health, False)},
-            "/version": {"GET": (self._version, False)},
-            "/metrics": {"GET": (self._metrics, False)},
-            "/tokenize": {"POST": (self._tokenize, False)},
-            "/detokenize": {"POST": (self._detokenize, False)},
-            "/openapi.json": {"GET": (self._openapi, False)},
-        }
         self._openapi_body: bytes | None = None
-        # /v1/responses, /v1/messages, ...: what else vLLM serves for a generative model
-        self.prefix_routes = add_generative_routes(self)
-        if extensions is not None:
-            extensions.install(self)
+        self._build_routes(families)
         self._cors = cors_middleware(self._route, settings)
-        if settings.engine_type == "sglang":
-            from ..sglang.routes import SGLangRoutes
 
-            self.routes.update(SGLangRoutes(self).routes())
+    def _build_routes(self, families: tuple[Family, ...]) -> None:
+        """The dispatch tables from the families' route tables (serve/routes.py): each family puts
+        its services on the app, then every route that exists for this configuration is bound."""
+        ext = self.extensions
+        self.route_config = config = route_config(self.settings, ext)
+        self.settings.lora_adapters = ext.adapters
+        for family in families:
+            if family.services is not None:
+                family.services(self, config)
+        self.served = served(families, config)
+        # path -> {method: (handler, generation)}; paths with a variable segment by (prefix, suffix)
+        self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {}
+        self.prefix_routes: list[tuple[str, str, dict[str, tuple[Handler, bool]]]] = []
+        json_only = set()
+        for route, switched_on in self.served:
+            handler = route.handler(self) if switched_on else route.closed
+            generation = route.generation and switched_on
+            if generation and config.load_tracking:
+                handler = ext.counted(handler)
+            pattern = route.pattern
+            if pattern is None:
+                methods = self.routes.setdefault(route.path, {})
+            else:
+                methods = {}
+                self.prefix_routes.append((*pattern, methods))
+            for method in route.methods:
+                methods[method] = (handler, generation)
+            if route.json_only:
+                json_only.add(route.path)
+        self._json_routes = frozenset(json_only)
 
     # -- ASGI ----------------------------------------------------------------------------------
 
@@ -167,7 +171,7 @@ class OpenAIApp:
 
     async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         path = scope["path"]
-        methods = self.routes.get(path) or match_route(self.prefix_routes, path)
+        methods = self.routes.get(path) or self._match(path)
         if methods is None:
             if path != "/" and path.endswith("/") and path.rstrip("/") in self.routes:
                 # Starlette's redirect_slashes: 307 to the path without the slash, any method
@@ -194,7 +198,7 @@ class OpenAIApp:
                 return  # answered with an injected failure
         ctx = RequestContext(scope, receive, send, body)
         try:
-            if path in _JSON_ROUTES:
+            if path in self._json_routes:
                 check_json_content_type(ctx.headers)
             if watch:
                 await self._watched(handler, ctx)
@@ -222,7 +226,7 @@ class OpenAIApp:
     async def _watched(self, handler: Handler, ctx: RequestContext) -> None:
         """Run the handler in the server's task for this request; a disconnect cancels that task,
         which the handler sees as CancelledError at its current await. The server's protocol
-        reports the disconnect through `scope[ON_DISCONNECT]` (acceptor.py); under another
+        reports the disconnect through `scope[ON_DISCONNECT]` (http/uvicorn_internals.py); under another
         server a watcher task waits for it on `receive`."""
         scope = ctx.scope
         hooked = ON_DISCONNECT in scope
@@ -287,80 +291,21 @@ class OpenAIApp:
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    # -- small endpoints -----------------------------------------------------------------------
+    def _match(self, path: str) -> dict[str, tuple[Handler, bool]] | None:
+        """The methods of the route with a variable segment that `path` fills (one segment, no slash)."""
+        for prefix, suffix, methods in self.prefix_routes:
+            if path.startswith(prefix) and path.endswith(suffix):
+                middle = path[len(prefix): len(path) - len(suffix)]
+                if middle and "/" not in middle:
+                    return methods
+        return None
 
-    async def _models(self, ctx: RequestContext) -> None:
-        s = self.settings
-        root = s.model_root or s.model_name
-        now = int(time.time())  # vLLM stamps the cards when they are listed
-        perm = {"id": self._perm_id, "object": "model_permission", "created": now,
-                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                "organization": "*", "group": None, "is_blocking": False}
-        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": root,
-                 "parent": None, "max_model_len": s.max_model_len, "permission": [perm]}
-                for name in s.served_model_names]
-        if s.lora_adapters is not None:
-            data += s.lora_adapters.model_cards(now, perm)
-        await send_bytes(ctx.send, 200, encode({"object": "list", "data": data}))
-
-    async def _health(self, ctx: RequestContext) -> None:
-        running = getattr(self.engine, "is_running", True)
-        if running:
-            await send_bytes(ctx.send, 200, b"")
-        else:
-            await send_bytes(ctx.send, 503, error_body("Engine is not running", "ServiceUnavailableError", 503))
-
-    async def _version(self, ctx: RequestContext) -> None:
-        # the vLLM release whose API is reproduced (clients compare it); vllm-vcr's own version beside it
-        await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
-
-    async def _metrics(self, ctx: RequestContext) -> None:
-        m = self.metrics
-        if m is None:
-            await send_bytes(ctx.send, 404, _NOT_FOUND)
-            return
-        accept = ctx.headers.get(b"accept", b"").decode("latin-1")
-        try:
-            body, content_type = m.render(accept)
-        except TypeError:
-            body, content_type = m.render()
-        await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
-                         if isinstance(content_type, str) else content_type)
-
-    async def _openapi(self, ctx: RequestContext) -> None:
-        if self._openapi_body is None:  # built once, from the routes as they are by then
+    async def openapi(self, ctx: RequestContext) -> None:
+        if self._openapi_body is None:  # built once, from the routes served
             from .openapi import build_openapi
 
-            self._openapi_body = encode(build_openapi(self.routes))
+            self._openapi_body = encode(build_openapi(self.served))
         await send_bytes(ctx.send, 200, self._openapi_body)
-
-    async def _tokenize(self, ctx: RequestContext) -> None:
-        raw = ctx.body
-        is_chat = b'"messages"' in raw
-        req: Any = parse_request(raw, TokenizeChatRequest if is_chat else TokenizeCompletionRequest)
-        self.completions.check_model(req.model)
-        tok = self.tokenizer
-        if is_chat:
-            _, ids = await self.chat.render_prompt_async(
-                req.messages, add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message, chat_template=req.chat_template,
-                chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens)
-        else:
-            ids = await tok.encode_async(req.prompt, add_special_tokens=req.add_special_tokens)
-        body: dict[str, Any] = {"count": len(ids), "max_model_len": self.settings.max_model_len, "tokens": ids,
-                                "token_strs": [tok.hf.id_to_token(i) or "" for i in ids]
-                                if req.return_token_strs else None}
-        await send_bytes(ctx.send, 200, encode(body))
-
-    async def _detokenize(self, ctx: RequestContext) -> None:
-        req = parse_request(ctx.body, DetokenizeRequest)
-        self.completions.check_model(req.model)
-        try:  # as vLLM's tokenizer: ids outside the vocabulary decode to nothing
-            text = self.tokenizer.decode(req.tokens, skip_special_tokens=False)
-        except OverflowError as e:  # an id beyond the tokenizer's integer type
-            raise HTTPError(400, str(e), "BadRequestError") from None
-        await send_bytes(ctx.send, 200, encode({"prompt": text}))
 
 
 class _Disconnected(Exception):

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from ..cli_types import one_of, positive_int
+from ..vllm.lora import LoRAModulePath
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
-
-
-@dataclass
-class LoRAModulePath:
-    name: str
-    path: str
-    base_model_name: str | None = None
-    is_3d_lora_weight: bool = False
 
 
 def parse_lora_modules(values: list[str]) -> list[LoRAModulePath]:

@@ -1,6 +1,6 @@
 """What `serve` adds to the OpenAI app beyond generation: LoRA adapters, sleep/pause, the
-operator endpoints and the pooling runner. Built from the command line by `from_cli`, attached
-to the app by two calls in OpenAIApp (`wrap_engine` before the endpoints exist, `install` after).
+operator endpoints and the pooling runner. Built from the command line by `from_cli`; the app
+calls `wrap_engine` before its services exist, and the route tables read the flags (serve/routes.py).
 """
 
 from __future__ import annotations
@@ -8,21 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from ..vllm.lora import LoRAAdapters, LoRAConfig
 from ..vllm.lora_metrics import LoRARequestStates
 from ..openai.pooling import PoolingConfig
 from ..vllm.sleep import SleepConfig, SleepControl
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .app import OpenAIApp
-
-# the generate runner's endpoints, which a pooling model does not serve (vLLM registers none)
-GENERATE_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-                   "/inference/v1/generate")
-
 
 def env_flag(environ: Any, name: str) -> bool:
     return str(environ.get(name, "0")).strip().lower() in ("1", "true")
@@ -86,28 +78,9 @@ class ServeExtensions:
             return engine
         return FrontendEngine(engine, self.lora_states)
 
-    def install(self, app: "OpenAIApp") -> None:
-        from ..vllm import management
-        from ..openai.pooling import register_pooling_routes
-
-        app.settings.lora_adapters = self.adapters
-        management.register(app, self)
-        if self.pooling.enabled:
-            for path in GENERATE_ROUTES:
-                app.routes.pop(path, None)
-            register_pooling_routes(app, self)
-        if self.load_tracking:
-            self._track_load(app)
-
-    def _track_load(self, app: "OpenAIApp") -> None:
-        """vLLM's load_aware_call: the generation and pooling routes (the watched ones) count
-        themselves in `server_load` while they run."""
-        for methods in app.routes.values():
-            for method, (handler, watch) in list(methods.items()):
-                if watch:
-                    methods[method] = (self._counted(handler), watch)
-
-    def _counted(self, handler: Callable) -> Callable:
+    def counted(self, handler: Callable) -> Callable:
+        """vLLM's load_aware_call: a generation route counts itself in `server_load` while it runs
+        (--enable-server-load-tracking)."""
         async def counted(ctx: Any) -> None:
             self.server_load += 1
             try:
@@ -116,7 +89,7 @@ class ServeExtensions:
                 self.server_load -= 1
         return counted
 
-    def server_config(self, app: "OpenAIApp") -> dict[str, Any]:
+    def server_config(self, app: Any) -> dict[str, Any]:
         from ..vllm.management import plain
 
         return {"model": app.settings.model_root or app.settings.model_name,

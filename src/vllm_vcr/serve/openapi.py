@@ -7,20 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import __version__
-from ..frontend.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
-)
+from ..http.routes import Route
 
-_BODIES: dict[str, list[type]] = {
-    "/v1/completions": [CompletionRequest],
-    "/v1/chat/completions": [ChatCompletionRequest],
-    "/tokenize": [TokenizeCompletionRequest, TokenizeChatRequest],
-    "/detokenize": [DetokenizeRequest],
-}
 _REF = "#/components/schemas/{model}"
 _ERROR_SCHEMA = {
     "type": "object",
@@ -49,20 +37,29 @@ def _responses(has_body: bool) -> dict[str, Any]:
     return out
 
 
-def build_openapi(routes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The document for `routes` (path -> {method: handler}), as the app holds them."""
+def build_openapi(routes: list[tuple[Route, bool]]) -> dict[str, Any]:
+    """The document for the routes an app serves (http/routes.py `served`): every path and method,
+    a path's variable segment as an OpenAPI path parameter."""
     components: dict[str, Any] = {"ErrorResponse": _ERROR_SCHEMA}
     paths: dict[str, Any] = {}
-    for path, methods in sorted(routes.items()):
-        item: dict[str, Any] = {}
-        for method in methods:
-            op: dict[str, Any] = {"operationId": f"{method.lower()}{path.replace('/', '_').replace('.', '_')}",
-                                  "responses": _responses(method == "POST" and path in _BODIES)}
-            if method == "POST" and path in _BODIES:
+    for route, _ in sorted(routes, key=lambda r: r[0].path):
+        item: dict[str, Any] = paths.setdefault(route.path, {})
+        params = [{"name": route.path[route.path.index("{") + 1:route.path.index("}")], "in": "path",
+                   "required": True, "schema": {"type": "string"}}] if route.pattern is not None else None
+        for method in route.methods:
+            has_body = method == "POST" and bool(route.body)
+            op: dict[str, Any] = {"operationId": f"{method.lower()}{_op_name(route.path)}",
+                                  "responses": _responses(has_body)}
+            if params:
+                op["parameters"] = params
+            if has_body:
                 op["requestBody"] = {"required": True, "content": {"application/json": {
-                    "schema": _schema_of(_BODIES[path], components)}}}
+                    "schema": _schema_of(list(route.body), components)}}}
             item[method.lower()] = op
-        paths[path] = item
     return {"openapi": "3.1.0", "info": {"title": "vllm-vcr serve (vLLM's OpenAI-compatible API)",
                                          "version": __version__},
             "paths": paths, "components": {"schemas": components}}
+
+
+def _op_name(path: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import importlib.util
 import logging
 import os
@@ -40,7 +39,8 @@ from ..engine.block_hash import ContentHasher  # noqa: E402
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
-from ..http.acceptor import BurstAcceptor, TurnSlices, stamping_arrival  # noqa: E402
+from ..http.acceptor import BurstAcceptor, TurnSlices  # noqa: E402
+from ..http.uvicorn_internals import protocol_factory  # noqa: E402
 from ..faults import FaultController, FaultSpecError  # noqa: E402
 from ..faults.cli_args import rates_from_args  # noqa: E402
 from .app import build_app  # noqa: E402
@@ -88,8 +88,7 @@ class _Server(uvicorn.Server):
         # no uvloop server on the sockets: it would accept one connection per turn of the loop
         await super().startup(sockets=[])
         if self.started and sockets:
-            factory = functools.partial(stamping_arrival(self.config.http_protocol_class), config=self.config,
-                                        server_state=self.server_state, app_state=self.lifespan.state)
+            factory = protocol_factory(self)
             self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
         if self.started and self._on_ready is not None:
             self._on_ready()  # "ready" only once connections are taken

@@ -41,10 +41,6 @@ class DerenderServing:
         self.settings = app.settings
         self.tokenizer = app.chat.tokenizer
 
-    def routes(self) -> dict[str, Any]:
-        return {"/v1/chat/completions/derender": self.derender_chat,
-                "/v1/completions/derender": self.derender_completion}
-
     @property
     def has_parser(self) -> bool:
         return self.settings.tools.available or bool(self.settings.reasoning_parser)

@@ -24,9 +24,18 @@ from pydantic import BaseModel
 
 from ..engine.types import LoRARequest
 from ..frontend.errors import HTTPError, sanitize
-from ..serve.extension_args import LoRAModulePath
 
 logger = logging.getLogger("vllm_vcr.vllm.lora")
+
+@dataclass
+class LoRAModulePath:
+    """One `--lora-modules` entry (vLLM's LoRAModulePath)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+    is_3d_lora_weight: bool = False
+
 
 @dataclass
 class LoRAConfig:

@@ -1,9 +1,8 @@
 """Operator endpoints of vLLM 0.32's frontend: LoRA load/unload, the dev-mode routes (sleep,
 pause, caches, server info) and elastic EP scaling, with vLLM's bodies and errors.
 
-Handlers take the RequestContext of http/app.py; `register(app, ext)` adds the routes the way
-vLLM's `register_api_routers` decides which exist (env `VLLM_SERVER_DEV_MODE`,
-`VLLM_ALLOW_RUNTIME_LORA_UPDATING`, the generate/pooling runner).
+The handlers; which of them exist (env `VLLM_SERVER_DEV_MODE`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING`,
+the generate/pooling runner) is declared in vllm/routes.py, as vLLM's `register_api_routers` decides.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import platform
 import sys
 from dataclasses import asdict, is_dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -24,19 +23,7 @@ from ..http.serving_base import RequestContext, VLLM_API_VERSION, encode, parse_
 from .sleep import parse_sleep_query, query_params
 from ..http.sse import send_bytes
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..serve.app import OpenAIApp
-    from ..serve.extensions import ServeExtensions
-
 _TEXT = b"text/plain; charset=utf-8"
-
-
-def require_json(ctx: RequestContext) -> None:
-    """vLLM's validate_json_request dependency (before the body is parsed)."""
-    media = ctx.headers.get(b"content-type", b"").decode("latin-1").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        raise HTTPError(400, "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed",
-                        "Bad Request")
 
 
 def http_exception(status: int, detail: str) -> HTTPError:
@@ -61,19 +48,17 @@ def _bool_query(ctx: RequestContext, name: str, default: bool) -> bool:
 class Management:
     """The handlers; state lives in the app (engine, LoRA registry, sleep control)."""
 
-    def __init__(self, app: "OpenAIApp", ext: "ServeExtensions"):
+    def __init__(self, app: Any, ext: Any):  # the serve app and its ServeExtensions
         self.app = app
         self.ext = ext
 
     # -- LoRA (VLLM_ALLOW_RUNTIME_LORA_UPDATING) --------------------------------------------------
     async def load_lora_adapter(self, ctx: RequestContext) -> None:
-        require_json(ctx)
         req = parse_request(ctx.body, LoadLoRAAdapterRequest)
         msg = self.ext.adapters.load(req)
         await send_bytes(ctx.send, 200, msg.encode(), content_type=_TEXT)
 
     async def unload_lora_adapter(self, ctx: RequestContext) -> None:
-        require_json(ctx)
         req = parse_request(ctx.body, UnloadLoRAAdapterRequest)
         msg = self.ext.adapters.unload(req)
         await send_bytes(ctx.send, 200, msg.encode(), content_type=_TEXT)
@@ -140,7 +125,6 @@ class Management:
 
     # -- elastic EP (generate runner) -------------------------------------------------------------
     async def scale_elastic_ep(self, ctx: RequestContext) -> None:
-        require_json(ctx)
         try:
             body = json.loads(ctx.body)
         except ValueError:
@@ -186,22 +170,3 @@ def plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): plain(v) for k, v in obj.items()}
     return obj if isinstance(obj, (str, int, float, bool, type(None))) else str(obj)
-
-
-def register(app: "OpenAIApp", ext: "ServeExtensions") -> None:
-    m = Management(app, ext)
-    routes = app.routes
-    routes["/load"] = {"GET": (m.load, False)}
-    if ext.lora.runtime_updating:
-        routes["/v1/load_lora_adapter"] = {"POST": (m.load_lora_adapter, False)}
-        routes["/v1/unload_lora_adapter"] = {"POST": (m.unload_lora_adapter, False)}
-    if ext.dev_mode:
-        for path, method, handler in (
-                ("/sleep", "POST", m.sleep), ("/wake_up", "POST", m.wake_up), ("/is_sleeping", "GET", m.is_sleeping),
-                ("/release_kv_cache_memory", "POST", m.release_kv_cache_memory), ("/pause", "POST", m.pause), ("/resume", "POST", m.resume), ("/is_paused", "GET", m.is_paused),
-                ("/reset_prefix_cache", "POST", m.reset_prefix_cache), ("/reset_mm_cache", "POST", m.reset_nothing),
-                ("/reset_encoder_cache", "POST", m.reset_nothing), ("/server_info", "GET", m.server_info)):
-            routes[path] = {method: (handler, False)}
-    if ext.generate:
-        routes["/scale_elastic_ep"] = {"POST": (m.scale_elastic_ep, False)}
-        routes["/is_scaling_elastic_ep"] = {"POST": (m.is_scaling_elastic_ep, False)}

@@ -11,7 +11,6 @@ from ..frontend.errors import HTTPError
 from ..frontend.generation import check_output_budget, check_prompt_tokens, effective_max_tokens
 from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, check_sampling, stop_list
 from ..http.serving_base import RequestContext, encode, parse_request
-from .derender import DerenderServing
 from ..http.sse import send_bytes
 from ..frontend.structured.constraints import request_constraint
 
@@ -51,11 +50,6 @@ class RenderServing:
         self.app = app
         self.chat = app.chat
         self.settings = app.settings
-
-    def routes(self) -> dict[str, Any]:
-        return {"/v1/chat/completions/render": self.render_chat, "/v1/completions/render": self.render_completion,
-                "/v1/messages/render": self.render_messages, "/v1/responses/render": self.render_responses,
-                **DerenderServing(self.app).routes()}
 
     def _chat(self, ctx: RequestContext, req: ChatCompletionRequest) -> dict[str, Any]:
         self.chat.check_model(req.model)
