@@ -70,6 +70,7 @@ class Route:
     switch: Gate | None = None
     closed: Handler | None = None
     body: tuple[type, ...] = ()
+    in_schema: bool = True  # listed in /openapi.json (FastAPI's include_in_schema)
     doc: str = ""
 
     @property

@@ -38,11 +38,13 @@ def _responses(has_body: bool) -> dict[str, Any]:
 
 
 def build_openapi(routes: list[tuple[Route, bool]]) -> dict[str, Any]:
-    """The document for the routes an app serves (http/routes.py `served`): every path and method,
-    a path's variable segment as an OpenAPI path parameter."""
+    """The document for the routes an app serves (http/routes.py `served`): every path and method
+    of the routes vLLM lists in its schema, a path's variable segment as an OpenAPI path parameter."""
     components: dict[str, Any] = {"ErrorResponse": _ERROR_SCHEMA}
     paths: dict[str, Any] = {}
     for route, _ in sorted(routes, key=lambda r: r[0].path):
+        if not route.in_schema:
+            continue
         item: dict[str, Any] = paths.setdefault(route.path, {})
         params = [{"name": route.path[route.path.index("{") + 1:route.path.index("}")], "in": "path",
                    "required": True, "schema": {"type": "string"}}] if route.pattern is not None else None

@@ -29,7 +29,9 @@ def _dev(path: str, method: str, name: str, doc: str) -> Route:
 
 
 def _scale_out(path: str, handler: Any, doc: str, **kw: Any) -> Route:
-    return Route(path, ("POST",), handler, switch=SCALE_OUT, closed=scale_out_disabled, doc=doc, **kw)
+    # (vLLM registers these outside its OpenAPI schema)
+    return Route(path, ("POST",), handler, switch=SCALE_OUT, closed=scale_out_disabled, in_schema=False, doc=doc,
+                 **kw)
 
 
 _SLEEP = "sleep mode ([sleep](#sleep-mode-and-pause))"
@@ -41,7 +43,8 @@ FAMILY = Family("vllm", services=services, about="vLLM's own routes", routes=(
     Route("/version", ("GET",), lambda a: a.basics.version,
           doc='`{"version": "0.32.0", "vllm_vcr_version": ...}`: the vLLM release whose API is reproduced'),
     Route("/metrics", ("GET",), lambda a: a.basics.metrics, doc="Prometheus ([metrics.md](metrics.md))"),
-    Route("/openapi.json", ("GET",), lambda a: a.openapi, doc="the OpenAPI 3.1 description of the served routes"),
+    Route("/openapi.json", ("GET",), lambda a: a.openapi, in_schema=False,
+          doc="the OpenAPI 3.1 description of the served routes"),
     Route("/invocations", ("POST",), lambda a: a.basics.invocations, generation=True,
           doc="SageMaker: chat or completion by the body's shape"),
     Route("/load", ("GET",), lambda a: a.management.load,
