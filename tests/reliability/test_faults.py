@@ -14,7 +14,7 @@ from vllm_vcr.faults import FaultController, FaultSpecError, GaugeFunction, Requ
 from vllm_vcr.faults.rates import FaultRates
 
 MODEL = "vllm-vcr/sim"
-openai = pytest.importorskip("openai")
+openai = pytest.importorskip("openai", reason="openai, a test dependency: pip install 'vllm-vcr[test]'")
 
 
 # ---- the faults package on its own (no network) ----------------------------------------------------
