@@ -1,5 +1,5 @@
 """Injected faults through the real interfaces: `serve` with the control API, driven with the
-openai SDK and httpx (issue 18: HTTP failures, mid-stream faults, fault scripts, gauges)."""
+openai SDK and httpx: HTTP failures, mid-stream faults, fault scripts, gauges."""
 
 from __future__ import annotations
 
