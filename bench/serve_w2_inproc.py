@@ -51,7 +51,7 @@ from vllm_vcr.serve.app import build_app
 from vllm_vcr.http.serving_base import ServeSettings
 from vllm_vcr.frontend.tokenizer import load_tokenizer
 
-PEERS = Path.home() / ".cache/vllm-vcr/peers"
+PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/peers")  # as install-peers-bench.sh
 ARRIVAL_GAP = 0.00002  # virtual seconds between the opening requests
 
 

@@ -220,7 +220,7 @@ CASES = {
                                              "stream_options": {"include_usage": True}}),
     "too_long": ("/v1/completions", {"prompt": "x", "max_tokens": 5000}),
     "unknown_model": ("/v1/completions", {"prompt": "x", "max_tokens": 2, "model": "no-such-model"}),
-    # vLLM's request checks (issue 12 §5)
+    # vLLM's request checks
     "empty_messages": ("/v1/chat/completions", {"messages": [], "max_tokens": 3}),
     "greedy_n2_chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "n": 2, "temperature": 0}),
     "greedy_n2_completion": ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "n": 2, "temperature": 0}),
@@ -515,7 +515,7 @@ def test_one_token_per_engine_step(real, sim, vllm_version):
     _check(findings, vllm_version)
 
 
-# -- the rest of the generative surface (issue 13): Responses, Anthropic Messages, tool and
+# -- the rest of the generative surface: Responses, Anthropic Messages, tool and
 # structured-output checks, scale-out gates, /invocations. Both sides run without a tool parser
 # and the echo engine, so only what the real frontend can answer that way is compared.
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -600,7 +600,7 @@ def test_generative_surface_same_answers(real, sim):
     _check(findings, real.version)
 
 
-# --- LoRA, sleep and the operator endpoints (issue 14) ---------------------------------------------
+# --- LoRA, sleep and the operator endpoints --------------------------------------------------------
 
 OPS_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
 

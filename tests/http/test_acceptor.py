@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import pytest
-
-uvloop = pytest.importorskip("uvloop")
+import uvloop  # a dependency of vllm-vcr on every platform it serves from (not Windows)
 
 from vllm_vcr.http.acceptor import BurstAcceptor  # noqa: E402
 

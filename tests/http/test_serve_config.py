@@ -1,4 +1,4 @@
-"""`serve`'s configuration as vLLM's (issue 12 §3, §5): max_model_len derived from the model's
+"""`serve`'s configuration as vLLM's: max_model_len derived from the model's
 config.json, `--config file.yaml`, a missing model path, `--help` defaults, uvicorn's logs."""
 
 from __future__ import annotations
