@@ -29,41 +29,6 @@ def random_hex(n: int = 32) -> str:
     return _urandom(n // 2).hex()  # secrets.token_hex without its two extra calls
 
 
-def check_output_budget(max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> None:
-    """vLLM's renderer: more output tokens than the whole context is a 400 before tokenizing."""
-    if max_tokens is not None and max_tokens > max_model_len:
-        raise RequestValueError(f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
-                                "Please request fewer output tokens.", param, max_tokens)
-
-
-def check_prompt_tokens(prompt_len: int, max_model_len: int, from_text: bool) -> None:
-    """vLLM's renderer: a prompt longer than the context is a 400. vLLM tokenizes text with
-    truncation at max_model_len + 1 tokens, so for text it can only say "at least"."""
-    if prompt_len > max_model_len:
-        count = max_model_len + 1 if from_text else prompt_len
-        qualifier = "at least " if from_text else ""
-        raise RequestValueError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
-            f"{qualifier}{count} input tokens, which exceeds this limit even without any output tokens. "
-            "Please reduce the length of the input prompt.", "input_tokens", count)
-
-
-def check_prompt_chars(text: str, max_model_len: int, max_chars_per_token: int) -> None:
-    """vLLM's cheap pre-check on text that cannot fit whatever it tokenizes to."""
-    limit = max_model_len * max_chars_per_token
-    if len(text) > limit:
-        raise RequestValueError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
-            f"{len(text)} characters (more than {limit} characters, which is the upper bound for "
-            f"{max_model_len} input tokens). Please reduce the length of the input prompt.",
-            "input_text", len(text))
-
-
-def effective_max_tokens(prompt_len: int, max_model_len: int, max_tokens: int | None) -> int:
-    """vLLM's get_max_tokens: the request's value clamped to what the context leaves."""
-    room = max_model_len - prompt_len
-    return room if max_tokens is None else min(room, max_tokens)
-
 
 def parse_dp_rank(headers: dict[bytes, bytes], engine_count: int) -> int | None:
     raw = headers.get(b"x-data-parallel-rank")

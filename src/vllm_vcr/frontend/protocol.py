@@ -3,7 +3,7 @@
 Unknown fields are accepted and ignored, as vLLM does. The checks vLLM's request models make
 while parsing are model validators here; they raise RequestValueError, which parse_request
 (serving_base.py) hands on as vLLM's 400 BadRequestError. Value checks that vLLM performs
-while building SamplingParams live in `check_sampling`.
+while building SamplingParams live in request_checks.py (`check_sampling`).
 """
 
 from __future__ import annotations
@@ -184,55 +184,6 @@ class DetokenizeRequest(_Base):
     tokens: list[TokenId]
 
 
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
-
-
-def check_sampling(req: _SamplingFields, max_tokens: int | None) -> None:
-    """SamplingParams' own checks, in vLLM's order and wording; `max_tokens` is the value after
-    clamping to the context (so a prompt that fills the context reports max_tokens 0)."""
-    n = req.n
-    if n < 1:
-        raise RequestValueError(f"n must be at least 1, got {n}.")
-    if n > MAX_N:
-        raise RequestValueError(f"n must be at most {MAX_N}, got {n}. To increase this limit, set the "
-                                "VLLM_MAX_N_SEQUENCES environment variable.")
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = getattr(req, name)
-        if v is not None and not -2.0 <= v <= 2.0:
-            raise RequestValueError(f"{name} must be in [-2, 2], got {v}.")
-    rp = req.repetition_penalty
-    if rp is not None:
-        if not _finite(rp):
-            raise RequestValueError(f"repetition_penalty must be a finite number, got {rp}.")
-        if rp <= 0.0:
-            raise RequestValueError(f"repetition_penalty must be greater than zero, got {rp}.")
-    t = req.temperature
-    if t is not None:
-        if not _finite(t):
-            raise RequestValueError(f"temperature must be a finite number, got {t}.", "temperature", t)
-        if t < 0.0:
-            raise RequestValueError(f"temperature must be non-negative, got {t}.", "temperature", t)
-        if t > 2.0:
-            raise RequestValueError(f"temperature must be in [0, 2], got {t}.", "temperature", t)
-    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
-        raise RequestValueError(f"top_p must be in (0, 1], got {req.top_p}.", "top_p", req.top_p)
-    if req.top_k is not None and req.top_k < -1:
-        raise RequestValueError(f"top_k must be 0 (disable), or at least 1, got {req.top_k}.")
-    if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
-        raise RequestValueError(f"min_p must be in [0, 1], got {req.min_p}.")
-    if max_tokens is not None and max_tokens < 1:
-        raise RequestValueError(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
-    if req.min_tokens < 0:
-        raise RequestValueError(f"min_tokens must be greater than or equal to 0, got {req.min_tokens}.")
-    if max_tokens is not None and req.min_tokens > max_tokens:
-        raise RequestValueError(
-            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {req.min_tokens}.")
-    if any(not s for s in stop_list(req.stop)):
-        raise RequestValueError("stop cannot contain an empty string.")
-    if req.use_beam_search:
-        raise RequestValueError("beam search is not supported by vllm-vcr.", "use_beam_search")
-
 
 def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | None, list[int] | None]:
     """`logit_bias` (int ids, biases clamped to [-100, 100]) and `allowed_token_ids`, checked in
@@ -264,12 +215,6 @@ def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | N
     return bias, allowed
 
 
-def check_logprobs_limit(num: int | None) -> None:
-    """The engine's --max-logprobs check (vLLM's default 20)."""
-    if num is not None and num > MAX_LOGPROBS:
-        raise RequestValueError(f"Requested sample logprobs of {num}, which is greater than max allowed: "
-                                f"{MAX_LOGPROBS}", "logprobs", num)
-
 
 def stop_list(stop: StopParam) -> list[str]:
     if stop is None:
@@ -290,11 +235,3 @@ def check_prompt_logprobs_field(value: int | None, stream: bool | None) -> None:
         raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", value)
 
 
-def check_prompt_logprobs_limit(value: int | None, vocab_size: int) -> None:
-    """SamplingParams' check against --max-logprobs (-1 means the whole vocabulary)."""
-    if not value:
-        return
-    num = vocab_size if value == -1 else value
-    if num > MAX_LOGPROBS:
-        raise RequestValueError(f"Requested prompt logprobs of {num}, which is greater than max allowed: "
-                                f"{MAX_LOGPROBS}", "prompt_logprobs", num)

@@ -41,7 +41,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .uvicorn_internals import ARRIVAL
 
 logger = logging.getLogger("vllm_vcr.http")
 

@@ -13,26 +13,21 @@ from ..frontend.generation import (
     SequenceState,
     as_http_error,
     build_engine_request,
-    check_output_budget,
-    check_prompt_chars,
-    check_prompt_tokens,
-    effective_max_tokens,
     output_replay_header,
     parse_dp_rank,
     random_hex,
 )
+from ..frontend.request_checks import (
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_tokens,
+    effective_max_tokens,
+)
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.prompt_cache import PromptCache, plain_key, template_is_pure
-from ..frontend.protocol import (
-    MAX_CHOICES,
-    ChatCompletionRequest,
-    RequestValueError,
-    check_logprobs_limit,
-    check_prompt_logprobs_limit,
-    check_sampling,
-    stop_list,
-)
+from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
+from ..frontend.request_checks import check_logprobs_limit, check_prompt_logprobs_limit, check_sampling
 from ..frontend.request_checks import (
     check_conversation,
     check_greedy_n,

@@ -10,24 +10,19 @@ from ..frontend.generation import (
     SequenceState,
     as_http_error,
     build_engine_request,
-    check_output_budget,
-    check_prompt_chars,
-    check_prompt_tokens,
-    effective_max_tokens,
     output_replay_header,
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.logprobs import completion_logprobs, prompt_logprobs
-from ..frontend.protocol import (
-    MAX_CHOICES,
-    CompletionRequest,
-    RequestValueError,
-    check_logprobs_limit,
-    check_prompt_logprobs_limit,
-    check_sampling,
-    stop_list,
+from ..frontend.request_checks import (
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_tokens,
+    effective_max_tokens,
 )
+from ..frontend.logprobs import completion_logprobs, prompt_logprobs
+from ..frontend.protocol import MAX_CHOICES, CompletionRequest, RequestValueError, stop_list
+from ..frontend.request_checks import check_logprobs_limit, check_prompt_logprobs_limit, check_sampling
 from ..frontend.request_checks import (
     check_greedy_n,
     effective_prompt_logprobs,

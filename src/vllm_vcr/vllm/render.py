@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..frontend.errors import HTTPError
-from ..frontend.generation import check_output_budget, check_prompt_tokens, effective_max_tokens
-from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, check_sampling, stop_list
+from ..frontend.request_checks import check_output_budget, check_prompt_tokens, effective_max_tokens
+from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, stop_list
+from ..frontend.request_checks import check_sampling
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import send_bytes
 from ..frontend.structured.constraints import request_constraint

@@ -18,16 +18,11 @@ from pydantic import Field
 
 from ..frontend.chat_outputs import instance_text
 from ..frontend.errors import HTTPError
-from ..frontend.generation import (
-    OutputStream,
-    SequenceState,
-    build_engine_request,
-    check_prompt_tokens,
-    parse_dp_rank,
-    random_hex,
-)
+from ..frontend.generation import OutputStream, SequenceState, build_engine_request, parse_dp_rank, random_hex
+from ..frontend.request_checks import check_prompt_tokens
 from ..frontend.planned_output import attach_planned_ids
-from ..frontend.protocol import StreamOptions, _Base, check_sampling, stop_list
+from ..frontend.protocol import StreamOptions, _Base, stop_list
+from ..frontend.request_checks import check_sampling
 from ..http.serving_base import RequestContext, ServingBase, encode, parse_request
 from ..http.sse import DONE, SSEWriter, send_bytes
 from ..frontend.structured.constraints import request_constraint
