@@ -148,7 +148,7 @@ def test_checker_passes_a_clean_tree(tmp_path):
         "vllm_vcr/engine/core.py": "from . import types\n",
         "vllm_vcr/engine/types.py": "import json\n",
         "vllm_vcr/http/__init__.py": "",
-        "vllm_vcr/http/app.py": "from ..engine.core import *\nimport vllm_vcr.engine.types\n",
+        "vllm_vcr/serve/app.py": "from ..engine.core import *\nimport vllm_vcr.engine.types\n",
     })
     assert cycles(import_graph(root, runtime_only=True)) == []
     assert engine_violations(import_graph(root, runtime_only=False)) == []

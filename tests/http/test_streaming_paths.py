@@ -232,7 +232,7 @@ def _count_first_fast(monkeypatch) -> list[int]:
 async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
     """And those tokens go from the engine's step to the stream (`take`): no engine output."""
     calls = {"full": 0, "outputs": 0}
-    real = serving_chat.ChatStream.feed_full
+    real = chat.ChatStream.feed_full
     real_feed = streaming.ChoiceStream.feed
 
     def feed_full(self, out):
@@ -243,7 +243,7 @@ async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
         calls["outputs"] += 1
         return real_feed(self, out)
 
-    monkeypatch.setattr(serving_chat.ChatStream, "feed_full", feed_full)
+    monkeypatch.setattr(chat.ChatStream, "feed_full", feed_full)
     monkeypatch.setattr(streaming.ChoiceStream, "feed", feed)
     url, _ = await inprocess(itl_ms=0.2)
     body = {"model": MODEL, "max_tokens": 100, "stream": True, "ignore_eos": True,

@@ -52,7 +52,7 @@ class ServeSettings:
     # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
     tools: ToolSettings = field(default_factory=ToolSettings)
     scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
-    lora_adapters: Any = None  # http/lora.py LoRAAdapters with --enable-lora (models by adapter name)
+    lora_adapters: Any = None  # vllm/lora.py LoRAAdapters with --enable-lora (models by adapter name)
     # vLLM's frontend flags: X-Request-Id headers, CORS (vLLM's defaults: no origin allowed),
     # tokens per SSE event
     request_id_headers: bool = False

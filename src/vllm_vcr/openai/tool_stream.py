@@ -88,7 +88,7 @@ class ToolDeltas:
 
 
 class ToolCallStreamMixin:
-    """Mixed into serving_chat.ChatStream (as ToolChatStream): its `feed` for tool requests."""
+    """Mixed into chat.ChatStream (as ToolChatStream): its `feed` for tool requests."""
 
     def __init__(self, *args: Any) -> None:
         *base, plan = args

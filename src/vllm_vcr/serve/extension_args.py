@@ -1,4 +1,4 @@
-"""The command-line flags of http/extensions.py (LoRA, sleep mode, pooling runner).
+"""The command-line flags of serve/extensions.py (LoRA, sleep mode, pooling runner).
 
 Kept free of heavy imports: the `vllm-vcr` parser is built on every invocation.
 """

@@ -1,5 +1,5 @@
 """Streaming derender: one /inference/v1/generate stream chunk and the client-carried state in, the
-chat or completion chunk and the next state out (serving_derender.py has the routes).
+chat or completion chunk and the next state out (vllm/derender.py has the routes).
 
 Each call decodes the output so far (`stream_state.output_token_ids`) and this chunk's tokens and
 sends the difference; with a tool parser the earlier chunks are replayed through the same

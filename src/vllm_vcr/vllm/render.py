@@ -1,7 +1,7 @@
 """The render routes of --enable-scale-out: a chat, completion, Anthropic messages or Responses
 request turned into the GenerateRequest that /inference/v1/generate accepts (prompt token ids
 plus sampling params), without generating. The derender routes (the way back) are in
-serving_derender.py."""
+vllm/derender.py."""
 
 from __future__ import annotations
 
