@@ -16,14 +16,7 @@ from .control_helpers import free_port, port_is_free
 
 REPO = Path(__file__).resolve().parents[2]
 
-<<<<<<< HEAD
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm_vcr.serve.cli") is None,
-                                reason="vllm-vcr serve is not built yet")
-
-SEED = REPO.parent / "shared" / "seeds" / "000_ddf3c08c66162100.txt"
-=======
 SPEC_EXAMPLES = Path(__file__).parent / "spec_examples.txt"  # the control API specification's, verbatim
->>>>>>> loud
 DOC = REPO / "docs" / "control-api.md"
 
 
