@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from vllm_vcr.http import streaming
-from vllm_vcr.openai import chat as serving_chat
+from vllm_vcr.openai import chat
 
 MODEL = "vllm-vcr/sim"
 
