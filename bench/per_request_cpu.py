@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-PEERS = Path.home() / ".cache/vllm-vcr/peers"
+PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/peers")  # as install-peers-bench.sh
 
 
 def free_port() -> int:

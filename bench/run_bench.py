@@ -464,7 +464,7 @@ def _median(xs: list[float]) -> float | None:
 
 
 def verdict_w2(rows: list[dict], server: str = "vllm-vcr") -> list[str]:
-    """Issue 12's W2 target, per C: one-token ITL p99 within 2 ms of null's, CPU per event <= 1.2x null's."""
+    """The W2 target, per C: one-token ITL p99 within 2 ms of null's, CPU per event <= 1.2x null's."""
     out = []
     for c in sorted({r["concurrency"] for r in rows if "failed" not in r}):
         at = {r["label"]: r for r in rows if "failed" not in r and r["concurrency"] == c}
@@ -488,7 +488,7 @@ def verdict_w2(rows: list[dict], server: str = "vllm-vcr") -> list[str]:
 
 
 def verdict_burst(rows: list[dict]) -> list[str]:
-    """Issue 12's TTFT target: p50 within 5 %, p99 within 20 % of the configured TTFT (medians of the rounds)."""
+    """The burst TTFT target: p50 within 5 %, p99 within 20 % of the configured TTFT (medians of the rounds)."""
     out = []
     for label in dict.fromkeys(r["label"] for r in rows if "failed" not in r):
         mine = [r for r in rows if r["label"] == label and "failed" not in r]

@@ -28,7 +28,7 @@ def main() -> int:
 
     from vllm_vcr.cli import main as cli_main
     from vllm_vcr.engine.async_engine import AsyncEngine
-    from vllm_vcr.http import server
+    from vllm_vcr.serve import server
 
     offset = time.time() - time.perf_counter()  # wall clock -> perf_counter's
     seen: list[tuple[float, float]] = []

@@ -47,11 +47,11 @@ from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.gc_tuning import tune_for_serving
 from vllm_vcr.http.acceptor import ON_DISCONNECT
-from vllm_vcr.http.app import build_app
+from vllm_vcr.serve.app import build_app
 from vllm_vcr.http.serving_base import ServeSettings
-from vllm_vcr.http.tokenizer import load_tokenizer
+from vllm_vcr.frontend.tokenizer import load_tokenizer
 
-PEERS = Path.home() / ".cache/vllm-vcr/peers"
+PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/peers")  # as install-peers-bench.sh
 ARRIVAL_GAP = 0.00002  # virtual seconds between the opening requests
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Speed of `vllm-vcr simulate`: simulated requests per CPU (and wall) second on one core.
 
-The workload of the issue: a 1,000-request trace at concurrency 64 with the GPU perf model
+The workload: a 1,000-request trace at concurrency 64 with the GPU perf model
 (Llama-3.1-8B on one H100, vLLM): closed loop, ISL/OSL drawn per request. Each repeat runs the
 engines' plain path (`timing_only=False`: every token an output) and the timing-only path (the
 default of `simulate`: engine/decode_cohort.py) back to back, alternating which goes first, and

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from vllm_vcr.http.tokenizer import _bytes_to_unicode
+from vllm_vcr.frontend.tokenizer import _bytes_to_unicode
 
 SPECIAL_TOKENS = [
     "<|begin_of_text|>",

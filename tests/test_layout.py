@@ -23,7 +23,8 @@ import vllm_vcr
 SRC = Path(vllm_vcr.__file__).resolve().parents[1]
 ENGINE = "vllm_vcr.engine"
 # what engine/ must not import: the adapters and the trace tools built on top of it
-NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "fpm", "cli", "trace", "record", "replay", "inspect")
+NOT_FOR_ENGINE = ("http", "wire", "control", "pd", "kv_events", "fpm", "cli", "trace", "record", "replay", "inspect",
+                  "frontend", "serve", "openai", "anthropic", "sglang", "vllm")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -156,7 +157,7 @@ def test_checker_passes_a_clean_tree(tmp_path):
         "vllm_vcr/engine/core.py": "from . import types\n",
         "vllm_vcr/engine/types.py": "import json\n",
         "vllm_vcr/http/__init__.py": "",
-        "vllm_vcr/http/app.py": "from ..engine.core import *\nimport vllm_vcr.engine.types\n",
+        "vllm_vcr/serve/app.py": "from ..engine.core import *\nimport vllm_vcr.engine.types\n",
     })
     assert cycles(import_graph(root, runtime_only=True)) == []
     assert engine_violations(import_graph(root, runtime_only=False)) == []
@@ -290,3 +291,53 @@ def test_trace_is_a_leaf_library():
     """trace/ (schema, files, statistics) is used by record/, replay/, inspect/ and imports none of them."""
     packages = package_graph(import_graph(SRC, runtime_only=False))
     assert packages["vllm_vcr.trace"] == set()
+
+
+# --- the layers of the front doors ----------------------------------------------------------------
+# Who may import whom, type-only imports included: the frontend (tokens, templates, tools,
+# structured outputs, logprobs, request checks) serves every front door and knows none of them;
+# http/ is the ASGI toolkit the API families share; each family imports the frontend, http/ and
+# the families below it; serve/ assembles them; wire/ (play) uses the frontend, never serve's HTTP.
+FAMILIES = ("openai", "anthropic", "vllm", "sglang")
+LAYERS: dict[str, tuple[str, ...]] = {
+    "frontend": ("http", "serve", "wire", *FAMILIES),
+    "http": ("serve", "wire", *FAMILIES),
+    "openai": ("serve", "wire", "anthropic", "vllm", "sglang"),
+    "anthropic": ("serve", "wire", "vllm", "sglang"),
+    "vllm": ("serve", "wire", "sglang"),
+    "sglang": ("serve", "wire"),
+    "wire": ("http", "serve", *FAMILIES),
+}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    packages = package_graph(graph)
+    return sorted(f"{src} imports {dep}" for src, banned in LAYERS.items()
+                  for dep in packages.get(f"vllm_vcr.{src}", ())
+                  if dep.removeprefix("vllm_vcr.") in banned)
+
+
+def test_the_front_door_layers_import_one_way():
+    assert layer_violations(import_graph(SRC, runtime_only=False)) == []
+
+
+def test_wire_imports_nothing_of_http():
+    packages = package_graph(import_graph(SRC, runtime_only=False))
+    assert "vllm_vcr.http" not in packages["vllm_vcr.wire"]
+    assert "vllm_vcr.frontend" in packages["vllm_vcr.wire"]  # play's tokenizer and constraints
+
+
+def test_layer_checker_finds_an_upward_import(tmp_path):
+    root = _write(tmp_path, {
+        "vllm_vcr/__init__.py": "",
+        "vllm_vcr/frontend/__init__.py": "",
+        "vllm_vcr/frontend/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..serve.app import App\n",
+        "vllm_vcr/serve/__init__.py": "",
+        "vllm_vcr/serve/app.py": "from ..frontend import a\n",
+        "vllm_vcr/wire/__init__.py": "",
+        "vllm_vcr/wire/b.py": "from ..http import sse\n",
+        "vllm_vcr/http/__init__.py": "",
+        "vllm_vcr/http/sse.py": "",
+    })
+    assert layer_violations(import_graph(root, runtime_only=False)) == [
+        "frontend imports vllm_vcr.serve", "wire imports vllm_vcr.http"]

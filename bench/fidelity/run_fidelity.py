@@ -41,8 +41,8 @@ QUANTILES = (50, 90, 99)
 # (target workload, fitted on, pacing): the held-out replays. "cells" = the cell model
 # (engine/latency/cells.py), "stepm" = the step-time model (engine/latency/steps.py: the engine
 # with timed steps), "steps" = --replay-steps of the target itself (+ --replay-tokens).
-# The "fit" (§3.2 port), "cells0" and "cells1" variants of docs/fidelity.md were removed from the
-# code (issue 11): their rows there are historical and cannot be re-run.
+# The "fit" (latency_fit.py, the Rust vllm-vcr's fitted model ported), "cells0" and "cells1" variants
+# of docs/fidelity.md were removed from the code: their rows there are historical and cannot be re-run.
 MODEL_FLAG = {"cells": "cells", "stepm": "steps"}
 RUNS = [
     ("poisson_hi", "poisson_lo", "cells"), ("poisson_lo", "poisson_hi", "cells"), ("sessions", "poisson_hi", "cells"),
@@ -292,7 +292,7 @@ def report(out: Path) -> dict:
 
 
 MODEL_LABEL = {"cells": "cell model (improved)", "cells1": "cell model, TTFT tail fix only",
-               "cells0": "cell model (before)", "fit": "fit model (§3.2 port)", "steps": "--replay-steps (verbatim)",
+               "cells0": "cell model (before)", "fit": "fit model (latency_fit.py)", "steps": "--replay-steps (verbatim)",
                "stepm": "step-time model"}
 
 

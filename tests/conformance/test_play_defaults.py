@@ -1,4 +1,4 @@
-"""`vllm-vcr play` at its defaults behind the real vLLM 0.32 and 0.33 frontends (issue 12 §1):
+"""`vllm-vcr play` at its defaults behind the real vLLM 0.32 and 0.33 frontends:
 one token per engine step and per SSE event, and logprobs the real frontend can render.
 
 Why chunks merged before: the frontend's output socket task reads every engine message already

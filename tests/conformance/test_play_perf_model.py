@@ -1,6 +1,6 @@
 """`play --perf-model aic` behind the real vLLM frontend: the frontend learns the KV cache size the
 GPU would have (its own `vllm:cache_config_info`), and under rising concurrency the streams it
-serves slow down as the estimator prices bigger decode batches (issue 15)."""
+serves slow down as the estimator prices bigger decode batches."""
 
 from __future__ import annotations
 

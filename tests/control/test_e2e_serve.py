@@ -1,9 +1,8 @@
 """End to end: a real `vllm-vcr serve --control-address ...`, driven with httpx, the openai SDK, and
-the seed's curl examples run verbatim (from docs/control-api.md)."""
+the control API specification's curl examples run verbatim (from docs/control-api.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -17,10 +16,7 @@ from .control_helpers import free_port, port_is_free
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm_vcr.http.cli") is None,
-                                reason="vllm-vcr serve is not built yet")
-
-SEED = REPO.parent / "shared" / "seeds" / "000_ddf3c08c66162100.txt"
+SPEC_EXAMPLES = Path(__file__).parent / "spec_examples.txt"  # the control API specification's, verbatim
 DOC = REPO / "docs" / "control-api.md"
 
 
@@ -54,7 +50,7 @@ def ctl(serve):
 
 @pytest.fixture
 def client(serve):
-    openai = pytest.importorskip("openai")
+    openai = pytest.importorskip("openai", reason="openai, a test dependency: pip install 'vllm-vcr[test]'")
     with openai.OpenAI(base_url=f"{serve.url}/v1", api_key="x", max_retries=0, timeout=30) as c:
         yield c
 
@@ -80,17 +76,15 @@ def doc_examples() -> list[str]:
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
 
-def test_doc_examples_are_the_seeds_verbatim():
-    if not SEED.exists():
-        pytest.skip("shared/ seed not beside the checkout")
-    seed = SEED.read_text()
+def test_doc_examples_are_the_specifications_verbatim():
+    spec = SPEC_EXAMPLES.read_text()
     examples = doc_examples()
     assert len(examples) == 5
     for block in examples:
-        assert block.strip() in seed, block
+        assert block.strip() in spec, block
 
 
-def test_seed_examples_run_verbatim_with_curl(serve, ctl):
+def test_spec_examples_run_verbatim_with_curl(serve, ctl):
     if shutil.which("curl") is None:
         pytest.skip("curl not installed")
     have_jq = shutil.which("jq") is not None
@@ -123,7 +117,7 @@ def test_routes_and_codes_over_http(serve, ctl):
     from vllm_vcr.control.schema import CONFIG_FIELDS
     from vllm_vcr.faults import RATE_FIELDS
 
-    # the seed's 14 engine fields and the 4 of the output-length distribution, plus serve's HTTP
+    # the specification's 14 engine fields and the 4 of the output-length distribution, plus serve's HTTP
     # fault rates (docs/faults.md)
     assert len(CONFIG_FIELDS) == 18 and set(cfg) == {*CONFIG_FIELDS, *RATE_FIELDS} and cfg["failure_types"] == ["error"]
     assert ctl.patch("/config", json={"max_num_seqs": 64}).json()["max_num_seqs"] == 64

@@ -14,8 +14,9 @@ from tests.conftest import ROOT
 from vllm_vcr.cli import build_parser
 from vllm_vcr.deploy.entrypoint import build_argv
 
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk is a test dependency")
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is a test dependency")
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk, a test dependency: pip install 'vllm-vcr[test]'")
+kubernetes_validate = pytest.importorskip("kubernetes_validate",
+                                          reason="kubernetes-validate, a test dependency: pip install 'vllm-vcr[test]'")
 
 CHART = ROOT / "charts" / "vllm-vcr"
 KUBE_VERSION = "1.33.0"

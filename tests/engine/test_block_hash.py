@@ -86,7 +86,7 @@ def no_env_seed(monkeypatch):
 def test_vllm_vectors(vec, no_env_seed):
     algo, seed, tokens, block_size, lora, salt, none_hex, hashes_hex = vec
     if algo.startswith("xxhash") and not HAVE_XXHASH:
-        pytest.skip("xxhash not installed")
+        pytest.skip("the xxhash extra is not installed: pip install 'vllm-vcr[xxhash]'")
     hasher = make_block_hasher(algo, seed)
     assert hasher.none_hash.hex() == none_hex
     assert none_hash(algo, seed).hex() == none_hex
@@ -105,7 +105,7 @@ def test_seed_is_passed_in_never_read_from_the_environment(monkeypatch):
     assert make_block_hasher().seed == "vllm-none-hash"
 
 
-@pytest.mark.skipif(not HAVE_XXHASH, reason="xxhash not installed")
+@pytest.mark.skipif(not HAVE_XXHASH, reason="the xxhash extra is not installed: pip install 'vllm-vcr[xxhash]'")
 def test_xxhash_without_seed_is_random_per_hasher(no_env_seed):
     # vLLM keeps the seed secret for non-cryptographic algos
     assert make_block_hasher("xxhash").none_hash != make_block_hasher("xxhash").none_hash

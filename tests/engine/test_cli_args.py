@@ -45,7 +45,7 @@ def test_latency_trace_model_flag():
     assert parse().latency_trace_model == "auto"
     assert parse("--latency-trace", "t.jsonl", "--latency-trace-model", "cells").latency_trace_model == "cells"
     with pytest.raises(SystemExit):
-        parse("--latency-trace-model", "fit")  # the §3.2 port is gone
+        parse("--latency-trace-model", "fit")  # the fitted model (ported from the Rust vllm-vcr) was removed
 
 
 def test_log_requests_from_the_environment(monkeypatch):

@@ -14,7 +14,7 @@ def test_max_model_len_caps_the_output(harness):
     h.run()
     assert len(h.tokens("capped")) == 4 and h.finish("capped") is FinishReason.LENGTH
     assert len(h.tokens("none")) == 4
-    # no room at all is vLLM's context error, a failure (issue 18), not a completed empty answer
+    # no room at all is vLLM's context error: the request fails, it does not complete empty
     assert h.tokens("full") == [] and h.finish("full") is FinishReason.ERROR
     s = h.stats()
     assert (s.requests_completed, s.requests_failed) == (2, 1)

@@ -90,7 +90,7 @@ def test_population_variance():
 
 def test_records_accepted_by_aiconfigurator_core():
     rust = pytest.importorskip("aiconfigurator_core.sdk.rust_engine_step",
-                               reason="aiconfigurator-core (optional extra) is not installed")
+                               reason="the aic extra is not installed: pip install 'vllm-vcr[aic]'")
     records, _, _ = run_engine(n=40, seed=5)
     dicts = [msgspec.to_builtins(r) for r in records]
     model = rust.RustForwardPassPerfModel.from_regression()

@@ -56,9 +56,9 @@ async def inprocess(serve_harness):
 
     from vllm_vcr.engine.async_engine import AsyncEngine
     from vllm_vcr.engine.config import EngineArgs, EngineConfig
-    from vllm_vcr.http.app import build_app
+    from vllm_vcr.serve.app import build_app
     from vllm_vcr.http.serving_base import ServeSettings
-    from vllm_vcr.http.tokenizer import load_tokenizer
+    from vllm_vcr.frontend.tokenizer import load_tokenizer
 
     running = []
 
@@ -84,7 +84,7 @@ async def inprocess(serve_harness):
         if stamped:
             from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-            from vllm_vcr.http.acceptor import stamping_arrival
+            from vllm_vcr.http.uvicorn_internals import stamping_arrival
             http = stamping_arrival(HttpToolsProtocol)
         server = uvicorn.Server(uvicorn.Config(app, http=http, lifespan="off", log_config=None, access_log=False))
         server.config.setup_event_loop = lambda: None

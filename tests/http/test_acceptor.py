@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import pytest
-
-uvloop = pytest.importorskip("uvloop")
+import uvloop  # a dependency of vllm-vcr on every platform it serves from (not Windows)
 
 from vllm_vcr.http.acceptor import BurstAcceptor  # noqa: E402
 
@@ -73,7 +71,7 @@ async def _stamping_server(app, n_clients: int):  # noqa: ANN001
     import uvicorn
     from uvicorn.server import ServerState
 
-    from vllm_vcr.http.acceptor import stamping_arrival
+    from vllm_vcr.http.uvicorn_internals import stamping_arrival
 
     config = uvicorn.Config(app, lifespan="off", log_config=None, http="httptools", access_log=False)
     config.load()
@@ -104,7 +102,7 @@ async def test_arrival_is_stamped_as_requests_are_parsed_not_when_their_tasks_ru
     50 ms before the next one starts (as parsing, templating and tokenizing do under a burst)."""
     import time
 
-    from vllm_vcr.http.acceptor import ARRIVAL
+    from vllm_vcr.http.uvicorn_internals import ARRIVAL
 
     calls: list[tuple[float, float]] = []
 
@@ -134,7 +132,8 @@ async def _late_arrival_lag(sliced: bool) -> tuple[float, list[int]]:
     import threading
     import time
 
-    from vllm_vcr.http.acceptor import ARRIVAL, TurnSlices
+    from vllm_vcr.http.acceptor import TurnSlices
+    from vllm_vcr.http.uvicorn_internals import ARRIVAL
 
     order: list[int] = []
     stamps: dict[int, float] = {}
@@ -258,7 +257,7 @@ async def _arrivals(requests: list[bytes], n_clients: int) -> list[tuple[int, fl
     """Send each client its bytes before the loop next reads; (request number, ARRIVAL) per request."""
     import time
 
-    from vllm_vcr.http.acceptor import ARRIVAL
+    from vllm_vcr.http.uvicorn_internals import ARRIVAL
 
     seen: list[tuple[int, float]] = []
 
@@ -292,12 +291,12 @@ async def test_requests_waiting_when_the_loop_reads_take_the_time_its_read_phase
 async def test_a_pipelined_request_and_a_crowded_server_stamp_each_request_as_it_is_parsed(monkeypatch):
     """A request behind another in the same read may have come in after the poll: its own stamp.
     Beyond READ_PHASE_MAX_CONNECTIONS one poll may not return every socket: each its own stamp."""
-    from vllm_vcr.http import acceptor
+    from vllm_vcr.http import uvicorn_internals
 
     pipelined = b"GET /0 HTTP/1.1\r\nhost: x\r\n\r\nGET /1 HTTP/1.1\r\nhost: x\r\n\r\n"
     (_, first), (_, second) = await _arrivals([pipelined], 1)
     assert second > first
-    monkeypatch.setattr(acceptor, "READ_PHASE_MAX_CONNECTIONS", 3)
+    monkeypatch.setattr(uvicorn_internals, "READ_PHASE_MAX_CONNECTIONS", 3)
     seen = await _arrivals([b"GET /%d HTTP/1.1\r\nhost: x\r\n\r\n" % i for i in range(5)], 5)
     assert len({a for _, a in seen}) == 5
 
@@ -310,7 +309,7 @@ async def test_a_second_read_of_a_connection_in_the_same_read_phase_is_stamped_a
     import uvicorn
     from uvicorn.server import ServerState
 
-    from vllm_vcr.http.acceptor import ARRIVAL, stamping_arrival
+    from vllm_vcr.http.uvicorn_internals import ARRIVAL, stamping_arrival
 
     async def app(scope, receive, send):  # noqa: ANN001
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})

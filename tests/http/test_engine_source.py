@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import jsonschema
 
-from vllm_vcr.http.structured.engine_source import constrained_text, constrained_token_source, grammar_choices
-from vllm_vcr.http.tokenizer import load_tokenizer
+from vllm_vcr.frontend.structured.engine_source import constrained_text, constrained_token_source, grammar_choices
+from vllm_vcr.frontend.tokenizer import load_tokenizer
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 HERMES_TAG = {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": [

@@ -9,9 +9,9 @@ import re
 import lark
 import pytest
 
-from vllm_vcr.http.protocol import RequestValueError
-from vllm_vcr.http.structured.gbnf import GbnfError, gbnf_to_lark
-from vllm_vcr.http.structured.grammar import check_grammar, grammar_accepts, grammar_instance, is_lark_syntax
+from vllm_vcr.frontend.protocol import RequestValueError
+from vllm_vcr.frontend.structured.gbnf import GbnfError, gbnf_to_lark
+from vllm_vcr.frontend.structured.grammar import check_grammar, grammar_accepts, grammar_instance, is_lark_syntax
 
 # (grammar, an equivalent regex)
 REGULAR = [

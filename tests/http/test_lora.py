@@ -10,7 +10,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_vcr.http.extension_args import parse_lora_modules
+from vllm_vcr.serve.extension_args import parse_lora_modules
 
 FAST = ["--inter-token-latency", "1", "--time-to-first-token", "2"]
 RUNTIME = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "0"}

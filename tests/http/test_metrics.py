@@ -17,7 +17,7 @@ from vllm_vcr.engine.types import (
     PrefixCacheStats,
     SchedulerStats,
 )
-from vllm_vcr.http.metrics import FrontendMetrics, build_1_2_5_buckets
+from vllm_vcr.vllm.metrics import FrontendMetrics, build_1_2_5_buckets
 
 QUEUED, SCHEDULED, PREEMPTED = 1, 2, 3
 

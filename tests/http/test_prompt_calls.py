@@ -9,10 +9,10 @@ import json
 import jsonschema
 import pytest
 
-from vllm_vcr.http.chat_template import ChatTemplate
-from vllm_vcr.http.tokenizer import load_tokenizer
-from vllm_vcr.http.tools.formats import HermesFormat, Llama3JsonFormat
-from vllm_vcr.http.tools.prompt_calls import prompt_call_text, prompt_tool_schemas, prompt_tools
+from vllm_vcr.frontend.chat_template import ChatTemplate
+from vllm_vcr.frontend.tokenizer import load_tokenizer
+from vllm_vcr.frontend.tools.formats import HermesFormat, Llama3JsonFormat
+from vllm_vcr.frontend.tools.prompt_calls import prompt_call_text, prompt_tool_schemas, prompt_tools
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from vllm_vcr.http.tokenizer import load_tokenizer
+from vllm_vcr.frontend.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import weakref
 import httpx
 import pytest
 
-from vllm_vcr.http import app as app_module
+from vllm_vcr.serve import app as app_module
 
 MODEL = "vllm-vcr/sim"
 

@@ -1,4 +1,4 @@
-"""`serve`'s configuration as vLLM's (issue 12 §3, §5): max_model_len derived from the model's
+"""`serve`'s configuration as vLLM's: max_model_len derived from the model's
 config.json, `--config file.yaml`, a missing model path, `--help` defaults, uvicorn's logs."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_vcr.http.config_file import ConfigFileError, expand_config_file
-from vllm_vcr.http.model_config import ModelConfigError, resolve_max_model_len
+from vllm_vcr.serve.config_file import ConfigFileError, expand_config_file
+from vllm_vcr.frontend.model_config import ModelConfigError, resolve_max_model_len
 
 LLAMA = {"model_type": "llama", "max_position_embeddings": 2048, "rope_theta": 10000.0}
 

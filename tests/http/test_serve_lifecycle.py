@@ -214,7 +214,8 @@ def test_model_directory_supplies_tokenizer_and_template(serve_process, tmp_path
 
 
 def test_kv_events_from_serve(serve_process, tmp_path):
-    zmq = pytest.importorskip("zmq")
+    import zmq
+
     from vllm_vcr.kv_events import decode_batch
 
     endpoint = f"ipc://{tmp_path}/kv-events"  # bound by the publisher, no TCP port needed

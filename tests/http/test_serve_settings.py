@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 
-from vllm_vcr.http.settings import CLIError, _chat_template_source, cached_model_dir, resolve_tokenizer
+from vllm_vcr.serve.settings import CLIError, _chat_template_source, cached_model_dir, resolve_tokenizer
 
 EMBEDDED = Path(str(resources.files("vllm_vcr") / "data"))
 

@@ -11,7 +11,8 @@ import socket
 import httpx
 import pytest
 
-from vllm_vcr.http import serving_chat, streaming
+from vllm_vcr.http import streaming
+from vllm_vcr.openai import chat
 
 MODEL = "vllm-vcr/sim"
 
@@ -113,13 +114,13 @@ async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch)
 
 async def test_a_batched_stream_whose_client_stops_reading_loses_nothing(inprocess, monkeypatch):
     """A stream in a steady batch learns that its socket paused from the protocol's count of
-    write-side changes (acceptor.WriteSide), not by looking at its socket every step: its token
+    write-side changes (WriteSide), not by looking at its socket every step: its token
     is declined there and then, and every later chunk waits for the socket, in order."""
     counts = _count_writes(monkeypatch)
     counted_take = streaming.SteadyChunks.take
 
     def take(self, tokens, ts):  # tokens a batch took for a socket that had paused already
-        paused = [c.flow.write_paused for c in self.cycles]
+        paused = [d.blocked() for d in self.directs]
         declined = set(counted_take(self, tokens, ts) or ())
         counts["taken_while_paused"] = counts.get("taken_while_paused", 0) + sum(
             p and i not in declined for i, p in enumerate(paused))
@@ -231,7 +232,7 @@ def _count_first_fast(monkeypatch) -> list[int]:
 async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
     """And those tokens go from the engine's step to the stream (`take`): no engine output."""
     calls = {"full": 0, "outputs": 0}
-    real = serving_chat.ChatStream.feed_full
+    real = chat.ChatStream.feed_full
     real_feed = streaming.ChoiceStream.feed
 
     def feed_full(self, out):
@@ -242,7 +243,7 @@ async def test_the_fast_case_carries_most_tokens(inprocess, monkeypatch):
         calls["outputs"] += 1
         return real_feed(self, out)
 
-    monkeypatch.setattr(serving_chat.ChatStream, "feed_full", feed_full)
+    monkeypatch.setattr(chat.ChatStream, "feed_full", feed_full)
     monkeypatch.setattr(streaming.ChoiceStream, "feed", feed)
     url, _ = await inprocess(itl_ms=0.2)
     body = {"model": MODEL, "max_tokens": 100, "stream": True, "ignore_eos": True,

@@ -9,10 +9,10 @@ import re
 import jsonschema
 import pytest
 
-from vllm_vcr.http.protocol import RequestValueError
-from vllm_vcr.http.structured.engine_source import constrained_text
-from vllm_vcr.http.structured.instances import InstanceError
-from vllm_vcr.http.structured.structural_tag import check_structural_tag, structural_tag_instance
+from vllm_vcr.frontend.protocol import RequestValueError
+from vllm_vcr.frontend.structured.engine_source import constrained_text
+from vllm_vcr.frontend.structured.instances import InstanceError
+from vllm_vcr.frontend.structured.structural_tag import check_structural_tag, structural_tag_instance
 
 OBJ = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.http.tokenizer import load_tokenizer
+from vllm_vcr.frontend.tokenizer import load_tokenizer
 
 LONG = " ".join(f"word{i} and more text" for i in range(40))  # > OFFLOAD_MIN_CHARS
 SHORT = "hello there"

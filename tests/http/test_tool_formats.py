@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.http.structured.instances import json_instance, narrow_schema, regex_instance
-from vllm_vcr.http.tools.calls import extract_calls, render_calls
-from vllm_vcr.http.tools.formats import get_format
+from vllm_vcr.frontend.structured.instances import json_instance, narrow_schema, regex_instance
+from vllm_vcr.frontend.tools.calls import extract_calls, render_calls
+from vllm_vcr.frontend.tools.formats import get_format
 
 NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))
 SCALARS = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8)

@@ -1,4 +1,4 @@
-"""vLLM's validation and small surfaces on `serve` (issue 12 §5): the values were read off the real
+"""vLLM's validation and small surfaces on `serve`: the values were read off the real
 0.32 frontend (tests/conformance/test_differential.py diffs them against it when installed)."""
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from vllm_vcr.http.acceptor import CLIENT_GONE, ON_DISCONNECT, client_left
-from vllm_vcr.http.app import OpenAIApp
+from vllm_vcr.http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT, client_left
+from vllm_vcr.serve.app import OpenAIApp
 from vllm_vcr.http.serving_base import RequestContext
 
 

@@ -12,14 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import vllm_vcr.http.server as serve_server
-
 from ..conftest import free_port, subprocess_env
-
-SERVE_HOOK = "start_pd_services" in Path(serve_server.__file__).read_text()
-pytestmark = pytest.mark.skipif(
-    not SERVE_HOOK, reason="serve does not start the P/D services yet: src/vllm_vcr/http/server.py serve() must "
-                           "call vllm_vcr.pd.start_pd_services(engine.engines, args) (see docs/disaggregation.md)")
 
 PROMPT = list(range(100, 400))  # 300 tokens
 # 300 tokens x 1 MB per token at 1 GB/s = 300 ms of KV pull

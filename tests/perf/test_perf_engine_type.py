@@ -13,7 +13,7 @@ from vllm_vcr.perf.cli import add_perf_args, perf_target
 @pytest.mark.parametrize("extra,expected", [([], "vllm"), (["--engine-type", "sglang"], "sglang"),
                                             (["--engine-type", "sglang", "--perf-backend", "vllm"], "vllm")])
 def test_perf_backend_follows_the_engine_type(extra, expected):
-    pytest.importorskip("aiconfigurator_core", reason="aiconfigurator-core (the aic extra) is not installed")
+    pytest.importorskip("aiconfigurator_core", reason="the aic extra is not installed: pip install 'vllm-vcr[aic]'")
     parser = argparse.ArgumentParser()
     add_perf_args(parser)
     parser.add_argument("--engine-type", default="vllm")

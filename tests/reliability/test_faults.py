@@ -1,5 +1,5 @@
 """Injected faults through the real interfaces: `serve` with the control API, driven with the
-openai SDK and httpx (issue 18: HTTP failures, mid-stream faults, fault scripts, gauges)."""
+openai SDK and httpx: HTTP failures, mid-stream faults, fault scripts, gauges."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from vllm_vcr.faults import FaultController, FaultSpecError, GaugeFunction, Requ
 from vllm_vcr.faults.rates import FaultRates
 
 MODEL = "vllm-vcr/sim"
-openai = pytest.importorskip("openai")
+openai = pytest.importorskip("openai", reason="openai, a test dependency: pip install 'vllm-vcr[test]'")
 
 
 # ---- the faults package on its own (no network) ----------------------------------------------------

@@ -1,5 +1,5 @@
-"""Regression tests for what a hostile client could do to `serve` and its control API (issue 18,
-defects 1 and 3-6), each through the real process and a real client."""
+"""Regression tests for what a hostile client could do to `serve` and its control API, each through
+the real process and a real client."""
 
 from __future__ import annotations
 
@@ -277,7 +277,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_patched_max_model_len_without_room_fails_the_request(plain):
-    """Defect 6: a prompt that a patched (smaller) max_model_len leaves no room for is failed by
+    """A prompt that a patched (smaller) max_model_len leaves no room for is failed by
     the engine with vLLM's words, and counted failed, not completed."""
     ctl = plain.control_url
     httpx.patch(ctl + "/config", json={"max_model_len": 16})

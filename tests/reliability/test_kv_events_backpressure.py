@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
+import zmq
 
 from .soak import rss_mb, soak
-
-zmq = pytest.importorskip("zmq")
 
 
 def test_stuck_subscriber_neither_slows_the_engine_nor_grows_memory(serve_harness, tmp_path):

@@ -9,7 +9,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, assume, settings
 
-schemathesis = pytest.importorskip("schemathesis")
+schemathesis = pytest.importorskip("schemathesis",
+                                   reason="schemathesis, a test dependency: pip install 'vllm-vcr[test]'")
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """`play`'s input, fuzzed over real ZMQ sockets against a real engine: a malformed ADD fails
 alone (answered with an ERROR output), the engine never dies, and every request the engine took
-ends (issue 18, defect 2, and the reliability suite's frame and field fuzzing)."""
+ends, whichever frame or field is malformed."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-try:  # the issue-11 layout moved the wire-protocol tests out of conformance/
-    from tests.wire.test_wire_protocol import FakeFrontend, _req, _server
-except ImportError:
-    from tests.conformance.test_wire_protocol import FakeFrontend, _req, _server
+from tests.wire.test_wire_protocol import FakeFrontend, _req, _server
 from vllm_vcr.engine.types import EngineCoreOutputs, FinishReason
 
 enc = msgspec.msgpack.Encoder()

@@ -139,7 +139,7 @@ TIMING_ONLY: dict[str, dict] = {'prefix': {'engines': [(57, 0.475, 5, 0, 442), (
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_simulated_timings_are_unchanged(monkeypatch, name, timing_only):
     if SCENARIOS[name][0].get("aic"):
-        pytest.importorskip("aiconfigurator_core")
+        pytest.importorskip("aiconfigurator_core", reason="the aic extra is not installed: pip install 'vllm-vcr[aic]'")
     else:  # a stand-in estimator: step times linear in what the step computes
         monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
     want = {**PINNED[name], **TIMING_ONLY.get(name, {})} if timing_only else PINNED[name]

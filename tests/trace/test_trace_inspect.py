@@ -173,7 +173,7 @@ def test_perfetto_drops_records_without_arrival(capsys):
 
 
 def test_plot_writes_pngs(tmp_path: Path, capsys):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed: pip install 'vllm-vcr[plot]'")
     demo = tmp_path / "demo.jsonl"
     write_trace(demo, *gen_demo(80, seed=1, fast=True))
     outdir = tmp_path / "plots"

@@ -1,4 +1,4 @@
-"""`replay-arrivals` against a small streaming server (and `serve`, when it is built)."""
+"""`replay-arrivals` against a small streaming server and against `vllm-vcr serve`."""
 
 from __future__ import annotations
 
@@ -143,7 +143,6 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0,
     raise TimeoutError(url)
 
 
-@pytest.mark.skipif(not (SRC / "vllm_vcr" / "http" / "cli.py").exists(), reason="serve not built")
 def test_replay_against_vllm_vcr_serve(tmp_path: Path, capsys):
     from .conftest import free_port
 

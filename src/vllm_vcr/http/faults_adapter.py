@@ -17,8 +17,9 @@ from typing import Any, Callable
 import msgspec
 
 from ..faults import RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
-from .errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
+from ..frontend.errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
 from .sse import DONE, send_bytes
+from .uvicorn_internals import transport_of
 
 
 class FaultEnded(Exception):
@@ -72,7 +73,7 @@ class FaultGate:
 
 def _reset(send: Callable) -> None:
     """Abort the connection with a TCP RST (SO_LINGER 0), as a crashed peer or proxy would."""
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    transport = transport_of(send)
     if transport is None:
         return
     sock = transport.get_extra_info("socket")

@@ -10,7 +10,7 @@ import uuid
 from typing import Any, Callable
 from urllib.parse import quote
 
-from .errors import HTTPError
+from ..frontend.errors import HTTPError
 
 _MEDIA_TYPE_MESSAGE = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
 

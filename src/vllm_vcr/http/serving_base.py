@@ -10,13 +10,13 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from .errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
+from ..frontend.errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
                      validation_error)
-from .generation import OutputStream, random_hex
-from .protocol import RequestValueError
+from ..frontend.generation import OutputStream, random_hex
+from ..frontend.protocol import RequestValueError
 from .sse import send_bytes
-from .tokenizer import Tokenizer
-from .tools.calls import ToolSettings
+from ..frontend.tokenizer import Tokenizer
+from ..frontend.tools.calls import ToolSettings
 
 logger = logging.getLogger("vllm_vcr.http")
 
@@ -52,7 +52,7 @@ class ServeSettings:
     # --enable-auto-tool-choice / --tool-call-parser / --auto-tool-call-probability
     tools: ToolSettings = field(default_factory=ToolSettings)
     scale_out: bool = False  # --enable-scale-out / --tokens-only: tokens-in/out and render routes
-    lora_adapters: Any = None  # http/lora.py LoRAAdapters with --enable-lora (models by adapter name)
+    lora_adapters: Any = None  # vllm/lora.py LoRAAdapters with --enable-lora (models by adapter name)
     # vLLM's frontend flags: X-Request-Id headers, CORS (vLLM's defaults: no origin allowed),
     # tokens per SSE event
     request_id_headers: bool = False

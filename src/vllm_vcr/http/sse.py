@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
+import msgspec
+
+_encode = msgspec.json.encode
+
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -16,6 +20,12 @@ SSE_HEADERS = [  # what vLLM's StreamingResponse sends, no more (uvicorn checks 
     (b"vary", b"Origin"),
 ]
 DONE = b"data: [DONE]\n\n"
+
+
+def named_event(kind: str, body: Any) -> bytes:
+    """A named SSE event (`event: <kind>` then its JSON data): the Responses and Anthropic
+    Messages streams are made of these."""
+    return b"event: " + kind.encode() + b"\ndata: " + _encode(body) + b"\n\n"
 
 
 async def send_bytes(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None,

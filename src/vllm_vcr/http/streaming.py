@@ -25,18 +25,11 @@ from typing import Any
 import msgspec
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from .acceptor import WriteSide
-from .errors import STREAM_INTERNAL_ERROR
-from .generation import OutputStream
+from ..frontend.errors import STREAM_INTERNAL_ERROR
+from ..frontend.generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
-
-try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
-    from uvicorn.protocols.http.httptools_impl import (
-        RequestResponseCycle as _HttptoolsCycle,
-    )
-except ImportError:  # pragma: no cover - httptools is a dependency
-    _HttptoolsCycle = None
+from .uvicorn_internals import _FRAME, DirectBody, WriteSide
 
 
 _TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -245,43 +238,6 @@ def merge_outputs(first: EngineCoreOutput, then: EngineCoreOutput) -> EngineCore
     return merged
 
 
-_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body
-
-
-class DirectBody:
-    """Body chunks of a started chunked response written to uvicorn's transport directly.
-
-    Exactly the bytes uvicorn's `send` would write for `{"body": data, "more_body": True}`; it
-    declines (returns False) whenever `send` would have to wait or do anything else: the socket
-    is paused, the client is gone, the response is complete.
-    """
-
-    __slots__ = ("_cycle", "_write")
-
-    def __init__(self, cycle: Any) -> None:
-        self._cycle = cycle
-        self._write = cycle.transport.write
-
-    @classmethod
-    def attach(cls, send: Callable) -> DirectBody | None:
-        cycle = getattr(send, "__self__", None)
-        if _HttptoolsCycle is None or type(cycle) is not _HttptoolsCycle:
-            return None
-        try:
-            ok = (cycle.response_started and cycle.chunked_encoding and not cycle.response_complete
-                  and cycle.scope["method"] != "HEAD" and cycle.flow is not None)
-        except AttributeError:  # a uvicorn whose cycle looks different: stay on ASGI
-            return None
-        return cls(cycle) if ok else None
-
-    def write(self, data: bytes) -> bool:
-        c = self._cycle
-        if c.flow.write_paused or c.disconnected or c.response_complete:
-            return False
-        self._write(_FRAME % (len(data), data))
-        return True
-
-
 async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
                           renderer: ChoiceStream, interval: int = 1) -> None:
     w = SSEWriter(ctx.send)
@@ -370,26 +326,20 @@ class SteadyReader:
         # streams batch with streams of the same chunk shape, token texts and transport type (a
         # batch calls that type's `write` on each), on a protocol that reports when a socket stops
         # taking writes (a batch looks at its sockets only then)
-        self.kind = (("sse", renderer.fast_prompt_len >= 0, id(renderer.token_json), type(direct._cycle.transport))
-                     if renderer.fast_ok and _reports_write_side(direct) else None)
+        self.kind = (("sse", renderer.fast_prompt_len >= 0, id(renderer.token_json), type(direct.transport))
+                     if renderer.fast_ok and direct.reports_write_side() else None)
 
     def ready(self) -> bool:
         r = self.renderer
         st = r.fast
         if self.kind is None:
             return False
-        c = self.direct._cycle
         return (st is not None and not self.backlog and not r.done and not st.detok.pending
-                and not (c.flow.write_paused or c.disconnected or c.response_complete))
+                and not self.direct.closed())
 
     def new_columns(self) -> SteadyChunks:
         r = self.renderer
-        return SteadyChunks(r.token_json, r.fast_prompt_len >= 0, type(self.direct._cycle.transport).write)
-
-
-def _reports_write_side(direct: DirectBody) -> bool:
-    get_protocol = getattr(direct._cycle.transport, "get_protocol", None)
-    return get_protocol is not None and getattr(get_protocol(), "reports_write_side", False)
+        return SteadyChunks(r.token_json, r.fast_prompt_len >= 0, type(self.direct.transport).write)
 
 
 class _Formatted(dict):
@@ -454,7 +404,7 @@ class SteadyChunks:
         self.heads: list[bytes] = []
         self.tails: list[Any] = []  # the tail's bytes, or (continuous) its table by token count
         self.base = array("q")  # (machine ints side by side: no int object per member to fetch)
-        self.cycles: list[Any] = []
+        self.directs: list[DirectBody] = []
         # the members' transports, and their type's `write` (not a bound method per member: one
         # object less to fetch per token)
         self.transports: list[Any] = []
@@ -466,13 +416,13 @@ class SteadyChunks:
 
     def add(self, reader: SteadyReader) -> None:
         r = reader.renderer
-        cycle = reader.direct._cycle
+        direct = reader.direct
         self.readers.append(reader)
         self.heads.append(r.fast_head)
         self.tails.append(_UsageTails.of(r.fast_tail, r.fast_prompt_len) if self.continuous else r.fast_tail)
         self.base.append(r.fast.num_tokens - self.steps)
-        self.cycles.append(cycle)
-        self.transports.append(cycle.transport)
+        self.directs.append(direct)
+        self.transports.append(direct.transport)
 
     def _settle(self, i: int) -> None:
         reader = self.readers[i]
@@ -483,7 +433,7 @@ class SteadyChunks:
 
     def drop(self, index: int) -> None:
         self._settle(index)
-        for col in (self.readers, self.heads, self.tails, self.base, self.cycles, self.transports):
+        for col in (self.readers, self.heads, self.tails, self.base, self.directs, self.transports):
             del col[index]
 
     def take(self, tokens: list[int], ts: float) -> list[int] | None:
@@ -500,7 +450,7 @@ class SteadyChunks:
         changed since every member's was last seen writable."""
         if self.writable_at == WriteSide.changes:
             return False
-        if any(c.flow.write_paused or c.disconnected for c in self.cycles):
+        if any(d.blocked() for d in self.directs):
             return True
         self.writable_at = WriteSide.changes
         return False
@@ -520,8 +470,7 @@ class SteadyChunks:
         whose text needs the detokenizer are rendered one by one; the rest as columns."""
         declined = []
         if self._some_blocked():
-            declined = [i for i, c in enumerate(self.cycles) if c.flow.write_paused or c.disconnected
-                        or c.response_complete]
+            declined = [i for i, d in enumerate(self.directs) if d.closed()]
             for i in declined:
                 self._settle(i)  # as of before this step
         keep = list(map(_is_not, self.readers, repeat(None)))

@@ -24,7 +24,7 @@ from .errors import PerfModelError
 logger = logging.getLogger(__name__)
 
 PERF_MODELS = ("none", "aic")
-_IGN = "ignored__"  # serve keeps vLLM's GPU flags under this prefix (http/cli.py)
+_IGN = "ignored__"  # serve keeps vLLM's GPU flags under this prefix (serve/cli.py)
 _VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not have them yet
     ("--tensor-parallel-size", "-tp"): ("tensor_parallel_size", int),
     ("--gpu-memory-utilization",): ("gpu_memory_utilization", float),

@@ -201,7 +201,7 @@ class _ThreadRunner:
         self._started.wait()
 
     def _run(self, sock: socket.socket) -> None:
-        from ..http.server import serve
+        from ..serve.server import serve
 
         try:
             import uvloop

@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
     )
     factory = None
     if args.tokenizer:
-        from ..http.structured.engine_source import constrained_token_source
-        from ..http.tokenizer import TokenizerError, load_tokenizer
+        from ..frontend.structured.engine_source import constrained_token_source
+        from ..frontend.tokenizer import TokenizerError, load_tokenizer
 
         try:
             factory = constrained_token_source(load_tokenizer(args.tokenizer), eargs.vocab_size)

@@ -14,7 +14,7 @@ positions by output token, so an engine that sends none makes the real frontend 
   shape, Ext 3]`; the frontend looks the name up with `getattr(torch, name)`.
 
 K = -1 asks for the whole vocabulary. The values are serve's synthetic ones
-(`http/logprobs.step_logprobs`): deterministic, falling with rank, rank 1 under greedy sampling.
+(`frontend/logprobs.step_logprobs`): deterministic, falling with rank, rank 1 under greedy sampling.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from ..http.logprobs import step_logprobs
+from ..frontend.logprobs import step_logprobs
 from .codec import EXT_RAW_VIEW
 
 

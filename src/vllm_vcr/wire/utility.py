@@ -12,10 +12,11 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .server import EngineBridge
+# the bridge of wire/server.py that a handler answers for (its engine, its address); typed loosely
+# here, as server.py imports this module
+EngineBridge = Any
 
 log = logging.getLogger("vllm_vcr.wire.utility")
 

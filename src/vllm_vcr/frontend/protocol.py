@@ -1,0 +1,237 @@
+"""OpenAI-compatible request schemas (pydantic v2, field names and defaults as vLLM's).
+
+Unknown fields are accepted and ignored, as vLLM does. The checks vLLM's request models make
+while parsing are model validators here; they raise RequestValueError, which parse_request
+(serving_base.py) hands on as vLLM's 400 BadRequestError. Value checks that vLLM performs
+while building SamplingParams live in request_checks.py (`check_sampling`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES
+MAX_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS
+MAX_CHOICES = 16384  # n x prompts: ours, so one request cannot flood the engine
+
+
+class RequestValueError(ValueError):
+    """A well-typed request with a bad value: 400 BadRequestError.
+
+    Worded like vLLM's VLLMValidationError: when the parameter (and value) are known they are
+    appended as " (parameter=..., value=...)" and `param` names the field.
+    """
+
+    def __init__(self, message: str, param: str | None = None, value: Any = None):
+        extras = []
+        if param is not None:
+            extras.append(f"parameter={param}")
+        if value is not None:
+            extras.append(f"value={value}")
+        super().__init__(f"{message} ({', '.join(extras)})" if extras else message)
+        self.param = param
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Base):
+    include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
+
+
+StopParam = str | Annotated[list[str], Field(max_length=4)] | None  # VLLM_MAX_STOP_STRINGS
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _SamplingFields(_Base):
+    """Fields common to completions and chat."""
+
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int = 1
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    stop: StopParam = Field(default_factory=list)  # (a factory: a mutable default is deep-copied per request)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=_INT64_MAX)] | None = None
+    priority: int = Field(0, ge=_INT64_MIN, le=_INT64_MAX)
+    request_id: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    return_token_ids: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    use_beam_search: bool = False
+    structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object
+    prompt_logprobs: int | None = None
+    stream_interval: Annotated[int, Field(ge=1)] | None = None  # raises --stream-interval for this request
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise RequestValueError("Stream options can only be defined when `stream=True`.", "stream_options")
+        return self
+
+    @model_validator(mode="after")
+    def _check_prompt_logprobs(self) -> _SamplingFields:
+        plp = self.prompt_logprobs
+        if plp is not None and self.stream and (plp > 0 or plp == -1):
+            raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        if plp is not None and plp < 0 and plp != -1:
+            raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", plp)
+        return self
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: list[TokenId] | list[list[TokenId]] | str | list[str] | None = None
+    prompt_embeds: Any = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    max_tokens: int | None = 16  # vLLM's (and OpenAI's) completions default
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _check_prompt_and_logprobs(self) -> CompletionRequest:
+        check_prompt_logprobs_field(self.prompt_logprobs, self.stream)
+        p = self.prompt
+        if (p is None or p == "") and (self.prompt_embeds is None or self.prompt_embeds == []):
+            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        if isinstance(p, list) and p and not isinstance(p[0], int) and len(p) > MAX_PROMPTS:
+            raise RequestValueError(f"prompt list length {len(p)} exceeds the maximum allowed count of "
+                                    f"{MAX_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+                                    "environment variable.", "prompt")
+        if self.logprobs is not None and self.logprobs < 0 and self.logprobs != -1:
+            raise RequestValueError("`logprobs` must be a positive value or -1.", "logprobs", self.logprobs)
+        return self  # prompt_embeds are refused where vLLM refuses them: after the model check
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict[str, Any]]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = "none"
+    parallel_tool_calls: bool | None = True
+    response_format: dict[str, Any] | None = None
+    # vLLM extras
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: int | None = None
+
+    @model_validator(mode="after")
+    def _check_logprobs_and_prompt_flags(self) -> ChatCompletionRequest:
+        check_prompt_logprobs_field(self.prompt_logprobs, self.stream)
+        top = self.top_logprobs
+        if top is not None:
+            if top < 0 and top != -1:
+                raise RequestValueError("`top_logprobs` must be a positive value or -1.", "top_logprobs", top)
+            if (top == -1 or top > 0) and not self.logprobs:
+                raise RequestValueError("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
+
+
+class TokenizeCompletionRequest(_Base):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Base):
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Base):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+
+def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | None, list[int] | None]:
+    """`logit_bias` (int ids, biases clamped to [-100, 100]) and `allowed_token_ids`, checked in
+    vLLM's order and words (SamplingParams.from_optional, then its vocabulary checks)."""
+    bias = getattr(req, "logit_bias", None)
+    allowed = getattr(req, "allowed_token_ids", None)
+    if bias is not None:
+        converted, invalid = {}, []
+        for key, value in bias.items():
+            try:
+                converted[int(key)] = min(100.0, max(-100.0, value))
+            except (TypeError, ValueError):
+                invalid.append(key)
+        if invalid:
+            raise RequestValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
+                                    f"{invalid!r}", "logit_bias", invalid)
+        out_of_vocab = [t for t in converted if not 0 <= t < vocab_size]
+        if out_of_vocab:
+            raise RequestValueError(f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab token ids. "
+                                    f"Vocabulary size: {vocab_size}", "logit_bias", out_of_vocab)
+        bias = converted or None
+    if allowed is not None:
+        if not allowed:
+            raise RequestValueError("allowed_token_ids is not None and empty!", "allowed_token_ids", allowed)
+        out_of_vocab = [t for t in allowed if not 0 <= t < vocab_size]
+        if out_of_vocab:
+            raise RequestValueError("allowed_token_ids contains out-of-vocab token id!", "allowed_token_ids",
+                                    out_of_vocab)
+    return bias, allowed
+
+
+
+def stop_list(stop: StopParam) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop)
+
+
+
+def check_prompt_logprobs_field(value: int | None, stream: bool | None) -> None:
+    """The request model's own check of prompt_logprobs (vLLM runs it while parsing)."""
+    if value is None:
+        return
+    if stream and (value > 0 or value == -1):
+        raise RequestValueError("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+    if value < 0 and value != -1:
+        raise RequestValueError("`prompt_logprobs` must be a positive value or -1.", "prompt_logprobs", value)
+
+

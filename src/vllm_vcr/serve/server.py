@@ -1,0 +1,333 @@
+"""Start-up and shutdown of `vllm-vcr serve`: one method per phase, unwound by an exit stack.
+
+`serve(args)` is the coroutine (usable from Python); `run_server(args)` runs it in the CLI's event
+loop. Start-up: load (flags, tokenizer), listener (claim the port), engines, KV events, control
+API, P/D services; then serve until a signal. SIGTERM/SIGINT: stop accepting connections, drain
+the engines with --shutdown-timeout semantics (drain, then abort), let open streams finish, exit 0.
+Whatever started is stopped in reverse order, also when a later phase fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import uvicorn  # noqa: E402
+
+from .. import event_loop  # noqa: E402
+from ..control.server import start_control_server  # noqa: E402
+from ..engine.async_engine import AsyncEngine  # noqa: E402
+from ..engine.config import ConfigError  # noqa: E402
+from ..replay.inputs import engine_inputs  # noqa: E402
+from ..fd_limits import prepare_for_many_connections  # noqa: E402
+from ..gc_tuning import collect_while_idle, tune_for_serving  # noqa: E402
+from ..heap_trim import start_idle_trimming  # noqa: E402
+from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: E402
+from ..engine.block_hash import ContentHasher  # noqa: E402
+from ..kv_events.attach import attach_kv_events  # noqa: E402
+from ..listen_socket import bind_listener  # noqa: E402
+from ..pd import start_pd_services  # noqa: E402
+from ..http.acceptor import BurstAcceptor, TurnSlices  # noqa: E402
+from ..http.uvicorn_internals import protocol_factory  # noqa: E402
+from ..faults import FaultController, FaultSpecError  # noqa: E402
+from ..faults.cli_args import rates_from_args  # noqa: E402
+from .app import build_app  # noqa: E402
+from ..http.faults_adapter import FaultGate, install_gauges  # noqa: E402
+from ..http.serving_base import ServeSettings  # noqa: E402
+from ..frontend.planned_output import planned_token_source  # noqa: E402
+from .loading import simulate_loading  # noqa: E402
+from .settings import CLIError, build_settings_and_args  # noqa: E402
+from .warmup import warm_up  # noqa: E402
+
+logger = logging.getLogger("vllm_vcr.serve")
+
+BACKLOG = 2048
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, with our own signal handling: the first signal starts the engine shutdown
+    (drain up to --shutdown-timeout, then abort) next to uvicorn's; no signal is re-raised, so
+    the process exits 0."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None):
+        super().__init__(config)
+        self._on_exit = on_exit
+        self._on_ready = on_ready
+        self._exit_started = False
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        loop = asyncio.get_running_loop()
+        sigs = (signal.SIGINT, signal.SIGTERM)
+        installed = []
+        for sig in sigs:
+            try:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # no uvloop server on the sockets: it would accept one connection per turn of the loop
+        await super().startup(sockets=[])
+        if self.started and sockets:
+            factory = protocol_factory(self)
+            self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
+        if self.started and self._on_ready is not None:
+            self._on_ready()  # "ready" only once connections are taken
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self._exit_started:
+            self._exit_started = True
+            logger.info("received %s: shutting down", signal.Signals(sig).name if sig else "exit")
+            self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class _ServeCommand:
+    """One run of `vllm-vcr serve`; the phases in the order `run` calls them."""
+
+    def __init__(self, args: argparse.Namespace, sock: socket.socket | None) -> None:
+        self.args = args
+        self.sock = sock
+        self.t0 = time.perf_counter()
+        self.exit_code = 0
+
+    async def run(self) -> int:
+        self.load()
+        async with contextlib.AsyncExitStack() as stack:
+            self.open_listener(stack)
+            self.create_engines()
+            self.attach_kv_events(stack)
+            self.attach_forward_pass_metrics(stack)
+            await self.start_engines(stack)
+            await self.start_control_api(stack)
+            await self.start_pd_services(stack)
+            if not await self.wait_loading():
+                return self.exit_code
+            await self.warm_up()
+            server = self.build_server()
+            try:
+                await self.serve_until_signal(server)
+            finally:
+                await self.drain()
+        return self.exit_code
+
+    def load(self) -> None:
+        """Flags, tokenizer, chat template, engine arguments: every CLIError before any socket."""
+        (self.settings, self.engine_args, self.tokenizer, self.engine_count,
+         self.ignored) = build_settings_and_args(self.args)
+        self.kv_config = _kv_events_config(self.args)
+        self.faults = _fault_controller(self.args, self.settings)
+        from .extensions import ServeExtensions  # LoRA, sleep, operator routes, pooling
+
+        try:
+            self.extensions = ServeExtensions.from_cli(self.args)
+            self.extensions.load_static_adapters(self.settings.served_model_names)  # a bad --lora-modules stops here
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        self.extensions.engine_args = self.engine_args
+        self.extensions.configure_engine(self.engine_args)
+
+    def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
+        """Claim the port at once, so a clash is reported before anything starts."""
+        self.host = self.args.host or "0.0.0.0"
+        if self.sock is None:
+            try:
+                self.sock = bind_listener(self.host, self.args.port, f"{self.host}:{self.args.port}")
+            except socket.gaierror as e:
+                raise CLIError(f"--host: cannot resolve {self.host!r}: {e.strerror or e}") from None
+            except OSError as e:
+                raise CLIError(f"--host/--port: {e.strerror or e}") from None
+        stack.callback(_close_quietly, self.sock)
+
+    def create_engines(self) -> None:
+        try:
+            inputs = engine_inputs(self.engine_args)
+            if self.kv_config is None:  # no block hash leaves the process: any content hash finds the same prefixes
+                inputs["block_hasher"] = ContentHasher()
+            self.engine = AsyncEngine(self.engine_args, engine_count=self.engine_count,
+                                      token_source_factory=planned_token_source(self.engine_args.vocab_size),
+                                      textless_ids=self.tokenizer.random_text_avoid(self.engine_args.vocab_size),
+                                      on_idle=collect_while_idle, **inputs)
+        except ConfigError as e:  # a bad trace or replay table: name the flag, no traceback
+            raise CLIError(str(e)) from None
+
+    def attach_kv_events(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.kv_config is None:
+            return
+        try:
+            publishers = attach_kv_events(self.engine.engines, self.kv_config)
+        except OSError as e:  # the publisher's endpoint cannot be bound
+            raise CLIError(f"--kv-events-config: {e}") from None
+        for pub in publishers:
+            stack.callback(pub.close)
+
+    def attach_forward_pass_metrics(self, stack: contextlib.AsyncExitStack) -> None:
+        port, path = self.args.forward_pass_metrics_port, self.args.forward_pass_metrics_trace
+        if port is None and path is None:
+            return
+        from ..fpm.attach import attach_fpm, trace_sink
+
+        sink = None
+        if path is not None:
+            try:
+                sink, writer = trace_sink(path, self.settings.model_name)
+            except OSError as e:
+                raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
+            stack.callback(writer.close)
+        try:
+            publishers = attach_fpm(self.engine.engines, port, host="0.0.0.0", worker_id=self.engine_args.engine_id,
+                                    engine_type=self.engine_args.engine_type, extra_sink=sink)
+        except Exception as e:  # zmq.ZMQError: a rank's port is taken
+            raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+        loop = asyncio.get_running_loop()
+        for pub in publishers:
+            stack.callback(pub.close)
+            stack.callback(loop.create_task(pub.heartbeat(pub.idle), name="fpm-heartbeat").cancel)
+
+    async def start_engines(self, stack: contextlib.AsyncExitStack) -> None:
+        await self.engine.start()
+        start_idle_trimming(stack, lambda: self.engine.engines)
+        # at start-up there is nothing to drain; after serving, drain() has stopped them already
+        stack.push_async_callback(self.engine.stop, 0)
+
+    async def start_control_api(self, stack: contextlib.AsyncExitStack) -> None:
+        if not self.args.control_address:
+            return
+        try:
+            control = await start_control_server(self.engine, self.args.control_address, faults=self.faults)
+        except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
+            raise CLIError(f"--control-address: {e}") from None
+        stack.push_async_callback(control.stop)
+        from ..control.loras import add_lora_route
+
+        add_lora_route(control.app, self.extensions.lora_report)
+
+    async def start_pd_services(self, stack: contextlib.AsyncExitStack) -> None:
+        try:
+            pd = await start_pd_services(self.engine.engines, self.args)
+        except OSError as e:
+            raise CLIError(str(e)) from None
+        stack.push_async_callback(pd.stop)
+
+    def build_server(self) -> _Server:
+        self.sock.listen(BACKLOG)
+        app = build_app(self.engine, self.tokenizer, self.settings, faults=FaultGate(self.faults),
+                        extensions=self.extensions)
+        install_gauges(app.metrics, self.faults)
+        config = uvicorn.Config(
+            TurnSlices(app),
+            lifespan="off",
+            http="httptools" if importlib.util.find_spec("httptools") is not None else "h11",
+            loop="none",
+            log_config=None,
+            # None leaves uvicorn's loggers to VLLM_VCR_LOG / RUST_LOG (target `uvicorn`)
+            log_level=self.args.uvicorn_log_level,
+            access_log=bool(self.args.enable_access_log),
+            server_header=True,  # "server: uvicorn", as vLLM's responses carry
+            date_header=True,
+            timeout_keep_alive=5,
+            timeout_graceful_shutdown=max(float(self.engine_args.shutdown_timeout), 0.0) + 5.0,
+            backlog=BACKLOG,
+            proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
+        )
+        self.stopping: list[asyncio.Task] = []
+        return _Server(config, self.begin_drain, self.log_ready)
+
+    def begin_drain(self) -> None:
+        # the first signal: drain/abort the engines while uvicorn stops accepting and waits for open streams
+        self.stopping.append(asyncio.ensure_future(self.engine.stop()))
+
+    async def wait_loading(self) -> bool:
+        """Simulated model loading (--startup-time): like vLLM, nothing listens on the port until
+        it is over; False when the process must end instead (a loading failure: exit 1; a signal: 0)."""
+        if not (self.engine_args.startup_time > 0 or self.engine_args.startup_failure):
+            return True
+        stopped = await simulate_loading(self.engine, self.engine_args.startup_time)
+        if stopped is None:
+            return True
+        self.exit_code = stopped
+        return False
+
+    async def warm_up(self) -> None:
+        """First-use work done before the port listens (warmup.py): nothing of it is counted."""
+        took = await warm_up(self.engine_args, self.tokenizer, self.settings)
+        logger.info("warmed up in %.0f ms", took * 1000)
+
+    async def serve_until_signal(self, server: _Server) -> None:
+        await server.serve(sockets=[self.sock])
+
+    def log_ready(self) -> None:
+        if self.ignored:
+            logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
+        s, tok = self.settings, self.tokenizer
+        logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
+                    "listening on http://%s:%d (ready in %.0f ms)",
+                    ", ".join(s.served_model_names), tok.source, tok.vocab_size, self.engine_count,
+                    s.max_model_len, self.host, self.sock.getsockname()[1], (time.perf_counter() - self.t0) * 1000)
+
+    async def drain(self) -> None:
+        """Finish the engines' shutdown: the drain a signal started, or one with the default timeout."""
+        if self.stopping:
+            await asyncio.gather(*self.stopping, return_exceptions=True)
+        await self.engine.stop()
+
+
+async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) -> int:
+    """Run `vllm-vcr serve` in the current event loop until a signal (or `should_exit`)."""
+    return await _ServeCommand(args, sock).run()
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> FaultController:
+    try:
+        rates = rates_from_args(args)
+    except FaultSpecError as e:
+        raise CLIError(str(e)) from None
+    return FaultController(rates, model=settings.model_name, max_model_len=settings.max_model_len,
+                           seed=getattr(args, "seed", None))
+
+
+def _kv_events_config(args: argparse.Namespace) -> Any:
+    """--kv-events-config / --enable-kv-cache-events, or None when KV events are off."""
+    if args.kv_events_config is None and not args.enable_kv_cache_events:
+        return None
+    try:
+        return kv_events_config_from_cli(args)
+    except KVEventsConfigError as e:
+        raise CLIError(str(e)) from None
+
+
+# The tokenizer's worker thread needs the GIL back after each batch; while the loop is busy (a
+# burst being read) it waits for the interpreter's switch interval, 5 ms by default, for every
+# hand-back. 1 ms keeps a burst's prompts flowing through the worker.
+SWITCH_INTERVAL_S = 0.001
+
+
+def run_server(args: argparse.Namespace) -> int:
+    prepare_for_many_connections()
+    tune_for_serving()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return event_loop.run(serve(args))

@@ -1,0 +1,1 @@
+"""SGLang's own surface, served with `--engine-type sglang`: its native routes and `sglang:` metrics."""

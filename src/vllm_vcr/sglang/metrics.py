@@ -1,0 +1,77 @@
+"""`/metrics` of an SGLang engine (`--engine-type sglang`): SGLang's `sglang:` series instead of vLLM's.
+
+The values are the ones `FrontendMetrics` derives from engine outputs; only the exposition differs.
+Names and meanings follow SGLang's `TokenizerMetricsCollector` / `SchedulerMetricsCollector`
+(label `model_name`; like Dynamo's mocker, the per-rank values are summed over DP ranks).
+"""
+
+from __future__ import annotations
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..vllm.metrics import FINISH_REASONS, FrontendMetrics
+
+# (engine-state histogram attribute, sglang name, help)
+SGLANG_HISTOGRAMS = (
+    ("ttft", "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+    ("itl", "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+    ("tpot", "sglang:time_per_output_token_seconds", "Histogram of time per output token in seconds."),
+    ("e2e", "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds"),
+    ("queue", "sglang:queue_time_seconds", "Histogram of queueing time in seconds."),
+)
+_ABORT = FINISH_REASONS.index("abort")
+
+
+class SGLangFrontendMetrics(FrontendMetrics):
+    """FrontendMetrics exposed under SGLang's names."""
+
+    def families(self):
+        labels = ["model_name"]
+        lv = [self.model_name]
+        engines = self._engines
+
+        def total(attr: str) -> float:
+            return sum(getattr(e, attr) for e in engines)
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            fam = GaugeMetricFamily(name, doc, labels=labels)
+            fam.add_metric(lv, value)
+            return fam
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            fam = CounterMetricFamily(name, doc, labels=labels)
+            fam.add_metric(lv, value, created=self._created)
+            return fam
+
+        queries, hits = total("prefix_queries"), total("prefix_hits")
+        yield gauge("sglang:num_running_reqs", "The number of running requests.", total("running"))
+        yield gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+                    total("waiting") + total("waiting_deferred"))
+        yield gauge("sglang:token_usage", "The token usage.",
+                    sum(e.kv_usage for e in engines) / max(len(engines), 1))
+        yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hits / queries if queries else 0.0)
+        yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.", total("prompt_tokens"))
+        yield counter("sglang:generation_tokens", "Number of generation tokens processed.",
+                      total("generation_tokens"))
+        yield counter("sglang:cached_tokens", "Number of cached prompt tokens.", hits)
+        finished = [sum(e.success[i] for e in engines) for i in range(len(FINISH_REASONS))]
+        yield counter("sglang:num_requests", "Number of requests processed.", sum(finished))
+        yield counter("sglang:num_aborted_requests", "Number of requests aborted.", finished[_ABORT])
+        yield counter("sglang:num_retracted_reqs", "The number of retracted requests.",
+                      sum(e.preemptions or e.preemptions_from_stats for e in engines))
+        for attr, name, doc in SGLANG_HISTOGRAMS:
+            yield _summed_histogram(name, doc, lv, [getattr(e, "h_" + attr) for e in engines])
+
+
+def _summed_histogram(name: str, doc: str, lv: list[str], hists: list) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=["model_name"])
+    buckets = None
+    for h in hists:
+        cum = h.cumulative()
+        buckets = cum if buckets is None else [(b, acc + c) for (b, acc), (_, c) in zip(buckets, cum)]
+    fam.add_metric(lv, buckets or [("+Inf", 0)], sum(h.total for h in hists))
+    return fam
+
+
+def metrics_class(engine_type: str) -> type[FrontendMetrics]:
+    return SGLangFrontendMetrics if engine_type == "sglang" else FrontendMetrics

@@ -1,0 +1,62 @@
+"""vLLM's server routes every deployment has: /health, /ping, /version, /metrics, and
+SageMaker's /invocations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from .. import __version__
+from ..frontend.errors import HTTPError, bad_request, error_body
+from ..frontend.protocol import ChatCompletionRequest, CompletionRequest
+from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode
+from ..http.sse import send_bytes
+
+_NOT_FOUND = encode({"detail": "Not Found"})
+
+
+class BasicServing:
+    def __init__(self, app: Any) -> None:
+        self.app = app  # (its engine and metrics may be replaced after this is built)
+
+    async def health(self, ctx: RequestContext) -> None:
+        if getattr(self.app.engine, "is_running", True):
+            await send_bytes(ctx.send, 200, b"")
+        else:
+            await send_bytes(ctx.send, 503, error_body("Engine is not running", "ServiceUnavailableError", 503))
+
+    async def version(self, ctx: RequestContext) -> None:
+        # the vLLM release whose API is reproduced (clients compare it); vllm-vcr's own version beside it
+        await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
+
+    async def metrics(self, ctx: RequestContext) -> None:
+        m = self.app.metrics
+        if m is None:
+            await send_bytes(ctx.send, 404, _NOT_FOUND)
+            return
+        accept = ctx.headers.get(b"accept", b"").decode("latin-1")
+        try:
+            body, content_type = m.render(accept)
+        except TypeError:
+            body, content_type = m.render()
+        await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
+                         if isinstance(content_type, str) else content_type)
+
+    async def invocations(self, ctx: RequestContext) -> None:
+        """SageMaker's /invocations: the body is a chat request or else a completion request (the
+        first request model that validates it wins, as in vLLM)."""
+        try:
+            json.loads(ctx.body)
+        except ValueError as e:
+            raise HTTPError(400, f"JSON decode error: {e}", "Bad Request") from None
+        app = self.app
+        for model, handler in ((ChatCompletionRequest, app.chat.handle), (CompletionRequest, app.completions.handle)):
+            try:
+                model.model_validate_json(ctx.body)
+            except ValidationError:
+                continue
+            return await handler(ctx)
+        raise bad_request("Cannot find suitable handler for request. Expected one of: "
+                          "['ChatCompletionRequest', 'CompletionRequest']")

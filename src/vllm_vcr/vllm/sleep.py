@@ -1,0 +1,239 @@
+"""Sleep mode in `serve`: vLLM's `/sleep`, `/wake_up` and `/is_sleeping` (dev-mode routes).
+
+vLLM 0.32 serves them only with `VLLM_SERVER_DEV_MODE=1`. `POST /sleep?level=0|1|2&mode=abort|
+wait|keep` pauses scheduling first (abort: every request ends with finish_reason "abort"; wait:
+running requests finish first; keep: they stay where they are, producing nothing), then at level
+>= 1 drops the prefix cache and puts the weights and the KV cache to sleep. New requests queue in
+the engine (counted as waiting) until it is awake again. `POST /wake_up[?tags=weights&tags=kv_cache&tags=scheduling]`
+wakes the named parts (all without tags); scheduling resumes only once nothing is asleep, and
+the answer says whether the engine is fully awake. `vllm:engine_sleep_state` follows.
+
+`--enable-sleep-mode` is what lets vLLM release GPU memory while asleep; here it turns on the
+simulated offload time (`--sleep-time` / `--wake-up-time`): without it a sleep takes no time, as
+nothing is released.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs
+
+from pydantic import BaseModel, Field, ValidationError
+
+from ..frontend.errors import validation_error
+
+logger = logging.getLogger("vllm_vcr.vllm.sleep")
+
+SLEEP_TAGS = frozenset({"weights", "kv_cache"})
+DRAIN_POLL_S = 0.02
+OPERATION_BUCKETS = (0.01, 0.1, 1, 10, 30, 60, 120, 300, 600)
+
+
+@dataclass
+class SleepConfig:
+    enabled: bool = False
+    sleep_time_ms: float = 0.0
+    wake_up_time_ms: float = 0.0
+
+    @classmethod
+    def from_cli(cls, args: argparse.Namespace) -> "SleepConfig":
+        cfg = cls(bool(getattr(args, "enable_sleep_mode", False)), float(getattr(args, "sleep_time", 0.0) or 0.0),
+                  float(getattr(args, "wake_up_time", 0.0) or 0.0))
+        for flag, v in (("--sleep-time", cfg.sleep_time_ms), ("--wake-up-time", cfg.wake_up_time_ms)):
+            if v < 0:
+                raise ValueError(f"{flag} must be >= 0, got {v}")
+        return cfg
+
+
+class SleepQuery(BaseModel):
+    level: Annotated[int, Field(ge=0, le=2)] = 1
+    mode: Literal["abort", "wait", "keep"] = "abort"
+
+
+def query_params(scope: dict[str, Any]) -> dict[str, list[str]]:
+    return parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+
+
+def parse_sleep_query(scope: dict[str, Any]) -> SleepQuery:
+    """FastAPI's reading of the query (the last value of a repeated key) and vLLM's 400 for bad ones."""
+    raw = {k: v[-1] for k, v in query_params(scope).items() if k in SleepQuery.model_fields}
+    try:
+        return SleepQuery.model_validate(raw)
+    except ValidationError as e:
+        raise validation_error(e.errors(include_url=False), where="query") from None
+
+
+class SleepControl:
+    """Sleep and pause of the engines, driven through their public inbox (`set_paused`,
+    `abort_all`, `set_frozen`, `call`); the executor's tags (weights, kv_cache) live here."""
+
+    def __init__(self, engine: Any, config: SleepConfig, metrics: Any = None):
+        self.engine = engine
+        self._registry = getattr(metrics, "registry", None)
+        self._op_metrics: _OperationMetrics | None = None
+        self.config = config
+        self.metrics = metrics
+        self.paused = False
+        self.sleeping_tags: set[str] = set()
+        self.level = 0
+        self._frozen = False
+        self._lock = asyncio.Lock()
+
+    def op_metrics(self) -> "_OperationMetrics":
+        """The operation series, registered by the first sleep-mode operation (as vLLM's)."""
+        if self._op_metrics is None:
+            self._op_metrics = _OperationMetrics(self._registry)
+        return self._op_metrics
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.paused or bool(self.sleeping_tags)
+
+    async def sleep(self, level: int, mode: str) -> None:
+        async with self._operation("sleep"):
+            await self._pause(mode, clear_cache=level >= 1)
+            if level >= 1:
+                if "weights" in self.sleeping_tags:
+                    logger.warning("Executor is already sleeping.")
+                else:
+                    await self._simulated(self.config.sleep_time_ms)
+                    self.sleeping_tags = set(SLEEP_TAGS)
+            self.level = level
+            self._set_metric(sleeping=True, level=level)
+            logger.info("engine asleep (level %d, mode %s)", level, mode)
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        async with self._operation("wake"):
+            if tags is not None and "scheduling" in tags:
+                tags = [t for t in tags if t != "scheduling"]
+            if tags is None or tags:
+                await self._wake_executor(tags)
+            fully_awake = not self.sleeping_tags
+            if fully_awake:
+                self._resume()
+                self.level = 0
+                self._set_metric(sleeping=False, level=0)
+            return fully_awake
+
+    async def release_kv_cache_memory(self) -> None:
+        """vLLM's /release_kv_cache_memory: after a completed pause, drop the KV cache (waking
+        the `kv_cache` tag brings it back); RuntimeError with vLLM's words otherwise."""
+        async with self._operation("release_kv_cache_memory"):
+            counts = await self.engine.call_all(lambda core: core.num_unfinished)
+            if not self.paused or any(counts):
+                raise RuntimeError("release_kv_cache_memory() requires a completed pause first")
+            if self.sleeping_tags:
+                raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")
+            await self.engine.call_all(lambda core: core.reset_prefix_cache())
+            self.sleeping_tags = {"kv_cache"}
+            self._set_metric(sleeping=True, level=0)
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        """vLLM's /pause (pause_generation): scheduling stops until /resume; weights stay."""
+        async with self._lock:
+            await self._pause(mode, clear_cache=clear_cache and mode != "keep")
+
+    async def resume(self) -> None:
+        async with self._lock:
+            self._resume()
+
+    async def _pause(self, mode: str, *, clear_cache: bool) -> None:
+        self.paused = True
+        cores = list(self.engine.engines)
+        for core in cores:  # from here new requests queue in the engine (and count as waiting)
+            core.set_paused(True)
+        if mode == "abort":
+            for core in cores:
+                core.abort_all()
+        elif mode == "keep":
+            for core in cores:
+                core.set_frozen(True)
+            self._frozen = True
+        else:
+            await self._drained()
+        if clear_cache:
+            await self.engine.call_all(lambda core: core.reset_prefix_cache())
+
+    def _resume(self) -> None:
+        for core in self.engine.engines:
+            if self._frozen:
+                core.set_frozen(False)
+            core.set_paused(False)
+        self._frozen = False
+        self.paused = False
+
+    async def _wake_executor(self, tags: list[str] | None) -> None:
+        if not self.sleeping_tags:
+            logger.warning("Executor is not sleeping.")
+            return
+        if tags and any(t not in self.sleeping_tags for t in tags):
+            bad = next(t for t in tags if t not in self.sleeping_tags)
+            logger.warning("Tag %s is not in sleeping tags %s", bad, self.sleeping_tags)
+            return
+        await self._simulated(self.config.wake_up_time_ms)
+        if tags:
+            self.sleeping_tags.difference_update(tags)
+        else:
+            self.sleeping_tags.clear()
+
+    async def _simulated(self, ms: float) -> None:
+        if self.config.enabled and ms > 0:
+            await asyncio.sleep(ms / 1000.0)
+
+    async def _drained(self) -> None:
+        """mode=wait: until no engine runs a request (new ones already queue, unadmitted)."""
+        while True:
+            counts = await self.engine.call_all(lambda core: len(core.scheduler.running))
+            if not any(counts):
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    def _set_metric(self, *, sleeping: bool, level: int) -> None:
+        if self.metrics is not None and hasattr(self.metrics, "set_sleep_state"):
+            self.metrics.set_sleep_state(None, level, sleeping=sleeping)
+
+    def _operation(self, name: str) -> "_Operation":
+        return _Operation(self, name)
+
+
+class _OperationMetrics:
+    """vLLM's sleep-mode operation series (registered by the first operation, as vLLM does)."""
+
+    def __init__(self, registry: Any):
+        self.duration = self.in_flight = None
+        if registry is None:
+            return
+        from prometheus_client import Gauge, Histogram
+
+        self.duration = Histogram("vllm:sleep_mode_operation_duration_seconds",
+                                  "Duration of one sleep-mode operation.", ["operation"],
+                                  buckets=OPERATION_BUCKETS, registry=registry)
+        self.in_flight = Gauge("vllm:sleep_mode_operations_in_flight", "Sleep-mode operations currently awaited.",
+                               ["operation"], registry=registry)
+
+
+class _Operation:
+    """One sleep-mode operation: serialized, timed and counted in flight."""
+
+    def __init__(self, control: SleepControl, name: str):
+        self.control = control
+        self.name = name
+
+    async def __aenter__(self) -> None:
+        m = self.control.op_metrics()
+        if m.in_flight is not None:
+            m.in_flight.labels(self.name).inc()
+        self.start = time.perf_counter()
+        await self.control._lock.acquire()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.control._lock.release()
+        m = self.control.op_metrics()
+        if m.in_flight is not None:
+            m.in_flight.labels(self.name).dec()
+            m.duration.labels(self.name).observe(time.perf_counter() - self.start)
