@@ -120,7 +120,7 @@ async def test_tokens_behind_an_undelivered_output_wait_for_it(engine):
 
     taken = []
     col = _Collector(lambda out: False, None)
-    sink = engine._token_sink(0, "r", col, lambda t: taken.append(t) or 1)
+    sink, _ = engine._token_sink(0, "r", col, lambda t: taken.append(t) or 1, None)
     col.pending = EngineCoreOutput(request_id="r", new_token_ids=[5])
     assert sink(7, 0.0) is False and taken == []  # the engine sends 7 as an output: it merges
     col.pending = None
@@ -165,8 +165,7 @@ async def test_a_failing_batch_fails_its_requests_not_the_engine(engine):
     async def stream(rid):
         def take(token):
             return 1
-        take.batch_reader = Reader()
-        async for _ in engine.push(req(rid, 50), lambda out: False, take):
+        async for _ in engine.push(req(rid, 50), lambda out: False, take, Reader()):
             pass
 
     results = await asyncio.gather(*(stream(f"b{i}") for i in range(3)), return_exceptions=True)

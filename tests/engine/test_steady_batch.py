@@ -83,7 +83,7 @@ def _run(arrivals, aborts, freeze, kv_blocks, batching: bool, patch_at: float | 
             sink = reader.sink
             h.core.add_request(EngineCoreRequest(
                 request_id=rid, prompt_token_ids=Harness.prompt_of(rid, prompt), arrival_time=t,
-                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _with_reader(sink, reader))
+                sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True)), sink, reader)
         elif kind == 1:
             h.core.abort_requests([f"r{i % len(arrivals)}"])
         elif kind == 2:
@@ -95,13 +95,6 @@ def _run(arrivals, aborts, freeze, kv_blocks, batching: bool, patch_at: float | 
     trace = [(c, b.timestamp, sorted(b.finished_requests or ()), b.scheduler_stats,
               sorted((o.request_id, o.new_token_ids, o.finish_reason) for o in b.outputs)) for c, b in h.batches]
     return trace, {rid: r.taken for rid, r in readers.items()}, sum(r.in_batch for r in readers.values()), h
-
-
-def _with_reader(sink, reader):
-    def token_sink(token: int, ts: float) -> bool:
-        return sink(token, ts)
-    token_sink.batch_reader = reader
-    return token_sink
 
 
 @settings(max_examples=40, deadline=None)
@@ -144,7 +137,7 @@ def test_a_batch_stands_in_the_lane_as_one_entry(monkeypatch):
         h.core.add_request(EngineCoreRequest(
             request_id=f"r{i}", prompt_token_ids=Harness.prompt_of(f"r{i}", 9),
             sampling_params=SamplingParams(max_tokens=50, ignore_eos=True)),
-            _with_reader(lambda t, ts, r=reader: r.taken.append((t, ts)) or True, reader))
+            lambda t, ts, r=reader: r.taken.append((t, ts)) or True, reader)
     h.run(until=0.1)
     lane = [e for e in h.core.scheduler.decode_lane if e[2] == e[3].heap_gen]
     assert len(lane) == 1 and type(lane[0][3]) is SteadyBatch and len(lane[0][3]) == 6

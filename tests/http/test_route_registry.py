@@ -45,3 +45,10 @@ def test_gates_choose_the_routes(config):
     # the scale-out routes exist either way: switched off they answer vLLM's 403
     on = {r.path: switched for r, switched in served(FAMILIES, config)}
     assert on["/v1/chat/completions/render"] == config.scale_out
+
+
+def test_every_engine_type_has_a_front_door():
+    from vllm_vcr.engine.policy import engine_types
+    from vllm_vcr.serve.engine_types import FRONT_DOORS
+
+    assert set(FRONT_DOORS) == set(engine_types())

@@ -22,7 +22,7 @@ from typing import Any
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .core import EngineCore, EngineDeadError
-from .request import TokenSink
+from .request import TAKEN_WAKE, TokenSink
 from .types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger("vllm_vcr.engine")
@@ -30,7 +30,7 @@ OutputListener = Callable[[int, EngineCoreOutputs], None]
 # (engine index, request id) -> a callable told the step's clock time of each of the request's
 # tokens that its reader took directly (None: this listener cannot follow the request that way)
 TokenObserverFactory = Callable[[int, str], Callable[[float], None] | None]
-# a push reader's direct take of a steady token: 0 declined, 1 taken, 2 taken and the reader must wake
+# a push reader's direct take of a steady token: DECLINED, TAKEN or TAKEN_WAKE (request.py)
 TakeToken = Callable[[int], int]
 
 
@@ -336,21 +336,24 @@ class AsyncEngine:
                     return
 
     async def push(self, request: EngineCoreRequest, deliver: Callable[[EngineCoreOutput], bool],
-                   take: TakeToken | None = None) -> AsyncIterator[None]:
+                   take: TakeToken | None = None, batch_reader: Any = None) -> AsyncIterator[None]:
         """Submit a request whose outputs go to `deliver` (synchronously, merged per turn of the
         event loop) while the caller is parked; yields whenever `deliver` returns True or the
         request has finished, and ends after its final output. Leaving before the engine finished
         it aborts it.
 
         With `take`, the engine offers each steady decode's token to it during the step (see
-        OutputProcessor._steady_decode) whenever no output waits for `deliver` (order is kept)."""
+        OutputProcessor._steady_decode) whenever no output waits for `deliver` (order is kept); it
+        answers DECLINED, TAKEN or TAKEN_WAKE (request.py). A `batch_reader` (steady_batch.py's
+        BatchReader) lets the request's steady decodes join the engine's steady batches."""
         col = _Collector(deliver, self._push_queue)
         # _attached's steps inline (no context manager objects: this runs once per stream)
         idx = self.pick_engine(request)
         if not self.is_ready:
             await self.wait_ready()
-        sink = self._token_sink(idx, request.request_id, col, take) if take is not None else None
-        core = self._submit(idx, request, col, sink)
+        sink, member = (self._token_sink(idx, request.request_id, col, take, batch_reader) if take is not None
+                        else (None, None))
+        core = self._submit(idx, request, col, sink, member)
         try:
             while True:
                 await col.wait()
@@ -371,12 +374,13 @@ class AsyncEngine:
         finally:
             self._detach(idx, core, request.request_id, col)
 
-    def _token_sink(self, idx: int, rid: str, col: _Collector, take: TakeToken) -> TokenSink | None:
+    def _token_sink(self, idx: int, rid: str, col: _Collector, take: TakeToken,
+                    batch_reader: Any) -> tuple[TokenSink | None, _SteadyMember | None]:
         """The engine's side of `push`'s `take`: a token goes to the reader directly (and to the
         listeners' token observers) unless an output is still waiting for the reader."""
         observers = [factory(idx, rid) for factory in self._token_observers]
         if None in observers:
-            return None  # a listener cannot count this request's tokens outside the batches
+            return None, None  # a listener cannot count this request's tokens outside the batches
         if len(observers) == 1:  # (the usual case: the metrics)
             observe = observers[0]
         else:
@@ -395,21 +399,19 @@ class AsyncEngine:
             if not taken:
                 return False
             observe(ts)
-            if taken == 2:  # the socket pushed back: the reader sends what it queued
+            if taken == TAKEN_WAKE:  # the socket pushed back: the reader sends what it queued
                 col.wake = True
                 w = col.waiter
                 if w is not None and not w.done():
                     w.set_result(None)
             return True
 
-        reader = getattr(take, "batch_reader", None)
         groups = [getattr(o, "new_group", None) for o in observers]
-        sink.batch_reader = None if reader is None or None in groups else \
-            _SteadyMember(idx, reader, col, observers)
-        return sink
+        member = None if batch_reader is None or None in groups else _SteadyMember(idx, batch_reader, col, observers)
+        return sink, member
 
     def _submit(self, idx: int, request: EngineCoreRequest, col: _Collector,
-                token_sink: TokenSink | None = None) -> EngineCore:
+                token_sink: TokenSink | None = None, batch_member: Any = None) -> EngineCore:
         """Register the request's collector and hand the request to engine idx."""
         core = self.engines[idx]
         if core.dead is not None or core.stopped:
@@ -418,7 +420,7 @@ class AsyncEngine:
         self._collectors[rid] = (idx, col)
         self._load[idx] += 1
         try:
-            core.add_request(request, token_sink)
+            core.add_request(request, token_sink, batch_member)
         except BaseException:
             self._detach(idx, core, rid, col)
             raise

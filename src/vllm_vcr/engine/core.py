@@ -166,9 +166,11 @@ class EngineCore(EngineControls):
         return counted
 
     # --- inbox (the only way in) ------------------------------------------------------------------
-    def add_request(self, request: EngineCoreRequest, token_sink: TokenSink | None = None) -> None:
-        """Queue a request; an in-process reader may pass a `token_sink` for its steady decodes."""
-        self.inbox.post(("add", request, token_sink))
+    def add_request(self, request: EngineCoreRequest, token_sink: TokenSink | None = None,
+                    batch_member: Any = None) -> None:
+        """Queue a request; an in-process reader may pass a `token_sink` for its steady decodes, and
+        itself as a steady-batch member (steady_batch.BatchReader)."""
+        self.inbox.post(("add", request, token_sink, batch_member))
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         self.inbox.post(("abort", list(request_ids)))
@@ -345,7 +347,7 @@ class EngineCore(EngineControls):
             msg = self._inbox.popleft()
             kind = msg[0]
             if kind == "add":
-                self._add_request(msg[1], outputs, finished, msg[2])
+                self._add_request(msg[1], outputs, finished, msg[2], msg[3])
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
             elif kind == "call":
@@ -377,12 +379,13 @@ class EngineCore(EngineControls):
 
     # --- arrival, finish, abort --------------------------------------------------------------------
     def _add_request(self, ecr: EngineCoreRequest, outputs: list, finished: list,
-                     token_sink: TokenSink | None = None) -> None:
+                     token_sink: TokenSink | None = None, batch_member: Any = None) -> None:
         now = self.clock.now()
         req = self.admission.admit(ecr, now, self.lifecycle.draining_deadline is not None, outputs, finished)
         if req is None:
             return
         req.token_sink = token_sink
+        req.batch_member = batch_member
         rid = req.request_id
         req.received_in = self.idle_waits
         self.requests[rid] = req

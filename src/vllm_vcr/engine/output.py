@@ -191,7 +191,7 @@ class OutputProcessor:
         sink = req.token_sink
         if sink is not None and sink(tok, self.step_time):
             self.tokens_taken += 1
-            reader = getattr(sink, "batch_reader", None)
+            reader = req.batch_member
             if left > 1 and reader is not None and reader.ready():  # from its next token on, in a batch
                 req.next_due = due
                 self.steady.join(req, due, reader)

@@ -14,6 +14,11 @@ from .types import EngineCoreEvent, EngineCoreRequest, FinishReason, SamplingPar
 # (token id, the step's clock time) -> True when the reader took the token; False: send it as an output
 TokenSink = Callable[[int, float], bool]
 
+# what an in-process reader's `take` answers for one token (AsyncEngine.push)
+DECLINED = 0  # not taken: the token reaches the reader as an output
+TAKEN = 1  # taken and sent
+TAKEN_WAKE = 2  # taken, but queued (the socket pushed back): the reader must be woken to send it
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
@@ -32,7 +37,7 @@ class Request:
         "token_source", "pending_events", "prefill_stats_sent", "num_preemptions",
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
-        "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "steady_gap",
+        "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "batch_member", "steady_gap",
         "steady_left", "steady_batch",
     )
 
@@ -58,6 +63,8 @@ class Request:
         self.received_in = -1  # the engine loop's busy run (EngineCore.idle_waits) that received it
         # an in-process reader that takes a steady decode's token directly (see OutputProcessor._steady_decode)
         self.token_sink: TokenSink | None = None
+        # that reader as a member of the steady batches (steady_batch.BatchReader), if it can be one
+        self.batch_member: Any = None
         # the fixed gap between its tokens when its decodes can take the steady path (random ids,
         # one token per step, no jitter; fixed at admission with its pacing and token source), else -1
         self.steady_gap = -1.0

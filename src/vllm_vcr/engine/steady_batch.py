@@ -1,7 +1,7 @@
 """Steady decodes stepped together: vLLM v1's persistent batch (`InputBatch`) for in-process readers.
 
 A steady decode (random ids, one token per step, a fixed gap: `OutputProcessor._steady_decode`)
-whose reader takes its tokens in the step (a token sink with a `batch_reader`: serve's streams)
+whose reader takes its tokens in the step (a token sink and a batch member: serve's streams)
 joins a `SteadyBatch` after its first steady token. A batch's members have the same gap and the
 same kind of reader, and deadlines within DUE_SLACK of each other; one entry in the scheduler's
 decode lane stands for all of them, due at the earliest member's deadline (members the step
@@ -52,7 +52,7 @@ class BatchColumns(Protocol):
 
 
 class BatchReader(Protocol):
-    """A token sink's `batch_reader`: one reader, as a batch member."""
+    """A request's `batch_member`: its reader, as a member of a batch."""
     kind: Any  # readers of one kind share batches (`new_columns` makes their columns)
 
     def ready(self) -> bool:

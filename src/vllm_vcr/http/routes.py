@@ -47,7 +47,14 @@ POOLING = Gate("`--runner pooling`", lambda c: c.runner == "pooling")
 SCALE_OUT = Gate("`--enable-scale-out` / `--tokens-only`", lambda c: c.scale_out)
 DEV_MODE = Gate("`VLLM_SERVER_DEV_MODE=1`", lambda c: c.dev_mode)
 RUNTIME_LORA = Gate("`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`", lambda c: c.runtime_lora)
-SGLANG = Gate("`--engine-type sglang`", lambda c: c.engine_type == "sglang")
+
+
+def engine_type_gate(name: str) -> Gate:
+    """The routes of one engine type's own API (served beside the OpenAI ones)."""
+    return Gate(f"`--engine-type {name}`", lambda c: c.engine_type == name)
+
+
+SGLANG = engine_type_gate("sglang")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from ..engine.request import DECLINED, TAKEN, TAKEN_WAKE
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from ..frontend.errors import STREAM_INTERNAL_ERROR
 from ..frontend.generation import OutputStream
@@ -281,16 +282,17 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStrea
     def take(token: int) -> int:
         """A steady decode's token, straight from the engine's step (AsyncEngine.push)."""
         if renderer.fast is None:
-            return 0  # not in the fast case (yet): as an output
+            return DECLINED  # not in the fast case (yet): as an output
         data = renderer.feed_token(token)
         if backlog or not direct.write(data):
             backlog.append(data)
-            return 2
-        return 1
+            return TAKEN_WAKE
+        return TAKEN
 
     renderer.cancel = _no_cancel
-    take.batch_reader = SteadyReader(renderer, direct, backlog)
-    async for _ in engine.push(request, deliver, take if feed == renderer.feed else None):
+    direct_take = feed == renderer.feed  # (an interval gate holds tokens back: none taken directly)
+    async for _ in engine.push(request, deliver, take if direct_take else None,
+                               SteadyReader(renderer, direct, backlog) if direct_take else None):
         if backlog:
             data = b"".join(backlog)
             backlog.clear()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 from typing import Any, Awaitable, Callable
 
@@ -22,6 +21,7 @@ from ..http.middleware import check_json_content_type, cors_middleware, redirect
 from ..http.routes import Family, served
 from ..http.serving_base import RequestContext, ServeSettings, encode, logger
 from ..http.sse import send_bytes
+from .engine_types import front_door
 from .extensions import ServeExtensions
 from .routes import FAMILIES, route_config
 
@@ -35,29 +35,13 @@ _GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's Authen
 
 
 def _load_metrics(settings: ServeSettings) -> Any:
-    """The Prometheus side (vllm/metrics.py, sglang/metrics.py); None when it is absent."""
-    try:
-        from ..vllm import metrics as metrics_mod
-    except ImportError:
-        return None
-    cls = getattr(metrics_mod, "FrontendMetrics", None)
-    if settings.engine_type == "sglang":
-        from ..sglang.metrics import SGLangFrontendMetrics as cls
-    if cls is None:
-        return None
-    try:
-        from prometheus_client import CollectorRegistry
+    """The /metrics collector of the engine type (serve/engine_types.py)."""
+    from prometheus_client import CollectorRegistry
 
-        registry = CollectorRegistry(auto_describe=False)
-        try:
-            return cls(settings.model_name, settings.engine_count, registry, block_size=settings.block_size,
-                       num_gpu_blocks=settings.num_gpu_blocks, max_model_len=settings.max_model_len,
-                       enable_prefix_caching=settings.enable_prefix_caching)
-        except TypeError:  # an older FrontendMetrics without the keyword arguments
-            return cls(settings.model_name, settings.engine_count, CollectorRegistry(auto_describe=False))
-    except Exception:  # metrics must never keep the server from starting
-        logging.getLogger("vllm_vcr.http").exception("metrics disabled: FrontendMetrics failed to initialise")
-        return None
+    cls = front_door(settings.engine_type).metrics
+    return cls(settings.model_name, settings.engine_count, CollectorRegistry(auto_describe=False),
+               block_size=settings.block_size, num_gpu_blocks=settings.num_gpu_blocks,
+               max_model_len=settings.max_model_len, enable_prefix_caching=settings.enable_prefix_caching)
 
 
 class OpenAIApp:

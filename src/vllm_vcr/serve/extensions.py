@@ -141,9 +141,9 @@ class FrontendEngine:
             await gen.aclose()  # leaving early must abort in the engine now, not at garbage collection
 
     async def push(self, request: EngineCoreRequest, deliver: Callable[[EngineCoreOutput], bool],
-                   take: Callable[[int], int] | None = None) -> AsyncIterator[None]:
+                   take: Callable[[int], int] | None = None, batch_reader: Any = None) -> AsyncIterator[None]:
         await self._admit(request)
-        gen = self._engine.push(request, deliver, take)
+        gen = self._engine.push(request, deliver, take, batch_reader)
         try:
             async for _ in gen:
                 yield None

@@ -71,7 +71,3 @@ def _summed_histogram(name: str, doc: str, lv: list[str], hists: list) -> Histog
         buckets = cum if buckets is None else [(b, acc + c) for (b, acc), (_, c) in zip(buckets, cum)]
     fam.add_metric(lv, buckets or [("+Inf", 0)], sum(h.total for h in hists))
     return fam
-
-
-def metrics_class(engine_type: str) -> type[FrontendMetrics]:
-    return SGLangFrontendMetrics if engine_type == "sglang" else FrontendMetrics
