@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .engine.config import ConfigError, EngineArgs, EngineConfig, FailureType, LATENCY_FIELDS
+from .engine.config import LATENCY_FIELDS, ConfigError, EngineArgs, EngineConfig, FailureType
 from .engine.output_length import DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, DISTRIBUTIONS
 from .engine.policy import engine_types
 

@@ -15,8 +15,14 @@ import pytest
 
 from vllm_vcr.engine import block_hash as bh
 from vllm_vcr.engine.block_hash import (
-    block_extra_keys, block_hash_to_int, event_extra_keys, extend_block_hashes,
-    external_block_hash, make_block_hasher, none_hash, request_block_hashes,
+    block_extra_keys,
+    block_hash_to_int,
+    event_extra_keys,
+    extend_block_hashes,
+    external_block_hash,
+    make_block_hasher,
+    none_hash,
+    request_block_hashes,
 )
 
 try:

@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from vllm_vcr.engine_cli import add_engine_args, engine_args_from_cli
 from vllm_vcr.engine.config import ConfigError
+from vllm_vcr.engine_cli import add_engine_args, engine_args_from_cli
 
 
 def parse(*argv: str):

@@ -56,9 +56,9 @@ async def inprocess(serve_harness):
 
     from vllm_vcr.engine.async_engine import AsyncEngine
     from vllm_vcr.engine.config import EngineArgs, EngineConfig
-    from vllm_vcr.serve.app import build_app
-    from vllm_vcr.http.serving_base import ServeSettings
     from vllm_vcr.frontend.tokenizer import load_tokenizer
+    from vllm_vcr.http.serving_base import ServeSettings
+    from vllm_vcr.serve.app import build_app
 
     running = []
 

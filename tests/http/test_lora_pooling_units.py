@@ -6,10 +6,18 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_vcr.engine.types import (EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs,
-                                   EngineCoreRequest, FinishReason, LoRARequest, SchedulerStats)
-from vllm_vcr.vllm.lora_metrics import LoRARequestStates
+from vllm_vcr.engine.types import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    LoRARequest,
+    SchedulerStats,
+)
 from vllm_vcr.openai.pooling import embed_tokens, encode_vector
+from vllm_vcr.vllm.lora_metrics import LoRARequestStates
 
 EVENTS = [EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED, EngineCoreEventType.PREEMPTED]
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from openai import BadRequestError, NotFoundError, OpenAI
 
-from vllm_vcr.openai.pooling import embed_tokens
 from vllm_vcr.frontend.tokenizer import load_tokenizer
+from vllm_vcr.openai.pooling import embed_tokens
 
 MODEL = "vllm-vcr/sim"
 

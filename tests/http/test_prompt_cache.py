@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from vllm_vcr.frontend.chat_template import ChatTemplate
 from vllm_vcr.frontend.prompt_cache import PromptCache, plain_key, template_is_pure
 from vllm_vcr.frontend.protocol import RequestValueError
+from vllm_vcr.frontend.tokenizer import load_tokenizer
 from vllm_vcr.openai.chat import ChatServing
 from vllm_vcr.serve.settings import ServeSettings
-from vllm_vcr.frontend.tokenizer import load_tokenizer
 
 TOK = load_tokenizer()
 _roles = st.sampled_from(["system", "user", "assistant", "tool", "u", "us"])

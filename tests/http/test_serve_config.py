@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_vcr.serve.config_file import ConfigFileError, expand_config_file
 from vllm_vcr.frontend.model_config import ModelConfigError, resolve_max_model_len
+from vllm_vcr.serve.config_file import ConfigFileError, expand_config_file
 
 LLAMA = {"model_type": "llama", "max_position_embeddings": 2048, "rope_theta": 10000.0}
 

@@ -8,9 +8,9 @@ import logging
 import httpx
 
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
-from vllm_vcr.serve import warmup
-from vllm_vcr.http.serving_base import ServeSettings
 from vllm_vcr.frontend.tokenizer import load_tokenizer
+from vllm_vcr.http.serving_base import ServeSettings
+from vllm_vcr.serve import warmup
 
 MODEL = "vllm-vcr/sim"
 

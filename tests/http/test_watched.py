@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
+from vllm_vcr.http.serving_base import RequestContext
 from vllm_vcr.http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT, client_left
 from vllm_vcr.serve.app import OpenAIApp
-from vllm_vcr.http.serving_base import RequestContext
 
 
 def _ctx(disconnect: asyncio.Event) -> RequestContext:

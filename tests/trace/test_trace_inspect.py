@@ -12,8 +12,9 @@ import pytest
 from vllm_vcr.cli import main
 from vllm_vcr.inspect.convert_guidellm import ConvertError, convert_guidellm
 from vllm_vcr.inspect.gen_demo import gen_demo
-from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.inspect.perfetto import to_chrome_trace
+from vllm_vcr.inspect.summarize import summarize
+from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.stats import (
     Samples,
     bucket_label,
@@ -21,7 +22,6 @@ from vllm_vcr.trace.stats import (
     nearest_rank,
     weighted_nearest_rank,
 )
-from vllm_vcr.inspect.summarize import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from vllm_vcr.cli import main
-from vllm_vcr.trace.block_hash import shared_prefix_blocks
 from vllm_vcr.inspect.gen_demo import gen_demo
+from vllm_vcr.trace.block_hash import shared_prefix_blocks
 from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
 

@@ -14,11 +14,11 @@ import msgspec
 import pytest
 
 from vllm_vcr.engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
-from vllm_vcr.trace.io import read_trace
 from vllm_vcr.inspect.perfetto import read_step_stats
-from vllm_vcr.trace.schema import validate_record
 from vllm_vcr.record.tap_recorder import TapRecorder
 from vllm_vcr.record.zmq_tap import config_hash
+from vllm_vcr.trace.io import read_trace
+from vllm_vcr.trace.schema import validate_record
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

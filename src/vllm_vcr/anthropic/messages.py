@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..openai.chat_bridge import run_chat
 from ..frontend.errors import HTTPError
 from ..frontend.protocol import RequestValueError
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import SSEWriter, named_event, send_bytes
+from ..openai.chat_bridge import run_chat
 
 
 class _Model(BaseModel):

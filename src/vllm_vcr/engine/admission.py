@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from .config import FailureType
 from .kv_transfer import has_handoff_metadata
 from .latency import RequestPacing
-from .plan import RequestPlan, ScriptedPacing
 from .lora import LoRAResidency
-from .request import Request
 from .output_length import modeled_eos_at
-from .tokens import (PLANNED_OUTPUT_KEY, BiasedTokens, EchoTokens, RandomTokens, ReasoningConfig, ReasoningTokens,
-                     ScriptedTokens, TokenSource, can_sample)
+from .plan import RequestPlan, ScriptedPacing
+from .request import Request
+from .tokens import (
+    PLANNED_OUTPUT_KEY,
+    BiasedTokens,
+    EchoTokens,
+    RandomTokens,
+    ReasoningConfig,
+    ReasoningTokens,
+    ScriptedTokens,
+    TokenSource,
+    can_sample,
+)
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 if TYPE_CHECKING:

@@ -14,8 +14,14 @@ from typing import Any
 
 import msgspec
 
-from .output_length import (DEFAULT_DISTRIBUTION, DEFAULT_MEAN, DEFAULT_STD_DEV, LengthError, OutputLengthModel,
-                            build_length_model)
+from .output_length import (
+    DEFAULT_DISTRIBUTION,
+    DEFAULT_MEAN,
+    DEFAULT_STD_DEV,
+    LengthError,
+    OutputLengthModel,
+    build_length_model,
+)
 from .policy import engine_types
 
 LATENCY_FIELDS = (

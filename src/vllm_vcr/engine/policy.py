@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol, Sequence
 
+
 class HandoffOrder(enum.Enum):
     """Which side of a P/D bootstrap handoff goes first."""
 

@@ -18,9 +18,9 @@ from typing import Callable
 
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
+from .lora import admissible
 from .policy import EnginePolicy, VLLMPolicy
 from .request import Request, RequestStatus
-from .lora import admissible
 from .steady_batch import SteadyBatch
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 

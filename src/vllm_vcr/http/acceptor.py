@@ -41,7 +41,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-
 logger = logging.getLogger("vllm_vcr.http")
 
 # Out of descriptors or buffers: accepting again at once would fail again (and spin a core), so

@@ -10,13 +10,19 @@ from typing import Any, Awaitable, Callable
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from ..frontend.errors import (INTERNAL_ERROR_BODY, HTTPError, json_decode_error, model_not_found, unparsable_body,
-                     validation_error)
+from ..frontend.errors import (
+    INTERNAL_ERROR_BODY,
+    HTTPError,
+    json_decode_error,
+    model_not_found,
+    unparsable_body,
+    validation_error,
+)
 from ..frontend.generation import OutputStream, random_hex
 from ..frontend.protocol import RequestValueError
-from .sse import send_bytes
 from ..frontend.tokenizer import Tokenizer
 from ..frontend.tools.calls import ToolSettings
+from .sse import send_bytes
 
 logger = logging.getLogger("vllm_vcr.http")
 

@@ -19,7 +19,9 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
-from operator import add, is_ as _is, is_not as _is_not
+from operator import add
+from operator import is_ as _is
+from operator import is_not as _is_not
 from typing import Any
 
 import msgspec
@@ -31,7 +33,6 @@ from ..frontend.generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
 from .uvicorn_internals import _FRAME, DirectBody, WriteSide
-
 
 _TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _last_token_json: list[Any] = [lambda: None, None]  # a weak ref to the last tokenizer asked for, its cache

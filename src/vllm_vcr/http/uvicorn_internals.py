@@ -26,12 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 try:  # uvicorn's fast HTTP/1.1 protocol; without it every chunk goes through ASGI
-    from uvicorn.protocols.http.httptools_impl import (
-        HttpToolsProtocol as _HttptoolsProtocol,
-    )
-    from uvicorn.protocols.http.httptools_impl import (
-        RequestResponseCycle as _HttptoolsCycle,
-    )
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttptoolsProtocol
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _HttptoolsCycle
 except ImportError:  # pragma: no cover - httptools is a dependency
     _HttptoolsCycle = _HttptoolsProtocol = None
 

@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from ..frontend.chat_template import ChatTemplateError, check_request_template, compile_request_template, render_bounded
 from ..frontend.chat_outputs import ChatOutputPlan
+from ..frontend.chat_template import ChatTemplateError, check_request_template, compile_request_template, render_bounded
 from ..frontend.errors import bad_request
 from ..frontend.generation import (
     SequenceState,
@@ -17,28 +17,28 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.request_checks import (
-    check_output_budget,
-    check_prompt_chars,
-    check_prompt_tokens,
-    effective_max_tokens,
-)
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.prompt_cache import PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
-from ..frontend.request_checks import check_logprobs_limit, check_prompt_logprobs_limit, check_sampling
 from ..frontend.request_checks import (
     check_conversation,
     check_greedy_n,
+    check_logprobs_limit,
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_logprobs_limit,
+    check_prompt_tokens,
+    check_sampling,
+    effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
 )
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
-from .chunks import CHAT_CHUNK, ChunkTemplate
-from .completion import include_usage_flags, usage_dict
 from ..http.sse import send_bytes
 from ..http.streaming import ChoiceStream, stream_response
+from .chunks import CHAT_CHUNK, ChunkTemplate
+from .completion import include_usage_flags, usage_dict
 from .tool_stream import ToolCallStreamMixin
 
 _TAIL = b'},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'

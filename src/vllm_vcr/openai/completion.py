@@ -14,25 +14,27 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.request_checks import (
-    check_output_budget,
-    check_prompt_chars,
-    check_prompt_tokens,
-    effective_max_tokens,
-)
 from ..frontend.logprobs import completion_logprobs, prompt_logprobs
 from ..frontend.protocol import MAX_CHOICES, CompletionRequest, RequestValueError, stop_list
-from ..frontend.request_checks import check_logprobs_limit, check_prompt_logprobs_limit, check_sampling
 from ..frontend.request_checks import (
     check_greedy_n,
+    check_logprobs_limit,
+    check_output_budget,
+    check_prompt_chars,
+    check_prompt_logprobs_limit,
+    check_prompt_tokens,
+    check_sampling,
+    effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
 )
+from ..frontend.structured.completion_outputs import CompletionOutputPlan
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from ..http.sse import DONE, SSEWriter, send_bytes
 from ..http.streaming import ChoiceStream, stream_response
-from ..frontend.structured.completion_outputs import CompletionOutputPlan
-from .chunks import COMPLETION_CHUNK, USAGE_COUNTS as _USAGE, ChunkTemplate
+from .chunks import COMPLETION_CHUNK
+from .chunks import USAGE_COUNTS as _USAGE
+from .chunks import ChunkTemplate
 
 _TAIL = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n'
 _MID = b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'

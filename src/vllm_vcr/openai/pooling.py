@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from ..frontend.errors import HTTPError
 from ..frontend.generation import parse_dp_rank, random_hex
-from ..frontend.request_checks import check_prompt_tokens
 from ..frontend.protocol import RequestValueError
+from ..frontend.request_checks import check_prompt_tokens
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from ..http.sse import send_bytes
 

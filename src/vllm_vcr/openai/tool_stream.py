@@ -21,9 +21,9 @@ from typing import Any
 
 from ..engine.types import EngineCoreOutput
 from ..frontend.chat_outputs import ChatOutputPlan
-from ..http.serving_base import encode
 from ..frontend.tools.calls import extract_calls
 from ..frontend.tools.formats import Llama3JsonFormat, PartialCall
+from ..http.serving_base import encode
 
 
 class ToolDeltas:

@@ -15,12 +15,12 @@ from typing import Any, Awaitable, Callable
 from ..frontend.errors import HTTPError, error_body
 from ..frontend.protocol import RequestValueError
 from ..frontend.tokenizer import Tokenizer
-from ..http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT
 from ..http.faults_adapter import FaultEnded
 from ..http.middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
 from ..http.routes import Family, served
 from ..http.serving_base import RequestContext, ServeSettings, encode, logger
 from ..http.sse import send_bytes
+from ..http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT
 from .engine_types import front_door
 from .extensions import ServeExtensions
 from .routes import FAMILIES, route_config

@@ -16,10 +16,10 @@ from typing import Any
 
 from ..cli_types import port_number, positive_int, probability
 from ..engine_cli import add_engine_args
+from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN
 from ..kv_events.config import add_kv_events_args
 from ..perf.cli import add_perf_args
 from .ignored_flags import IGNORED_DEST_PREFIX as _IGN
-from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN
 
 DEFAULT_PORT = 8000
 

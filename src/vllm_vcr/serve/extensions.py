@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from ..openai.pooling import PoolingConfig
 from ..vllm.lora import LoRAAdapters, LoRAConfig
 from ..vllm.lora_metrics import LoRARequestStates
-from ..openai.pooling import PoolingConfig
 from ..vllm.sleep import SleepConfig, SleepControl
+
 
 def env_flag(environ: Any, name: str) -> bool:
     return str(environ.get(name, "0")).strip().lower() in ("1", "true")

@@ -29,24 +29,24 @@ import uvicorn  # noqa: E402
 from .. import event_loop  # noqa: E402
 from ..control.server import start_control_server  # noqa: E402
 from ..engine.async_engine import AsyncEngine  # noqa: E402
+from ..engine.block_hash import ContentHasher  # noqa: E402
 from ..engine.config import ConfigError  # noqa: E402
-from ..replay.inputs import engine_inputs  # noqa: E402
+from ..faults import FaultController, FaultSpecError  # noqa: E402
+from ..faults.cli_args import rates_from_args  # noqa: E402
 from ..fd_limits import prepare_for_many_connections  # noqa: E402
+from ..frontend.planned_output import planned_token_source  # noqa: E402
 from ..gc_tuning import collect_while_idle, tune_for_serving  # noqa: E402
 from ..heap_trim import start_idle_trimming  # noqa: E402
+from ..http.acceptor import BurstAcceptor, TurnSlices  # noqa: E402
+from ..http.faults_adapter import FaultGate, install_gauges  # noqa: E402
+from ..http.serving_base import ServeSettings  # noqa: E402
+from ..http.uvicorn_internals import protocol_factory  # noqa: E402
 from ..kv_events import KVEventsConfigError, kv_events_config_from_cli  # noqa: E402
-from ..engine.block_hash import ContentHasher  # noqa: E402
 from ..kv_events.attach import attach_kv_events  # noqa: E402
 from ..listen_socket import bind_listener  # noqa: E402
 from ..pd import start_pd_services  # noqa: E402
-from ..http.acceptor import BurstAcceptor, TurnSlices  # noqa: E402
-from ..http.uvicorn_internals import protocol_factory  # noqa: E402
-from ..faults import FaultController, FaultSpecError  # noqa: E402
-from ..faults.cli_args import rates_from_args  # noqa: E402
+from ..replay.inputs import engine_inputs  # noqa: E402
 from .app import build_app  # noqa: E402
-from ..http.faults_adapter import FaultGate, install_gauges  # noqa: E402
-from ..http.serving_base import ServeSettings  # noqa: E402
-from ..frontend.planned_output import planned_token_source  # noqa: E402
 from .loading import simulate_loading  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
 from .warmup import warm_up  # noqa: E402

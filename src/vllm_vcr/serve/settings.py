@@ -9,13 +9,13 @@ import logging
 import os
 from pathlib import Path
 
-from ..engine_cli import engine_args_from_cli
 from ..engine.config import ConfigError, EngineArgs
-from .ignored_flags import ignored_flags
+from ..engine_cli import engine_args_from_cli
 from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
-from ..http.serving_base import VLLM_API_VERSION, ServeSettings
 from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
 from ..frontend.tools.calls import ToolSettings
+from ..http.serving_base import VLLM_API_VERSION, ServeSettings
+from .ignored_flags import ignored_flags
 
 logger = logging.getLogger("vllm_vcr.serve")
 

@@ -20,9 +20,9 @@ import httpx
 
 from ..engine.async_engine import AsyncEngine
 from ..engine.config import EngineArgs, EngineConfig
-from .app import build_app
-from ..http.serving_base import ServeSettings
 from ..frontend.tokenizer import Tokenizer
+from ..http.serving_base import ServeSettings
+from .app import build_app
 
 logger = logging.getLogger("vllm_vcr.serve")
 WARM_UP_BLOCKS = 256

@@ -17,11 +17,11 @@ import uuid
 from typing import Any
 
 from ..frontend.chat_outputs import ChatOutputPlan
-from .derender_protocol import PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, TokensResponse, bad_request
-from .derender_stream import chat_chunk, completion_chunk
 from ..frontend.protocol import ChatCompletionRequest
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import send_bytes
+from .derender_protocol import PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, TokensResponse, bad_request
+from .derender_stream import chat_chunk, completion_chunk
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:

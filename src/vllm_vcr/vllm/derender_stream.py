@@ -12,10 +12,16 @@ import time
 from typing import Any
 
 from ..frontend.chat_outputs import ChatOutputPlan
-from .derender_protocol import PARSER_NEEDS_REQUEST, DerenderChat, DerenderCompletion, StreamState, TokensChoice, \
-    bad_request
 from ..frontend.protocol import ChatCompletionRequest
 from ..openai.tool_stream import ToolDeltas
+from .derender_protocol import (
+    PARSER_NEEDS_REQUEST,
+    DerenderChat,
+    DerenderCompletion,
+    StreamState,
+    TokensChoice,
+    bad_request,
+)
 
 
 def _one_choice(chunk: Any) -> TokensChoice | None:

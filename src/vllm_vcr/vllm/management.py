@@ -18,10 +18,10 @@ from typing import Any
 import msgspec
 
 from ..frontend.errors import HTTPError, validation_error
-from .lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
-from ..http.serving_base import RequestContext, VLLM_API_VERSION, encode, parse_request
-from .sleep import parse_sleep_query, query_params
+from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode, parse_request
 from ..http.sse import send_bytes
+from .lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from .sleep import parse_sleep_query, query_params
 
 _TEXT = b"text/plain; charset=utf-8"
 

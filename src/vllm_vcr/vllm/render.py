@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..frontend.errors import HTTPError
-from ..frontend.request_checks import check_output_budget, check_prompt_tokens, effective_max_tokens
 from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, stop_list
-from ..frontend.request_checks import check_sampling
+from ..frontend.request_checks import check_output_budget, check_prompt_tokens, check_sampling, effective_max_tokens
+from ..frontend.structured.constraints import request_constraint
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import send_bytes
-from ..frontend.structured.constraints import request_constraint
 
 
 def sampling_params(req: Any, max_tokens: int, structured: dict[str, Any] | None) -> dict[str, Any]:

@@ -19,14 +19,13 @@ from pydantic import Field
 from ..frontend.chat_outputs import instance_text
 from ..frontend.errors import HTTPError
 from ..frontend.generation import OutputStream, SequenceState, build_engine_request, parse_dp_rank, random_hex
-from ..frontend.request_checks import check_prompt_tokens
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.protocol import StreamOptions, _Base, stop_list
-from ..frontend.request_checks import check_sampling
-from ..http.serving_base import RequestContext, ServingBase, encode, parse_request
-from ..http.sse import DONE, SSEWriter, send_bytes
+from ..frontend.request_checks import check_prompt_tokens, check_sampling
 from ..frontend.structured.constraints import request_constraint
 from ..frontend.structured.instances import InstanceError
+from ..http.serving_base import RequestContext, ServingBase, encode, parse_request
+from ..http.sse import DONE, SSEWriter, send_bytes
 
 SCALE_OUT_DISABLED = ("Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable "
                       "them.")

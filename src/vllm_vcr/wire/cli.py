@@ -8,11 +8,11 @@ import os
 import sys
 
 from .. import event_loop
-from ..engine_cli import add_engine_args, engine_args_from_cli
 from ..engine.config import ConfigError, EngineArgs
+from ..engine_cli import add_engine_args, engine_args_from_cli
 from ..gc_tuning import tune_for_serving
-from ..perf.cli import add_perf_args
 from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
+from ..perf.cli import add_perf_args
 
 log = logging.getLogger("vllm_vcr.wire")
 

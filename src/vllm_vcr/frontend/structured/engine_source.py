@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ...engine.tokens import RandomTokens, ScriptedTokens, TokenSource
+from ..chat_outputs import instance_text
+from ..tools.prompt_calls import prompt_call_text, prompt_tool_schemas
 from .constraints import request_constraint
 from .instances import InstanceError, dump_json, json_instance
 from .structural_tag import structural_tag_instance
-from ..chat_outputs import instance_text
-from ..tools.prompt_calls import prompt_call_text, prompt_tool_schemas
 
 logger = logging.getLogger("vllm_vcr.structured")
 

@@ -64,8 +64,9 @@ def narrow_schema(schema: Any) -> Any:
 def draw_examples(strategy: Any, seed: int, count: int = _EXAMPLES) -> list[Any]:
     """The seed's first `count` examples of a hypothesis strategy, without the test machinery's
     randomness (hypothesis tries the simplest value first; later ones vary with the seed)."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, given
     from hypothesis import seed as hseed
+    from hypothesis import settings
 
     examples: list[Any] = []
 

@@ -16,12 +16,12 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
-from ..chat_bridge import run_chat
 from ...frontend.errors import HTTPError
 from ...frontend.protocol import RequestValueError
 from ...http.serving_base import RequestContext, encode, parse_request
-from ..chat import CACHE_DETAILS_KEY
 from ...http.sse import SSEWriter, send_bytes
+from ..chat import CACHE_DETAILS_KEY
+from ..chat_bridge import run_chat
 from .background import EventLog, send_events
 from .events import EventStream, output_items
 from .protocol import ResponsesRequest, chat_tools, input_messages, response_format
