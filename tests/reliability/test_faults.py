@@ -288,3 +288,31 @@ def test_bad_fault_flag_names_the_flag(serve_harness, tmp_path):
     out = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--http-error-rate", "1.5"],
                          capture_output=True, text=True, env=serve_harness.subprocess_env(), timeout=60)
     assert out.returncode == 2 and "--http-error-rate" in out.stderr
+
+
+@pytest.mark.parametrize("header", [{"x-€": "a"}, {"x tenant": "a"}, {"": "a"}, {"x-tenant": "bl\nue"},
+                                    {"x-tenant": "€"}])
+def test_a_header_http_cannot_carry_is_refused_and_requests_still_answer(srv, ctl, client, header):
+    r = ctl.put("/faults", json={"rules": [{"match": {"header": header}, "action": "http_error",
+                                            "error": "server_error"}]})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert "header" in r.json()["error"]
+    assert ctl.get("/faults").json()["rules"] == []  # nothing installed
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=1).choices
+
+
+def test_a_rule_that_fails_to_match_serves_the_request_unfaulted():
+    import asyncio
+
+    from vllm_vcr.http.faults_adapter import FaultGate
+
+    c = FaultController()
+    c.set_script({"rules": [{"match": {"header": {"x-tenant": "a"}}, "action": "http_error", "error": 500}]})
+    c.script._live[0].rule.match.header = {"x-€": "a"}  # past validation: matching it raises
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"path": "/v1/completions", "headers": [(b"x-tenant", b"a")]}
+    assert asyncio.run(FaultGate(c).admit(scope, b"{}", send)) is send and sent == []

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import re
+
 import msgspec
 
 from .catalogue import ERROR_KINDS, HTTPFailure, failure_for_kind, failure_for_status
@@ -18,6 +20,11 @@ from .catalogue import ERROR_KINDS, HTTPFailure, failure_for_kind, failure_for_s
 ActionName = Literal["http_error", "stream_error", "stall", "reset"]
 ACTIONS: tuple[str, ...] = ("http_error", "stream_error", "stall", "reset")
 MAX_RULES = 256
+
+# RFC 9110: a field name is a token; a field value is visible ASCII, obs-text (0x80-0xFF), spaces
+# and tabs inside, none at either end (a server strips them, so such a value could never match).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(r"(?:[\x21-\x7e\x80-\xff](?:[\x20\x09\x21-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
 
 
 class FaultSpecError(ValueError):
@@ -83,6 +90,13 @@ class Rule(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
             raise FaultSpecError("count must be at least 1 (leave it out for no limit)")
         if self.expires_in is not None and self.expires_in <= 0:
             raise FaultSpecError("expires_in must be > 0 seconds")
+        for name, value in (self.match.header or {}).items():
+            if not _TOKEN.fullmatch(name):
+                raise FaultSpecError(f"match.header name {name!r} is not an HTTP header name "
+                                     "(letters, digits and !#$%&'*+-.^_`|~ only)")
+            if not _FIELD_VALUE.fullmatch(value):
+                raise FaultSpecError(f"match.header value {value!r} for {name!r} is not one HTTP can carry "
+                                     "(latin-1 printable characters, no control characters, no surrounding spaces)")
         idx = self.match.request_index
         if idx is not None and (len(idx) != 2 or idx[0] < 0 or idx[1] < idx[0]):
             raise FaultSpecError("match.request_index must be [first, last] with 0 <= first <= last")

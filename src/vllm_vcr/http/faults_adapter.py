@@ -10,6 +10,7 @@ stream (the engine counts it aborted) and which the app swallows.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 from typing import Any, Callable
@@ -20,6 +21,8 @@ from ..faults import RETURN_ERROR_HEADER, FaultAction, FaultController, RequestI
 from ..frontend.errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
 from .sse import DONE, send_bytes
 from .uvicorn_internals import transport_of
+
+logger = logging.getLogger("vllm_vcr.faults")
 
 
 class FaultEnded(Exception):
@@ -59,7 +62,12 @@ class FaultGate:
             return send
         else:
             headers = dict(scope.get("headers") or ())
-            action = c.decide(RequestInfo(scope["path"], headers, lambda: _model_of(body)))
+            try:
+                action = c.decide(RequestInfo(scope["path"], headers, lambda: _model_of(body)))
+            except Exception:  # a fault rule must never become the client's 500: serve it unfaulted
+                logger.exception("fault script failed on %s; the request is served without a fault",
+                                 scope.get("path"))
+                action = None
         if action is None:
             return send
         if action.failure is not None:
