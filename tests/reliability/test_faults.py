@@ -316,3 +316,12 @@ def test_a_rule_that_fails_to_match_serves_the_request_unfaulted():
 
     scope = {"path": "/v1/completions", "headers": [(b"x-tenant", b"a")]}
     assert asyncio.run(FaultGate(c).admit(scope, b"{}", send)) is send and sent == []
+
+
+@pytest.mark.parametrize("retry_after,header", [(0.5, "1"), (0.01, "1"), (2.5, "3"), (3, "3"), (0, "0")])
+def test_retry_after_is_the_delay_rounded_up_to_whole_seconds(srv, ctl, retry_after, header):
+    ctl.put("/faults", json={"rules": [{"action": "http_error", "error": "rate_limit", "count": 1,
+                                        "retry_after": retry_after}]})
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 429 and r.headers["retry-after"] == header
+

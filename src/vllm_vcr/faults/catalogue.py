@@ -7,6 +7,7 @@ none (429), except 401, which is the exact body vLLM's API-key middleware sends.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -34,8 +35,9 @@ ERROR_KINDS = ("rate_limit", "unauthorized", "context_length", "model_not_found"
 
 
 def _retry_after(seconds: float | None) -> tuple[tuple[bytes, bytes], ...]:
+    """RFC 9110 delay-seconds is a whole number: rounded up, so a client never retries early."""
     value = RETRY_AFTER_DEFAULT if seconds is None else seconds
-    return ((b"retry-after", str(max(0, int(round(value)))).encode()),)
+    return ((b"retry-after", str(max(0, math.ceil(value))).encode()),)
 
 
 def failure_for_kind(kind: str, *, model: str, max_model_len: int, retry_after: float | None = None) -> HTTPFailure:
