@@ -47,6 +47,22 @@ _TARGET = re.compile(r"^[A-Za-z0-9_\-]+(?:(?:::|\.)[A-Za-z0-9_\-]+)*$")
 MAX_FILTER_CHARS = 8192
 MAX_TARGETS = 128
 MAX_TARGET_CHARS = 256
+# Across all filters a process applies: a target naming a logger that does not exist yet creates
+# one, and every setLevel clears the level cache of every logger, so the loggers filters create
+# are capped; a filter that would create more is refused (targets already created stay usable).
+MAX_NEW_LOGGERS = 1024
+
+_created_loggers: set[str] = set()  # process-wide, as the loggers are
+_created_parents: set[str] = set()  # the dotted parents of those (logging's placeholders for them)
+
+
+def _is_new_logger(name: str, existing: dict) -> bool:
+    """Whether applying a level to `name` would create a logger that counts against the cap: not
+    a logger yet, and not a placeholder for a parent of a logger the process made itself."""
+    if name in _created_loggers:
+        return False
+    entry = existing.get(name)
+    return entry is None or (not isinstance(entry, logging.Logger) and name in _created_parents)
 
 
 class LogFilterError(ValueError):
@@ -122,6 +138,11 @@ def parse_log_filter(spec: str) -> LogFilter:
     return LogFilter(default=OFF if default is None else default, targets=targets)
 
 
+def _set_level(logger: logging.Logger, level: int) -> None:
+    if logger.level != level:
+        logger.setLevel(level)
+
+
 class LoggingLevels:
     """Applies LogFilters to the logging module, undoing the previous filter's target levels."""
 
@@ -130,13 +151,27 @@ class LoggingLevels:
         self.current: LogFilter | None = None
 
     def apply(self, flt: LogFilter) -> None:
+        """Raises LogFilterError (nothing applied) when the filter would create a logger beyond
+        MAX_NEW_LOGGERS."""
+        existing = logging.Logger.manager.loggerDict
+        new = [name for name in flt.targets if _is_new_logger(name, existing)]
+        if new and len(_created_loggers) + len(new) > MAX_NEW_LOGGERS:
+            raise LogFilterError(
+                f"log filter names {len(new)} target(s) no logger exists for ({new[0]!r}, ...); this process "
+                f"has already created {len(_created_loggers)} such loggers and creates at most "
+                f"{MAX_NEW_LOGGERS} (Python keeps them for the life of the process)")
+        _created_loggers.update(new)
+        for name in new:
+            parts = name.split(".")
+            _created_parents.update(".".join(parts[:i]) for i in range(1, len(parts)))
         # Python loggers inherit their parent's level when NOTSET, which gives EnvFilter's
         # "most specific target wins" at module boundaries without a per-record filter.
+        # Each setLevel clears every logger's cache, so only the levels that change are set.
         for name in self._touched - set(flt.targets):
-            logging.getLogger(name).setLevel(logging.NOTSET)
+            _set_level(logging.getLogger(name), logging.NOTSET)
         for name, level in flt.targets.items():
-            logging.getLogger(name).setLevel(level)
-        logging.getLogger().setLevel(flt.default)
+            _set_level(logging.getLogger(name), level)
+        _set_level(logging.getLogger(), flt.default)
         self._touched = set(flt.targets)
         self.current = flt
 

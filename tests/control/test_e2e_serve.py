@@ -291,3 +291,28 @@ def test_mock_control_address_env_turns_it_on(serve_harness, tmp_path):
         assert r.status_code == 200 and r.json()["requests_received"] == 0
     finally:
         sp.stop()
+
+
+def test_put_log_bounds_the_loggers_its_targets_create(serve_harness, tmp_path_factory):
+    """Python keeps every logger for the life of the process, and every setLevel walks them all:
+    PUT /log creates at most MAX_NEW_LOGGERS of them, then refuses new targets with a 400."""
+    from vllm_vcr.log_filter import MAX_NEW_LOGGERS, MAX_TARGETS
+
+    sp = serve_harness.start_fast(tmp_path_factory, "log-bound")
+    try:
+        with httpx.Client(base_url=sp.control, timeout=30) as c:
+            def put(names: list[str]) -> httpx.Response:
+                return c.put("/log", json={"filter": ",".join(f"{n}=debug" for n in names) + ",info"})
+
+            batches = [[f"probe{b}x{i}" for i in range(MAX_TARGETS)] for b in range(20)]  # 2560 targets
+            codes = [put(names).status_code for names in batches]
+            full = MAX_NEW_LOGGERS // MAX_TARGETS
+            assert codes == [200] * full + [400] * (len(batches) - full)
+            r = put(batches[-1])
+            assert r.status_code == 400 and str(MAX_NEW_LOGGERS) in r.json()["error"]
+            assert put(batches[0]).status_code == 200  # targets already created stay usable
+            assert put(["vllm_vcr::engine", "uvicorn", "nonexistent"]).status_code == 400
+            assert c.put("/log", json={"filter": "vllm_vcr::engine=debug,uvicorn=warn,info"}).status_code == 200
+            assert httpx.get(sp.url + "/health").status_code == 200
+    finally:
+        sp.stop()
