@@ -151,6 +151,35 @@ def test_sigterm_with_stream_in_flight_drains_and_exits_0(serve_process):
     assert sp.proc.wait(10) == 0
 
 
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_cuts_the_drain_short(serve_process, second):
+    # the stream would outlast the 300 s drain; the second signal aborts it and the process exits
+    sp = serve_process("--inter-token-latency", "100", "--shutdown-timeout", "300")
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", sp.url + "/v1/completions",
+                      json={"model": MODEL, "prompt": "x", "max_tokens": 4000, "ignore_eos": True,
+                            "stream": True}) as r:
+            lines = (ln for ln in r.iter_lines() if ln.startswith("data: "))
+            next(lines)
+            sp.proc.send_signal(signal.SIGTERM)
+            for _ in range(5):  # draining: the stream goes on
+                assert next(lines) != "data: [DONE]"
+            assert sp.proc.poll() is None
+            sp.proc.send_signal(second)
+            try:
+                assert sp.proc.wait(30) == 0  # not the 300 s of the drain
+            finally:
+                if sp.proc.poll() is None:
+                    sp.proc.kill()  # ends the stream, so the test does not hang on it
+            try:
+                rest = list(lines)
+            except httpx.HTTPError:  # the stream may be cut rather than closed
+                rest = []
+    if rest:
+        assert rest[-1] == "data: [DONE]"
+        assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "abort"
+
+
 def _first_answer(url: str, timeout: float = 15.0) -> tuple[float, int]:
     """(seconds until the port answered, the status of GET /health then)."""
     t0 = time.monotonic()

@@ -3,7 +3,8 @@
 `serve(args)` is the coroutine (usable from Python); `run_server(args)` runs it in the CLI's event
 loop. Start-up: load (flags, tokenizer), listener (claim the port), engines, KV events, control
 API, P/D services; then serve until a signal. SIGTERM/SIGINT: stop accepting connections, drain
-the engines with --shutdown-timeout semantics (drain, then abort), let open streams finish, exit 0.
+the engines with --shutdown-timeout semantics (drain, then abort), let open streams finish, exit 0;
+a second signal aborts what is still in flight and exits.
 Whatever started is stopped in reverse order, also when a later phase fails.
 """
 
@@ -56,16 +57,24 @@ logger = logging.getLogger("vllm_vcr.serve")
 BACKLOG = 2048
 
 
+# After a second signal, how long aborted streams get to send their last event before uvicorn
+# stops waiting for connections.
+FORCE_EXIT_GRACE = 1.0
+
+
 class _Server(uvicorn.Server):
     """uvicorn, with our own signal handling: the first signal starts the engine shutdown
-    (drain up to --shutdown-timeout, then abort) next to uvicorn's; no signal is re-raised, so
-    the process exits 0."""
+    (drain up to --shutdown-timeout, then abort) next to uvicorn's; a second one (SIGTERM or
+    SIGINT) aborts every request in flight and stops waiting for connections, as `play` does.
+    No signal is re-raised, so the process exits 0."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None):
+    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None, on_force_exit: Any = None):
         super().__init__(config)
         self._on_exit = on_exit
         self._on_ready = on_ready
+        self._on_force_exit = on_force_exit
         self._exit_started = False
+        self._force_started = False
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -94,10 +103,18 @@ class _Server(uvicorn.Server):
             self._on_ready()  # "ready" only once connections are taken
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        name = signal.Signals(sig).name if sig else "exit"
         if not self._exit_started:
             self._exit_started = True
-            logger.info("received %s: shutting down", signal.Signals(sig).name if sig else "exit")
+            logger.info("received %s: shutting down", name)
             self._on_exit()
+        elif not self._force_started:
+            self._force_started = True
+            logger.info("received %s again: aborting all requests now", name)
+            if self._on_force_exit is not None:
+                self._on_force_exit()
+            # the aborted streams end on their own; a connection that does not is not waited for long
+            asyncio.get_running_loop().call_later(FORCE_EXIT_GRACE, setattr, self, "force_exit", True)
         super().handle_exit(sig, frame)
 
 
@@ -250,11 +267,15 @@ class _ServeCommand:
             proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
         )
         self.stopping: list[asyncio.Task] = []
-        return _Server(config, self.begin_drain, self.log_ready)
+        return _Server(config, self.begin_drain, self.log_ready, self.abort_drain)
 
     def begin_drain(self) -> None:
         # the first signal: drain/abort the engines while uvicorn stops accepting and waits for open streams
         self.stopping.append(asyncio.ensure_future(self.engine.stop()))
+
+    def abort_drain(self) -> None:
+        # a second signal: the drain ends now, every request in flight is aborted
+        self.stopping.append(asyncio.ensure_future(self.engine.stop(0.0)))
 
     async def wait_loading(self) -> bool:
         """Simulated model loading (--startup-time): like vLLM, nothing listens on the port until
