@@ -94,6 +94,8 @@ ALLOWED = [
      "0.33 changed the Anthropic error type of the tools gate"),
     (r"^0\.33 route POST /v1/decisions: served by vLLM, not by serve$",
      "a route vLLM 0.33 added: serve reproduces the 0.32 frontend's route set"),
+    (r"^0\.33 metrics \w+ [\w ]+: family vllm[:_]cache_config_info labels ",
+     "vLLM 0.33 added a CacheConfig field (simple_cpu_offload_num_blocks): serve exports 0.32's fields"),
     (r"^0\.33 is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
      "0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32"),
 ]
