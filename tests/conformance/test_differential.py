@@ -94,6 +94,8 @@ ALLOWED = [
      "0.33 changed the Anthropic error type of the tools gate"),
     (r"^0\.33 route POST /v1/decisions: served by vLLM, not by serve$",
      "a route vLLM 0.33 added: serve reproduces the 0.32 frontend's route set"),
+    (r"^0\.33 metrics \w+ [\w ]+: family vllm[:_]cache_config_info labels ",
+     "vLLM 0.33 added a CacheConfig field (simple_cpu_offload_num_blocks): serve exports 0.32's fields"),
     (r"^0\.33 is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
      "0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32"),
 ]
@@ -360,6 +362,67 @@ def test_same_metric_families_and_stop_string_finish(real, sim, vllm_version):
             want = 2 if reason == "stop" else 0
             if delta != want:
                 findings.append(f"metrics: {name} counted {delta} {reason!r} finishes for 2 stop-string ends")
+    _check(findings, vllm_version)
+
+
+# Prometheus' default scrape Accept header (OpenMetrics first), and no Accept at all
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+# /metrics families serve leaves out, each with why (docs/metrics.md)
+METRICS_NOT_SERVED: dict[str, str] = {}
+
+
+def _scrape(base: str, method: str, accept: str | None) -> tuple[int, str | None, dict[str, set[str]]]:
+    """(status, content type, {family: label names}) of one /metrics answer."""
+    headers = {"accept": accept} if accept else {}
+    r = httpx.request(method, base + "/metrics", headers=headers, timeout=30)
+    ctype = r.headers.get("content-type")
+    fams: dict[str, set[str]] = {}
+    if method != "HEAD" and r.status_code == 200:
+        # read by hand: prometheus_client's OpenMetrics parser refuses vLLM's own escaped output
+        for line in r.text.splitlines():
+            if line.startswith("# TYPE "):
+                fams.setdefault(line.split()[2], set())
+        names = sorted(fams, key=len, reverse=True)
+        for line in r.text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            sample = re.match(r"([^{\s]+)(\{[^}]*\})?", line)
+            fam = next((n for n in names if sample.group(1).startswith(n)), None)
+            if fam is not None and sample.group(2):
+                fams[fam].update(k for k in re.findall(r'([A-Za-z_]\w*)="', sample.group(2))
+                                 if k not in ("le", "quantile"))
+    return r.status_code, ctype, fams
+
+
+def test_same_metrics_exposition(real, sim, vllm_version):
+    """/metrics for GET, POST and HEAD, with Prometheus' Accept header and without: the same status,
+    content type, family names and label names (the http_* and process / python families included)."""
+    findings: list[str] = []
+    body = {"model": real.model, "prompt": "a b c", "max_tokens": 3}
+    for base in (real.base_url, sim["base_url"]):  # the same requests: both count the same http_* series
+        assert post(base, "/v1/completions", body)[0] == 200
+        assert post(base, "/v1/completions", {**body, "stream": True})[0] == 200
+        httpx.get(base + "/v1/models", timeout=30)
+        httpx.get(base + "/no/such/route", timeout=30)
+    for method in ("GET", "POST", "HEAD"):
+        for accept_name, accept in (("no Accept", None), ("Prometheus Accept", PROMETHEUS_ACCEPT)):
+            case = f"metrics {method} {accept_name}"
+            sa, ca, fa = _scrape(real.base_url, method, accept)
+            sb, cb, fb = _scrape(sim["base_url"], method, accept)
+            if sa != sb:
+                findings.append(f"{case}: HTTP {sa} in real, {sb} in serve")
+            if ca != cb:
+                findings.append(f"{case}: content type {ca!r} in real, {cb!r} in serve")
+            for name in sorted(set(fa) - set(fb)):
+                if name not in METRICS_NOT_SERVED:
+                    findings.append(f"{case}: family {name} missing in serve")
+            for name in sorted(set(fb) - set(fa)):
+                findings.append(f"{case}: family {name} only in serve")
+            for name in sorted(set(fa) & set(fb)):
+                if fa[name] != fb[name]:
+                    findings.append(f"{case}: family {name} labels {sorted(fa[name])} in real, "
+                                    f"{sorted(fb[name])} in serve")
     _check(findings, vllm_version)
 
 

@@ -79,6 +79,7 @@ class Route:
     body: tuple[type, ...] = ()
     in_schema: bool = True  # listed in /openapi.json (FastAPI's include_in_schema)
     doc: str = ""
+    unlisted_methods: tuple[str, ...] = ()  # methods served but not in /openapi.json (a mounted ASGI app's)
 
     @property
     def pattern(self) -> tuple[str, str] | None:

@@ -283,6 +283,11 @@ class ChatServing(ServingBase):
             if plan is not None:
                 content, tool_calls, auto_called = plan.message_parts(content)
                 finish_reason = plan.finish_reason(finish_reason, auto_called)
+                if plan.uses_tools and plan.tool_choice == "auto" and self.metrics is not None:
+                    # vLLM runs its tool parser once per choice of an "auto" request
+                    record = getattr(self.metrics, "record_tool_parser_invocation", None)
+                    if record is not None:
+                        record(auto_called, False)
             if echo_text:
                 content = echo_text + (content or "")
             if st.think and not content:

@@ -38,10 +38,19 @@ def _load_metrics(settings: ServeSettings) -> Any:
     """The /metrics collector of the engine type (serve/engine_types.py)."""
     from prometheus_client import CollectorRegistry
 
-    cls = front_door(settings.engine_type).metrics
-    return cls(settings.model_name, settings.engine_count, CollectorRegistry(auto_describe=False),
-               block_size=settings.block_size, num_gpu_blocks=settings.num_gpu_blocks,
-               max_model_len=settings.max_model_len, enable_prefix_caching=settings.enable_prefix_caching)
+    door = front_door(settings.engine_type)
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = door.metrics(settings.model_name, settings.engine_count, registry,
+                           block_size=settings.block_size, num_gpu_blocks=settings.num_gpu_blocks,
+                           max_model_len=settings.max_model_len, enable_prefix_caching=settings.enable_prefix_caching)
+    if door.http_series:  # vLLM's registry is prometheus_client's default one: these come with it
+        from ..vllm.http_metrics import HttpMetrics, register_process_collectors
+
+        register_process_collectors(registry)
+        metrics.http = HttpMetrics(registry)
+        if settings.tools.parser is not None:
+            metrics.enable_tool_parser_series()
+    return metrics
 
 
 class OpenAIApp:
@@ -70,6 +79,10 @@ class OpenAIApp:
         self._api_keys = [k.encode() for k in settings.api_keys if k]
         self._openapi_body: bytes | None = None
         self._build_routes(families)
+        # vLLM's prometheus-fastapi-instrumentator: once per request that reaches the router
+        self.http_metrics = getattr(self.metrics, "http", None)
+        if self.http_metrics is not None:
+            self._route = self._counted_route
         self._cors = cors_middleware(self._route, settings)
 
     def _build_routes(self, families: tuple[Family, ...]) -> None:
@@ -85,6 +98,7 @@ class OpenAIApp:
         # path -> {method: (handler, generation)}; paths with a variable segment by (prefix, suffix)
         self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {}
         self.prefix_routes: list[tuple[str, str, dict[str, tuple[Handler, bool]]]] = []
+        self._templates: dict[int, str] = {}  # id(a prefix route's methods) -> its path template
         json_only = set()
         for route, switched_on in self.served:
             handler = route.handler(self) if switched_on else route.closed
@@ -97,6 +111,7 @@ class OpenAIApp:
             else:
                 methods = {}
                 self.prefix_routes.append((*pattern, methods))
+                self._templates[id(methods)] = route.path
             for method in route.methods:
                 methods[method] = (handler, generation)
             if route.json_only:
@@ -152,6 +167,34 @@ class OpenAIApp:
             # collections, walking every live stream's objects, then stalled the loop 20-70 ms
             # under load (gc_tuning.py)
             scope.pop("vllm_vcr.send", None)
+
+    async def _counted_route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        """`_route`, counted in the http_* series: the handler's route template (`none` when no route
+        matches), the method, the status, both Content-Lengths and the whole duration, stream included."""
+        start = time.perf_counter()
+        path = scope["path"]
+        if path in self.routes:
+            handler = path
+        else:
+            methods = self._match(path)
+            handler = "none" if methods is None else self._templates.get(id(methods), path)
+        metrics = self.http_metrics
+        if metrics.excluded(handler):
+            await OpenAIApp._route(self, scope, receive, send)
+            return
+        seen = _ResponseHead(send)
+        try:
+            await OpenAIApp._route(self, scope, receive, seen)
+        finally:
+            size = 0
+            for name, value in scope.get("headers") or ():
+                if name == b"content-length":
+                    try:
+                        size = int(value)
+                    except ValueError:
+                        pass
+                    break
+            metrics.observe(handler, scope["method"], seen.status, size, seen.size, time.perf_counter() - start)
 
     async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         path = scope["path"]
@@ -294,6 +337,26 @@ class OpenAIApp:
 
 class _Disconnected(Exception):
     pass
+
+
+class _ResponseHead:
+    """`send` that notes the response's status and Content-Length (for the http_* series)."""
+
+    __slots__ = ("send", "status", "size")
+
+    def __init__(self, send: Callable) -> None:
+        self.send = send
+        self.status = 500  # (the instrumentator's value for a request that never answered)
+        self.size = 0
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            for name, value in message.get("headers") or ():
+                if name == b"content-length":
+                    self.size = int(value)
+                    break
+        await self.send(message)
 
 
 async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:

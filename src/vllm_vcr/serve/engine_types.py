@@ -16,10 +16,12 @@ from ..vllm.metrics import FrontendMetrics
 @dataclass(frozen=True)
 class FrontDoor:
     metrics: type[FrontendMetrics]  # the /metrics collector: vLLM's `vllm:` series or another engine's
+    # the http_* series of vLLM's prometheus-fastapi-instrumentator and the process / python collectors
+    http_series: bool = False
 
 
 FRONT_DOORS: dict[str, FrontDoor] = {
-    "vllm": FrontDoor(FrontendMetrics),
+    "vllm": FrontDoor(FrontendMetrics, http_series=True),
     "sglang": FrontDoor(SGLangFrontendMetrics),
 }
 

@@ -49,6 +49,8 @@ def build_openapi(routes: list[tuple[Route, bool]]) -> dict[str, Any]:
         params = [{"name": route.path[route.path.index("{") + 1:route.path.index("}")], "in": "path",
                    "required": True, "schema": {"type": "string"}}] if route.pattern is not None else None
         for method in route.methods:
+            if method in route.unlisted_methods:
+                continue
             has_body = method == "POST" and bool(route.body)
             op: dict[str, Any] = {"operationId": f"{method.lower()}{_op_name(route.path)}",
                                   "responses": _responses(has_body)}

@@ -3,6 +3,7 @@ SageMaker's /invocations."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any
 
@@ -15,6 +16,8 @@ from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode
 from ..http.sse import send_bytes
 
 _NOT_FOUND = encode({"detail": "Not Found"})
+# prometheus_client's CONTENT_TYPE_LATEST in the release vLLM 0.32 ships (0.26)
+PROMETHEUS_TEXT = b"text/plain; version=1.0.0; charset=utf-8"
 
 
 class BasicServing:
@@ -32,17 +35,35 @@ class BasicServing:
         await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
 
     async def metrics(self, ctx: RequestContext) -> None:
+        """vLLM mounts two things at /metrics: the instrumentator's GET route, which always answers the
+        Prometheus text format (whatever the Accept header asks), and prometheus_client's ASGI app
+        behind it, which answers POST and HEAD: the format Accept asks for (OpenMetrics escapes `vllm:`
+        to `vllm_`), gzipped when Accept-Encoding allows, with no Content-Length."""
         m = self.app.metrics
         if m is None:
             await send_bytes(ctx.send, 404, _NOT_FOUND)
+            return
+        method = ctx.scope["method"]
+        if method == "GET" and getattr(m, "GET_IGNORES_ACCEPT", False):
+            await send_bytes(ctx.send, 200, m.render_text(), content_type=PROMETHEUS_TEXT)
             return
         accept = ctx.headers.get(b"accept", b"").decode("latin-1")
         try:
             body, content_type = m.render(accept)
         except TypeError:
             body, content_type = m.render()
-        await send_bytes(ctx.send, 200, body, content_type=content_type.encode()
-                         if isinstance(content_type, str) else content_type)
+        if isinstance(content_type, str):
+            content_type = content_type.encode()
+        if method == "GET":
+            await send_bytes(ctx.send, 200, body, content_type=content_type)
+            return
+        headers = [(b"content-type", content_type)]
+        if b"gzip" in ctx.headers.get(b"accept-encoding", b""):
+            body = gzip.compress(body)
+            headers.append((b"content-encoding", b"gzip"))
+        headers.append((b"vary", b"Origin"))
+        await ctx.send({"type": "http.response.start", "status": 200, "headers": headers})
+        await ctx.send({"type": "http.response.body", "body": b"" if method == "HEAD" else body, "more_body": False})
 
     async def invocations(self, ctx: RequestContext) -> None:
         """SageMaker's /invocations: the body is a chat request or else a completion request (the

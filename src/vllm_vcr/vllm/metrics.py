@@ -18,7 +18,8 @@ Integration (all calls are synchronous, cheap and never raise for unknown reques
     # optional: the client went away (vLLM records nothing for client aborts)
     metrics.on_request_aborted(req_id)
 
-    body, content_type = metrics.render(accept_header)     # GET /metrics
+    body = metrics.render_text()                           # GET /metrics: always the text format
+    body, content_type = metrics.render(accept_header)     # POST / HEAD /metrics: as Accept asks
 
 * A request's end is detected from its output with `finish_reason` set, as in vLLM; the serve
   layer does not have to report it. `on_request_finished` only matters when the frontend ends a
@@ -290,8 +291,18 @@ _PREEMPTED = int(EngineCoreEventType.PREEMPTED)
 _REASON_INDEX = {r: i for i, r in enumerate(FINISH_REASONS)}
 
 
+TOOL_PARSER_MODES = ("streaming", "non_streaming")
+TOOL_PARSER_OUTCOMES = ("tool_call", "no_tool_call")
+TOOL_PARSER_REQUEST_TYPES = ("chat_completions", "responses", "other")
+
+
 class FrontendMetrics:
     """vLLM-compatible frontend metrics fed from EngineCoreOutputs. See the module docstring."""
+
+    # vLLM's GET /metrics is the instrumentator's route: the text format whatever Accept says
+    GET_IGNORES_ACCEPT = True
+    http: Any = None  # the http_* series (http_metrics.HttpMetrics), when serve counts them
+    tool_parser_invocations: dict[tuple[str, str, str], int] | None = None
 
     def __init__(self, model_name: str, engine_count: int = 1, registry: CollectorRegistry | None = None, *,
                  block_size: int = 16, num_gpu_blocks: int | None = None, max_model_len: int = 4096,
@@ -377,6 +388,22 @@ class FrontendMetrics:
             r.num_gen = num_generation_tokens
         eng = self._ensure_engine(r.engine if engine_index is None else engine_index)
         self._finish(eng, r, _reason_index(finish_reason), time.time())
+
+    def enable_tool_parser_series(self) -> None:
+        """`vllm:tool_call_parser_invocations_total`, which vLLM registers when `--tool-call-parser`
+        is set, with every (mode, outcome, request_type) at 0."""
+        if self.tool_parser_invocations is None:
+            self.tool_parser_invocations = {(m, o, t): 0 for m in TOOL_PARSER_MODES for o in TOOL_PARSER_OUTCOMES
+                                            for t in TOOL_PARSER_REQUEST_TYPES}
+
+    def record_tool_parser_invocation(self, tool_called: bool, streaming: bool,
+                                      request_type: str = "chat_completions", count: int = 1) -> None:
+        """A tool parser ran: once per choice of a whole response, once per delta of a stream (vLLM's
+        `record_tool_parser_invocation`). A no-op unless the series is enabled."""
+        table = self.tool_parser_invocations
+        if table is not None:
+            table[("streaming" if streaming else "non_streaming", "tool_call" if tool_called else "no_tool_call",
+                   request_type)] += count
 
     def record_admission_rejection(self, reason: str) -> None:
         """A request refused by a queue limit (max_num_queued_reqs / max_num_queued_tokens)."""
@@ -568,8 +595,13 @@ class FrontendMetrics:
 
     # ------------------------------------------------------------------ exposition
 
+    def render_text(self) -> bytes:
+        """The Prometheus text format (vLLM's GET /metrics; its content type is text/plain 1.0.0)."""
+        return generate_latest(self.registry)
+
     def render(self, accept_header: str | None = None) -> tuple[bytes, str]:
-        """(body, content type) for GET /metrics; honours Accept (OpenMetrics) like vLLM's handler."""
+        """(body, content type) as prometheus_client's ASGI app answers (vLLM's POST / HEAD /metrics):
+        the format Accept asks for; OpenMetrics escapes the `vllm:` names to `vllm_`."""
         encoder, content_type = choose_encoder(accept_header or "")
         if encoder is generate_latest:
             return generate_latest(self.registry), content_type
@@ -657,6 +689,14 @@ class FrontendMetrics:
                 # prometheus_client's own Histogram exports a _created sample; so does vLLM
                 fam.samples.append(Sample(metric + "_created", {"model_name": lv[0], "engine": lv[1]}, created))
             yield fam
+        if self.tool_parser_invocations is not None:
+            tools = CounterMetricFamily("vllm:tool_call_parser_invocations",
+                                        "Total number of ToolParser invocations. Non-streaming increments once "
+                                        "per choice; streaming increments once per delta.",
+                                        labels=["model_name", "mode", "outcome", "request_type"])
+            for (mode, outcome, kind), n in self.tool_parser_invocations.items():
+                tools.add_metric([name, mode, outcome, kind], n, created=created)
+            yield tools
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=[*self._cache_info.keys(), "engine"])
         for i in range(len(self._engines)):

@@ -1,0 +1,142 @@
+"""The `http_*` series vLLM's frontend exports through prometheus-fastapi-instrumentator, and the
+process / platform / GC collectors of prometheus_client's default registry.
+
+vLLM 0.32 builds `Instrumentator(excluded_handlers=[...]).add().instrument(app)` with the default
+instrumentation: per request (not per token) it counts
+
+* `http_requests_total{handler,method,status}` (status grouped: `2xx`, `4xx`, ...),
+* `http_request_size_bytes{handler}` / `http_response_size_bytes{handler}` (summaries of the
+  `Content-Length` headers; a streamed response has none and counts 0),
+* `http_request_duration_highr_seconds` (no labels, many buckets) and
+  `http_request_duration_seconds{handler,method}` (three buckets), the whole request, stream included.
+
+`handler` is the route template (`/v1/completions`, `/v1/models/{model}`), `none` for a path no route
+matches. A handler that one of the excluded patterns finds (a regex search, so `/load` also excludes
+`/v1/load_lora_adapter`) is not counted. Values live in plain dicts; prometheus families are built only
+when /metrics is scraped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from bisect import bisect_left
+from typing import Any
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, SummaryMetricFamily
+from prometheus_client.samples import Sample
+
+__all__ = ["HttpMetrics", "register_process_collectors", "EXCLUDED_HANDLERS", "HIGHR_BUCKETS", "LOWR_BUCKETS"]
+
+# vllm/entrypoints/serve/instrumentator/metrics.py: Instrumentator(excluded_handlers=...)
+EXCLUDED_HANDLERS = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
+# prometheus_fastapi_instrumentator.metrics.default(): latency_highr_buckets, latency_lowr_buckets
+HIGHR_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 7.5, 10, 30,
+                 60)
+LOWR_BUCKETS = (0.1, 0.5, 1)
+
+_EXCLUDED = [re.compile(p) for p in EXCLUDED_HANDLERS]
+
+
+def register_process_collectors(registry: CollectorRegistry) -> None:
+    """process_*, python_info and python_gc_* on `registry`, as on prometheus_client's default one."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
+class _Hist:
+    __slots__ = ("bounds", "counts", "total", "created")
+
+    def __init__(self, bounds: tuple[float, ...], created: float):
+        self.bounds = [float(b) for b in bounds]
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.created = created
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.total += v
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for b, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((repr(b), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+class HttpMetrics:
+    """prometheus-fastapi-instrumentator's default series, counted by `observe` once per request."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        now = time.time()
+        self._excluded: dict[str, bool] = {}
+        self.requests: dict[tuple[str, str, str], list[float]] = {}  # (method, status, handler) -> [n, created]
+        self.in_size: dict[str, list[float]] = {}  # handler -> [count, sum, created]
+        self.out_size: dict[str, list[float]] = {}
+        self.highr = _Hist(HIGHR_BUCKETS, now)
+        self.lowr: dict[tuple[str, str], _Hist] = {}  # (method, handler)
+        if registry is not None:
+            registry.register(self)
+
+    def excluded(self, handler: str) -> bool:
+        hit = self._excluded.get(handler)
+        if hit is None:
+            hit = self._excluded[handler] = any(p.search(handler) for p in _EXCLUDED)
+        return hit
+
+    def observe(self, handler: str, method: str, status: int, request_size: int, response_size: int,
+                duration: float) -> None:
+        """One finished request (call it only for a handler that is not `excluded`)."""
+        group = f"{str(status)[0]}xx"
+        key = (method, group, handler)
+        c = self.requests.get(key)
+        if c is None:
+            c = self.requests[key] = [0, time.time()]
+        c[0] += 1
+        for table, size in ((self.in_size, request_size), (self.out_size, response_size)):
+            s = table.get(handler)
+            if s is None:
+                s = table[handler] = [0, 0.0, time.time()]
+            s[0] += 1
+            s[1] += size
+        self.highr.observe(duration)
+        h = self.lowr.get((method, handler))
+        if h is None:
+            h = self.lowr[(method, handler)] = _Hist(LOWR_BUCKETS, time.time())
+        h.observe(duration)
+
+    # -- exposition (a prometheus_client collector) -------------------------------------------
+
+    def collect(self) -> Any:
+        total = CounterMetricFamily("http_requests", "Total number of requests by method, status and handler.",
+                                    labels=["method", "status", "handler"])
+        for (method, status, handler), (n, created) in self.requests.items():
+            total.add_metric([method, status, handler], n, created=created)
+        yield total
+        for name, doc, table in (
+                ("http_request_size_bytes", "Content length of incoming requests by handler. Only value of header "
+                 "is respected. Otherwise ignored. No percentile calculated. ", self.in_size),
+                ("http_response_size_bytes", "Content length of outgoing responses by handler. Only value of "
+                 "header is respected. Otherwise ignored. No percentile calculated. ", self.out_size)):
+            fam = SummaryMetricFamily(name, doc, labels=["handler"])
+            for handler, (count, total_size, created) in table.items():
+                fam.add_metric([handler], count, total_size)
+                fam.samples.append(Sample(name + "_created", {"handler": handler}, created))
+            yield fam
+        name = "http_request_duration_highr_seconds"
+        fam = HistogramMetricFamily(name, "Latency with many buckets but no API specific labels. Made for more "
+                                    "accurate percentile calculations. ")
+        fam.add_metric([], self.highr.cumulative(), self.highr.total)
+        fam.samples.append(Sample(name + "_created", {}, self.highr.created))
+        yield fam
+        name = "http_request_duration_seconds"
+        fam = HistogramMetricFamily(name, "Latency with only few buckets by handler. Made to be only used if "
+                                    "aggregation by handler is important. ", labels=["method", "handler"])
+        for (method, handler), h in self.lowr.items():
+            fam.add_metric([method, handler], h.cumulative(), h.total)
+            fam.samples.append(Sample(name + "_created", {"method": method, "handler": handler}, h.created))
+        yield fam
