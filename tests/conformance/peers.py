@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_vcr.testing.waits import free_port  # noqa: F401  (bench/fidelity imports it from here)
+from vllm_vcr.testing.waits import free_port, scaled  # noqa: F401  (bench/fidelity imports free_port from here)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
@@ -190,7 +190,7 @@ def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | 
                 "--control-address", f"127.0.0.1:{st.control_port}", *play_args]
     st.play = _spawn("vllm-vcr play", play_cmd, penv, workdir / "play.log", cwd=REPO)
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     try:
         with httpx.Client(timeout=2.0) as c:
             while time.monotonic() < deadline:
