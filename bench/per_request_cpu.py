@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -32,13 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from vllm_vcr.testing.waits import free_port
+
 PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/peers")  # as install-peers-bench.sh
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

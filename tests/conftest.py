@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,16 +43,20 @@ def _plugin_installed() -> bool:
     return any(ep.value == "vllm_vcr.testing.pytest_plugin" for ep in entry_points(group="pytest11"))
 
 
+# Ports and load-scaled waits, for every test here: `from tests.conftest import free_port, scaled, ...`
+from vllm_vcr.testing.waits import (  # noqa: E402,F401
+    async_wait_until,
+    free_port,
+    scaled,
+    timeout_scale,
+    wait_http_ok,
+    wait_until,
+)
+
 # The vllm_vcr_server fixture comes from the package's pytest11 entry point once it is installed;
 # a checkout whose installed metadata predates the plugin loads it here instead.
 if not _plugin_installed():
     pytest_plugins = ["vllm_vcr.testing.pytest_plugin"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -80,20 +82,18 @@ class ServeProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "serve", *self.args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env(env))
 
-    def wait_ready(self, timeout: float = 15.0) -> "ServeProcess":
-        import httpx
+    def wait_ready(self, timeout: float = 60.0) -> "ServeProcess":
+        """Until /health answers 200; `timeout` is for an idle machine (scaled by the load)."""
+        def exited() -> str | None:
+            if self.proc.poll() is None:
+                return None
+            return f"vllm-vcr serve exited with {self.proc.returncode}:\n{self.log()}"
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm-vcr serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"vllm-vcr serve not ready after {timeout}s:\n{self.log()}")
+        try:
+            wait_http_ok(self.url + "/health", timeout, exited)
+        except TimeoutError as e:
+            raise TimeoutError(f"vllm-vcr serve not ready: {e}\n{self.log()}") from None
+        return self
 
     def log(self) -> str:
         if self.log_path and self.log_path.exists():
@@ -104,7 +104,7 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(scaled(timeout))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
@@ -134,6 +134,8 @@ class _Harness:
 
     ServeProcess = ServeProcess
     free_port = staticmethod(free_port)
+    scaled = staticmethod(scaled)
+    wait_until = staticmethod(wait_until)
     subprocess_env = staticmethod(subprocess_env)
 
     @staticmethod

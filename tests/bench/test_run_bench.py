@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import free_port, scaled, wait_http_ok, wait_until
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -110,31 +112,25 @@ def test_stream_bench_counts_a_servers_user_and_system_time_apart():
     assert os.getpid() in pids and 0 < mon.system < used
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _server(script: str, *args: str):
     """A bench server on a free port, and a connection to it; stopped afterwards."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(BENCH / script), "--port", str(port), *args])
     try:
-        deadline = time.monotonic() + 20
-        while True:
+        def connected() -> socket.socket | None:
+            assert proc.poll() is None, f"{script} exited with {proc.returncode}"
             try:
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                break
+                return socket.create_connection(("127.0.0.1", port), timeout=scaled(10))
             except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.1)
+                return None
+
+        sock = wait_until(connected, 20, f"{script} to listen", interval=0.1)
         with sock:
             yield sock
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(scaled(10))
 
 
 def _stream(sock: socket.socket, max_tokens: int) -> list[bytes]:
@@ -204,33 +200,26 @@ def test_arrival_lag_matches_a_rounds_sends_with_its_arrivals_by_rank(monkeypatc
 def test_serve_arrival_log_writes_each_requests_arrival_and_hand_off_at_exit(tmp_path):
     import httpx
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "arrivals.jsonl"
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent / "src")}
     proc = subprocess.Popen([sys.executable, str(BENCH / "serve_arrival_log.py"), "--log", str(log), "--",
                              "--host", "127.0.0.1", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", 60,
+                     lambda: None if proc.poll() is None else f"exited with {proc.returncode}", interval=0.1)
         sent = []
         for _ in range(2):
             sent.append(time.perf_counter())
-            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=scaled(10),
                            json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
             assert r.status_code == 200
         done = time.perf_counter()
     finally:
         proc.send_signal(signal.SIGINT)  # the log is written at exit
         try:
-            proc.wait(20)
+            proc.wait(scaled(20))
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)

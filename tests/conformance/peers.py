@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from vllm_vcr.testing.waits import free_port, scaled  # noqa: F401  (bench/fidelity imports free_port from here)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
@@ -59,10 +60,6 @@ def missing_reason(version: str) -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int = 40) -> str:
@@ -193,7 +190,7 @@ def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | 
                 "--control-address", f"127.0.0.1:{st.control_port}", *play_args]
     st.play = _spawn("vllm-vcr play", play_cmd, penv, workdir / "play.log", cwd=REPO)
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     try:
         with httpx.Client(timeout=2.0) as c:
             while time.monotonic() < deadline:

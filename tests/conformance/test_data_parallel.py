@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from . import peers
+from tests.conftest import scaled
 
 pytestmark = pytest.mark.conformance
 
@@ -90,7 +91,7 @@ def test_shutdown_aborts_and_frontend_fails_fast(stack):
 
     t = threading.Thread(target=consume)
     t.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while "first" not in result and "end" not in result and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "first" in result, result
@@ -108,7 +109,7 @@ def test_shutdown_aborts_and_frontend_fails_fast(stack):
     # and until then answers 5xx. One that missed it would stay up and hang requests on the dead
     # engine. Probes may also hang once both exited: the 0.32/0.33 parent keeps the shared listen
     # socket open while it waits on the DP coordinator, so a short timeout is not a failure.
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while (alive := _api_servers(stack)) and time.monotonic() < deadline:
         try:
             r = httpx.post(f"{stack.base_url}/v1/completions", timeout=2,

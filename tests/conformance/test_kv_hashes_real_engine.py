@@ -27,6 +27,7 @@ from vllm_vcr.engine.config import EngineArgs  # noqa: E402
 from vllm_vcr.engine.core import EngineCore  # noqa: E402
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams  # noqa: E402
 from vllm_vcr.kv_events import BlockStored, KVEventCollector, decode_batch  # noqa: E402
+from tests.conftest import scaled
 
 pytestmark = [pytest.mark.conformance,
               pytest.mark.skipif(stack.missing_reason() is not None, reason=stack.missing_reason() or "")]
@@ -47,7 +48,7 @@ def real_engine_block_stored(tmp_path: Path, prompt: list[int]) -> list[BlockSto
             "model": st.model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
         assert r.status_code == 200, r.text
         stored: list[BlockStored] = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while time.monotonic() < deadline and sum(len(e.block_hashes) for e in stored) < len(prompt) // 128:
             if sub.poll(500):
                 _topic, _seq, payload = sub.recv_multipart()

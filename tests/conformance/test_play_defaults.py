@@ -16,6 +16,7 @@ import pytest
 
 from . import peers
 from .test_differential import LOGPROB_CASES, collapse_token_keys, diff, post, real_engine, shape  # noqa: F401
+from tests.conftest import scaled
 
 pytestmark = pytest.mark.conformance
 
@@ -49,7 +50,7 @@ def test_a_12_token_stream_comes_one_token_per_event(play):
                    and "content" in e["choices"][0]["delta"] and e["choices"][0].get("token_ids")]
         seen.append(len(content))
         # deterministic whatever the load: the frontend received one engine message per step
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while True:
             steps = (peers.metric_sum(peers.metrics(play.base_url), "vllm:iteration_tokens_total_count")
                      - peers.metric_sum(before, "vllm:iteration_tokens_total_count"))

@@ -18,6 +18,7 @@ import pytest
 import zmq
 
 from . import peers
+from tests.conftest import scaled
 
 pytestmark = pytest.mark.conformance
 
@@ -55,7 +56,7 @@ def control_stats(stack) -> dict:
 
 
 def wait_for(pred, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     last = None
     while time.monotonic() < deadline:
         last = pred()

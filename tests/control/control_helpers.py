@@ -9,6 +9,8 @@ import socket
 
 import msgspec
 
+from tests.conftest import free_port  # noqa: F401  (re-exported for the control tests)
+
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
@@ -37,12 +39,6 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VirtualEngine:

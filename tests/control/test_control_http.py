@@ -16,6 +16,7 @@ from vllm_vcr.engine.latency import LatencyModel
 from vllm_vcr.engine.types import FinishReason
 
 from .control_helpers import make_request
+from tests.conftest import scaled
 
 
 async def drain(engine, req):
@@ -29,7 +30,7 @@ async def drain(engine, req):
 
 
 async def wait_idle(client, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         s = (await client.get("/stats")).json()
         if s["running"] == 0 and s["waiting"] == 0:
@@ -90,7 +91,7 @@ async def test_in_flight_request_keeps_its_pacing_new_one_uses_the_patch(control
     t_new = time.monotonic()
     t_old_done, (reason, new_times) = await asyncio.gather(
         rest_of_old(), drain(engine, make_request("new", max_tokens=4)))
-    assert t_old_done - break_at < 2.0  # 25 more tokens at 20 ms = 0.5 s; at 300 ms it would be 7.5 s
+    assert t_old_done - break_at < min(scaled(2.0), 6.0)  # 25 more tokens at 20 ms = 0.5 s; at 300 ms it would be 7.5 s
     # a token is never emitted before its deadline, so 3 gaps of 300 ms are a hard lower bound
     assert len(new_times) == 4 and new_times[-1] - t_new >= 0.9
 
@@ -122,7 +123,7 @@ async def drain_gen(gen):
 
 
 async def until_stats(client, timeout: float = 5.0, **want):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         s = (await client.get("/stats")).json()
         if all(s[k] == v for k, v in want.items()):

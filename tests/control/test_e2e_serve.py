@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from .control_helpers import free_port, port_is_free
+from tests.conftest import scaled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +61,7 @@ def model_of(serve) -> str:
 
 
 def wait_idle(c: httpx.Client, timeout: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         s = c.get("/stats").json()
         if s["running"] == 0 and s["waiting"] == 0:
@@ -206,7 +207,7 @@ def test_patch_applies_to_the_next_request_in_flight_keeps_its_pacing(serve, ctl
     for _ in it:
         pass
     # the old stream's remaining ~37 tokens at 20 ms had long finished; at 400 ms they'd take 15 s
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < min(scaled(5.0), 12.0)
     assert new_took > 0.7  # 2 gaps at 400 ms
 
 
@@ -229,7 +230,7 @@ def test_max_num_seqs_raise_admits_waiting_requests(serve, ctl, client):
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while (s := ctl.get("/stats").json())["waiting"] != 2:
             assert time.monotonic() < deadline, s
             time.sleep(0.05)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, scaled
 
 pytestmark = pytest.mark.image
 
@@ -67,7 +67,7 @@ class Container:
         self.control = f"http://127.0.0.1:{self.control_port}"
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if not self.running():
                 raise AssertionError(f"container exited:\n{self.logs()}")
@@ -161,7 +161,7 @@ def test_sigterm_lets_the_running_stream_finish(image):
 
         t = threading.Thread(target=stream)
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while httpx.get(c.control + "/stats", timeout=5).json()["running"] < 1:
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.05)
@@ -174,7 +174,7 @@ def test_sigterm_lets_the_running_stream_finish(image):
         lines = result["lines"]
         assert lines[-1] == "data: [DONE]"  # drained: the stream ran to its end, not cut off
         assert json.loads(lines[-2][5:])["choices"][0]["finish_reason"] == "length"
-        assert elapsed < 20, f"took {elapsed:.1f}s to stop"
+        assert elapsed < scaled(20), f"took {elapsed:.1f}s to stop"
     finally:
         c.remove()
 
@@ -203,7 +203,7 @@ def test_play_in_the_image_behind_a_real_vllm_frontend(image, tmp_path):
             "-e", f"MOCK_CONTROL_PORT={control_port}", "-e", "MOCK_ITL_MS=2", "-e", "MODEL=tiny",
             "-e", f"MOCK_EXTRA_ARGS=--vocab-size {peers.VOCAB_SIZE}", image, "play")
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + scaled(240)
         while True:
             assert frontend.alive(), frontend.tail()
             with contextlib.suppress(httpx.HTTPError):

@@ -179,6 +179,8 @@ async def test_ttft_counts_from_the_frontends_arrival_time():
     configured TTFT (2 s here; the request arrived 1.9 s before the engine saw it)."""
     import time
 
+    from tests.conftest import scaled
+
     e = AsyncEngine(EngineArgs(config=EngineConfig(time_to_first_token=2000, log_requests=False)))
     await e.start()
     try:
@@ -187,6 +189,7 @@ async def test_ttft_counts_from_the_frontends_arrival_time():
         t0 = time.monotonic()
         outs = [o async for o in e.generate(late)]
         assert sum(len(o.new_token_ids) for o in outs) == 2
-        assert time.monotonic() - t0 < 1.0  # not the full 2 s again
+        # not the full 2 s again (any bound below 2 s tells the two apart; below 1 s on an idle machine)
+        assert time.monotonic() - t0 < min(scaled(1.0), 1.9)
     finally:
         await e.stop(0)

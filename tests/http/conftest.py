@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import scaled
+
 MODEL = "vllm-vcr/sim"
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 FAST = ["--inter-token-latency", "1", "--time-to-first-token", "2"]
@@ -100,5 +102,5 @@ async def inprocess(serve_harness):
     for server, task, engine, sock in running:
         server.should_exit = True
         await engine.stop(0)
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, scaled(10))
         sock.close()

@@ -10,6 +10,8 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import scaled
+
 MODEL = "vllm-vcr/sim"
 
 
@@ -57,7 +59,7 @@ def test_vllm_command_line_accepted_and_sigterm_exits_0(serve_harness, tmp_path)
     assert models["data"][0]["max_model_len"] == 8000
     log = sp.log()
     assert "--tensor-parallel-size=2" in log and "--dtype=bfloat16" in log
-    assert startup < 10  # generous: CI machines are shared; the process itself reports ~0.2 s
+    assert startup < scaled(10)  # generous: CI machines are shared; the process itself reports ~0.2 s
     assert sp.stop(signal.SIGTERM) == 0
 
 
@@ -148,7 +150,7 @@ def test_sigterm_with_stream_in_flight_drains_and_exits_0(serve_process):
     assert rest[-1] == "data: [DONE]"
     finish = [json.loads(ln[6:]) for ln in rest[:-1]][-1]["choices"][0]["finish_reason"]
     assert finish == "abort"
-    assert sp.proc.wait(10) == 0
+    assert sp.proc.wait(scaled(10)) == 0
 
 
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT])
@@ -183,6 +185,7 @@ def test_a_second_signal_cuts_the_drain_short(serve_process, second):
 def _first_answer(url: str, timeout: float = 15.0) -> tuple[float, int]:
     """(seconds until the port answered, the status of GET /health then)."""
     t0 = time.monotonic()
+    timeout = scaled(timeout)
     while time.monotonic() - t0 < timeout:
         try:
             return time.monotonic() - t0, httpx.get(url + "/health", timeout=0.5).status_code

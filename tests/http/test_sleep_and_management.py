@@ -9,6 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import scaled
+
 FAST = ["--inter-token-latency", "5", "--time-to-first-token", "2"]
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
 
@@ -158,7 +160,7 @@ async def test_server_load_tracking(serve_process):
     sp = serve_process(*FAST, "--enable-server-load-tracking")
     async with httpx.AsyncClient(timeout=30) as c:
         running = [asyncio.ensure_future(_complete(c, sp.url, 100)) for _ in range(3)]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while (await c.get(sp.url + "/load")).json()["server_load"] < 3:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)

@@ -11,6 +11,7 @@ import socket
 import httpx
 import pytest
 
+from tests.conftest import async_wait_until, scaled
 from vllm_vcr.http import streaming
 from vllm_vcr.openai import chat
 
@@ -36,7 +37,7 @@ def _events(raw: bytes) -> list[bytes]:
 async def test_tokens_go_straight_to_the_socket(inprocess, monkeypatch):
     counts = _count_writes(monkeypatch)
     url, _ = await inprocess(itl_ms=1.0)
-    async with httpx.AsyncClient(timeout=30) as c:
+    async with httpx.AsyncClient(timeout=scaled(30)) as c:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
                 "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
@@ -73,9 +74,15 @@ def _count_writes(monkeypatch) -> dict[str, int]:
     return counts
 
 
-async def _read_late(url: str, path: str, body: dict) -> list[bytes]:
-    """POST a stream from a socket with a small receive buffer, read nothing for a second (the
-    server's transport pauses writing, chunks queue), then read it all: its SSE payloads."""
+def _pushed_back(counts: dict[str, int]) -> bool:
+    """The server saw its socket stop taking writes: a direct write or a batch's token declined."""
+    return counts["declined"] + counts.get("batch_declined", 0) > 0
+
+
+async def _read_late(url: str, path: str, body: dict, counts: dict[str, int]) -> list[bytes]:
+    """POST a stream from a socket with a small receive buffer, read nothing until the server's
+    transport has paused writing (a write declined, `counts` from _count_writes) and a little
+    longer (chunks queue), then read it all: its SSE payloads."""
     payload = json.dumps(body).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -84,10 +91,12 @@ async def _read_late(url: str, path: str, body: dict) -> list[bytes]:
     await loop.sock_connect(sock, ("127.0.0.1", int(url.rsplit(":", 1)[1])))
     await loop.sock_sendall(sock, b"POST %b HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                             b"content-length: %d\r\n\r\n%b" % (path.encode(), len(payload), payload))
-    await asyncio.sleep(1.0)  # not reading
+    # not reading: however slow the machine, until the socket pushed back, not for a guessed time
+    await async_wait_until(lambda: _pushed_back(counts), 30, "the server's socket to push back")
+    await asyncio.sleep(0.2)
     raw = bytearray()
     while not raw.endswith(b"0\r\n\r\n"):
-        data = await asyncio.wait_for(loop.sock_recv(sock, 65536), 30)
+        data = await asyncio.wait_for(loop.sock_recv(sock, 65536), scaled(30))
         assert data, f"server closed early: {bytes(raw[:300])!r}"
         raw += data
     sock.close()
@@ -101,7 +110,7 @@ async def test_a_client_that_stops_reading_loses_nothing(inprocess, monkeypatch)
     n = 4000  # with 5 logprobs each: megabytes, more than the socket buffers hold
     events = await _read_late(url, "/v1/completions", {
         "model": MODEL, "prompt": "x", "max_tokens": n, "stream": True, "ignore_eos": True, "logprobs": 5,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, counts)
     assert events[-1] == b"[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     seen = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
@@ -136,7 +145,8 @@ async def test_a_batched_stream_whose_client_stops_reading_loses_nothing(inproce
     n = 3000  # ~300 bytes a chunk: more than the socket buffers hold
     events = await _read_late(url, "/v1/chat/completions", {
         "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": n, "stream": True,
-        "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        counts)
     chunks = [json.loads(e) for e in events[:-1]]
     seen = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
     assert events[-1] == b"[DONE]" and seen == list(range(n + 1))  # the role chunk, then every token once, in order
@@ -172,7 +182,7 @@ async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch,
     else:
         monkeypatch.setattr(streaming.SteadyReader, "ready", lambda self: False)
     url, _ = await inprocess(itl_ms=0.5)
-    async with httpx.AsyncClient(timeout=30) as c:
+    async with httpx.AsyncClient(timeout=scaled(30)) as c:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         async with c.stream("POST", url + "/v1/completions", json=body) as r:
@@ -183,7 +193,7 @@ async def test_chunks_keep_their_order_across_both_paths(inprocess, monkeypatch,
 
 
 async def _stream_bytes(url: str, path: str, body: dict) -> list[bytes]:
-    async with httpx.AsyncClient(timeout=30) as c:
+    async with httpx.AsyncClient(timeout=scaled(30)) as c:
         async with c.stream("POST", url + path, json=body) as r:
             raw = b"".join([b async for b in r.aiter_raw()])
     # `created` is the second the request came in: the only field two identical requests may differ in
@@ -282,7 +292,7 @@ async def test_streams_in_a_steady_batch_get_the_bytes_they_would_alone(inproces
         return b
 
     async def metrics() -> dict[str, float]:
-        async with httpx.AsyncClient(timeout=30) as c:
+        async with httpx.AsyncClient(timeout=scaled(30)) as c:
             text = (await c.get(url + "/metrics")).text
         want = ("vllm:inter_token_latency_seconds_count", "vllm:generation_tokens_total")
         return {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(want)}

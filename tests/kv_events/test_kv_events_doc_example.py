@@ -10,6 +10,7 @@ import time
 import zmq
 
 from vllm_vcr.kv_events import BlockRemoved, KVEventsConfig, create_publisher
+from tests.conftest import scaled
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "kv-events.md"
 
@@ -41,7 +42,7 @@ def test_doc_subscriber_example(tmp_path):
         t = threading.Thread(target=ns["run"], args=(pub.endpoint, pub.replay_endpoint),
                              kwargs={"max_batches": 8, "handle": handle}, daemon=True)
         t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         i = 3
         while t.is_alive():  # keep the stream going until the example has read enough
             assert time.monotonic() < deadline, f"example stalled; saw {seen}"

@@ -17,6 +17,7 @@ from vllm_vcr.kv_events import (
     END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, KVEventCollector, KVEventPublisher,
     KVEventsConfig, decode_batch,
 )
+from tests.conftest import scaled
 
 DEADLINE = 10.0  # generous bound for a loaded 2-core box; passing runs take milliseconds
 
@@ -64,7 +65,7 @@ def _wait_joined(pub: KVEventPublisher, sub: zmq.Socket) -> int:
     """
     before = pub.stats["published"]
     probes = 0
-    deadline = time.monotonic() + DEADLINE
+    deadline = time.monotonic() + scaled(DEADLINE)
     while True:
         assert time.monotonic() < deadline, "subscriber never joined"
         assert pub.publish([AllBlocksCleared()])
@@ -81,7 +82,7 @@ def _wait_joined(pub: KVEventPublisher, sub: zmq.Socket) -> int:
 
 
 def _wait(cond, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
+    deadline = time.monotonic() + scaled(DEADLINE)
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -226,7 +227,7 @@ def test_slow_subscriber_never_blocks_publish(ctx, publishers):
         pub.publish(big)
     elapsed = time.perf_counter() - t0
     # the engine-side call is a queue put; 3000 of them take milliseconds, never a stall
-    assert elapsed < 5.0, elapsed
+    assert elapsed < scaled(5.0), elapsed
     # and the thread keeps draining even though nobody reads
     _wait(lambda: pub.stats["published"] + pub.stats["dropped"] == before + n, "the queue to drain")
     assert pub.stats["queued"] == 0

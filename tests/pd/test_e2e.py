@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import free_port, subprocess_env
+from ..conftest import free_port, scaled, subprocess_env
 
 PROMPT = list(range(100, 400))  # 300 tokens
 # 300 tokens x 1 MB per token at 1 GB/s = 300 ms of KV pull
@@ -28,7 +28,7 @@ class Proxy:
         self.log_path = log
         self.proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "pd-proxy", "--port", str(self.port), *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env())
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + scaled(15)
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, log.read_text()
             try:
@@ -71,7 +71,7 @@ def kv_usage(url: str) -> float:
 
 
 def wait_usage_zero(url: str, timeout: float = 3.0) -> float:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     usage = kv_usage(url)
     while usage != 0.0 and time.monotonic() < deadline:
         time.sleep(0.05)

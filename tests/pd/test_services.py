@@ -13,7 +13,7 @@ from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from vllm_vcr.pd import start_pd_services
 
-from ..conftest import free_port
+from ..conftest import free_port, scaled
 from .polling import until
 
 PROMPT = list(range(1, 401))  # 400 tokens = 25 blocks of 16
@@ -51,7 +51,7 @@ async def run(engine, req):
 
 async def wait_free(engine, total, timeout=3.0):
     pool = engine.engines[0].block_pool
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while pool.num_free_blocks != total and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     return pool.num_free_blocks

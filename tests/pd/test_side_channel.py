@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
+from tests.conftest import free_port
 from vllm_vcr.pd.side_channel import ReleaseListener, ReleaseNotifier
 
 
@@ -21,9 +21,7 @@ class FakeCore:
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 async def test_release_reaches_the_engine_behind_the_advertised_port():

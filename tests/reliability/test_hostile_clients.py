@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, scaled
 
 MODEL = "vllm-vcr/sim"
 UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
@@ -100,8 +100,8 @@ def test_sigterm_while_a_template_renders(serve_process):
     time.sleep(0.5)
     t0 = time.monotonic()
     sp.proc.send_signal(signal.SIGTERM)
-    assert sp.proc.wait(20) == 0
-    assert time.monotonic() - t0 < 10
+    assert sp.proc.wait(scaled(20)) == 0
+    assert time.monotonic() - t0 < scaled(10)  # a render in flight does not hold up the exit
 
 
 @pytest.mark.parametrize("template", [
@@ -114,9 +114,9 @@ def test_sigterm_while_a_template_renders(serve_process):
 def test_memory_hungry_templates_fail_fast(trusting, template):
     t0 = time.monotonic()
     err = _error(httpx.post(trusting.url + "/v1/chat/completions", json={
-        "model": MODEL, "messages": MSGS, "chat_template": template}, timeout=30), 400)
+        "model": MODEL, "messages": MSGS, "chat_template": template}, timeout=scaled(30)), 400)
     assert "exceeds" in err["message"]
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < scaled(5)
 
 
 # ---- 3. PUT /log ---------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_huge_log_filter_is_refused_at_once(plain):
     t0 = time.monotonic()
     r = httpx.put(plain.control_url + "/log", json={"filter": spec}, timeout=10)
     assert r.status_code == 400 and "characters long" in r.json()["error"]
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < scaled(2)
     many = ",".join(f"t{i}=debug" for i in range(200)) + ",info"
     r = httpx.put(plain.control_url + "/log", json={"filter": many}, timeout=10)
     assert r.status_code == 400 and "more than 128 targets" in r.json()["error"]
@@ -240,7 +240,7 @@ def test_emfile_backs_off_and_recovers(serve_harness, tmp_path):
     try:
         sp = serve_harness.ServeProcess.__new__(serve_harness.ServeProcess)
         sp.url, sp.proc, sp.log_path = f"http://127.0.0.1:{port}", proc, log
-        serve_harness.ServeProcess.wait_ready(sp, timeout=20)
+        serve_harness.ServeProcess.wait_ready(sp)
         for _ in range(limit + 20):
             clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         time.sleep(0.5)
@@ -253,7 +253,7 @@ def test_emfile_backs_off_and_recovers(serve_harness, tmp_path):
         for c in clients:
             c.close()
         clients.clear()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(10)
         while True:
             try:
                 r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},

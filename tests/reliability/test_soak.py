@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from .soak import rss_mb, soak
+from tests.conftest import scaled
 
 
 def _start(serve_harness, tmp_path_factory, *extra: str):
@@ -24,13 +25,13 @@ def _start(serve_harness, tmp_path_factory, *extra: str):
     log = Path(tmp_path_factory.mktemp("soak")) / "serve.log"
     sp = serve_harness.ServeProcess(["--inter-token-latency", "2", "--time-to-first-token", "5",
                                      "--max-num-seqs", "256", "--control-address", f"127.0.0.1:{port}", *extra],
-                                    log_path=log).wait_ready(timeout=30)
+                                    log_path=log).wait_ready()
     sp.ctl = f"http://127.0.0.1:{port}"
     return sp
 
 
 def _wait_idle(ctl: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while True:
         s = httpx.get(ctl + "/stats", timeout=10).json()
         done = s["requests_completed"] + s["requests_failed"] + s["requests_aborted"]
@@ -124,8 +125,8 @@ def test_sigterm_under_load_drains_and_exits_0(serve_harness, tmp_path_factory):
         return time.monotonic() - t0
 
     drain_seconds = asyncio.run(scenario())
-    code = sp.proc.wait(40)
+    code = sp.proc.wait(scaled(40))
     assert code == 0, sp.log()[-2000:]
     assert len(results) == 200 and all(r == "data: [DONE]" for r in results), set(results)
-    assert drain_seconds < 30
+    assert drain_seconds < scaled(30)
     sp.stop()

@@ -24,14 +24,10 @@ def fixtures() -> Path:
 
 import asyncio
 import json
-import socket
 import threading
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port  # noqa: E402,F401  (the one port picker, re-exported)
 
 
 class FakeOpenAI:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import scaled
 from vllm_vcr.cli import main
 from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
@@ -26,7 +27,7 @@ def _env() -> dict[str, str]:
 
 class Proxy:
     def __init__(self, upstream: str, trace_out: Path, *extra: str):
-        from .conftest import free_port
+        from tests.conftest import free_port, wait_http_ok
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -34,21 +35,13 @@ class Proxy:
             [sys.executable, "-m", "vllm_vcr", "record", "--http", "--upstream", upstream,
              "--listen", f"127.0.0.1:{self.port}", "--trace-out", str(trace_out), *extra],
             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stderr.read())
-            try:
-                urllib.request.urlopen(self.url + "/v1/models", timeout=1).read()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError("proxy did not start")
+        wait_http_ok(self.url + "/v1/models", 60,
+                     lambda: None if self.proc.poll() is None else self.proc.stderr.read(), interval=0.1)
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGINT)
         try:
-            _, err = self.proc.communicate(timeout=15)
+            _, err = self.proc.communicate(timeout=scaled(15))
         except subprocess.TimeoutExpired:
             self.proc.kill()
             _, err = self.proc.communicate()

@@ -137,7 +137,7 @@ def _stop(proc: subprocess.Popen) -> str:
 
 
 def test_tap_between_a_frontend_and_play(tmp_path: Path):
-    from .conftest import free_port
+    from tests.conftest import free_port
 
     fe_hs, eng_hs, eng_in, eng_out = (f"tcp://127.0.0.1:{free_port()}" for _ in range(4))
     trace, steps = tmp_path / "tap.jsonl.gz", tmp_path / "steps.jsonl"
@@ -195,7 +195,7 @@ def test_tap_between_a_frontend_and_play(tmp_path: Path):
 
 
 def test_tap_routes_outputs_to_each_api_server(tmp_path: Path):
-    from .conftest import free_port
+    from tests.conftest import free_port
 
     fe_hs, eng_hs, eng_in, eng_out = (f"tcp://127.0.0.1:{free_port()}" for _ in range(4))
     trace = tmp_path / "tap.jsonl"

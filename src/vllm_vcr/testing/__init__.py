@@ -4,5 +4,7 @@ the pytest plugin with the `vllm_vcr_server` fixture (installed with the package
 
 from .config import MockServerConfig
 from .server import MockServer, MockServerError
+from .waits import free_port, scaled, timeout_scale, wait_http_ok, wait_until
 
-__all__ = ["MockServer", "MockServerConfig", "MockServerError"]
+__all__ = ["MockServer", "MockServerConfig", "MockServerError", "free_port", "scaled", "timeout_scale",
+           "wait_http_ok", "wait_until"]

@@ -24,12 +24,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from typing import Any, Literal
 
 import httpx
 
 from .config import MockServerConfig
+from .waits import free_port, scaled, wait_http_ok
 
 Mode = Literal["thread", "subprocess"]
 
@@ -38,17 +38,11 @@ class MockServerError(RuntimeError):
     """The server could not start (bad configuration, port taken, …); the message says why."""
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class MockServer:
     """A `vllm-vcr serve` for one test or fixture: start()/stop(), or a (async) context manager."""
 
     def __init__(self, config: MockServerConfig | None = None, *, mode: Mode = "thread",
-                 host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 30.0, **fields: Any):
+                 host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0, **fields: Any):
         if mode not in ("thread", "subprocess"):
             raise ValueError(f"mode must be 'thread' or 'subprocess', got {mode!r}")
         self.config = (config or MockServerConfig()).replace(**fields)
@@ -117,7 +111,7 @@ class MockServer:
     def start(self) -> "MockServer":
         if self._runner is not None:
             raise MockServerError("already started")
-        self.control_port = _free_port(self.host)
+        self.control_port = free_port(self.host)
         if self.mode == "thread":
             sock = socket.create_server((self.host, self.port))
             self.port = sock.getsockname()[1]
@@ -127,7 +121,7 @@ class MockServer:
                 sock.close()
                 raise
         else:
-            self.port = self.port or _free_port(self.host)
+            self.port = self.port or free_port(self.host)
             runner = _ProcessRunner(self.argv())
         self._runner = runner
         try:
@@ -138,16 +132,17 @@ class MockServer:
         return self
 
     def _wait_ready(self, runner: "_ThreadRunner | _ProcessRunner") -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            failure = runner.failure()
-            if failure is not None:
-                raise MockServerError(f"vllm-vcr serve did not start: {failure}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.02)
-        raise MockServerError(f"vllm-vcr serve not healthy after {self.startup_timeout}s: {runner.failure() or ''}")
+        def failure() -> str | None:
+            reason = runner.failure()
+            return None if reason is None else f"vllm-vcr serve did not start: {reason}"
+
+        try:
+            wait_http_ok(self.url + "/health", self.startup_timeout, failure, interval=0.02)
+        except RuntimeError as e:
+            raise MockServerError(str(e)) from None
+        except TimeoutError:
+            raise MockServerError(f"vllm-vcr serve not healthy after {scaled(self.startup_timeout):.1f}s: "
+                                  f"{runner.failure() or ''}") from None
 
     def stop(self) -> None:
         runner, self._runner = self._runner, None
