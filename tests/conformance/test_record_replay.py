@@ -25,6 +25,7 @@ import run_fidelity
 import schedules
 import stack
 
+from vllm_vcr.testing.waits import timeout_scale
 from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.schema import TraceMeta, replay_subset
 from vllm_vcr.trace.stats import itl_samples, ttft_samples
@@ -82,4 +83,6 @@ def test_record_then_replay_tokens_and_timing(tmp_path):
     assert _median_close(ia, ib, 0.35, 2.0), ("engine ITL p50", ia, ib)
     ca = ttft_samples(read_trace(str(tmp_path / "rec.client.jsonl.gz")).records).quantile(50)
     cb = ttft_samples(read_trace(str(tmp_path / "play.client.jsonl.gz")).records).quantile(50)
-    assert ca / 3 <= cb <= 2 * ca, ("client TTFT p50", ca, cb)
+    # (a recording made beside other work runs its frontend slower still: the lower bound leaves
+    # room for that, the upper one for a replay made on a loaded machine)
+    assert ca / 5 <= cb <= 2 * ca * timeout_scale(), ("client TTFT p50", ca, cb)
