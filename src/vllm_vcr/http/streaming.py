@@ -32,7 +32,7 @@ from ..frontend.errors import STREAM_INTERNAL_ERROR
 from ..frontend.generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
-from .uvicorn_internals import _FRAME, DirectBody, WriteSide
+from .uvicorn_internals import CHUNK_FRAME, DirectBody, WriteSide
 
 _TOKEN_JSON: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _last_token_json: list[Any] = [lambda: None, None]  # a weak ref to the last tokenizer asked for, its cache
@@ -489,7 +489,7 @@ class SteadyChunks:
                 st = reader.renderer.fast
                 st.num_tokens = self.base[i] + k - 1
                 data = reader.renderer.feed_token(tokens[i])  # (caches the text when it can)
-                self.write(self.transports[i], _FRAME % (len(data), data))
+                self.write(self.transports[i], CHUNK_FRAME % (len(data), data))
                 if st.detok.pending:
                     self.partial.add(reader)
                 else:

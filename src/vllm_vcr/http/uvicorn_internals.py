@@ -197,7 +197,7 @@ def _message_complete(protocol_class: type) -> Callable:
     return on_message_complete
 
 
-_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body
+CHUNK_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body
 
 
 class DirectBody:
@@ -231,7 +231,7 @@ class DirectBody:
         c = self._cycle
         if c.flow.write_paused or c.disconnected or c.response_complete:
             return False
-        self._write(_FRAME % (len(data), data))
+        self._write(CHUNK_FRAME % (len(data), data))
         return True
 
     def blocked(self) -> bool:

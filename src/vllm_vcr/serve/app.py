@@ -97,8 +97,8 @@ class OpenAIApp:
         self.served = served(families, config)
         # path -> {method: (handler, generation)}; paths with a variable segment by (prefix, suffix)
         self.routes: dict[str, dict[str, tuple[Handler, bool]]] = {}
-        self.prefix_routes: list[tuple[str, str, dict[str, tuple[Handler, bool]]]] = []
-        self._templates: dict[int, str] = {}  # id(a prefix route's methods) -> its path template
+        # (prefix, suffix, methods, the path template)
+        self.prefix_routes: list[tuple[str, str, dict[str, tuple[Handler, bool]], str]] = []
         json_only = set()
         for route, switched_on in self.served:
             handler = route.handler(self) if switched_on else route.closed
@@ -110,8 +110,7 @@ class OpenAIApp:
                 methods = self.routes.setdefault(route.path, {})
             else:
                 methods = {}
-                self.prefix_routes.append((*pattern, methods))
-                self._templates[id(methods)] = route.path
+                self.prefix_routes.append((*pattern, methods, route.path))
             for method in route.methods:
                 methods[method] = (handler, generation)
             if route.json_only:
@@ -176,8 +175,8 @@ class OpenAIApp:
         if path in self.routes:
             handler = path
         else:
-            methods = self._match(path)
-            handler = "none" if methods is None else self._templates.get(id(methods), path)
+            match = self._match_route(path)
+            handler = "none" if match is None else match[3]
         metrics = self.http_metrics
         if metrics.excluded(handler):
             await OpenAIApp._route(self, scope, receive, send)
@@ -320,11 +319,17 @@ class OpenAIApp:
 
     def _match(self, path: str) -> dict[str, tuple[Handler, bool]] | None:
         """The methods of the route with a variable segment that `path` fills (one segment, no slash)."""
-        for prefix, suffix, methods in self.prefix_routes:
+        match = self._match_route(path)
+        return None if match is None else match[2]
+
+    def _match_route(self, path: str) -> tuple[str, str, dict[str, tuple[Handler, bool]], str] | None:
+        """The prefix route (prefix, suffix, methods, template) that `path` fills."""
+        for route in self.prefix_routes:
+            prefix, suffix = route[0], route[1]
             if path.startswith(prefix) and path.endswith(suffix):
                 middle = path[len(prefix): len(path) - len(suffix)]
                 if middle and "/" not in middle:
-                    return methods
+                    return route
         return None
 
     async def openapi(self, ctx: RequestContext) -> None:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import re
 import time
-from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, SummaryMetricFamily
 from prometheus_client.samples import Sample
+
+from .metrics import Histogram
 
 __all__ = ["HttpMetrics", "register_process_collectors", "EXCLUDED_HANDLERS", "HIGHR_BUCKETS", "LOWR_BUCKETS"]
 
@@ -46,28 +47,6 @@ def register_process_collectors(registry: CollectorRegistry) -> None:
     GCCollector(registry=registry)
 
 
-class _Hist:
-    __slots__ = ("bounds", "counts", "total", "created")
-
-    def __init__(self, bounds: tuple[float, ...], created: float):
-        self.bounds = [float(b) for b in bounds]
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.created = created
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect_left(self.bounds, v)] += 1
-        self.total += v
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
-        for b, c in zip(self.bounds, self.counts):
-            acc += c
-            out.append((repr(b), acc))
-        out.append(("+Inf", acc + self.counts[-1]))
-        return out
-
-
 class HttpMetrics:
     """prometheus-fastapi-instrumentator's default series, counted by `observe` once per request."""
 
@@ -77,8 +56,8 @@ class HttpMetrics:
         self.requests: dict[tuple[str, str, str], list[float]] = {}  # (method, status, handler) -> [n, created]
         self.in_size: dict[str, list[float]] = {}  # handler -> [count, sum, created]
         self.out_size: dict[str, list[float]] = {}
-        self.highr = _Hist(HIGHR_BUCKETS, now)
-        self.lowr: dict[tuple[str, str], _Hist] = {}  # (method, handler)
+        self.highr = Histogram(HIGHR_BUCKETS, now)
+        self.lowr: dict[tuple[str, str], Histogram] = {}  # (method, handler)
         if registry is not None:
             registry.register(self)
 
@@ -106,7 +85,7 @@ class HttpMetrics:
         self.highr.observe(duration)
         h = self.lowr.get((method, handler))
         if h is None:
-            h = self.lowr[(method, handler)] = _Hist(LOWR_BUCKETS, time.time())
+            h = self.lowr[(method, handler)] = Histogram(LOWR_BUCKETS, time.time())
         h.observe(duration)
 
     # -- exposition (a prometheus_client collector) -------------------------------------------

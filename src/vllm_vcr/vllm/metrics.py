@@ -89,15 +89,17 @@ ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # vllm:adm
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
-class _Hist:
-    """A histogram as two plain lists: observe() is one bisect and two additions."""
+class Histogram:
+    """A histogram as two plain lists: observe() is one bisect and two additions (`created`: the
+    time its family's `_created` sample reports, where it has one)."""
 
-    __slots__ = ("bounds", "counts", "total")
+    __slots__ = ("bounds", "counts", "total", "created")
 
-    def __init__(self, bounds: Iterable[float]):
+    def __init__(self, bounds: Iterable[float], created: float = 0.0):
         self.bounds = [float(b) for b in bounds]
         self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
         self.total = 0.0
+        self.created = created
 
     def observe(self, v: float) -> None:
         # bisect_left finds the first bound >= v, i.e. the `le` bucket Prometheus puts v in
@@ -185,7 +187,7 @@ class _Engine:
         self.tokens_taken = 0  # since the last batch (FrontendMetrics.token_observer)
         self.success = [0] * len(FINISH_REASONS)
         for attr, _, _, fam in _HISTOGRAMS:
-            setattr(self, "h_" + attr, _Hist(token_buckets if fam == "tokens" else fam))
+            setattr(self, "h_" + attr, Histogram(token_buckets if fam == "tokens" else fam))
 
 
 class TakenTokens:
@@ -684,7 +686,7 @@ class FrontendMetrics:
         for attr, metric, doc, _ in _HISTOGRAMS:
             fam = HistogramMetricFamily(metric, doc, labels=["model_name", "engine"])
             for lv, e in engines:
-                h: _Hist = getattr(e, "h_" + attr)
+                h: Histogram = getattr(e, "h_" + attr)
                 fam.add_metric(list(lv), h.cumulative(), h.total)
                 # prometheus_client's own Histogram exports a _created sample; so does vLLM
                 fam.samples.append(Sample(metric + "_created", {"model_name": lv[0], "engine": lv[1]}, created))
