@@ -108,6 +108,10 @@ class Request:
         self.max_tokens_without_eos = max_tokens  # the budget had no modeled EOS cut it
         self.burstable = False  # decodes with no gap between tokens: zero-latency steps may merge
 
+    def shift_due(self, delta: float) -> None:
+        """The next deadline `delta` later (after a pause)."""
+        self.next_due += delta
+
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)

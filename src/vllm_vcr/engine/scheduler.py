@@ -96,8 +96,8 @@ class Scheduler:
         shifted = []
         for due, seq, gen, req in (*self.decode_heap, *self.decode_lane):
             if req.status is RequestStatus.RUNNING and gen == req.heap_gen:
-                req.next_due = due + delta
-                shifted.append((due + delta, seq, gen, req))
+                req.shift_due(delta)
+                shifted.append((req.next_due, seq, gen, req))
         heapq.heapify(shifted)
         self.decode_heap = shifted
         self.decode_lane.clear()

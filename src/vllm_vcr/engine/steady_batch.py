@@ -122,6 +122,12 @@ class SteadyBatch:
             self.dues = array("d", [d + delta for d in self.dues])
             self.lo, self.hi = due, self.hi + delta
 
+    def shift_due(self, delta: float) -> None:
+        """Every member's deadline `delta` later (after a pause), as the plain path moves each one:
+        d + delta, bit for bit (rounding is monotonic, so lo and hi stay the min and the max)."""
+        self.dues = array("d", [d + delta for d in self.dues])
+        self.lo, self.hi = self.lo + delta, self.hi + delta
+
     def __len__(self) -> int:
         return len(self.reqs)
 
