@@ -134,14 +134,15 @@ def test_the_simulator_uses_it_only_when_steps_are_timed(monkeypatch):
     assert all(math.isfinite(r.end) for r in sim.done)
 
 
-def test_identical_prompts_under_kv_pressure_keep_their_own_output_blocks(monkeypatch):
+@pytest.mark.parametrize("prompt_len", [12, 11])  # 11: a block holds 3 prompt ids and the first output id
+def test_identical_prompts_under_kv_pressure_keep_their_own_output_blocks(monkeypatch, prompt_len):
     # timing-only engines draw no ids (CountedTokens): requests with the same prompt, preempted with
     # outputs, must still not find each other's output blocks (as with random ids)
     from vllm_vcr.simulate.workload import SimRequest, TraceWorkload
 
     monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
     args = _args(30, 4, 64, 8)
-    prompt = list(range(1, 13))
+    prompt = list(range(1, prompt_len + 1))
 
     def run(timing_only: bool):
         wl = TraceWorkload([SimRequest(f"r{i}", list(prompt), 70, arrival=0.001 * i) for i in range(8)])
@@ -163,3 +164,5 @@ def test_counted_tokens_spell_the_request_in_two_disjoint_ids():
         ids = t.take(5)
         assert ids == [t.next_token(i) for i in range(5)] and all(0 <= x < 32000 for x in ids)
         assert ids[0] < 16000 <= ids[1] and seen.setdefault(tuple(ids[:2]), seq) == seq
+    # the first id alone (a block may hold only it) differs between requests close in arrival
+    assert len({CountedTokens(seq, 32000).next_token(0) for seq in range(1000)}) == 1000

@@ -77,16 +77,18 @@ def _draw(rng: random.Random, vocab: int, avoid: frozenset[int], n: int) -> list
 
 class CountedTokens:
     """Token ids for a driver that never reads them (the offline simulator): no random draw, the
-    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), repeated.
-    What ids are for there: a preempted request's output blocks are hashed for its resume, and
-    must be its own, as random ids would be (two requests' ids never form the same block)."""
+    request's arrival number spelt in two ids (from disjoint halves of the vocabulary), its low
+    digit first, repeated. What ids are for there: a preempted request's output blocks are hashed
+    for its resume, and must be its own, as random ids would be (two requests' ids never form the
+    same block; a block that holds only a first output token differs between any two requests
+    fewer than half a vocabulary apart in arrival)."""
 
     __slots__ = ("_ids",)
 
     def __init__(self, seq: int, vocab_size: int) -> None:
         half = max(vocab_size // 2, 1)
         hi, lo = divmod(seq, half)
-        self._ids = (hi % half, half + lo)
+        self._ids = (lo, half + hi % half)
 
     def next_token(self, index: int) -> int:
         return self._ids[index & 1]
