@@ -6,6 +6,7 @@ import socket
 import tomllib
 
 import httpx
+import openai
 import pytest
 
 from vllm_vcr import MockServer, MockServerConfig, MockServerError
@@ -18,9 +19,9 @@ def chat(server: MockServer, **kwargs):
                                               max_tokens=kwargs.pop("max_tokens", 4), **kwargs)
 
 
-@pytest.mark.parametrize("mode", ["thread", "subprocess"])
-def test_both_modes_serve_count_and_patch(mode):
-    with MockServer(mode=mode, inter_token_latency=1, max_num_seqs=5) as server:
+@pytest.mark.parametrize("run_in", ["thread", "subprocess"])
+def test_both_runners_serve_count_and_patch(run_in):
+    with MockServer(run_in=run_in, inter_token_latency=1, max_num_seqs=5) as server:
         assert server.config_now()["max_num_seqs"] == 5
         assert chat(server).choices[0].finish_reason == "length"
         assert server.stats()["requests_completed"] == 1
@@ -47,11 +48,65 @@ def test_bad_configuration_is_a_clear_error():
     with pytest.raises(MockServerError, match="--max-num-seqs: must be >= 1"):
         MockServer(max_num_seqs=0).start()
     with pytest.raises(MockServerError, match="unrecognized arguments: --bogus"):
-        MockServer(extra_args=["--bogus"], mode="subprocess").start()
+        MockServer(extra_args=["--bogus"], run_in="subprocess").start()
     with pytest.raises(MockServerError, match="did not start.*--served-model-name"):
         MockServer(served_model_name=[""]).start()
     with pytest.raises(MockServerError, match="not running"):
         MockServer().stats()
+
+
+def test_mode_is_the_engines_output_mode_and_run_in_where_it_runs():
+    with MockServer(mode="echo", inter_token_latency=1) as server:
+        assert server.run_in == "thread"
+        with server.openai_client(max_retries=0) as client:
+            out = client.completions.create(model="vllm-vcr/sim", prompt="say it back", max_tokens=50)
+        assert out.choices[0].text.startswith("say it back")  # (echo repeats the prompt up to max_tokens)
+    with pytest.raises(ValueError, match="run_in='subprocess'"):
+        MockServer(mode="subprocess")
+    with pytest.raises(ValueError, match="run_in must be"):
+        MockServer(run_in="random")
+
+
+def _metric(server: MockServer, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_fault_scripts_gauges_and_stats_in_one_call_each():
+    with MockServer(inter_token_latency=1) as server:
+        script = server.set_faults({"action": "http_error", "error": "unavailable", "count": 2})
+        assert [r["remaining"] for r in script["rules"]] == [2]
+        with server.openai_client(max_retries=0) as client:
+            for _ in range(2):
+                with pytest.raises(openai.APIStatusError) as e:
+                    client.completions.create(model="vllm-vcr/sim", prompt="x", max_tokens=2)
+                assert e.value.status_code == 503
+            assert client.completions.create(model="vllm-vcr/sim", prompt="x", max_tokens=2).choices
+        assert server.faults()["rules"] == []
+        assert server.stats()["requests_completed"] == 1
+
+        gauges = server.set_gauges(num_requests_waiting={"function": "constant", "value": 7},
+                                   **{"vllm:kv_cache_usage_perc": {"function": "constant", "value": 0.5}})
+        assert set(gauges) >= {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+        assert _metric(server, "vllm:num_requests_waiting") == 7
+        assert _metric(server, "vllm:kv_cache_usage_perc") == 0.5
+        server.clear_gauges()
+        assert _metric(server, "vllm:num_requests_waiting") == 0
+        with pytest.raises(MockServerError, match="422"):
+            server.set_gauges(num_requests_waiting={"function": "zigzag"})
+
+
+@pytest.mark.vllm_vcr(mode="echo", inter_token_latency=1,
+                      faults=[{"action": "http_error", "error": "rate_limit", "count": 1}],
+                      gauges={"num_requests_running": {"function": "constant", "value": 3}})
+def test_fixture_takes_the_output_mode_faults_and_gauges(vllm_vcr_server):
+    assert vllm_vcr_server.config.mode == "echo"
+    assert _metric(vllm_vcr_server, "vllm:num_requests_running") == 3
+    with vllm_vcr_server.openai_client(max_retries=0) as client:
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model="vllm-vcr/sim", prompt="hello", max_tokens=5)
+        assert client.completions.create(model="vllm-vcr/sim", prompt="hello", max_tokens=5).choices[0].text \
+            .startswith("hello")
 
 
 def test_a_bad_patch_reports_the_control_apis_error():

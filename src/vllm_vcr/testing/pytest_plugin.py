@@ -8,7 +8,8 @@
     def test_retries(vllm_vcr_server): ...
 
 The marker and an indirect parameter (a dict or a MockServerConfig) take MockServerConfig's
-fields plus `mode` ("thread" or "subprocess"); the parameter wins where both set a field. The
+fields plus MockServer's `run_in` ("thread" or "subprocess"), `faults` (fault-script rules) and
+`gauges` (scripted gauges); the parameter wins where both set a field. The
 server is started for the test and stopped after it. Importing this module is cheap: pytest
 imports it for every run in an environment where vllm-vcr is installed.
 """
@@ -25,7 +26,7 @@ MARKER = "vllm_vcr"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARKER}(**fields): configure the vllm_vcr_server fixture (MockServerConfig fields, mode=)")
+        "markers", f"{MARKER}(**fields): configure the vllm_vcr_server fixture (MockServerConfig fields, run_in=, faults=, gauges=)")
 
 
 def _options(request: pytest.FixtureRequest) -> dict[str, Any]:
@@ -54,11 +55,18 @@ def vllm_vcr_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     from .server import MockServer
 
     options = _options(request)
-    mode = options.pop("mode", "thread")
+    server_options = {k: options.pop(k) for k in _SERVER_OPTIONS if k in options}
     known = {f.name for f in dataclasses.fields(MockServerConfig)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise pytest.UsageError(f"vllm_vcr_server: unknown option(s) {', '.join(unknown)}; "
-                                f"use MockServerConfig fields, mode, or extra_args=[...]")
-    with MockServer(MockServerConfig(**options), mode=mode) as server:
+                                f"use MockServerConfig fields, {', '.join(_SERVER_OPTIONS)}, or extra_args=[...]")
+    try:
+        server = MockServer(MockServerConfig(**options), **server_options)
+    except ValueError as e:
+        raise pytest.UsageError(f"vllm_vcr_server: {e}") from None
+    with server:
         yield server
+
+
+_SERVER_OPTIONS = ("run_in", "faults", "gauges")  # MockServer's own keywords, beside the config's fields

@@ -4,13 +4,15 @@
         client = server.openai_client()
         ...
         server.patch_config(failure_injection_rate=1.0)
+        server.set_faults({"action": "http_error", "error": "unavailable", "count": 5})
         assert server.stats()["requests_received"] == 3
 
-In-process (`mode="thread"`, the default) the command line is parsed by the `vllm-vcr` parser
-and run by the coroutine the CLI runs, on an event loop of its own thread; `mode="subprocess"`
+In-process (`run_in="thread"`, the default) the command line is parsed by the `vllm-vcr` parser
+and run by the coroutine the CLI runs, on an event loop of its own thread; `run_in="subprocess"`
 starts `python -m vllm_vcr serve` (process-wide state such as signals and GC tuning then stays
 out of the test process). Both listen on 127.0.0.1 and enable the control API on a second port,
-which `patch_config`, `stats` and `reset_stats` use.
+which the control methods (config, stats, fault scripts, gauges) use. `mode` is the engine's
+output mode (`random`/`echo`), a `MockServerConfig` field like any other flag.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, Literal
+from typing import Any, Literal, Mapping, Sequence
 
 import httpx
 
 from .config import MockServerConfig
 from .waits import free_port, scaled, wait_http_ok
 
-Mode = Literal["thread", "subprocess"]
+RunIn = Literal["thread", "subprocess"]
 
 
 class MockServerError(RuntimeError):
@@ -41,12 +43,21 @@ class MockServerError(RuntimeError):
 class MockServer:
     """A `vllm-vcr serve` for one test or fixture: start()/stop(), or a (async) context manager."""
 
-    def __init__(self, config: MockServerConfig | None = None, *, mode: Mode = "thread",
-                 host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0, **fields: Any):
-        if mode not in ("thread", "subprocess"):
-            raise ValueError(f"mode must be 'thread' or 'subprocess', got {mode!r}")
+    def __init__(self, config: MockServerConfig | None = None, *, run_in: RunIn = "thread",
+                 host: str = "127.0.0.1", port: int = 0, startup_timeout: float = 60.0,
+                 faults: Sequence[Mapping[str, Any]] | None = None, gauges: Mapping[str, Any] | None = None,
+                 **fields: Any):
+        """`faults` (fault-script rules) and `gauges` (scripted gauges) are installed once the server
+        is up, as `set_faults(*faults)` and `set_gauges(gauges)` would."""
+        if run_in not in ("thread", "subprocess"):
+            raise ValueError(f"run_in must be 'thread' or 'subprocess', got {run_in!r}")
+        if fields.get("mode") in ("thread", "subprocess"):
+            raise ValueError(f"mode={fields['mode']!r}: `mode` is the engine's output mode ('random' or 'echo'); "
+                             f"use run_in={fields['mode']!r} to choose where the server runs")
         self.config = (config or MockServerConfig()).replace(**fields)
-        self.mode = mode
+        self.run_in = run_in
+        self.initial_faults = list(faults or ())
+        self.initial_gauges = dict(gauges or {})
         self.host = host
         self.port = port
         self.control_port = 0
@@ -94,6 +105,38 @@ class MockServer:
         """POST /stats/reset; returns the counters right after the reset."""
         return self._control("POST", "/stats/reset")
 
+    def set_faults(self, *rules: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT /faults: these rules, in order, replace the fault script (docs/faults.md); returns
+        the script as GET /faults shows it. No rules: the script is cleared."""
+        if not rules:
+            return self.clear_faults()
+        return self._control("PUT", "/faults", json={"rules": [dict(r) for r in rules]})
+
+    def faults(self) -> dict[str, Any]:
+        """GET /faults: the rules left (each with its `remaining` count) and the requests seen."""
+        return self._control("GET", "/faults")
+
+    def clear_faults(self) -> dict[str, Any]:
+        """DELETE /faults."""
+        return self._control("DELETE", "/faults")
+
+    def set_gauges(self, gauges: Mapping[str, Any] | None = None, **by_name: Any) -> dict[str, Any]:
+        """PUT /gauges: scripted values for `/metrics` (docs/faults.md), keyed by the metric name or
+        by its name without `vllm:`: `set_gauges(num_requests_waiting={"function": "constant", "value": 5})`."""
+        body = {**(gauges or {}), **by_name}
+        body = {name if ":" in name else "vllm:" + name: dict(spec) for name, spec in body.items()}
+        if not body:
+            return self.clear_gauges()
+        return self._control("PUT", "/gauges", json=body)
+
+    def gauges(self) -> dict[str, Any]:
+        """GET /gauges: the scripted gauges, each with its current value."""
+        return self._control("GET", "/gauges")
+
+    def clear_gauges(self) -> dict[str, Any]:
+        """DELETE /gauges: `/metrics` reports the engines' own values again."""
+        return self._control("DELETE", "/gauges")
+
     def _control(self, method: str, path: str, **kwargs: Any) -> Any:
         if self._runner is None:
             raise MockServerError("the server is not running")
@@ -112,7 +155,7 @@ class MockServer:
         if self._runner is not None:
             raise MockServerError("already started")
         self.control_port = free_port(self.host)
-        if self.mode == "thread":
+        if self.run_in == "thread":
             sock = socket.create_server((self.host, self.port))
             self.port = sock.getsockname()[1]
             try:
@@ -126,6 +169,10 @@ class MockServer:
         self._runner = runner
         try:
             self._wait_ready(runner)
+            if self.initial_faults:
+                self.set_faults(*self.initial_faults)
+            if self.initial_gauges:
+                self.set_gauges(self.initial_gauges)
         except BaseException:
             self.stop()
             raise
@@ -164,7 +211,7 @@ class MockServer:
 
     def __repr__(self) -> str:
         state = "running" if self._runner is not None else "stopped"
-        return f"MockServer({self.url}, mode={self.mode}, {state})"
+        return f"MockServer({self.url}, run_in={self.run_in}, {state})"
 
 
 def _parse(argv: list[str]) -> Any:
