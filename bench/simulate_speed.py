@@ -93,9 +93,9 @@ def _child_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _cli(argv: list[str]) -> dict:
+def _cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
     """One `python -m vllm_vcr` process: its CPU seconds (user + system) and wall seconds."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src"), **(env or {})}
     c0, w0 = _child_cpu(), time.perf_counter()
     subprocess.run([sys.executable, "-m", "vllm_vcr", *argv], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=600)
@@ -106,6 +106,10 @@ STARTUP_CASES = {
     "simulate --help": ["simulate", "--help"],
     "10 requests, latency knobs": ["simulate", "--num-requests", "10", "--concurrency", "2",
                                    "--inter-token-latency", "10", "--no-progress", "--no-figures"],
+    "10 requests, --perf-model aic, nothing kept (VLLM_VCR_PERF_CACHE=0)": ["simulate",
+                                      "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
+                                      "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
+                                      "--no-progress", "--no-figures"],
     "10 requests, --perf-model aic": ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
                                       "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
                                       "--no-progress", "--no-figures"],
@@ -121,7 +125,7 @@ def _startup(repeat: int) -> dict:
         for _ in range(repeat):
             for name, argv in STARTUP_CASES.items():
                 argv = argv + (["-o", tmp] if "--help" not in argv else [])
-                r = _cli(argv)
+                r = _cli(argv, {"VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else None)
                 row = out.setdefault(name, {"cpu_s": [], "wall_s": []})
                 row["cpu_s"].append(round(r["cpu_s"], 3))
                 row["wall_s"].append(round(r["wall_s"], 3))
