@@ -155,8 +155,16 @@ def main() -> int:
     ap.add_argument("--dynamo", metavar="PYTHON", help="the interpreter of a venv with ai-dynamo installed")
     ap.add_argument("--sizes", default="", help="comma list of request counts: cost per request at each size")
     ap.add_argument("--startup", action="store_true", help="time `vllm-vcr simulate` processes (CPU seconds)")
+    ap.add_argument("--startup-only", action="store_true", help="only the start-up table (implies --startup)")
     ap.add_argument("--markdown", action="store_true", help="also print the tables of docs/benchmarks.md")
     a = ap.parse_args()
+    if a.startup_only:
+        result = {"workload": vars(a), "cpus": os.cpu_count(), "runs": [], "summary": {}, "scaling": [],
+                  "startup": _startup(a.repeat)}
+        print(json.dumps(result, indent=1))
+        if a.markdown:
+            print(_markdown(result))
+        return 0
     args, compile_s = _engine_args()
     shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
@@ -197,8 +205,9 @@ def _markdown(result: dict) -> str:
     for r in result["runs"]:
         by_path.setdefault((r["path"], f"ISL {r['isl']}, OSL {r['osl']}"), []).append(r)
     shapes = list(dict.fromkeys(shape for _, shape in by_path))
-    lines += ["| requests per CPU second (median; runs) | plain path | timing-only (default) | Dynamo offline replay |",
-              "|---|---:|---:|---:|"]
+    if shapes:
+        lines += ["| requests per CPU second (median; runs) | plain path | timing-only (default) | "
+                  "Dynamo offline replay |", "|---|---:|---:|---:|"]
     for shape in shapes:
         cells = []
         for path in ("plain", "timing_only", "dynamo_offline_replay"):
