@@ -14,8 +14,15 @@ its default timing: it has no AIC without aiconfigurator-core in its venv) on th
 shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way, and
 `--fixed` runs our side on that shape too.
 
+`--sizes 1000,10000,100000` measures the cost per request at each size (timing-only path, fixed
+shape; Dynamo too with `--dynamo`), `--startup` the `vllm-vcr simulate` process itself (CPU
+seconds of `--help`, of a 10-request run without and with the perf model, and of a whole
+1,000-request run with it: child-process rusage), and `--markdown` prints the tables of
+docs/benchmarks.md after the JSON.
+
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
+          [--sizes 1000,10000,100000] [--startup] [--markdown]
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import argparse
 import gc
 import json
 import os
+import resource
 import statistics
+import tempfile
 import subprocess
 import sys
 import time
@@ -74,9 +83,55 @@ def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int,
     sim = simulate(args, wl, concurrency=concurrency, timing_only=timing_only)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     tokens = sum(r.num_out for r in sim.done)
-    return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed,
+    return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed, "n": requests,
             "cpu_s": cpu, "wall_s": wall, "requests_per_cpu_s": len(sim.done) / cpu,
             "requests_per_wall_s": len(sim.done) / wall, "output_tokens": tokens, "loadavg_1m_before": load}
+
+
+def _child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
+    """One `python -m vllm_vcr` process: its CPU seconds (user + system) and wall seconds."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src"), **(env or {})}
+    c0, w0 = _child_cpu(), time.perf_counter()
+    subprocess.run([sys.executable, "-m", "vllm_vcr", *argv], env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=600)
+    return {"cpu_s": _child_cpu() - c0, "wall_s": time.perf_counter() - w0}
+
+
+STARTUP_CASES = {
+    "simulate --help": ["simulate", "--help"],
+    "10 requests, latency knobs": ["simulate", "--num-requests", "10", "--concurrency", "2",
+                                   "--inter-token-latency", "10", "--no-progress", "--no-figures"],
+    "10 requests, --perf-model aic, nothing kept (VLLM_VCR_PERF_CACHE=0)": ["simulate",
+                                      "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
+                                      "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
+                                      "--no-progress", "--no-figures"],
+    "10 requests, --perf-model aic": ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
+                                      "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
+                                      "--no-progress", "--no-figures"],
+    "1,000 requests, --perf-model aic": ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
+                                         "--gpu", "h100_sxm", "--num-requests", "1000", "--concurrency", "64",
+                                         "--isl", "1024", "--osl", "256", "--no-progress", "--no-figures"],
+}
+
+
+def _startup(repeat: int) -> dict:
+    out: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(repeat):
+            for name, argv in STARTUP_CASES.items():
+                argv = argv + (["-o", tmp] if "--help" not in argv else [])
+                r = _cli(argv, {"VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else None)
+                row = out.setdefault(name, {"cpu_s": [], "wall_s": []})
+                row["cpu_s"].append(round(r["cpu_s"], 3))
+                row["wall_s"].append(round(r["wall_s"], 3))
+    for row in out.values():
+        row["median_cpu_s"] = statistics.median(row["cpu_s"])
+    return out
 
 
 def _dynamo(python: str, requests: int, concurrency: int) -> dict:
@@ -98,7 +153,18 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fixed", action="store_true", help="also run ISL 1024 / OSL 256 exactly (Dynamo's shape)")
     ap.add_argument("--dynamo", metavar="PYTHON", help="the interpreter of a venv with ai-dynamo installed")
+    ap.add_argument("--sizes", default="", help="comma list of request counts: cost per request at each size")
+    ap.add_argument("--startup", action="store_true", help="time `vllm-vcr simulate` processes (CPU seconds)")
+    ap.add_argument("--startup-only", action="store_true", help="only the start-up table (implies --startup)")
+    ap.add_argument("--markdown", action="store_true", help="also print the tables of docs/benchmarks.md")
     a = ap.parse_args()
+    if a.startup_only:
+        result = {"workload": vars(a), "cpus": os.cpu_count(), "runs": [], "summary": {}, "scaling": [],
+                  "startup": _startup(a.repeat)}
+        print(json.dumps(result, indent=1))
+        if a.markdown:
+            print(_markdown(result))
+        return 0
     args, compile_s = _engine_args()
     shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
@@ -108,6 +174,13 @@ def main() -> int:
             runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
         if a.dynamo:
             runs.append(_dynamo(a.dynamo, a.requests, a.concurrency))
+    scaling = []
+    for size in [int(x) for x in a.sizes.split(",") if x]:
+        for i in range(a.repeat):
+            scaling.append(_ours(args, "1024", "256", size, a.concurrency, i, True))
+            if a.dynamo:
+                scaling.append(_dynamo(a.dynamo, size, a.concurrency))
+    startup = _startup(a.repeat) if a.startup else None
     summary: dict[str, dict] = {}
     for r in runs:
         key = f"{r['path']} isl={r['isl']} osl={r['osl']}"
@@ -116,9 +189,53 @@ def main() -> int:
         summary[key]["requests_per_cpu_s"].append(round(r["requests_per_cpu_s"]))
     for s in summary.values():
         s["median_requests_per_cpu_s"] = statistics.median(s["requests_per_cpu_s"])
-    print(json.dumps({"workload": vars(a), "compile_s": compile_s, "cpus": os.cpu_count(), "runs": runs,
-                      "summary": summary}, indent=1))
+    result = {"workload": vars(a), "compile_s": compile_s, "cpus": os.cpu_count(), "runs": runs,
+              "summary": summary, "scaling": scaling, "startup": startup}
+    print(json.dumps(result, indent=1))
+    if a.markdown:
+        print(_markdown(result))
     return 0
+
+
+def _markdown(result: dict) -> str:
+    """The tables of docs/benchmarks.md (medians over the repeats)."""
+    med = statistics.median
+    lines = []
+    by_path: dict[tuple[str, str], list[dict]] = {}
+    for r in result["runs"]:
+        by_path.setdefault((r["path"], f"ISL {r['isl']}, OSL {r['osl']}"), []).append(r)
+    shapes = list(dict.fromkeys(shape for _, shape in by_path))
+    if shapes:
+        lines += ["| requests per CPU second (median; runs) | plain path | timing-only (default) | "
+                  "Dynamo offline replay |", "|---|---:|---:|---:|"]
+    for shape in shapes:
+        cells = []
+        for path in ("plain", "timing_only", "dynamo_offline_replay"):
+            rs = by_path.get((path, shape))
+            if not rs:
+                cells.append("-")
+                continue
+            v = [r["requests_per_cpu_s"] for r in rs]
+            cells.append(f"{med(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})")
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    if result["scaling"]:
+        lines += ["", "| requests (ISL 1024, OSL 256, C 64) | simulate µs/request | simulate req/CPU-s | "
+                      "Dynamo µs/request | Dynamo req/CPU-s |", "|---:|---:|---:|---:|---:|"]
+        by_size: dict[tuple[str, int], list[float]] = {}
+        for r in result["scaling"]:
+            n = r["n"] if "n" in r else r["requests"]
+            by_size.setdefault((r["path"], n), []).append(r["cpu_s"] / n)
+        for n in sorted({k[1] for k in by_size}):
+            row = [f"{n:,}"]
+            for path in ("timing_only", "dynamo_offline_replay"):
+                v = by_size.get((path, n))
+                row += [f"{med(v) * 1e6:.0f}", f"{1 / med(v):,.0f}"] if v else ["-", "-"]
+            lines.append("| " + " | ".join(row) + " |")
+    if result["startup"]:
+        lines += ["", "| `python -m vllm_vcr ...` (one process) | CPU s (median) | runs |", "|---|---:|---|"]
+        for name, row in result["startup"].items():
+            lines.append(f"| {name} | {row['median_cpu_s']:.2f} | {', '.join(f'{x:.2f}' for x in row['cpu_s'])} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

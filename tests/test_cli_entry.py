@@ -229,3 +229,16 @@ def test_console_script_help_lists_every_subcommand(broken_install):
     # a subcommand that loaded still runs from the same broken install
     r = _run(script, broken_install, "inspect", "summarize", str(SIMPLE_TRACE))
     assert r.returncode == 0, r.stderr
+
+
+def test_running_a_subcommand_imports_only_its_own_module():
+    """Start-up: `vllm-vcr simulate ...` does not import serve's HTTP stack or the other adapters."""
+    code = ("import sys\nfrom vllm_vcr import cli\n"
+            "try:\n    cli.main(['simulate', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in cli.SUBCOMMANDS.values() if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['vllm_vcr.simulate.cli']"
+    assert "--num-requests" in out.stdout
+

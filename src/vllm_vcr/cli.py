@@ -81,11 +81,14 @@ def _short(path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def load_subcommands() -> tuple[dict[str, ModuleType], dict[str, Unavailable]]:
-    """Import every subcommand's module: (the ones that loaded, the ones that did not and why)."""
+def load_subcommands(names=None) -> tuple[dict[str, ModuleType], dict[str, Unavailable]]:
+    """Import the subcommands' modules (all, or those in `names`): (the ones that loaded, the ones
+    that did not and why)."""
     loaded: dict[str, ModuleType] = {}
     unavailable: dict[str, Unavailable] = {}
     for name, mod_name in SUBCOMMANDS.items():
+        if names is not None and name not in names:
+            continue
         try:
             loaded[name] = importlib.import_module(mod_name)
         except Exception as e:  # noqa: BLE001 - any failure at import time makes the subcommand unavailable
@@ -100,6 +103,8 @@ def _build(loaded: dict[str, ModuleType], unavailable: dict[str, Unavailable]) -
     parser.add_argument("--version", action="version", version=f"vllm-vcr {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:  # in the table's order, loaded or not
+        if name not in loaded and name not in unavailable:  # not asked for (main: another subcommand runs)
+            continue
         if name in loaded:
             loaded[name].add_parser(sub)
         else:  # no flags of its own: main() reports why before anything else is parsed
@@ -115,9 +120,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    loaded, unavailable = load_subcommands()
-    parser = _build(loaded, unavailable)
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `vllm-vcr SUBCOMMAND ...` imports that subcommand's module only (start-up time: the others pull in
+    # numpy, pydantic, the HTTP stack); anything else (`--help`, `--version`, a typo) builds the whole table
+    only = {argv[0]} if argv[:1] and argv[0] in SUBCOMMANDS else None
+    loaded, unavailable = load_subcommands(only)
+    parser = _build(loaded, unavailable)
     if argv[:1] == ["serve"] and "serve" in loaded:  # vLLM's --config file.yaml
         argv = loaded["serve"].expand_argv(argv)
     args, rest = parser.parse_known_args(argv)

@@ -18,6 +18,39 @@ def _env(name: str, default):
     return os.environ.get(name, default)
 
 
+# The latency knobs' defaults, for every command that takes them (`serve`, `play`, `simulate`):
+# EngineConfig's own field defaults, so there is one place for them.
+_DEFAULTS = EngineConfig()
+
+# flag -> (EngineConfig field, MOCK_* environment variable)
+LATENCY_FLAGS = {
+    "--time-to-first-token": ("time_to_first_token", "MOCK_TTFT_MS"),
+    "--time-to-first-token-std-dev": ("time_to_first_token_std_dev", "MOCK_TTFT_STDDEV_MS"),
+    "--inter-token-latency": ("inter_token_latency", "MOCK_ITL_MS"),
+    "--inter-token-latency-std-dev": ("inter_token_latency_std_dev", "MOCK_ITL_STDDEV_MS"),
+    "--prefill-overhead": ("prefill_overhead", "MOCK_PREFILL_OVERHEAD_MS"),
+    "--prefill-time-per-token": ("prefill_time_per_token", "MOCK_PREFILL_TIME_PER_TOKEN_MS"),
+    "--prefill-time-std-dev": ("prefill_time_std_dev", "MOCK_PREFILL_TIME_STDDEV_MS"),
+    "--time-factor-under-load": ("time_factor_under_load", "MOCK_TIME_FACTOR_UNDER_LOAD"),
+}
+
+
+def latency_default(flag: str) -> float:
+    """The default of a latency flag: its MOCK_* variable when set, else EngineConfig's default."""
+    field, env = LATENCY_FLAGS[flag]
+    return _env(env, getattr(_DEFAULTS, field))
+
+
+def latency_knobs_line(config: EngineConfig) -> str:
+    """The knob latency model in one line, naming the knobs left at their (serve's) defaults."""
+    parts, defaults = [], []
+    for flag, (field, _env_name) in LATENCY_FLAGS.items():
+        value = getattr(config, field)
+        (defaults if value == getattr(_DEFAULTS, field) else parts).append(f"{flag} {value:g}")
+    text = ", ".join(parts) if parts else "none given"
+    return f"{text}; at serve's defaults: {', '.join(defaults)}" if defaults else text
+
+
 def none_hash_seed_from_env() -> str | None:
     """vLLM's NONE_HASH seed: $PYTHONHASHSEED when set (vLLM's `init_none_hash`), else None (the
     engine's default: vLLM's without it). The engine reads no environment: it gets this in
@@ -28,18 +61,18 @@ def none_hash_seed_from_env() -> str | None:
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulated engine")
     ms = "milliseconds"
-    g.add_argument("--time-to-first-token", type=float, default=_env("MOCK_TTFT_MS", 0.0),
+    g.add_argument("--time-to-first-token", type=float, default=latency_default("--time-to-first-token"),
                    help=f"TTFT mean ({ms}); 0 with its std dev 0 selects the prefill model")
-    g.add_argument("--time-to-first-token-std-dev", type=float, default=_env("MOCK_TTFT_STDDEV_MS", 0.0))
-    g.add_argument("--inter-token-latency", type=float, default=_env("MOCK_ITL_MS", 0.0),
+    g.add_argument("--time-to-first-token-std-dev", type=float, default=latency_default("--time-to-first-token-std-dev"))
+    g.add_argument("--inter-token-latency", type=float, default=latency_default("--inter-token-latency"),
                    help=f"inter-token latency mean ({ms})")
-    g.add_argument("--inter-token-latency-std-dev", type=float, default=_env("MOCK_ITL_STDDEV_MS", 0.0))
-    g.add_argument("--prefill-overhead", type=float, default=_env("MOCK_PREFILL_OVERHEAD_MS", 0.0),
+    g.add_argument("--inter-token-latency-std-dev", type=float, default=latency_default("--inter-token-latency-std-dev"))
+    g.add_argument("--prefill-overhead", type=float, default=latency_default("--prefill-overhead"),
                    help=f"fixed prefill cost ({ms}) when TTFT is 0")
-    g.add_argument("--prefill-time-per-token", type=float, default=_env("MOCK_PREFILL_TIME_PER_TOKEN_MS", 0.0),
+    g.add_argument("--prefill-time-per-token", type=float, default=latency_default("--prefill-time-per-token"),
                    help=f"prefill cost per uncached prompt token ({ms})")
-    g.add_argument("--prefill-time-std-dev", type=float, default=_env("MOCK_PREFILL_TIME_STDDEV_MS", 0.0))
-    g.add_argument("--time-factor-under-load", type=float, default=_env("MOCK_TIME_FACTOR_UNDER_LOAD", 1.0),
+    g.add_argument("--prefill-time-std-dev", type=float, default=latency_default("--prefill-time-std-dev"))
+    g.add_argument("--time-factor-under-load", type=float, default=latency_default("--time-factor-under-load"),
                    help="latency multiplier reached at max-num-seqs running requests (>= 1.0)")
     g.add_argument("--kv-cache-size", type=int, default=_env("MOCK_KV_CACHE_SIZE", 1024),
                    help="KV cache capacity in blocks")

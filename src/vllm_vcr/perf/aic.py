@@ -18,6 +18,7 @@ from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .errors import PerfModelError
 from .qk_norm import qk_norm_ms
+from .spec_cache import load_or_compile
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +97,16 @@ def _compiled(key: str) -> Any:
 
     quiet = logging.getLogger("aiconfigurator_core")
     level, quiet.level = quiet.level, logging.ERROR  # it logs every fallback table it loads
-    try:
-        handle = EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
-                                      **t.compile_kwargs())
-        handle.decode_step_latency(1, 128, 2)  # fail now, not at the first step, on missing data
+    def probed(handle: Any) -> Any:  # fail now, not at the first step, on missing data
+        handle.decode_step_latency(1, 128, 2)
         handle.mixed_step_breakdown(128, 1, 128, 2, 0)
+        return handle
+
+    try:
+        handle = load_or_compile(  # a spec compiled by an earlier process loads in a millisecond
+            key, lambda: probed(EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                                     **t.compile_kwargs())),
+            lambda spec: probed(EngineHandle(spec)))
     except PerfModelError:
         raise
     except Exception as e:  # unsupported combination: missing kernels, flops, configs

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .aic import AicTarget
 from .catalog import configure_data_roots, import_aic
 from .errors import PerfModelError
+from .spec_cache import load_or_compute
 
 
 @dataclass(frozen=True)
@@ -35,16 +36,17 @@ def estimate_kv_capacity(target: AicTarget, *, block_size: int, gpu_memory_utili
     t = target.resolved()
     import_aic()
     configure_data_roots()
-    from aiconfigurator_core.sdk.memory import estimate_kv_cache
-
     quiet = logging.getLogger("aiconfigurator_core")
     level, quiet.level = quiet.level, logging.ERROR
+    call = dict(model=t.model, gpu=t.gpu, backend=t.backend, version=t.backend_version or "current",
+                max_num_tokens=max_num_batched_tokens, max_batch_size=max_num_seqs,
+                memory_fraction_value=gpu_memory_utilization, **t.compile_kwargs())
     try:
-        est = estimate_kv_cache(
+        est = load_or_compute("kv-estimate", call, lambda: _json_safe(_estimator()(
             t.model, t.gpu, t.backend, t.backend_version or "current",
             max_num_tokens=max_num_batched_tokens, max_batch_size=max_num_seqs,
             memory_fraction_kind="of_total", memory_fraction_value=gpu_memory_utilization,
-            **t.compile_kwargs())
+            **t.compile_kwargs())))
     except Exception as e:
         raise PerfModelError(f"--perf-model aic: cannot size the KV cache of {t.model} on {t.gpu} "
                              f"(tp={t.tensor_parallel_size}): {str(e).splitlines()[0][:300]}; "
@@ -60,3 +62,18 @@ def estimate_kv_capacity(target: AicTarget, *, block_size: int, gpu_memory_utili
                       bytes_per_token=int(est["kv_size_per_token_bytes"]),
                       gpu_bytes=int(est["total_gpu_capacity_bytes"]),
                       weights_bytes=int(breakdown.get("weights_bytes", 0)))
+
+
+def _estimator():
+    from aiconfigurator_core.sdk.memory import estimate_kv_cache  # (pandas: imported only when computing)
+
+    return estimate_kv_cache
+
+
+def _json_safe(est: dict) -> dict:
+    """The estimate's numbers this module reads, as plain JSON values (kept by spec_cache.py)."""
+    breakdown = est.get("memory_breakdown") or {}
+    return {"total_kv_size_tokens": int(est["total_kv_size_tokens"]),
+            "kv_size_per_token_bytes": int(est["kv_size_per_token_bytes"]),
+            "total_gpu_capacity_bytes": int(est["total_gpu_capacity_bytes"]),
+            "memory_breakdown": {"weights_bytes": int(breakdown.get("weights_bytes", 0))}}

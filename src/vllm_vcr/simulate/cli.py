@@ -80,11 +80,31 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError) as e:
         print(f"vllm-vcr simulate: error: {e}", file=sys.stderr)
         return 2
+    _say_latency_model(eargs)
     report = run_simulation(eargs, workload, engines=args.engine_count, router=args.router,
                             concurrency=args.concurrency, out_dir=Path(args.output_dir),
                             figures=not args.no_figures, progress=not args.no_progress)
     _print_summary(report, Path(args.output_dir))
     return 0
+
+
+def _say_latency_model(eargs) -> None:
+    """Without a perf model (or a latency trace) the latency knobs pace the engines, at `serve`'s
+    defaults unless given: one line saying which, and a warning when they are all zero (every step
+    takes no simulated time)."""
+    if eargs.perf_model or eargs.latency_trace or eargs.replay_steps:
+        return
+    from ..engine_cli import latency_knobs_line
+
+    c = eargs.config
+    knobs = latency_knobs_line(c)
+    if not (c.time_to_first_token or c.inter_token_latency or c.prefill_overhead or c.prefill_time_per_token):
+        logger.warning("no perf model: the latency knobs pace the engines (%s): every step takes 0 s of simulated "
+                       "time, so every latency is 0 and the throughput is undefined (null in report.json); for a "
+                       "GPU's step times give --perf-model aic --gpu GPU, or set the knobs, e.g. "
+                       "--time-to-first-token 150 --inter-token-latency 20", knobs)
+    else:
+        logger.info("no perf model: the latency knobs pace the engines: %s", knobs)
 
 
 def _print_summary(report: dict, out_dir: Path) -> None:
@@ -101,8 +121,10 @@ def _print_summary(report: dict, out_dir: Path) -> None:
     console = Console(stderr=False)
     console.print(table)
     th = report["throughput"]
-    console.print(f"throughput {th['output_tokens_per_s']:.0f} output tok/s, {th['requests_per_s']:.2f} req/s over "
-                  f"{th['duration_s']:.1f} s simulated; preemptions {report['preemptions']['total']}; "
+    rate = (f"throughput {th['output_tokens_per_s']:.0f} output tok/s, {th['requests_per_s']:.2f} req/s over "
+            f"{th['duration_s']:.1f} s simulated" if th["duration_s"] > 0 else
+            "throughput n/a: no simulated time passed (every step took 0 s)")
+    console.print(f"{rate}; preemptions {report['preemptions']['total']}; "
                   f"prefix-cache hit rate {report['prefix_cache_hit_rate']:.1%}")
     console.print(f"simulated in {report['wall_s']:.2f} s wall ({report['simulated_requests_per_wall_s'] or 0:.0f} "
                   f"requests/s); report: {out_dir / 'report.json'}")

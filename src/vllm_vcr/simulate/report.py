@@ -43,7 +43,7 @@ def build_report(sim: Simulation, meta: dict[str, Any] | None = None) -> dict[st
     m = request_metrics(sim)
     start = min((r.arrival for r in done), default=0.0)
     stop = max((r.end for r in done), default=0.0)
-    makespan = max(stop - start, 1e-9)
+    makespan = max(stop - start, 0.0)
     out_tokens = sum(r.num_out for r in done)
     in_tokens = sum(r.prompt_len for r in done)
     cached = sum(r.cached for r in done)
@@ -53,12 +53,7 @@ def build_report(sim: Simulation, meta: dict[str, Any] | None = None) -> dict[st
         "requests": len(done),
         "finish_reasons": _count(r.finish for r in done),
         "latency_ms": {k: _summary(v) for k, v in m.items()},
-        "throughput": {
-            "duration_s": makespan,
-            "requests_per_s": len(done) / makespan,
-            "output_tokens_per_s": out_tokens / makespan,
-            "input_tokens_per_s": in_tokens / makespan,
-        },
+        "throughput": _throughput(makespan, len(done), out_tokens, in_tokens),
         "prefix_cache_hit_rate": cached / in_tokens if in_tokens else 0.0,
         "preemptions": {"total": int(sum(tl.preemptions)), "per_engine": list(tl.preemptions)},
         "engines": _engine_summary(sim),
@@ -67,6 +62,16 @@ def build_report(sim: Simulation, meta: dict[str, Any] | None = None) -> dict[st
         "simulated_requests_per_wall_s": len(done) / sim.wall_s if sim.wall_s > 0 else None,
     }
     return report
+
+
+def _throughput(makespan: float, requests: int, out_tokens: int, in_tokens: int) -> dict[str, Any]:
+    """Rates over the makespan; None when no simulated time passed (every step took 0 s: the latency
+    knobs at zero), where a rate has no meaning."""
+    if makespan <= 0.0:
+        return {"duration_s": 0.0, "requests_per_s": None, "output_tokens_per_s": None,
+                "input_tokens_per_s": None}
+    return {"duration_s": makespan, "requests_per_s": requests / makespan,
+            "output_tokens_per_s": out_tokens / makespan, "input_tokens_per_s": in_tokens / makespan}
 
 
 def _count(items) -> dict[str, int]:

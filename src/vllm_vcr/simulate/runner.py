@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..engine.config import EngineArgs
+from ..engine.config import LATENCY_FIELDS, EngineArgs
 from .driver import Simulation
 from .report import build_report, write_figures, write_json
 from .router import make_router
@@ -28,6 +28,7 @@ def _meta(args: EngineArgs, workload, engines: int, router: str, concurrency: in
     load = f"concurrency {concurrency}" if workload.closed_loop else shape
     return {"title": f"{model}, {engines} engine(s), {router}, {load}", "perf_model": perf, "engines": engines,
             "router": router, "workload": shape, "concurrency": concurrency if workload.closed_loop else None,
+            "latency_knobs": None if perf else {f: getattr(args.config, f) for f in LATENCY_FIELDS},
             "kv_cache_blocks": args.kv_cache_size, "block_size": args.tokens_per_block,
             "max_num_seqs": args.config.max_num_seqs, "max_num_batched_tokens": args.config.max_num_batched_tokens}
 

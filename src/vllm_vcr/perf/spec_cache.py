@@ -1,0 +1,101 @@
+"""What the estimator computes at start-up, kept on disk between processes.
+
+Compiling an estimator (aiconfigurator-core's `EngineHandle.compile`) and its KV-cache memory
+estimate read the package's YAML and tables: 1-2 CPU seconds, most of a short `simulate` run or
+of `serve`'s start-up. What they produce is a few kilobytes of spec bytes (which load again in
+under a millisecond) and a small dict. Both are kept under `$VLLM_VCR_CACHE_DIR` (default
+`$XDG_CACHE_HOME/vllm-vcr`, else `~/.cache/vllm-vcr`) in `aic-specs/`, one file per identity:
+the inputs, the aiconfigurator-core version and the data paths it reads, hashed.
+`VLLM_VCR_PERF_CACHE=0` turns the cache off. A file that cannot be read or loaded is computed
+afresh (and rewritten); one that cannot be written is skipped: the cache only ever saves time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+_DATA_VARS = ("AICONFIGURATOR_SYSTEMS_PATH", "AICONFIGURATOR_MODEL_CONFIGS_PATH")
+
+
+def cache_dir() -> Path | None:
+    """Where specs are kept (None: the cache is off)."""
+    if os.environ.get("VLLM_VCR_PERF_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    root = os.environ.get("VLLM_VCR_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = os.path.join(xdg, "vllm-vcr") if xdg else os.path.join(os.path.expanduser("~"), ".cache", "vllm-vcr")
+    return Path(root) / "aic-specs"
+
+
+def spec_key(kind: str, inputs: str) -> str:
+    """The file name of what `inputs` give: everything the result depends on, hashed."""
+    try:
+        version = importlib.metadata.version("aiconfigurator-core")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    parts = [kind, inputs, version, *(os.environ.get(v, "") for v in _DATA_VARS)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def load_or_compile(target_key: str, compile_spec: Callable[[], Any], from_spec: Callable[[bytes], Any]) -> Any:
+    """The handle for `target_key`: loaded from its kept spec with `from_spec`, or made by
+    `compile_spec` (a handle with `.spec_bytes`), whose spec is then kept."""
+    root = cache_dir()
+    path = root / f"{spec_key('spec', target_key)}.bin" if root is not None else None
+    if path is not None:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = None
+        if data:
+            try:
+                return from_spec(data)
+            except Exception as e:  # noqa: BLE001 - a damaged or foreign file: compile afresh
+                logger.debug("perf spec cache: %s does not load (%s); compiling", path, e)
+    handle = compile_spec()
+    if path is not None:
+        _write(path, bytes(handle.spec_bytes))
+    return handle
+
+
+def load_or_compute(kind: str, inputs: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`compute()` (a JSON-able dict, a pure function of `inputs`), or what it gave before."""
+    root = cache_dir()
+    key = json.dumps(inputs, sort_keys=True)
+    path = root / f"{spec_key(kind, key)}.json" if root is not None else None
+    if path is not None:
+        try:
+            kept = json.loads(path.read_text())
+            if isinstance(kept, dict) and kept.get("inputs") == key:
+                return kept["result"]
+        except (OSError, ValueError, KeyError):
+            pass
+    result = compute()
+    if path is not None:
+        _write(path, json.dumps({"inputs": key, "result": result}).encode())
+    return result
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the whole new one
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        logger.debug("perf spec cache: cannot write %s (%s)", path, e)
