@@ -69,6 +69,7 @@ class ServeSettings:
     allow_credentials: bool = False
     stream_interval: int = 1
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
+    worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
 
     @property
     def model_name(self) -> str:
