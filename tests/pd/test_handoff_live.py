@@ -61,3 +61,40 @@ def test_a_failed_prefill_aborts_its_decoder_at_once(pair, decoder_first):
     assert d.status_code >= 400, d.text
     assert f"prefill worker aborted bootstrap room {room}" in d.text
     assert waited < scaled(20), waited  # the session timeout is 120 s
+
+
+def test_a_source_first_prefill_answers_once_its_decoder_has_pulled(pair):
+    """vLLM type (source first): the prefill computes at once and holds its KV, but its answer
+    (with the kv_transfer_params) waits until the handoff is complete: the decoder pulled."""
+    prefill, decode, boot = pair()
+    room = secrets.randbits(63)
+    params = meta(boot, room, "h-ok")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pre = pool.submit(complete, prefill.url, params)
+        time.sleep(0.5)
+        assert not pre.done()  # no decoder yet: no answer (the session timeout is 120 s)
+        d = complete(decode.url, params, max_tokens=3)
+        p = pre.result(timeout=scaled(30))
+    assert d.status_code == 200 and d.json()["choices"][0]["finish_reason"] == "length", d.text
+    assert p.status_code == 200, p.text
+    body = p.json()
+    assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 1
+    assert body["kv_transfer_params"]["bootstrap_room"] == room and body["kv_transfer_params"]["handoff_id"] == "h-ok"
+
+
+def test_a_source_first_prefill_without_a_decoder_fails_after_the_session_timeout(pair):
+    """No decoder within --handoff-session-timeout-ms: the prefill's KV is freed and its client gets
+    the handoff's error (as Dynamo's mocker sends an error output when the source session fails)."""
+    prefill, _, boot = pair(session_ms="2000")
+    room = secrets.randbits(63)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pre = pool.submit(complete, prefill.url, meta(boot, room, "h-alone"))
+        time.sleep(0.5)
+        assert not pre.done()
+        p = pre.result(timeout=scaled(30))
+    assert p.status_code == 500 and p.json()["error"]["type"] == "InternalServerError", p.text
+    assert p.json()["error"]["message"] == \
+        f"handoff session timed out after 2000 ms waiting for the decode worker (bootstrap room {room})"
+    usage = [line for line in httpx.get(prefill.url + "/metrics").text.splitlines()
+             if line.startswith("vllm:kv_cache_usage_perc")]
+    assert usage and float(usage[0].rsplit(" ", 1)[1]) == 0.0
