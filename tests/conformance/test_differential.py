@@ -819,3 +819,33 @@ def test_the_route_sets_match(real_ops, sim_ops):
                 if not _not_served((m, p))]
     findings += [f"route {m} {p}: served by serve, not listed by vLLM" for m, p in sorted(sim - real)]
     _check(findings, real_ops.version)
+
+
+WRONG_TYPE_BODIES = {"null": b"null", "true": b"true", "integer": b"3", "number": b"2.5", "string": b'"x"',
+                     "list": b"[1]", "object": b"{}", "deep_array": b"[" * 10_000 + b"]" * 10_000,
+                     "deep_object": b'{"a":' * 10_000 + b"1" + b"}" * 10_000}
+
+
+def test_wrong_type_bodies_same_answers(real, sim, vllm_version):
+    """Every JSON type (and a 10,000-deep nesting) as the body of the routes whose handlers read
+    it themselves, or not at all: the same status, error type and message (vLLM's own 500s
+    included: `body.get` on a non-object, the parser's recursion limit, the engine core's refusal
+    to release KV memory without a completed pause)."""
+    findings: list[str] = []
+    for path in ("/scale_elastic_ep", "/invocations", "/release_kv_cache_memory"):
+        for name, body in WRONG_TYPE_BODIES.items():
+            got = []
+            for base in (real.base_url, sim["base_url"]):
+                r = httpx.post(base + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+                err = r.json().get("error") if "json" in r.headers.get("content-type", "") else r.text[:200]
+                got.append((r.status_code, err["type"], err["message"]) if isinstance(err, dict) else
+                           (r.status_code, err))
+            a, b = got
+            if path == "/invocations" and name not in ("object", "deep_array", "deep_object"):
+                # the SageMaker decorators' own Python errors ("argument of type 'NoneType' is not
+                # iterable", ...): the status and type are compared, not their wording
+                a, b = a[:2], b[:2]
+            if a != b:
+                findings.append(f"{path} {name}: {a} in real, {b} in serve")
+    assert httpx.get(sim["base_url"] + "/health").status_code == 200
+    assert not findings, "\n".join(findings)

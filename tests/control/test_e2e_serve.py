@@ -317,3 +317,27 @@ def test_put_log_bounds_the_loggers_its_targets_create(serve_harness, tmp_path_f
             assert httpx.get(sp.url + "/health").status_code == 200
     finally:
         sp.stop()
+
+
+SPEC_CONFIG = Path(__file__).parent / "spec_config_example.json"  # the specification's Config example, verbatim
+
+
+def test_config_has_the_types_of_the_specifications_example(serve, ctl):
+    """Set to the example's values, GET /config answers the example's JSON: whole milliseconds
+    as integers (200, not 200.0), the load factor and the failure rate as floats."""
+    import json
+
+    raw = SPEC_CONFIG.read_text()
+    example = json.loads(raw)
+    r = ctl.patch("/config", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    for got in (r.json(), ctl.get("/config").json()):
+        shown = {k: got[k] for k in example}
+        assert shown == example
+        assert {k: type(v) for k, v in shown.items()} == {k: type(v) for k, v in example.items()}
+    text = ctl.get("/config").text
+    assert '"time_to_first_token":200,' in text and '"time_factor_under_load":1.0,' in text
+    assert '"failure_injection_rate":0.0,' in text
+    # a fraction of a millisecond (the CLI accepts one) is kept, not rounded
+    assert ctl.patch("/config", json={"inter_token_latency": 0.5}).json()["inter_token_latency"] == 0.5
+    ctl.patch("/config", json={"time_to_first_token": 0, "inter_token_latency": 0, "log_requests": True})

@@ -2,6 +2,7 @@
 
 import pytest
 
+from vllm_vcr.engine.request import RequestStatus
 from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
 
 
@@ -148,12 +149,58 @@ def test_handoff_prefill_reports_prefilled_and_ends_when_the_hold_is_released(ha
     h.core.kv_transfer.set_handoff_observer(obs)
     h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
     h.run(until=1.0)
-    params = h.outputs("p")[-1][1].kv_transfer_params
-    assert params["bootstrap_room"] == 7 and params["handoff_id"] == "h7"  # identity echoed back
+    token = h.outputs("p")[-1][1]  # the token is out, the finish waits for the handoff
+    assert token.new_token_ids and token.finish_reason is None and token.kv_transfer_params is None
     assert obs.calls == [("arrived", "p"), ("prefilled", "p", 7)]
+    assert h.core.num_unfinished == 1 and h.core.requests["p"].status is RequestStatus.HANDING_OFF
     h.core.release_kv_hold("p")
     h.run(until=1.1)
     assert obs.calls[-1] == ("ended", "p") and h.core.block_pool.num_free_blocks == 64
+    final = h.outputs("p")[-1][1]
+    assert final.finish_reason is FinishReason.LENGTH and not final.new_token_ids and final.error is None
+    params = final.kv_transfer_params
+    assert params["bootstrap_room"] == 7 and params["handoff_id"] == "h7"  # identity echoed back
+    assert h.core.num_unfinished == 0 and h.core.stats.requests_completed == 1
+
+
+def test_a_failed_handoff_fails_the_waiting_prefill(harness):
+    h = harness(worker_type="prefill", kv_cache_size=64)
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
+    h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
+    h.run(until=1.0)
+    h.core.release_kv_hold("p", "handoff session timed out after 5000 ms waiting for the decode worker")
+    h.run(until=1.1)
+    final = h.outputs("p")[-1][1]
+    assert final.finish_reason is FinishReason.ERROR
+    assert final.error.message == "handoff session timed out after 5000 ms waiting for the decode worker"
+    assert obs.calls[-1] == ("ended", "p") and h.core.block_pool.num_free_blocks == 64 and not h.core.requests
+
+
+def test_aborting_a_waiting_prefill_ends_its_handoff_and_frees_its_kv(harness):
+    h = harness(worker_type="prefill", kv_cache_size=64)
+    obs = RecordingObserver()
+    h.core.kv_transfer.set_handoff_observer(obs)
+    h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
+    h.run(until=1.0)
+    h.core.abort_requests(["p"])
+    h.run(until=1.1)
+    assert obs.calls == [("arrived", "p"), ("prefilled", "p", 7), ("ended", "p")]
+    assert h.core.block_pool.num_free_blocks == 64 and not h.core.requests and not h.core.kv_transfer.holds
+    h.core.release_kv_hold("p")  # a late release changes nothing
+    h.run()
+    assert h.core.stats.requests_aborted == 1 and h.core.stats.requests_completed == 0
+
+
+def test_an_expired_hold_fails_the_waiting_prefill(harness):
+    h = harness(worker_type="prefill", kv_cache_size=64, kv_hold_timeout=2.0)
+    h.core.kv_transfer.set_handoff_observer(RecordingObserver())
+    h.add_req(pd_request("p", h.prompt_of("p", 64), dict(HANDOFF), max_tokens=8))
+    h.run()
+    final = h.outputs("p")[-1][1]
+    assert final.finish_reason is FinishReason.ERROR
+    assert final.error.message == "KV hold expired before the decode side pulled it"
+    assert h.core.block_pool.num_free_blocks == 64 and not h.core.requests
 
 
 def test_handoff_abort_ends_the_session_once(harness):

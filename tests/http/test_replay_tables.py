@@ -31,6 +31,8 @@ def completion(sp, headers=None, **body):
 @pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
 def test_rows_are_selected_by_header_or_vllm_xargs(serve_process, table, engine_type):
     sp = serve_process("--response-replay-trace", str(table), "--engine-type", engine_type)
+    assert f"loaded response replay token table {table}: 3 rows" in sp.log()  # once, at start-up
+    assert sp.log().count("loaded response replay token table") == 1
     by_header = completion(sp, {"X-Output-Replay-Id": "greeting"})
     assert by_header["token_ids"] == [40, 41, 42, 43] and by_header["finish_reason"] == "length"
     by_xargs = completion(sp, vllm_xargs={"output_replay_id": "chat:1"})

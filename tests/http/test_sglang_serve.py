@@ -43,7 +43,37 @@ def test_generate_and_metrics(sglang):
         metrics = c.get("/metrics").text
     assert "sglang:num_running_reqs{" in metrics and "sglang:prompt_tokens_total{" in metrics
     assert "sglang:generation_tokens_total" in metrics and "vllm:" not in metrics
-    assert 'sglang:num_requests_total{model_name="vllm-vcr/sim"} 2.0' in metrics
+    assert 'sglang:num_requests_total{engine_type="unified",model_name="vllm-vcr/sim"} 2.0' in metrics
+
+
+SCHEDULER_SERIES = {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
+                    "sglang:num_retracted_reqs", "sglang:queue_time_seconds"}
+
+
+@pytest.mark.parametrize("worker_type,engine_type", [("aggregated", "unified"), ("prefill", "prefill"),
+                                                     ("decode", "decode")])
+def test_metric_labels_are_sglangs(serve_process, serve_harness, worker_type, engine_type):
+    """SGLang's label sets: the scheduler's series carry model_name, engine_type (its name for the
+    disaggregation mode), tp_rank, pp_rank and moe_ep_rank; the tokenizer's model_name and
+    engine_type."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sp = serve_process("--engine-type", "sglang", "--worker-type", worker_type,
+                       "--side-channel-port", str(serve_harness.free_port()))
+    r = httpx.post(sp.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=30)
+    assert r.status_code == 200, r.text
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(sp.url + "/metrics").text)}
+    sglang = {name: f for name, f in families.items() if name.startswith("sglang:")}
+    assert SCHEDULER_SERIES <= set(sglang)
+    scheduler = {"model_name": "vllm-vcr/sim", "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0",
+                 "moe_ep_rank": "0"}
+    tokenizer = {"model_name": "vllm-vcr/sim", "engine_type": engine_type}
+    for name, fam in sglang.items():
+        want = scheduler if name.removesuffix("_created") in SCHEDULER_SERIES else tokenizer
+        for sample in fam.samples:
+            labels = {k: v for k, v in sample.labels.items() if k != "le"}
+            assert labels == want, (name, sample)
+    assert families["sglang:num_requests"].samples[0].value == 1.0
 
 
 def test_router_routes_and_openai(sglang):

@@ -145,7 +145,7 @@ def test_release_kv_cache_memory(serve_process):
     sp = serve_process(*FAST, env=DEV)
     r = httpx.post(sp.url + "/release_kv_cache_memory")
     assert r.status_code == 500 and r.json()["error"]["message"] == \
-        "release_kv_cache_memory() requires a completed pause first"
+        "Call to release_kv_cache_memory method failed: release_kv_cache_memory() requires a completed pause first"
     assert httpx.post(sp.url + "/pause").json() == {"status": "paused"}
     assert httpx.post(sp.url + "/release_kv_cache_memory").json() == {"status": "kv_cache_released"}
     assert sleep_state(sp.url)["awake"] == 0.0

@@ -25,8 +25,10 @@ class Hold:
 
     def __init__(self):
         self.released = asyncio.Event()
+        self.error: str | None = None
 
-    def release(self):
+    def release(self, error: str | None = None):
+        self.error = error
         self.released.set()
 
 

@@ -55,3 +55,51 @@ def test_calibrate_names_a_missing_arrival_schedule(tmp_path, capsys):
     write_trace(path, TraceMeta(), [TraceRecord(prompt_tokens=4, output_tokens=1, ttft_ms=1.0)])
     assert main(["inspect", "calibrate", str(path)]) == 2
     assert "arrival_ms" in capsys.readouterr().err
+
+
+def test_the_documented_demo_calibrates(tmp_path):
+    """docs/inspect.md's commands, run as a user runs them: gen-demo, then calibrate on it."""
+    import subprocess
+    import sys
+
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "vllm_vcr", "inspect", *argv], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+
+    gen = cli("gen-demo", "-o", "demo.jsonl.gz", "--records", "200", "--seed", "0")
+    assert gen.returncode == 0, gen.stderr
+    cal = cli("calibrate", "demo.jsonl.gz", "-o", "calib/")
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    assert "verdict: PASS" in cal.stdout
+    assert (tmp_path / "calib" / "ttft_cdf.png").is_file()
+    js = cli("calibrate", "demo.jsonl.gz", "--json")
+    out = json.loads(js.stdout)
+    assert js.returncode == 0 and out["verdict"] == "PASS", out
+
+
+def test_the_demo_records_the_concurrency_its_arrivals_imply():
+    """A replay of the demo's arrivals sees as many requests in flight as each record says."""
+    from vllm_vcr.inspect.gen_demo import gen_demo
+
+    _, recs = gen_demo(records=300, seed=3)
+    ends = [r.arrival_ms + r.ttft_ms + sum(r.itl_ms) for r in recs]
+    for r in recs:
+        in_flight = sum(1 for q, end in zip(recs, ends) if q.arrival_ms <= r.arrival_ms < end)
+        assert r.concurrency == in_flight
+    assert max(r.concurrency for r in recs) > 1
+
+
+def test_a_difference_within_sampling_noise_is_no_miss():
+    """Quantiles of two small samples of one distribution differ by chance; far apart ones fail."""
+    from vllm_vcr.inspect.calibrate import compare
+
+    rng = random.Random(1)
+
+    def recs(mu, n=200):
+        return [TraceRecord(prompt_tokens=8, output_tokens=2, ttft_ms=rng.lognormvariate(mu, 0.9), itl_ms=[5.0])
+                for _ in range(n)]
+
+    same = compare(recs(3.5), recs(3.5), 0.05, 0.10)
+    assert all(r["ok"] for r in same), same
+    apart = compare(recs(3.5), recs(4.2), 0.05, 0.10)
+    assert not next(r for r in apart if r["metric"] == "ttft_ms" and r["quantile"] == "p50")["ok"]

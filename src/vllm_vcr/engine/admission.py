@@ -137,18 +137,23 @@ class Admission:
         if err is None:
             req = self.new_request(ecr, now)
             ktp = ecr.kv_transfer_params
-            if draining:
-                return reject(stats, outputs, finished, client, rid, FinishReason.ABORT, counter="requests_aborted",
-                              events=req.pending_events)
-            failure = self.injected_failure(rid)
-            if failure is not None:
-                return reject(stats, outputs, finished, client, rid, failure[0], stop_reason=failure[1],
-                              events=req.pending_events)
-            if req.max_tokens == 0:  # nothing may be generated: LENGTH without running (vLLM's check_stop)
-                return reject(stats, outputs, finished, client, rid, FinishReason.LENGTH,
-                              counter="requests_completed", events=req.pending_events)
             if has_handoff_metadata(ktp):
+                # registered first, so that a request ended right here still ends its handoff:
+                # the other side is told at once (a decoder waiting for this prefill gets ABORT),
+                # as when a client leaves mid-way, instead of waiting out the session timeout
                 err = self._kv_transfer.admit_handoff(req, ktp)
+        if err is None:
+            early = None
+            if draining:
+                early = (FinishReason.ABORT, None, "requests_aborted")
+            elif (failure := self.injected_failure(rid)) is not None:
+                early = (failure[0], failure[1], "requests_failed")
+            elif req.max_tokens == 0:  # nothing may be generated: LENGTH without running (vLLM's check_stop)
+                early = (FinishReason.LENGTH, None, "requests_completed")
+            if early is not None:
+                self._kv_transfer.end_handoff(rid)
+                return reject(stats, outputs, finished, client, rid, early[0], stop_reason=early[1],
+                              counter=early[2], events=req.pending_events)
         if err is not None:
             logger.warning("request %s rejected: %s", rid, err)
             return reject(stats, outputs, finished, client, rid, FinishReason.ERROR,

@@ -34,6 +34,7 @@ LATENCY_FIELDS = (
     "prefill_time_std_dev",
     "time_factor_under_load",
 )
+MS_FIELDS = LATENCY_FIELDS[:-1]  # milliseconds (time_factor_under_load is a factor)
 
 
 class FailureType(str, enum.Enum):
@@ -98,7 +99,14 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(str(e)) from None
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        """The fields as the control API's /config shows them: the millisecond fields as integers
+        when they are whole (`"time_to_first_token": 200`), the factor and the rate as floats."""
+        out = msgspec.to_builtins(self)
+        for name in MS_FIELDS:
+            v = out[name]
+            if isinstance(v, float) and v.is_integer():
+                out[name] = int(v)
+        return out
 
     def patched(self, patch: dict[str, Any]) -> "EngineConfig":
         """A validated copy with `patch` applied (patch already schema-checked)."""

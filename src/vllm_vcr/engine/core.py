@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
-from .admission import Admission, TokenSourceFactory, reject
+from .admission import Admission, TokenSourceFactory, finish_output, reject
 from .block_hash import make_block_hasher
 from .block_pool import BlockHasher, BlockPool, KVEventSink
 from .clock import RealClock, VirtualClock
@@ -212,9 +212,10 @@ class EngineCore(EngineControls):
         running ones go on: vLLM's PAUSED_NEW, the state of a sleeping or paused engine."""
         self.inbox.post(("pause", paused))
 
-    def release_kv_hold(self, request_id: str) -> None:
-        """The decode side has pulled this prefill's KV: free its held blocks."""
-        self.inbox.post(("release_kv", request_id))
+    def release_kv_hold(self, request_id: str, error: str | None = None) -> None:
+        """The decode side has pulled this prefill's KV: free its held blocks (`error`: the
+        handoff failed instead; a prefill whose finish waits for its handoff fails with it)."""
+        self.inbox.post(("release_kv", request_id, error))
 
     def kv_ready(self, request_id: str, error: str | None = None) -> None:
         """A deferred pull may start (the prefill side's KV is complete), or fails with `error`."""
@@ -361,7 +362,7 @@ class EngineCore(EngineControls):
             elif kind == "abort_all":
                 self.finish_requests(list(self.requests), finished, outputs)
             elif kind == "release_kv":
-                freed = self.kv_transfer.release_hold(msg[1]) or freed
+                freed = self.kv_transfer.release_hold(msg[1], msg[2] if len(msg) > 2 else None) or freed
             elif kind == "destination_joined":
                 if msg[2] is not None:
                     self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))
@@ -370,6 +371,8 @@ class EngineCore(EngineControls):
             elif kind == "kv_ready":
                 if self.kv_transfer.kv_ready(msg[1], msg[2], self.clock.now()):
                     self.finish_requests([msg[1]], finished, outputs, RequestError("kv_transfer_failed", msg[2]))
+        if self.kv_transfer.settled:
+            self._settle_handoffs(outputs, finished)
         if self.output.steady.touched:  # a batch whose earliest member left moves in the lane
             self.output.steady.flush()
         if outputs or finished or freed:  # freed blocks: a stats-only batch keeps kv_cache_usage current
@@ -405,6 +408,9 @@ class EngineCore(EngineControls):
             req = self.requests.pop(rid, None)
             if req is None:
                 continue
+            if req.status is RequestStatus.HANDING_OFF:  # its KV is held: free it, ending the handoff
+                self.kv_transfer.parked.pop(rid, None)
+                self.kv_transfer.release_hold(rid)
             self.scheduler.remove(req)
             req.status = RequestStatus.FINISHED
             if outputs is None:
@@ -419,6 +425,32 @@ class EngineCore(EngineControls):
                 reject(self.stats, outputs, finished, req.client_index, rid, FinishReason.ERROR,
                        events=req.pending_events, error=error)
             self.kv_transfer.end_handoff(rid)
+
+    def _settle_handoffs(self, outputs: list, finished: list) -> None:
+        """Finish the prefills whose handoff ended: as computed (the decoder pulled their KV), or
+        with the handoff's error."""
+        kvt = self.kv_transfer
+        settled, kvt.settled = kvt.settled, []
+        for rid, error in settled:
+            parked = kvt.parked.pop(rid, None)
+            req = self.requests.get(rid)
+            if parked is None or req is None or req.status is not RequestStatus.HANDING_OFF:
+                continue
+            del self.requests[rid]
+            req.status = RequestStatus.FINISHED
+            if error is not None:
+                logger.warning("request %s: KV handoff failed: %s", rid, error)
+                reject(self.stats, outputs, finished, req.client_index, rid, FinishReason.ERROR,
+                       error=RequestError("kv_transfer_failed", error))
+                continue
+            reason, stop_reason, params = parked
+            out = finish_output(rid, reason, stop_reason=stop_reason)
+            out.kv_transfer_params = params
+            self.stats.requests_completed += 1
+            outputs.append((req.client_index, out))
+            finished.append((req.client_index, rid))
+            if self._config.log_requests:
+                logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)
 
     def _abort_all(self, outputs: list, finished: list) -> None:
         """Abort every live request, each with a finish output (shutdown, the end of a drain)."""
@@ -452,6 +484,12 @@ class EngineCore(EngineControls):
             return  # paused in place: nothing is scheduled or emitted
         kvt = self.kv_transfer
         expired = kvt.expire_holds(now) if kvt.holds else False
+        if kvt.settled:  # an expired hold failed a prefill waiting for its handoff
+            settled_out: list = []
+            settled_fin: list = []
+            self._settle_handoffs(settled_out, settled_fin)
+            self.output.emit(settled_out, settled_fin, with_stats=True)
+            expired = False
         if kvt.transfers.remaining:
             self._pulled += kvt.pop_pulled(now)
         timed = self.timed

@@ -145,6 +145,11 @@ class KVTransfer:
         self.waits: set[str] = set()
         self._pulled_listeners: list[PulledListener] = []
         self._handoff: HandoffObserver | None = None
+        # prefill worker, bootstrap handoffs: the finish each computed request gives once its
+        # handoff ends (request id -> (finish reason, stop reason, kv_transfer_params)), and the
+        # ones whose handoff ended since the core last looked ((request id, error or None))
+        self.parked: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
+        self.settled: list[tuple[str, str | None]] = []
 
     # --- the adapters' interface -------------------------------------------------------------
     def add_pulled_listener(self, listener: PulledListener) -> None:
@@ -264,13 +269,25 @@ class KVTransfer:
             self._handoff.prefilled(req.request_id, params)
         return params
 
-    def release_hold(self, request_id: str) -> bool:
+    def awaits_handoff(self, req: Request) -> bool:
+        """A prefill worker's bootstrap handoff request: its finish waits for the handoff (`park`)."""
+        return self._args.worker_type == "prefill" and req.request_id in self.handoffs
+
+    def park(self, req: Request, reason: Any, stop_reason: Any, params: dict[str, Any]) -> None:
+        """The request's prefill is done and its KV held: it finishes when its hold is released
+        (the decoder pulled: this finish; the handoff failed: an error), see `settled`."""
+        self.parked[req.request_id] = (reason, stop_reason, params)
+
+    def release_hold(self, request_id: str, error: str | None = None) -> bool:
+        """Free a prefill's held KV: pulled by its decode side, or (`error`) given up on."""
         entry = self.holds.pop(request_id, None)
         if entry is None:
             return False
         self._kv.free(entry[0])
         self._scheduler.admission_blocked = False
         self.end_handoff(request_id)
+        if request_id in self.parked:
+            self.settled.append((request_id, error))
         return True
 
     def expire_holds(self, now: float) -> bool:
@@ -278,5 +295,5 @@ class KVTransfer:
         expired = False
         for rid in [rid for rid, (_, deadline) in self.holds.items() if deadline <= now]:
             logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
-            expired = self.release_hold(rid) or expired
+            expired = self.release_hold(rid, "KV hold expired before the decode side pulled it") or expired
         return expired

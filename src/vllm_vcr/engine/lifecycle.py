@@ -16,6 +16,17 @@ if TYPE_CHECKING:
     from .request import Request
 
 logger = logging.getLogger("vllm_vcr.engine")
+
+
+def release_kv_cache_refusal(paused_and_idle: bool, memory_resident: bool) -> str | None:
+    """Why an engine refuses vLLM's `release_kv_cache_memory` (its engine core's words), or None:
+    it needs a completed pause (scheduling paused, nothing unfinished) and every part of the
+    model's memory awake."""
+    if not paused_and_idle:
+        return "release_kv_cache_memory() requires a completed pause first"
+    if not memory_resident:
+        return "release_kv_cache_memory() requires all executor memory to be resident"
+    return None
 # (outputs, finished): every live request aborted, each with a finish output
 AbortAll = Callable[[list, list], None]
 # (outputs, finished, with_stats): a batch of outputs sent (OutputProcessor.emit)

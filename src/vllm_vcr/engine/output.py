@@ -152,12 +152,18 @@ class OutputProcessor:
             if req.trace_headers:
                 out.trace_headers = req.trace_headers
         if reason is not None:
-            out.finish_reason = reason
-            out.stop_reason = stop_reason
-            if req.remote_decode:
-                out.kv_transfer_params = self._kv_transfer.hold_for_decode(req, now)
-            self.free_request(req)
-            finished.append((req.client_index, req.request_id))
+            params = self._kv_transfer.hold_for_decode(req, now) if req.remote_decode else None
+            if params is not None and self._kv_transfer.awaits_handoff(req):
+                # a bootstrap handoff's prefill: the token now, the finish once the handoff ends
+                self._kv_transfer.park(req, reason, stop_reason, params)
+                self._scheduler.remove(req, free_blocks=False)
+                req.status = RequestStatus.HANDING_OFF
+            else:
+                out.finish_reason = reason
+                out.stop_reason = stop_reason
+                out.kv_transfer_params = params
+                self.free_request(req)
+                finished.append((req.client_index, req.request_id))
         else:
             pacing = req.pacing
             if pacing.itl_std == 0.0:  # the common case, kept cheap

@@ -26,6 +26,7 @@ class RequestStatus(enum.IntEnum):
     PREEMPTED = 2
     FINISHED = 3
     BOOTSTRAPPING = 4  # a destination-first prefill waiting for its decoder (not queued yet)
+    HANDING_OFF = 5  # a prefill worker's computed handoff request: its finish waits for the handoff's end
 
 
 class Request:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class ServeSettings:
     allow_credentials: bool = False
     stream_interval: int = 1
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
+    worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
 
     @property
     def model_name(self) -> str:
@@ -88,6 +90,22 @@ class RequestContext:
         self.arrival = scope.get("vllm_vcr.arrival") or time.time()  # when the request's head arrived
         # set just before the last body message: from then on a disconnect is the normal end
         self.finishing = False
+
+
+def raw_request_json(body: bytes, decode_error: Callable[[json.JSONDecodeError], HTTPError]) -> Any:
+    """A body as a vLLM handler that reads `await raw_request.json()` itself sees it: any JSON
+    value (its own checks follow); a JSONDecodeError becomes the handler's own error
+    (`decode_error`). What else the parser raises reaches vLLM's exception handlers: another
+    ValueError (invalid UTF-8) 400 BadRequestError, a RecursionError (nesting deeper than the
+    parser's stack) the catch-all's 500, each with the exception's text."""
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as e:
+        raise decode_error(e) from None
+    except ValueError as e:
+        raise HTTPError(400, str(e), "BadRequestError") from None
+    except RecursionError as e:
+        raise HTTPError(500, str(e), "InternalServerError") from None
 
 
 def parse_request(body: bytes, model: type[BaseModel]) -> Any:

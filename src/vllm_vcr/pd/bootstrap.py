@@ -38,13 +38,16 @@ class BootstrapError(Exception):
 
 
 class Room:
-    __slots__ = ("room_id", "state", "owner", "release", "decided", "decoder", "expiry", "joined")
+    __slots__ = ("room_id", "state", "owner", "release", "decided", "decoder", "expiry", "joined", "abort_reason")
 
     def __init__(self, room_id: int) -> None:
         self.room_id = room_id
         self.state = PENDING
         self.owner: object = None  # the prefill request that registered it; None until it arrives
-        self.release: Callable[[], None] | None = None  # frees the prefill's KV hold
+        # frees the prefill's KV hold: release() once its decoder has pulled it (the handoff is
+        # complete), release(error) when the handoff failed after the prefill was done
+        self.release: Callable[..., None] | None = None
+        self.abort_reason = ""  # why the room was aborted, what a done prefill is told
         self.decided = asyncio.get_running_loop().create_future()  # READY or ABORTED
         self.decoder = False  # a decode connection is attached
         self.expiry: asyncio.TimerHandle | None = None
@@ -89,9 +92,10 @@ class BootstrapServer:
         self.rooms.clear()
 
     # --- the engine's side (called from the engine loop through the handoff manager) ----------
-    def register(self, room_id: int, owner: object, release: Callable[[], None],
+    def register(self, room_id: int, owner: object, release: Callable[..., None],
                  joined: Callable[[str | None], None] | None = None) -> str | None:
-        """A prefill request with this room arrived; `release()` frees its hold once pulled.
+        """A prefill request with this room arrived; `release()` frees its hold once pulled,
+        `release(error)` once the handoff failed.
         Destination first, `joined(None)` lets it start once its decoder is in the room
         (`joined(error)`: the handoff failed before that)."""
         room = self.rooms.get(room_id)
@@ -113,7 +117,7 @@ class BootstrapServer:
         if room is None or room.owner != owner:
             return
         if room.state != PENDING:  # aborted meanwhile: nobody will pull, free the hold at once
-            self._release(room)
+            self._release(room, room.abort_reason)
             return
         room.state = READY
         room.decided.set_result(READY)
@@ -125,16 +129,17 @@ class BootstrapServer:
             return
         room.release = None
         if room.state == PENDING or (room.state == READY and not room.decoder):
-            self._abort(room)
+            self._abort(room, f"the prefill request of bootstrap room {room_id} ended")
 
     # --- rooms ---------------------------------------------------------------------------------
-    def _release(self, room: Room) -> None:
+    def _release(self, room: Room, error: str | None = None) -> None:
         fn, room.release = room.release, None
         if fn is not None:
-            fn()
+            fn() if error is None else fn(error)
 
-    def _abort(self, room: Room) -> None:
+    def _abort(self, room: Room, reason: str) -> None:
         room.tell_joined(f"bootstrap room {room.room_id} was aborted before its decoder joined")
+        room.abort_reason = reason
         room.state = ABORTED
         if not room.decided.done():
             room.decided.set_result(ABORTED)
@@ -155,9 +160,11 @@ class BootstrapServer:
         if room.decoder:
             return  # its connection handler owns the room's end
         logger.warning("bootstrap room %d: no decoder within the handoff session timeout", room.room_id)
+        reason = (f"handoff session timed out after {self.session_timeout * 1000:.0f} ms waiting for the "
+                  f"decode worker (bootstrap room {room.room_id})")
         if room.state == READY:
-            self._release(room)
-        self._abort(room)
+            self._release(room, reason)
+        self._abort(room, reason)
 
     def _forget(self, room: Room) -> None:
         if self.rooms.get(room.room_id) is room:
@@ -208,7 +215,8 @@ class BootstrapServer:
                     self._release(room)
                     self._forget(room)
                 elif room.state == PENDING:  # the decoder left first: nobody will pull
-                    self._abort(room)
+                    self._abort(room, f"the decode worker left bootstrap room {room.room_id} before the "
+                                      "prefill was complete")
             writer.close()
 
     async def _attend(self, room: Room, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -221,7 +229,8 @@ class BootstrapServer:
             if not done:
                 logger.warning("bootstrap room %d: the prefill did not finish within the handoff session timeout",
                                room.room_id)
-                self._abort(room)
+                self._abort(room, f"handoff session timed out after {self.session_timeout * 1000:.0f} ms "
+                                  f"before the prefill was complete (bootstrap room {room.room_id})")
             if room.state != READY:
                 writer.write(ABORT)
                 await writer.drain()

@@ -6,8 +6,11 @@ kv_transfer_params:
 
     {"bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": u64, "handoff_id": str}
 
-* prefill worker: the request registers its room with the bootstrap server; its finish (KV held)
-  ACKs the decoder; the decoder closing its connection after the pull releases the hold.
+* prefill worker: the request registers its room with the bootstrap server; its prefill (KV held)
+  ACKs the decoder; the decoder closing its connection after the pull releases the hold, and
+  only then does the request finish (its final output waits for the handoff, as in Dynamo's
+  mocker): with `length` and its kv_transfer_params when the decoder pulled, with an error when
+  the handoff failed (no decoder within the session timeout, the decoder left first).
 * decode worker: the request gets its blocks, then waits while this module joins the room; the
   ACK lets its pull start (`EngineCore.kv_ready`), and its pull's end closes the connection.
 
@@ -64,7 +67,7 @@ class HandoffManager:
             joined = None
             if core.scheduler.engine_policy.handoff_order is HandoffOrder.DESTINATION_FIRST:
                 joined = lambda error: core.destination_joined(request_id, error)  # noqa: E731
-            err = self.server.register(room, key, lambda: core.release_kv_hold(request_id), joined)
+            err = self.server.register(room, key, lambda error=None: core.release_kv_hold(request_id, error), joined)
             if err is not None:
                 return err
         else:

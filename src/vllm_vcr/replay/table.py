@@ -67,6 +67,7 @@ class ResponseReplayTable:
             if key in rows:
                 raise ReplayTableError(f"{where} duplicates output_replay_id key {key}")
             rows[key] = ids
+        logger.info("loaded response replay token table %s: %d rows", path, len(rows))
         return cls(rows)
 
 

@@ -183,6 +183,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         tools=_tool_settings(args),
         scale_out=bool(getattr(args, "enable_scale_out", False) or getattr(args, "tokens_only", False)),
         engine_type=engine_args.engine_type,
+        worker_type=engine_args.worker_type,
         system_fingerprint=fingerprint,
         block_size=engine_args.tokens_per_block,
         num_gpu_blocks=engine_args.kv_cache_size,

@@ -1,8 +1,17 @@
 """`/metrics` of an SGLang engine (`--engine-type sglang`): SGLang's `sglang:` series instead of vLLM's.
 
 The values are the ones `FrontendMetrics` derives from engine outputs; only the exposition differs.
-Names and meanings follow SGLang's `TokenizerMetricsCollector` / `SchedulerMetricsCollector`
-(label `model_name`; like Dynamo's mocker, the per-rank values are summed over DP ranks).
+Names, meanings and labels follow SGLang's two collectors:
+
+- `SchedulerMetricsCollector` (the scheduler's gauges, `num_retracted_reqs`, `queue_time_seconds`):
+  `model_name`, `engine_type`, `tp_rank`, `pp_rank`, `moe_ep_rank`;
+- `TokenizerMetricsCollector` (token and request counters, TTFT / ITL / TPOT / E2E histograms):
+  `model_name`, `engine_type`.
+
+`engine_type` is SGLang's name for the disaggregation mode: `prefill`, `decode`, or `unified` for
+an aggregated worker (`--worker-type`). One simulated scheduler has tensor, pipeline and expert
+parallel rank 0; like Dynamo's mocker, the per-rank values are summed over DP ranks (so there is
+no `dp_rank` label).
 """
 
 from __future__ import annotations
@@ -11,34 +20,48 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from ..vllm.metrics import FINISH_REASONS, FrontendMetrics
 
-# (engine-state histogram attribute, sglang name, help)
+SCHEDULER, TOKENIZER = "scheduler", "tokenizer"  # which SGLang collector exports a series
+# (engine-state histogram attribute, sglang name, help, collector)
 SGLANG_HISTOGRAMS = (
-    ("ttft", "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
-    ("itl", "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
-    ("tpot", "sglang:time_per_output_token_seconds", "Histogram of time per output token in seconds."),
-    ("e2e", "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds"),
-    ("queue", "sglang:queue_time_seconds", "Histogram of queueing time in seconds."),
+    ("ttft", "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TOKENIZER),
+    ("itl", "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", TOKENIZER),
+    ("tpot", "sglang:time_per_output_token_seconds", "Histogram of time per output token in seconds.", TOKENIZER),
+    ("e2e", "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", TOKENIZER),
+    ("queue", "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", SCHEDULER),
 )
+# SGLang's DisaggregationMode.to_engine_type, from --worker-type
+ENGINE_TYPE_LABEL = {"prefill": "prefill", "decode": "decode", "aggregated": "unified"}
 _ABORT = FINISH_REASONS.index("abort")
+
+
+def sglang_labels(model_name: str, worker_type: str) -> dict[str, tuple[list[str], list[str]]]:
+    """Per collector, (label names, label values) as SGLang sets them."""
+    engine_type = ENGINE_TYPE_LABEL.get(worker_type, "unified")
+    return {
+        SCHEDULER: (["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"],
+                    [model_name, engine_type, "0", "0", "0"]),
+        TOKENIZER: (["model_name", "engine_type"], [model_name, engine_type]),
+    }
 
 
 class SGLangFrontendMetrics(FrontendMetrics):
     """FrontendMetrics exposed under SGLang's names."""
 
     def families(self):
-        labels = ["model_name"]
-        lv = [self.model_name]
+        by_collector = sglang_labels(self.model_name, self.worker_type)
         engines = self._engines
 
         def total(attr: str) -> float:
             return sum(getattr(e, attr) for e in engines)
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:  # all the scheduler's
+            labels, lv = by_collector[SCHEDULER]
             fam = GaugeMetricFamily(name, doc, labels=labels)
             fam.add_metric(lv, value)
             return fam
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        def counter(name: str, doc: str, value: float, collector: str = TOKENIZER) -> CounterMetricFamily:
+            labels, lv = by_collector[collector]
             fam = CounterMetricFamily(name, doc, labels=labels)
             fam.add_metric(lv, value, created=self._created)
             return fam
@@ -58,13 +81,14 @@ class SGLangFrontendMetrics(FrontendMetrics):
         yield counter("sglang:num_requests", "Number of requests processed.", sum(finished))
         yield counter("sglang:num_aborted_requests", "Number of requests aborted.", finished[_ABORT])
         yield counter("sglang:num_retracted_reqs", "The number of retracted requests.",
-                      sum(e.preemptions or e.preemptions_from_stats for e in engines))
-        for attr, name, doc in SGLANG_HISTOGRAMS:
-            yield _summed_histogram(name, doc, lv, [getattr(e, "h_" + attr) for e in engines])
+                      sum(e.preemptions or e.preemptions_from_stats for e in engines), SCHEDULER)
+        for attr, name, doc, collector in SGLANG_HISTOGRAMS:
+            labels, lv = by_collector[collector]
+            yield _summed_histogram(name, doc, labels, lv, [getattr(e, "h_" + attr) for e in engines])
 
 
-def _summed_histogram(name: str, doc: str, lv: list[str], hists: list) -> HistogramMetricFamily:
-    fam = HistogramMetricFamily(name, doc, labels=["model_name"])
+def _summed_histogram(name: str, doc: str, labels: list[str], lv: list[str], hists: list) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
     buckets = None
     for h in hists:
         cum = h.cumulative()

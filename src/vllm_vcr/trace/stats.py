@@ -95,6 +95,18 @@ class Samples:
         rank = max(math.ceil(p / 100.0 * cum[-1]), 1)
         return float(v[min(int(np.searchsorted(cum, rank, side="left")), len(v) - 1)])
 
+    def quantile_interval(self, p: float, z: float = 1.96) -> tuple[float, float]:
+        """A distribution-free confidence interval of the p-th percentile: the order statistics
+        whose ranks are z binomial standard deviations either side of p % of the count."""
+        n = self.count
+        if n <= 0:
+            return math.nan, math.nan
+        q = p / 100.0
+        half = z * math.sqrt(n * q * (1.0 - q))
+        lo = max(math.floor(n * q - half), 1)
+        hi = min(math.ceil(n * q + half) + 1, n)
+        return self.quantile(100.0 * lo / n), self.quantile(100.0 * hi / n)
+
     def mean(self) -> float:
         if not self._v:
             return math.nan

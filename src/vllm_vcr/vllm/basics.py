@@ -4,15 +4,14 @@ SageMaker's /invocations."""
 from __future__ import annotations
 
 import gzip
-import json
 from typing import Any
 
 from pydantic import ValidationError
 
 from .. import __version__
 from ..frontend.errors import HTTPError, bad_request, error_body
-from ..frontend.protocol import ChatCompletionRequest, CompletionRequest
-from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode
+from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError
+from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode, raw_request_json
 from ..http.sse import send_bytes
 
 _NOT_FOUND = encode({"detail": "Not Found"})
@@ -68,15 +67,19 @@ class BasicServing:
     async def invocations(self, ctx: RequestContext) -> None:
         """SageMaker's /invocations: the body is a chat request or else a completion request (the
         first request model that validates it wins, as in vLLM)."""
-        try:
-            json.loads(ctx.body)
-        except ValueError as e:
-            raise HTTPError(400, f"JSON decode error: {e}", "Bad Request") from None
+        raw_request_json(ctx.body, lambda e: HTTPError(400, f"JSON decode error: {e}", "Bad Request"))
         app = self.app
         for model, handler in ((ChatCompletionRequest, app.chat.handle), (CompletionRequest, app.completions.handle)):
             try:
                 model.model_validate_json(ctx.body)
-            except ValidationError:
+            except ValidationError as e:
+                # vLLM's request validators raise VLLMValidationError, which pydantic does not
+                # catch: it ends the search with its 400 (an empty object is a CompletionRequest
+                # without a prompt)
+                errors = e.errors(include_url=False)
+                cause = errors[0].get("ctx", {}).get("error") if errors else None
+                if isinstance(cause, RequestValueError):
+                    raise cause from None
                 continue
             return await handler(ctx)
         raise bad_request("Cannot find suitable handler for request. Expected one of: "

@@ -7,7 +7,6 @@ the generate/pooling runner) is declared in vllm/routes.py, as vLLM's `register_
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import msgspec
 
 from ..frontend.errors import HTTPError, validation_error
-from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode, parse_request
+from ..http.serving_base import VLLM_API_VERSION, RequestContext, encode, parse_request, raw_request_json
 from ..http.sse import send_bytes
 from .lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from .sleep import parse_sleep_query, query_params
@@ -89,8 +88,8 @@ class Management:
     async def release_kv_cache_memory(self, ctx: RequestContext) -> None:
         try:
             await self.ext.sleep_control.release_kv_cache_memory()
-        except RuntimeError as e:  # vLLM's catch-all handler: 500 with the engine's words
-            raise HTTPError(500, str(e), "InternalServerError") from None
+        except RuntimeError as e:  # the engine core's refusal, as vLLM's utility call reports it: a 500
+            raise HTTPError(500, f"Call to release_kv_cache_memory method failed: {e}", "InternalServerError") from None
         await send_bytes(ctx.send, 200, encode({"status": "kv_cache_released"}))
 
     async def load(self, ctx: RequestContext) -> None:
@@ -125,10 +124,7 @@ class Management:
 
     # -- elastic EP (generate runner) -------------------------------------------------------------
     async def scale_elastic_ep(self, ctx: RequestContext) -> None:
-        try:
-            body = json.loads(ctx.body)
-        except ValueError:
-            raise http_exception(400, "Invalid JSON format") from None
+        body = raw_request_json(ctx.body, lambda e: http_exception(400, "Invalid JSON format"))
         if not isinstance(body, dict):
             # vLLM calls body.get on it: its catch-all handler answers with the AttributeError
             raise HTTPError(500, f"'{type(body).__name__}' object has no attribute 'get'", "InternalServerError")
@@ -136,9 +132,10 @@ class Management:
         drain = body.get("drain_timeout", 120)
         if size is None:
             raise http_exception(400, "new_data_parallel_size is required")
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        # (vLLM's isinstance(..., int) checks: a JSON true is the integer 1 to them)
+        if not isinstance(size, int) or size <= 0:
             raise http_exception(400, "new_data_parallel_size must be a positive integer")
-        if not isinstance(drain, int) or isinstance(drain, bool) or drain <= 0:
+        if not isinstance(drain, int) or drain <= 0:
             raise http_exception(400, "drain_timeout must be a positive integer")
         if size != self.app.settings.engine_count:
             # vLLM scales only with the Ray DP backend; anything else fails in the engine client

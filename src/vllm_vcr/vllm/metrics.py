@@ -309,8 +309,9 @@ class FrontendMetrics:
     def __init__(self, model_name: str, engine_count: int = 1, registry: CollectorRegistry | None = None, *,
                  block_size: int = 16, num_gpu_blocks: int | None = None, max_model_len: int = 4096,
                  enable_prefix_caching: bool = True, gpu_memory_utilization: float = 0.92,
-                 cache_info_extra: dict[str, Any] | None = None):
+                 cache_info_extra: dict[str, Any] | None = None, worker_type: str = "aggregated"):
         self.model_name = str(model_name)
+        self.worker_type = worker_type  # --worker-type (SGLang's series name it: engine_type)
         self.max_model_len = int(max_model_len)
         self._token_buckets = build_1_2_5_buckets(self.max_model_len)
         self._engines: list[_Engine] = []

@@ -25,6 +25,7 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..engine.lifecycle import release_kv_cache_refusal
 from ..frontend.errors import validation_error
 
 logger = logging.getLogger("vllm_vcr.vllm.sleep")
@@ -125,10 +126,9 @@ class SleepControl:
         the `kv_cache` tag brings it back); RuntimeError with vLLM's words otherwise."""
         async with self._operation("release_kv_cache_memory"):
             counts = await self.engine.call_all(lambda core: core.num_unfinished)
-            if not self.paused or any(counts):
-                raise RuntimeError("release_kv_cache_memory() requires a completed pause first")
-            if self.sleeping_tags:
-                raise RuntimeError("release_kv_cache_memory() requires all executor memory to be resident")
+            refusal = release_kv_cache_refusal(self.paused and not any(counts), not self.sleeping_tags)
+            if refusal is not None:
+                raise RuntimeError(refusal)
             await self.engine.call_all(lambda core: core.reset_prefix_cache())
             self.sleeping_tags = {"kv_cache"}
             self._set_metric(sleeping=True, level=0)

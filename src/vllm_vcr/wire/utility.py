@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ..engine.lifecycle import release_kv_cache_refusal
+
 # the bridge of wire/server.py that a handler answers for (its engine, its address); typed loosely
 # here, as server.py imports this module
 EngineBridge = Any
@@ -66,9 +68,21 @@ async def _tasks(b: EngineBridge, args: list) -> Any:
     return SUPPORTED_TASKS
 
 
-@handler("reset_mm_cache", "reset_encoder_cache", "release_kv_cache_memory", "profile",
-         "execute_dummy_batch", "save_sharded_state")
+@handler("reset_mm_cache", "reset_encoder_cache", "profile", "execute_dummy_batch", "save_sharded_state")
 async def _noop(b: EngineBridge, args: list) -> Any:
+    return None
+
+
+@handler("release_kv_cache_memory")
+async def _release_kv_cache_memory(b: EngineBridge, args: list) -> Any:
+    # the engine core's rule: only after a completed pause, with all memory resident; the KV
+    # cache is then gone (its prefix cache with it) until a wake-up brings it back
+    unfinished = await await_call(b.core.call(lambda c: c.num_unfinished))
+    refusal = release_kv_cache_refusal(b.paused is not None and not unfinished, not b.sleeping)
+    if refusal is not None:
+        raise UtilityFailure(refusal)
+    await await_call(b.core.call(lambda c: c.reset_prefix_cache()))
+    b.sleeping = True
     return None
 
 
