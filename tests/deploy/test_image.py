@@ -107,7 +107,7 @@ def test_image_metadata(image):
     inspect = json.loads(_podman("image", "inspect", image).stdout)[0]
     config = inspect["Config"]
     env = dict(item.split("=", 1) for item in config["Env"])
-    assert env["MOCK_CONTROL_PORT"] == "8001"  # the control API on 0.0.0.0:8001 by default
+    assert env["MOCK_CONTROL_PORT"] == "8001"  # the control API on 127.0.0.1:8001 by default
     assert config["User"] == "10001"
     assert config["Entrypoint"] == ["vllm-vcr-entrypoint"] and config["Cmd"] == ["serve"]
     assert config["StopSignal"] == "SIGTERM"
@@ -134,7 +134,7 @@ def test_mock_environment_reaches_the_control_api(container):
     assert config["max_num_seqs"] == 7
     assert config["failure_types"] == ["length"]
     logs = container.logs()
-    assert f"--control-address 0.0.0.0:{container.control_port}" in logs
+    assert f"--control-address 127.0.0.1:{container.control_port}" in logs
     assert "MOCK_KV_TRANSFER_LATENCY_MS is ignored" in logs
     httpx.post(container.control + "/stats/reset", timeout=5).raise_for_status()
     httpx.post(container.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
