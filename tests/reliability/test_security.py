@@ -330,3 +330,21 @@ def test_runtime_lora_loading_is_off_unless_the_operator_turns_it_on(serve_proce
     srv = serve_process("--enable-lora")
     r = httpx.post(srv.url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/etc"}, timeout=30)
     assert r.status_code == 404
+
+
+def test_a_control_body_over_1_mib_is_a_413(keyed):
+    auth = {"authorization": "Bearer control-secret"}
+    big = b'{"filter": "' + b"a" * (1 << 20) + b'"}'
+    r = httpx.put(keyed.control + "/log", content=big, headers={**auth, "content-type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and "body over" in r.json()["error"]
+
+    def chunks():  # no Content-Length: counted as it comes in
+        yield b'{"rules": ['
+        for _ in range(300):
+            yield b'{"kind": "http_error", "status": 503, "pad": "' + b"x" * 4096 + b'"},'
+        yield b"{}]}"
+
+    r = httpx.put(keyed.control + "/faults", content=chunks(), headers={**auth, "content-type": "application/json"},
+                  timeout=30)
+    assert r.status_code == 413 and "body over" in r.json()["error"]
+    assert httpx.get(keyed.control + "/stats", headers=auth, timeout=10).status_code == 200

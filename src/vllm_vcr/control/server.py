@@ -109,6 +109,44 @@ class BearerToken:
         await self.app(scope, receive, send)
 
 
+MAX_BODY_BYTES = 1024 * 1024  # a control body is a few hundred bytes of JSON
+
+
+class BodyLimit:
+    """ASGI middleware: a body over MAX_BODY_BYTES is a 413 in the control API's convention, by
+    its Content-Length before anything is read, else as the chunks come in (never buffered)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+                await _too_large()(scope, receive, send)
+                return
+        size = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > MAX_BODY_BYTES:
+                raise ControlError(413, _TOO_LARGE)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+_TOO_LARGE = f"request body over {MAX_BODY_BYTES} bytes"
+
+
+def _too_large() -> Response:
+    return _error(413, _TOO_LARGE, {"connection": "close"})
+
+
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and `localhost`: an address only this machine can reach."""
     if host == "localhost":
@@ -347,7 +385,7 @@ def build_control_app(
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(BearerToken, token=token)] if token else None,
+        middleware=[*([Middleware(BearerToken, token=token)] if token else []), Middleware(BodyLimit)],
         exception_handlers={
             ControlError: on_control_error,
             HTTPException: on_http_error,
