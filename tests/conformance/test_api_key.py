@@ -33,6 +33,7 @@ PATHS = [
     ("GET", "/health"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/ping"), ("GET", "/load"),
     ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/invocations"), ("GET", "/openapi.json"),
     ("GET", "/no-such-route"), ("OPTIONS", "/v1/models"), ("POST", "/pooling"), ("POST", "/score"),
+    ("POST", "/rerank"), ("POST", "/classify"), ("GET", "/docs"),
 ]
 
 

@@ -332,15 +332,15 @@ def test_runtime_lora_loading_is_off_unless_the_operator_turns_it_on(serve_proce
     assert r.status_code == 404
 
 
-def test_a_control_body_over_1_mib_is_a_413(keyed):
+def test_a_control_body_over_4_mib_is_a_413(keyed):
     auth = {"authorization": "Bearer control-secret"}
-    big = b'{"filter": "' + b"a" * (1 << 20) + b'"}'
+    big = b'{"filter": "' + b"a" * (4 << 20) + b'"}'
     r = httpx.put(keyed.control + "/log", content=big, headers={**auth, "content-type": "application/json"}, timeout=30)
     assert r.status_code == 413 and "body over" in r.json()["error"]
 
     def chunks():  # no Content-Length: counted as it comes in
         yield b'{"rules": ['
-        for _ in range(300):
+        for _ in range(1100):
             yield b'{"kind": "http_error", "status": 503, "pad": "' + b"x" * 4096 + b'"},'
         yield b"{}]}"
 
@@ -348,3 +348,11 @@ def test_a_control_body_over_1_mib_is_a_413(keyed):
                   timeout=30)
     assert r.status_code == 413 and "body over" in r.json()["error"]
     assert httpx.get(keyed.control + "/stats", headers=auth, timeout=10).status_code == 200
+
+
+def test_a_control_request_head_over_64_kib_is_a_400(keyed):
+    port = int(keyed.control.rsplit(":", 1)[1])
+    head = b"GET /stats HTTP/1.1\r\nhost: x\r\nauthorization: Bearer control-secret\r\nconnection: close\r\n"
+    assert _raw(port, head + b"x-pad: " + b"a" * 32_000 + b"\r\n\r\n").startswith(b"HTTP/1.1 200")
+    data = _raw(port, head + b"x-pad: " + b"a" * (1 << 20) + b"\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 400")

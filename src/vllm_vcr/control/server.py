@@ -109,7 +109,8 @@ class BearerToken:
         await self.app(scope, receive, send)
 
 
-MAX_BODY_BYTES = 1024 * 1024  # a control body is a few hundred bytes of JSON
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a control body is a few hundred bytes of JSON; PUT /log refuses its own
+MAX_HEAD_BYTES = 64 * 1024  # its request line and headers
 
 
 class BodyLimit:
@@ -476,6 +477,10 @@ async def start_control_server(
         lifespan="off",
         timeout_graceful_shutdown=2,
         server_header=False,
+        # h11, not httptools: a request head over MAX_HEAD_BYTES is uvicorn's 400 before any of it
+        # is kept (httptools has no such bound); control traffic is a few requests a second
+        http="h11",
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="vllm-vcr-control-server")
