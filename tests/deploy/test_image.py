@@ -148,6 +148,22 @@ def test_health_check_and_non_root_user(container):
     assert _podman("exec", container.name, "id", "-u").stdout.strip() == "10001"
 
 
+def test_tokens_pass_through_the_environment_and_stay_out_of_the_logs(image):
+    c = Container(image, {"MODEL": MODEL, "MOCK_CONTROL_TOKEN": "ctl-s3cret", "VLLM_API_KEY": "api-s3cret"})
+    try:
+        c.wait_ready()
+        assert httpx.get(c.control + "/stats", timeout=5).status_code == 401
+        ok = httpx.get(c.control + "/stats", headers={"authorization": "Bearer ctl-s3cret"}, timeout=5)
+        assert ok.status_code == 200
+        assert httpx.get(c.url + "/v1/models", timeout=5).status_code == 401
+        assert httpx.get(c.url + "/v1/models", headers={"authorization": "Bearer api-s3cret"}, timeout=5).is_success
+        assert "s3cret" not in c.logs()  # the entrypoint's command line and the server's own log lines
+        health = _podman("healthcheck", "run", c.name, check=False)
+        assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        c.remove()
+
+
 def test_sigterm_lets_the_running_stream_finish(image):
     c = Container(image, {"MODEL": MODEL, "MOCK_ITL_MS": "100"})
     try:
