@@ -147,9 +147,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                     help="prefill worker: serve Dynamo-style bootstrap handoffs on this port")
     pd.add_argument("--handoff-session-timeout-ms", type=float, default=300000.0,
                     help="bootstrap handoff: longest wait for the other side (divided by --time-scale)")
+    add_control_args(g)
+
+
+def add_control_args(g) -> None:
+    """Where the runtime control API listens and the token it asks for (docs/control-api.md)."""
     g.add_argument("--control-address", default=control_address_from_env(os.environ),
                    help="HOST:PORT of the runtime control API (env MOCK_CONTROL_ADDRESS, or MOCK_CONTROL_PORT "
-                        "for 0.0.0.0:PORT); off unless set")
+                        "for 127.0.0.1:PORT, MOCK_CONTROL_HOST:PORT when that is set); off unless set")
+    g.add_argument("--control-token", default=os.environ.get("MOCK_CONTROL_TOKEN") or None, metavar="TOKEN",
+                   help="require `Authorization: Bearer TOKEN` on every control API request (prefer the env "
+                        "MOCK_CONTROL_TOKEN: a flag's value is visible to every local user in the process list)")
 
 
 def add_output_length_args(g) -> None:
@@ -181,12 +189,18 @@ def output_length_fields(ns: argparse.Namespace) -> dict:
             "output_length_std_dev": float(getattr(ns, "output_length_std_dev", DEFAULT_STD_DEV))}
 
 
+DEFAULT_CONTROL_HOST = "127.0.0.1"  # the control API changes the engine: reachable from this machine only
+
+
 def control_address_from_env(env) -> str | None:
-    """MOCK_CONTROL_ADDRESS, else all interfaces on MOCK_CONTROL_PORT (how the container image turns
-    the API on, at 8001); `off` in either disables it. The control server validates the value."""
+    """MOCK_CONTROL_ADDRESS, else MOCK_CONTROL_PORT (how the container image turns the API on, at
+    8001) on loopback, or on MOCK_CONTROL_HOST when that is set (`0.0.0.0` to reach it from outside
+    the container); `off` in either disables it. The control server validates the value."""
     address = env.get("MOCK_CONTROL_ADDRESS") or None
     if address is None and (env.get("MOCK_CONTROL_PORT") or "off").lower() != "off":
-        address = f"0.0.0.0:{env['MOCK_CONTROL_PORT']}"
+        host = (env.get("MOCK_CONTROL_HOST") or "").strip() or DEFAULT_CONTROL_HOST
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        address = f"{host}:{env['MOCK_CONTROL_PORT']}"
     return None if address is None or address.lower() == "off" else address
 
 

@@ -13,6 +13,7 @@ import yaml
 from tests.conftest import ROOT
 from vllm_vcr.cli import build_parser
 from vllm_vcr.deploy.entrypoint import build_argv
+from vllm_vcr.engine_cli import control_address_from_env
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk, a test dependency: pip install 'vllm-vcr[test]'")
 kubernetes_validate = pytest.importorskip("kubernetes_validate",
@@ -35,6 +36,7 @@ VALUE_SETS = {
     "everything-off": {"control": {"enabled": False}, "engine": {"logRequests": True, "extraArgs": ["--mode", "echo"]},
                        "roles": {"aggregated": {"env": [{"name": "MOCK_SEED", "value": "9"}],
                                                 "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}}},
+    "control-exposed": {"control": {"expose": True, "token": {"secretName": "sim-control", "secretKey": "tok"}}},
     "kv-events-bind": {"kvEvents": {"enabled": True}, "engine": {"dataParallelSize": 4}, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
                        "replay": {"configMap": {"name": "my-traces"}, "latencyTrace": "cap.jsonl.gz"}},
 }
@@ -87,7 +89,11 @@ def _container_env(container: dict) -> dict[str, str]:
     fields = {"metadata.name": POD_NAME, "status.podIP": POD_IP}
     env: dict[str, str] = {}
     for item in container.get("env", []):
-        value = fields[item["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in item else item["value"]
+        if "valueFrom" in item and "secretKeyRef" in item["valueFrom"]:
+            ref = item["valueFrom"]["secretKeyRef"]
+            value = f"<secret {ref['name']}/{ref['key']}>"
+        else:
+            value = fields[item["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in item else item["value"]
         env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
     return env
 
@@ -179,3 +185,30 @@ def test_bad_values_fail_with_a_message():
         render({"mode": "both"})
     with pytest.raises(helm.HelmError, match="endpointPicker.name"):
         render({"inferencePool": {"enabled": True}})
+
+
+def _control_exposure(values: dict) -> tuple[dict[str, str], list[str], list[str]]:
+    docs = render(values)
+    (deployment,) = kinds(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    engines = next(d for d in kinds(docs, "Service") if d["metadata"]["name"].endswith("-engines"))
+    return (_container_env(container), [p["name"] for p in container["ports"]],
+            [p["name"] for p in engines["spec"]["ports"]])
+
+
+def test_the_control_api_stays_in_the_pod_unless_exposed():
+    env, ports, service = _control_exposure({})
+    assert env["MOCK_CONTROL_PORT"] == "8001" and "MOCK_CONTROL_HOST" not in env and "MOCK_CONTROL_TOKEN" not in env
+    assert "control" not in ports and "control" not in service
+    assert control_address_from_env(env) == "127.0.0.1:8001"  # reachable by kubectl port-forward only
+
+    env, ports, service = _control_exposure(VALUE_SETS["control-exposed"])
+    assert env["MOCK_CONTROL_HOST"] == "0.0.0.0" and env["MOCK_CONTROL_TOKEN"] == "<secret sim-control/tok>"
+    assert "control" in ports and "control" in service
+    assert control_address_from_env(env) == "0.0.0.0:8001"
+
+    env, ports, service = _control_exposure({"control": {"enabled": False, "expose": True,
+                                                         "token": {"secretName": "s"}}})
+    assert env["MOCK_CONTROL_PORT"] == "off" and "MOCK_CONTROL_HOST" not in env and "MOCK_CONTROL_TOKEN" not in env
+    assert "control" not in ports and "control" not in service
+

@@ -76,7 +76,7 @@ def test_serve_defaults_and_derived_flags():
            "MOCK_PD_ROLE": "prefill", "MOCK_MAX_MODEL_LEN": "8192"}
     args = parse(build_argv([], env))
     assert (args.command, args.model_tag, args.host, args.port) == ("serve", "acme/m", "0.0.0.0", 9000)
-    assert args.control_address == "0.0.0.0:8001"
+    assert args.control_address == "127.0.0.1:8001"  # loopback unless MOCK_CONTROL_HOST says otherwise
     assert args.side_channel_host == "10.1.2.3"
     assert args.worker_type == "prefill"
     assert args.max_model_len == 8192
@@ -130,7 +130,10 @@ def test_extra_args_and_other_commands_pass_through():
 
 @pytest.mark.parametrize("env,expected", [
     ({}, None),
-    ({"MOCK_CONTROL_PORT": "8001"}, "0.0.0.0:8001"),
+    ({"MOCK_CONTROL_PORT": "8001"}, "127.0.0.1:8001"),
+    ({"MOCK_CONTROL_PORT": "8001", "MOCK_CONTROL_HOST": "0.0.0.0"}, "0.0.0.0:8001"),
+    ({"MOCK_CONTROL_PORT": "8001", "MOCK_CONTROL_HOST": "::"}, "[::]:8001"),
+    ({"MOCK_CONTROL_PORT": "off", "MOCK_CONTROL_HOST": "0.0.0.0"}, None),
     ({"MOCK_CONTROL_PORT": "off"}, None),
     ({"MOCK_CONTROL_ADDRESS": "127.0.0.1:9", "MOCK_CONTROL_PORT": "8001"}, "127.0.0.1:9"),
     ({"MOCK_CONTROL_ADDRESS": "off", "MOCK_CONTROL_PORT": "8001"}, None),
@@ -150,3 +153,17 @@ def test_serve_reads_mock_control_port_and_the_health_check_passes(serve_process
     assert healthcheck.main(["play"]) == 0  # play is asked through its control API
     monkeypatch.setenv("VLLM_PORT", str(free_port()))
     assert healthcheck.main(["serve"]) == 1
+
+
+def test_the_control_token_stays_out_of_the_command_line_and_the_health_check_sends_it(serve_process, monkeypatch):
+    env = {"MOCK_CONTROL_PORT": "8001", "MOCK_CONTROL_TOKEN": "s3cret-token", "VLLM_API_KEY": "api-s3cret"}
+    argv = build_argv(["play"], env) + build_argv(["serve"], env)
+    assert not any("s3cret" in a for a in argv)  # inherited through the environment, never on argv
+    control = free_port()
+    serve_process(env={"MOCK_CONTROL_PORT": str(control), "MOCK_CONTROL_TOKEN": "s3cret-token"})
+    assert httpx.get(f"http://127.0.0.1:{control}/stats", timeout=5).status_code == 401
+    monkeypatch.setenv("MOCK_CONTROL_PORT", str(control))
+    monkeypatch.delenv("MOCK_CONTROL_TOKEN", raising=False)
+    assert healthcheck.main(["play"]) == 1  # without the token: 401
+    monkeypatch.setenv("MOCK_CONTROL_TOKEN", "s3cret-token")
+    assert healthcheck.main(["play"]) == 0

@@ -107,7 +107,7 @@ def test_image_metadata(image):
     inspect = json.loads(_podman("image", "inspect", image).stdout)[0]
     config = inspect["Config"]
     env = dict(item.split("=", 1) for item in config["Env"])
-    assert env["MOCK_CONTROL_PORT"] == "8001"  # the control API on 0.0.0.0:8001 by default
+    assert env["MOCK_CONTROL_PORT"] == "8001"  # the control API on 127.0.0.1:8001 by default
     assert config["User"] == "10001"
     assert config["Entrypoint"] == ["vllm-vcr-entrypoint"] and config["Cmd"] == ["serve"]
     assert config["StopSignal"] == "SIGTERM"
@@ -134,7 +134,7 @@ def test_mock_environment_reaches_the_control_api(container):
     assert config["max_num_seqs"] == 7
     assert config["failure_types"] == ["length"]
     logs = container.logs()
-    assert f"--control-address 0.0.0.0:{container.control_port}" in logs
+    assert f"--control-address 127.0.0.1:{container.control_port}" in logs
     assert "MOCK_KV_TRANSFER_LATENCY_MS is ignored" in logs
     httpx.post(container.control + "/stats/reset", timeout=5).raise_for_status()
     httpx.post(container.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
@@ -146,6 +146,22 @@ def test_health_check_and_non_root_user(container):
     health = _podman("healthcheck", "run", container.name, check=False)
     assert health.returncode == 0, health.stdout + health.stderr
     assert _podman("exec", container.name, "id", "-u").stdout.strip() == "10001"
+
+
+def test_tokens_pass_through_the_environment_and_stay_out_of_the_logs(image):
+    c = Container(image, {"MODEL": MODEL, "MOCK_CONTROL_TOKEN": "ctl-s3cret", "VLLM_API_KEY": "api-s3cret"})
+    try:
+        c.wait_ready()
+        assert httpx.get(c.control + "/stats", timeout=5).status_code == 401
+        ok = httpx.get(c.control + "/stats", headers={"authorization": "Bearer ctl-s3cret"}, timeout=5)
+        assert ok.status_code == 200
+        assert httpx.get(c.url + "/v1/models", timeout=5).status_code == 401
+        assert httpx.get(c.url + "/v1/models", headers={"authorization": "Bearer api-s3cret"}, timeout=5).is_success
+        assert "s3cret" not in c.logs()  # the entrypoint's command line and the server's own log lines
+        health = _podman("healthcheck", "run", c.name, check=False)
+        assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        c.remove()
 
 
 def test_sigterm_lets_the_running_stream_finish(image):

@@ -60,6 +60,16 @@ app.kubernetes.io/component: {{ .role }}
   value: {{ ternary "both" .role (eq .role "aggregated") | quote }}
 - name: MOCK_CONTROL_PORT
   value: {{ ternary (toString $root.Values.control.port) "off" $root.Values.control.enabled | quote }}
+{{- if and $root.Values.control.enabled $root.Values.control.expose }}
+- name: MOCK_CONTROL_HOST
+  value: "0.0.0.0"
+{{- end }}
+{{- with $root.Values.control.token }}
+{{- if and $root.Values.control.enabled .secretName }}
+- name: MOCK_CONTROL_TOKEN
+  valueFrom: {secretKeyRef: {name: {{ .secretName | quote }}, key: {{ default "token" .secretKey | quote }}}}
+{{- end }}
+{{- end }}
 {{- range $env, $key := dict "MOCK_TTFT_MS" "timeToFirstTokenMs" "MOCK_TTFT_STDDEV_MS" "timeToFirstTokenStdDevMs" "MOCK_ITL_MS" "interTokenLatencyMs" "MOCK_ITL_STDDEV_MS" "interTokenLatencyStdDevMs" "MOCK_PREFILL_OVERHEAD_MS" "prefillOverheadMs" "MOCK_PREFILL_TIME_PER_TOKEN_MS" "prefillTimePerTokenMs" "MOCK_PREFILL_TIME_STDDEV_MS" "prefillTimeStdDevMs" "MOCK_TIME_FACTOR_UNDER_LOAD" "timeFactorUnderLoad" "MOCK_MAX_NUM_SEQS" "maxNumSeqs" "MOCK_MAX_NUM_BATCHED_TOKENS" "maxNumBatchedTokens" "MOCK_MAX_MODEL_LEN" "maxModelLen" "MOCK_LONG_PREFILL_TOKEN_THRESHOLD" "longPrefillTokenThreshold" "MOCK_SCHEDULING_POLICY" "schedulingPolicy" "MOCK_KV_CACHE_SIZE" "kvCacheSize" "MOCK_TOKENS_PER_BLOCK" "blockSize" "MOCK_FAILURE_INJECTION_RATE" "failureInjectionRate" "MOCK_FAILURE_TYPES" "failureTypes" "MOCK_SEED" "seed" "MOCK_TIME_SCALE" "timeScale" "MOCK_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds" "MOCK_ENGINE_COUNT" "dataParallelSize" }}
 - name: {{ $env }}
   value: {{ index $e $key | toString | quote }}

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
+import hmac
+import ipaddress
 import logging
 import socket
 from collections.abc import Sequence
@@ -19,6 +22,7 @@ import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -74,6 +78,84 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     if headers:
         resp.headers.update(headers)
     return resp
+
+
+class BearerToken:
+    """ASGI middleware: every request needs `Authorization: Bearer <token>`, else a 401 in the
+    control API's error convention. The header is read as vLLM's --api-key middleware reads it
+    (case-insensitive scheme, the rest after one space is the token); tokens are compared as
+    SHA-256 digests in constant time. Routes added to the app later (GET /loras) are covered."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._digest = hashlib.sha256(token.encode("utf-8")).digest()
+
+    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        for name, value in headers:
+            if name.lower() == b"authorization":
+                scheme, _, param = value.decode("latin-1").partition(" ")
+                if scheme.lower() != "bearer":
+                    return False
+                return hmac.compare_digest(hashlib.sha256(param.encode("utf-8")).digest(), self._digest)
+        return False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self.authorized(scope.get("headers") or []):
+            response = _error(401, "missing or wrong control token: send `Authorization: Bearer <token>` "
+                                   "(--control-token / MOCK_CONTROL_TOKEN)",
+                              {"www-authenticate": 'Bearer realm="vllm-vcr control"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a control body is a few hundred bytes of JSON; PUT /log refuses its own
+MAX_HEAD_BYTES = 64 * 1024  # its request line and headers
+
+
+class BodyLimit:
+    """ASGI middleware: a body over MAX_BODY_BYTES is a 413 in the control API's convention, by
+    its Content-Length before anything is read, else as the chunks come in (never buffered)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+                await _too_large()(scope, receive, send)
+                return
+        size = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > MAX_BODY_BYTES:
+                raise ControlError(413, _TOO_LARGE)
+            return message
+
+        await self.app(scope, counted, send)
+
+
+_TOO_LARGE = f"request body over {MAX_BODY_BYTES} bytes"
+
+
+def _too_large() -> Response:
+    return _error(413, _TOO_LARGE, {"connection": "close"})
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`: an address only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ControlledCore(Protocol):
@@ -182,10 +264,12 @@ def build_control_app(
     *,
     call_timeout: float = ENGINE_CALL_TIMEOUT,
     faults: Any = None,
+    token: str | None = None,
 ) -> Starlette:
     """The Starlette app. `log_control=None` means no reloadable logging: PUT /log answers 501.
     `faults` (a FaultController, `serve` only) adds its fields to /config and /stats and the
-    /faults and /gauges routes (control/faults_routes.py)."""
+    /faults and /gauges routes (control/faults_routes.py). `token`: every route needs it as a
+    Bearer token (401 otherwise)."""
     eng = _Engines(engines, call_timeout)
     fault_fields = RATE_FIELDS if faults is not None else ()
 
@@ -302,6 +386,7 @@ def build_control_app(
     ]
     app = Starlette(
         routes=routes,
+        middleware=[*([Middleware(BearerToken, token=token)] if token else []), Middleware(BodyLimit)],
         exception_handlers={
             ControlError: on_control_error,
             HTTPException: on_http_error,
@@ -363,19 +448,23 @@ async def start_control_server(
     log_control: LogControl | None | str = "auto",
     call_timeout: float = ENGINE_CALL_TIMEOUT,
     faults: Any = None,
+    token: str | None = None,
 ) -> ControlServer:
     """Serve the control API on `address` (HOST:PORT) in the running event loop.
 
     `engines` is a list of EngineCore or an engine group (AsyncEngine, PlayEngines). `log_control="auto"` uses the reloadable
     logging the vllm-vcr CLI installs, or answers PUT /log with 501 when it is not installed.
+    `token` (--control-token): every request must carry it as `Authorization: Bearer <token>`.
     Raises ControlAddressError for a malformed address and OSError when it cannot bind.
     """
     host, port = parse_address(address)
+    token = token or None
     if log_control == "auto":
         from ..logging_setup import reloadable_logging_installed
 
         log_control = _auto_log_control if reloadable_logging_installed() else None
-    app = build_control_app(engines, log_control, call_timeout=call_timeout, faults=faults)  # type: ignore[arg-type]
+    app = build_control_app(engines, log_control, call_timeout=call_timeout, faults=faults,  # type: ignore[arg-type]
+                            token=token)
     try:
         sock = bind_listener(host, port, f"--control-address {address}")
     except socket.gaierror as e:
@@ -388,6 +477,10 @@ async def start_control_server(
         lifespan="off",
         timeout_graceful_shutdown=2,
         server_header=False,
+        # h11, not httptools: a request head over MAX_HEAD_BYTES is uvicorn's 400 before any of it
+        # is kept (httptools has no such bound); control traffic is a few requests a second
+        http="h11",
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]), name="vllm-vcr-control-server")
@@ -398,5 +491,9 @@ async def start_control_server(
             raise RuntimeError(f"control server on {address} failed to start: {exc!r}")
         await asyncio.sleep(0.01)
     handle = ControlServer(server, task, host, actual_port, app)
-    logger.info("control API listening on %s", handle.url)
+    logger.info("control API listening on %s%s", handle.url, " (token required)" if token else "")
+    if token is None and not is_loopback(host):
+        logger.warning("control API on %s without a token: anyone who reaches this address can change the "
+                       "engine's behaviour; set MOCK_CONTROL_TOKEN (or --control-token) or bind 127.0.0.1",
+                       handle.url)
     return handle

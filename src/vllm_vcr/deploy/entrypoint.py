@@ -9,6 +9,11 @@ pod's SIGTERM itself. Names and defaults follow the Rust image's `entrypoint.sh`
 marked "ours" are vllm-vcr additions. Unset or empty variables add no flag (the CLI default
 applies). `MOCK_KV_TRANSFER_*` has no equivalent here (the KV link is a bandwidth model): those
 are reported on stderr and ignored, so a manifest written for the Rust image still starts.
+
+The control API listens on 127.0.0.1:MOCK_CONTROL_PORT unless MOCK_CONTROL_HOST (or
+MOCK_CONTROL_ADDRESS) says otherwise. MOCK_CONTROL_TOKEN and VLLM_API_KEY never become flags:
+`vllm-vcr` reads them from the environment it inherits, so they stay out of the process list and
+out of the command line this entrypoint logs.
 """
 
 from __future__ import annotations

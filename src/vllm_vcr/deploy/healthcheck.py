@@ -1,7 +1,8 @@
 """The image's HEALTHCHECK: exit 0 when this container's vllm-vcr answers, 1 otherwise.
 
 `serve` (and a pd-proxy) answer GET /health on VLLM_PORT; `play` has no HTTP port of its own
-(the frontend next to it has), so it is checked through its control API when one is enabled.
+(the frontend next to it has), so it is checked through its control API when one is enabled
+(with MOCK_CONTROL_TOKEN as its Bearer token when that is set).
 Standard library only: it runs every few seconds and must start fast.
 """
 
@@ -45,8 +46,12 @@ def main(args: list[str] | None = None) -> int:
         return 1
     if url is None:
         return 0  # play without a control API: nothing of its own to ask
+    headers = {}
+    token = os.environ.get("MOCK_CONTROL_TOKEN")
+    if token and command == "play":  # play is asked through its control API, which wants the token
+        headers["authorization"] = f"Bearer {token}"
     try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as resp:
             return 0 if resp.status == 200 else 1
     except (urllib.error.URLError, OSError) as e:
         print(f"unhealthy: {url}: {e}", file=sys.stderr)

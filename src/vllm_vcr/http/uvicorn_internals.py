@@ -9,7 +9,10 @@ ways, each of them here and nowhere else:
 - `DirectBody`: a started chunked response's body chunks written to the transport directly,
   exactly the bytes uvicorn's `send` would write, and only while `send` would not have to wait;
 - `transport_of(send)`: the connection under a `send` (an injected fault resets it);
-- `protocol_factory(server)`: the protocol factory uvicorn's own server would use.
+- `protocol_factory(server)`: the protocol factory uvicorn's own server would use;
+- `MAX_HEAD_BYTES`: the request line and headers of one request are bounded (httptools has no
+  bound of its own; uvicorn's h11 protocol has, and vLLM sets it to 4 MiB): beyond it the request
+  gets uvicorn's own answer to an unreadable request, a 400 that closes the connection.
 
 `check()` lists what this module needs of the installed uvicorn; tests/http/test_uvicorn_internals.py
 runs it against a real server, and pyproject.toml bounds uvicorn to the versions it passed with.
@@ -41,10 +44,13 @@ CLIENT_GONE = "gone"
 # 1024-event array, and libuv then polls again inside the same read phase: a read-phase stamp
 # could then precede a request's arrival, so every request is stamped as it is parsed.
 READ_PHASE_MAX_CONNECTIONS = 512
+# vLLM's H11_MAX_INCOMPLETE_EVENT_SIZE_DEFAULT: the most bytes a request's head may take
+MAX_HEAD_BYTES = 4 * 1024 * 1024
 
 # what this module reads or calls on uvicorn's objects (check() verifies them)
 PROTOCOL_NEEDS = ("data_received", "on_message_begin", "on_message_complete", "connection_lost", "pause_writing",
-                  "connections", "cycle", "pipeline", "flow", "scope")
+                  "on_headers_complete", "send_400_response", "logger", "connections", "cycle", "pipeline", "flow",
+                  "scope")
 CYCLE_NEEDS = ("transport", "flow", "response_started", "response_complete", "chunked_encoding", "disconnected",
                "scope", "send")
 FLOW_NEEDS = ("write_paused", "resume_reading")
@@ -118,7 +124,8 @@ def stamping_arrival(protocol_class: type) -> type:
             {"data_received": _data_received(protocol_class), "on_message_begin": _message_begin(protocol_class),
              "on_message_complete": _message_complete(protocol_class),
              "connection_lost": _connection_lost(protocol_class), "pause_writing": _pause_writing(protocol_class),
-             "reports_write_side": True, "_in_message": False,
+             "on_headers_complete": _headers_complete(protocol_class),
+             "reports_write_side": True, "_in_message": False, "_in_head": True, "_head_bytes": 0,
              "_fresh_read": False, "_phase_of_read": 0, "_read_phase": None,
              "__doc__": f"uvicorn's {protocol_class.__name__}, stamping each request's arrival."})
     return cls
@@ -141,6 +148,14 @@ def _data_received(protocol_class: type) -> Callable:
         # hold bytes that came in after the poll
         self._fresh_read = not self._in_message and self._phase_of_read != phase
         self._phase_of_read = phase
+        if self._in_head:  # bytes before a request's headers are complete (counted per read)
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._in_head = False
+                self.logger.warning("request head over %d bytes: connection closed", MAX_HEAD_BYTES)
+                self.send_400_response("Invalid HTTP request received.")  # uvicorn's answer (and closes)
+                self._fresh_read = False
+                return
         protocol_class.data_received(self, data)
         self._fresh_read = False
     return data_received
@@ -158,6 +173,14 @@ def _message_begin(protocol_class: type) -> Callable:
         self._in_message = True
         self.scope[ON_DISCONNECT] = None
     return on_message_begin
+
+
+def _headers_complete(protocol_class: type) -> Callable:
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        protocol_class.on_headers_complete(self)
+    return on_headers_complete
 
 
 def _pause_writing(protocol_class: type) -> Callable:
@@ -189,6 +212,7 @@ def client_left(scope: dict) -> None:
 def _message_complete(protocol_class: type) -> Callable:
     def on_message_complete(self) -> None:
         self._in_message = False
+        self._in_head = True  # what comes next on the connection is the next request's head
         protocol_class.on_message_complete(self)
         if not self.pipeline:
             # a large body paused reading until the app read it; the app no longer reads, and only
@@ -262,7 +286,8 @@ def check() -> list[str]:
     missing = []
     if _HttptoolsProtocol is None:
         return ["uvicorn.protocols.http.httptools_impl"]
-    for name in ("data_received", "on_message_begin", "on_message_complete", "connection_lost", "pause_writing"):
+    for name in ("data_received", "on_message_begin", "on_message_complete", "connection_lost", "pause_writing",
+                 "on_headers_complete", "send_400_response"):
         if not callable(getattr(_HttptoolsProtocol, name, None)):
             missing.append(f"HttpToolsProtocol.{name}")
     if not callable(getattr(_HttptoolsCycle, "send", None)):

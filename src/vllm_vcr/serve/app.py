@@ -8,6 +8,7 @@ engine iterators and so aborts the requests in the engine.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import time
 from typing import Any, Awaitable, Callable
@@ -77,7 +78,7 @@ class OpenAIApp:
                 engine.add_output_listener(self.metrics.on_engine_outputs)
         self._on_startup = on_startup
         self._on_shutdown = on_shutdown
-        self._api_keys = [k.encode() for k in settings.api_keys if k]
+        self._api_keys = [hashlib.sha256(k.encode("utf-8")).digest() for k in settings.api_keys if k]
         self._openapi_body: bytes | None = None
         self._build_routes(families)
         # vLLM's prometheus-fastapi-instrumentator: once per request that reaches the router
@@ -289,14 +290,21 @@ class OpenAIApp:
                 task.uncancel()  # the cancel was ours, and it is over
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
+        """vLLM's AuthenticationMiddleware: OPTIONS passes; else the first Authorization header,
+        scheme `bearer` in any case, the rest after the first space equal to one of the keys
+        (header bytes read as latin-1, then UTF-8, as Starlette's Headers and vLLM do)."""
         if scope["method"] == "OPTIONS":
             return True
         for name, value in scope.get("headers") or ():
             if name == b"authorization":
+                scheme, _, param = value.decode("latin-1").partition(" ")
+                if scheme.lower() != "bearer":
+                    return False
+                digest = hashlib.sha256(param.encode("utf-8")).digest()
+                match = False
                 for key in self._api_keys:
-                    if hmac.compare_digest(value, b"Bearer " + key):
-                        return True
-                return False
+                    match |= hmac.compare_digest(digest, key)
+                return match
         return False
 
     @staticmethod

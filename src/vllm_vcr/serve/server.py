@@ -230,7 +230,8 @@ class _ServeCommand:
         if not self.args.control_address:
             return
         try:
-            control = await start_control_server(self.engine, self.args.control_address, faults=self.faults)
+            control = await start_control_server(self.engine, self.args.control_address, faults=self.faults,
+                                                 token=getattr(self.args, "control_token", None))
         except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
             raise CLIError(f"--control-address: {e}") from None
         stack.push_async_callback(control.stop)

@@ -165,7 +165,8 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         reasoning_ids = (rc.start_id, rc.end_id)
     elif reasoning_parser:
         logger.info("--reasoning-parser without --reasoning: outputs have no thinking span to split")
-    keys = list(args.api_key or []) or _env_api_key()
+    # vLLM: --api-key wins over VLLM_API_KEY, then empty keys are dropped (`--api-key ""` turns auth off)
+    keys = [k for k in (list(args.api_key or []) or _env_api_key()) if k]
     fingerprint = _fingerprint(args, names[0], max_model_len, engine_args)
     settings = ServeSettings(
         served_model_names=list(names),

@@ -140,10 +140,22 @@ class MockServer:
     def _control(self, method: str, path: str, **kwargs: Any) -> Any:
         if self._runner is None:
             raise MockServerError("the server is not running")
-        resp = httpx.request(method, self.control_url + path, timeout=10, **kwargs)
+        token = self._control_token()
+        headers = {"authorization": f"Bearer {token}"} if token else None
+        resp = httpx.request(method, self.control_url + path, timeout=10, headers=headers, **kwargs)
         if resp.status_code >= 400:
             raise MockServerError(f"{method} {path}: {resp.status_code} {resp.text}")
         return resp.json()
+
+    def _control_token(self) -> str | None:
+        """The control token the server asks for: `--control-token` in extra_args, else MOCK_CONTROL_TOKEN."""
+        extra = list(self.config.extra_args)
+        for i, arg in enumerate(extra):
+            if arg == "--control-token" and i + 1 < len(extra):
+                return extra[i + 1]
+            if arg.startswith("--control-token="):
+                return arg.split("=", 1)[1]
+        return os.environ.get("MOCK_CONTROL_TOKEN") or None
 
     # --- life cycle ---
     def argv(self) -> list[str]:

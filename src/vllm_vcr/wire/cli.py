@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
     server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
                         ready=ready, handshake_timeout=args.handshake_timeout,
-                        control_address=args.control_address, kv_events=kv_events, pd_args=args,
+                        control_address=args.control_address,
+                        control_token=getattr(args, "control_token", None), kv_events=kv_events, pd_args=args,
                         token_source_factory=factory)
     tune_for_serving()
     try:

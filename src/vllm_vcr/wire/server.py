@@ -384,6 +384,7 @@ class PlayServer:
 
     def __init__(self, args: EngineArgs, *, handshake_address: str, engine_count: int = 1,
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
+                 control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None):
         self.args = args
@@ -395,6 +396,7 @@ class PlayServer:
         self.ready = ready
         self.handshake_timeout = handshake_timeout
         self.control_address = control_address
+        self.control_token = control_token
         self.kv_events = kv_events
         self.publishers: list[KVEventPublisher | NullEventPublisher] = []
         self.codec = Codec()
@@ -461,7 +463,7 @@ class PlayServer:
         """Until the engines exist the control API answers "no engine"."""
         if not self.control_address:
             return
-        control = await start_control_server(self.engines, self.control_address)
+        control = await start_control_server(self.engines, self.control_address, token=self.control_token)
         stack.push_async_callback(_stop_quietly, control.stop, "the control API")
         log.info("control API on %s", self.control_address)
 
