@@ -161,7 +161,7 @@ def test_docs_show_the_gateway_test_as_it_is():
 
 
 def test_a_control_token_is_sent_by_the_helpers():
-    with MockServer(extra_args=["--control-token", "t0k"], mode="subprocess") as server:
+    with MockServer(extra_args=["--control-token", "t0k"], run_in="subprocess") as server:
         assert httpx.get(server.control_url + "/stats", timeout=10).status_code == 401
         assert server.stats()["requests_received"] == 0
         assert server.patch_config(inter_token_latency=3)["inter_token_latency"] == 3.0

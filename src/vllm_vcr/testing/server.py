@@ -222,8 +222,9 @@ class MockServer:
         await asyncio.to_thread(self.stop)
 
     def __repr__(self) -> str:
-        state = "running" if self._runner is not None else "stopped"
-        return f"MockServer({self.url}, run_in={self.run_in}, {state})"
+        state = "running" if getattr(self, "_runner", None) is not None else "stopped"
+        return f"MockServer({getattr(self, 'host', '?')}:{getattr(self, 'port', '?')}, " \
+               f"run_in={getattr(self, 'run_in', '?')}, {state})"
 
 
 def _parse(argv: list[str]) -> Any:
