@@ -36,7 +36,7 @@ FAMILY = Family("openai", services=services, about="OpenAI API", routes=(
           body=(CompletionRequest,), doc="text completions"),
     Route("/v1/chat/completions", ("POST",), lambda a: a.chat.handle, GENERATE, generation=True, json_only=True,
           body=(ChatCompletionRequest,), doc="chat completions"),
-    Route("/v1/responses", ("POST",), lambda a: a.responses.create, GENERATE, generation=True,
+    Route("/v1/responses", ("POST",), lambda a: a.responses.create, GENERATE, generation=True, json_only=True,
           doc="the Responses API ([serve-api.md](serve-api.md))"),
     Route("/v1/responses/{response_id}", ("GET",), lambda a: a.responses.retrieve,
           doc="a stored response (`?stream=true&starting_after=N` for a background stream)"),
