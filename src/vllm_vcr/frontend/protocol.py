@@ -385,6 +385,56 @@ class ChatCompletionRequest(_SamplingFields):
         return self
 
 
+# the fields of vLLM's BatchChatCompletionRequest: one conversation's chat request is made of these
+BATCH_CHAT_FIELDS = (
+    "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "logprob_token_ids", "max_tokens",
+    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "temperature", "top_p",
+    "user", "tool_choice", "include_reasoning", "best_of", "use_beam_search", "top_k", "min_p",
+    "repetition_penalty", "watermarking", "length_penalty", "early_stopping", "structured_outputs", "request_id",
+    "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "media_io_kwargs",
+    "mm_processor_kwargs", "priority", "cache_salt", "include_stop_str_in_output", "guided_decoding_backend", "echo",
+    "return_tokens_as_token_ids", "return_token_ids")
+
+
+def batch_conversations_as_sent(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    handler(value)
+    return value
+
+
+class BatchChatCompletionRequest(_Base):
+    """POST /v1/chat/completions/batch: chat's fields, `messages` a list of conversations; no
+    streaming, tools, beam search or n > 1 (each conversation is one choice)."""
+
+    messages: Annotated[list[Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]], Field(min_length=1)]
+    model: str | None = None
+    n: int | None = 1
+    tool_choice: Literal["none"] | None = "none"
+    use_beam_search: bool = False
+
+    _conversations_as_sent = field_validator("messages", mode="wrap")(batch_conversations_as_sent)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_batch_mode(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("use_beam_search"):
+            raise RequestValueError("Batch chat completions do not support beam search. Please set "
+                                    "`use_beam_search` to False.", "use_beam_search")
+        if data.get("logprob_token_ids") and not data.get("logprobs"):
+            raise RequestValueError("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                                    "logprob_token_ids")
+        kv = data.get("kv_transfer_params")
+        if isinstance(kv, dict) and kv.get("prompt_token_ids") is not None:
+            raise RequestValueError("Batch chat completions do not support `kv_transfer_params['prompt_token_ids']`: "
+                                    "one pre-tokenized prompt cannot serve several conversations.",
+                                    "kv_transfer_params.prompt_token_ids")
+        n = data.get("n", 1)
+        if n is not None and n != 1:
+            raise RequestValueError("Batch chat completions do not support `n > 1`. Please set `n` to 1.", "n", n)
+        return data
+
+
 class TokenizeCompletionRequest(_Base):
     model: str | None = None
     prompt: str
