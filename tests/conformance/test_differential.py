@@ -884,6 +884,7 @@ def _ops_steps(lora_dirs) -> list[tuple[str, str, str, dict | None]]:
         ("update_weights_missing", "POST", "/update_weights", {}),
         ("finish_weight_update", "POST", "/finish_weight_update", {}),
         ("shutdown_weight_transfer", "POST", "/shutdown_weight_transfer_engine", None),
+        ("restore_weight_version", "POST", "/update_weight_version", {"new_version": "default"}),
     ]
 
 

@@ -13,13 +13,18 @@ import anthropic
 import httpx
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
-from vllm_vcr.frontend.protocol import RequestValueError
+from vllm_vcr.frontend.protocol import ChatCompletionMessageParam, ChatCompletionRequest, RequestValueError, plain_messages
 from vllm_vcr.frontend.request_checks import check_structured_outputs_params, truncate_prompt
 from vllm_vcr.testing.waits import wait_until
 
 MODEL = "vllm-vcr/sim"
 HI = [{"role": "user", "content": "hi"}]
+MESSAGES = TypeAdapter(list[ChatCompletionMessageParam])
 LEN = 2048
 
 
@@ -314,3 +319,31 @@ def test_one_vary_origin_with_cors(server):
     r = httpx.post(server.url + "/v1/completions", headers={"origin": "http://ok.example"},
                    json={"model": MODEL, "prompt": "x", "max_tokens": 2})
     assert r.headers.get_list("vary") == ["Origin"]
+
+
+# ---- the fast path for plain messages ----------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=6)
+_message = st.one_of(
+    _json,
+    st.dictionaries(st.sampled_from(["role", "content", "name", "tool_calls", "tool_call_id", "author"]), _json,
+                    max_size=4),
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "x", ""])},
+                          optional={"content": st.text(max_size=5) | _json, "name": st.text(max_size=5) | _json}),
+)
+
+
+@given(st.lists(_message, max_size=4) | _json)
+@hyp_settings(max_examples=400, deadline=None)
+def test_the_plain_messages_fast_path_only_skips_what_the_union_accepts(messages):
+    """Whatever plain_messages lets through, vLLM's message union validates too."""
+    if plain_messages(messages):
+        MESSAGES.validate_python(messages)
+
+
+def test_plain_and_full_validation_answer_alike():
+    plain = [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi", "name": "ann"}]
+    assert ChatCompletionRequest.model_validate({"messages": plain}).messages == plain
+    assert plain_messages(plain) and not plain_messages([{"role": "user", "content": ["a"]}])
