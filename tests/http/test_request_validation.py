@@ -347,3 +347,18 @@ def test_plain_and_full_validation_answer_alike():
     plain = [{"role": "system", "content": "be terse"}, {"role": "user", "content": "hi", "name": "ann"}]
     assert ChatCompletionRequest.model_validate({"messages": plain}).messages == plain
     assert plain_messages(plain) and not plain_messages([{"role": "user", "content": ["a"]}])
+
+
+def test_kv_event_sources_report_each_rank_s_publisher(serve_harness, tmp_path_factory):
+    port = serve_harness.free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}"}
+    sp = serve_harness.start_fast(tmp_path_factory, "kv-sources", "--engine-count", "2",
+                                  "--kv-events-config", json.dumps(config))
+    try:
+        sources = httpx.get(sp.url + "/kv_event_sources").json()
+    finally:
+        sp.stop()
+    assert sorted(sources) == ["0", "1"]
+    assert sources["0"]["endpoint"] == f"tcp://127.0.0.1:{port}"
+    assert sources["1"]["endpoint"] == f"tcp://127.0.0.1:{port + 1}"  # vLLM's per-rank port offset
+    assert sources["0"]["publisher"] == "zmq" and sources["0"]["enable_kv_cache_events"] is True
