@@ -88,8 +88,11 @@ ALLOWED = [
      "the same 0.33-only null field, in the routes compared without strip_033_only"),
     (r"^0\.\d+ rf_bad_schema: \$\.error\.message: ",
      "an invalid JSON schema: xgrammar's own compiler message cannot be reproduced without xgrammar"),
-    (r"^0\.33 responses(_stream)?: ",
-     "0.33's Responses API: response.incomplete event, prompt_cache_* / safety_identifier fields"),
+    (r"^0\.33 responses\w*: ",
+     "0.33's Responses API: response.incomplete event, prompt_cache_* / safety_identifier fields, an "
+     "incomplete message item's status"),
+    (r"^0\.33 prompt_empty_list: \$\.error\.(message|param): ",
+     "0.33 names the `prompt` parameter in \"You must pass at least one prompt\""),
     (r"^0\.33 messages_tools_gate: \$\.error\.type: 'invalid_request_error' in real",
      "0.33 changed the Anthropic error type of the tools gate"),
     (r"^0\.33 route POST /v1/decisions: served by vLLM, not by serve$",
@@ -236,6 +239,34 @@ CASES = {
                                                  "stream_interval": 0}),
     "stream_options_without_stream": ("/v1/completions", {"prompt": "hi", "max_tokens": 3,
                                                           "stream_options": {"include_usage": True}}),
+    # truncate_prompt_tokens (left truncation keeps the tokenizer's BOS; -1: the context less one)
+    "truncate_too_big_completion": ("/v1/completions", {"prompt": "a b c", "max_tokens": 3,
+                                                        "truncate_prompt_tokens": 5000}),
+    "truncate_too_big_chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3,
+                                                       "truncate_prompt_tokens": 5000}),
+    "truncate_3_completion": ("/v1/completions", {"prompt": "a b c d e f g h i j k l", "max_tokens": 3,
+                                                  "truncate_prompt_tokens": 3, "return_token_ids": True}),
+    "truncate_3_token_ids": ("/v1/completions", {"prompt": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 3,
+                                                 "truncate_prompt_tokens": 3, "return_token_ids": True}),
+    "truncate_3_right": ("/v1/completions", {"prompt": [6, 7, 8, 9, 10, 11, 12, 13], "max_tokens": 3,
+                                             "truncate_prompt_tokens": 3, "truncation_side": "right",
+                                             "return_token_ids": True}),
+    "truncate_3_chat": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 3, "truncate_prompt_tokens": 3}),
+    "truncate_minus_one": ("/v1/completions", {"prompt": "a b c", "max_tokens": 3, "truncate_prompt_tokens": -1}),
+    "truncate_zero": ("/v1/completions", {"prompt": "a b c", "max_tokens": 3, "truncate_prompt_tokens": 0}),
+    "truncate_below_minus_one": ("/v1/completions", {"prompt": "a b c", "max_tokens": 3,
+                                                     "truncate_prompt_tokens": -2}),
+    # malformed requests (well-formed JSON)
+    "prompt_empty_list": ("/v1/completions", {"prompt": [], "max_tokens": 2}),
+    "prompt_empty_token_list": ("/v1/completions", {"prompt": [[]], "max_tokens": 2}),
+    "messages_null": ("/v1/chat/completions", {"messages": None, "max_tokens": 2}),
+    "messages_number": ("/v1/chat/completions", {"messages": 5, "max_tokens": 2}),
+    "messages_object": ("/v1/chat/completions", {"messages": {"role": "user"}, "max_tokens": 2}),
+    "message_without_role": ("/v1/chat/completions", {"messages": [{"content": "hi"}], "max_tokens": 2}),
+    "message_not_an_object": ("/v1/chat/completions", {"messages": [None], "max_tokens": 2}),
+    "message_empty": ("/v1/chat/completions", {"messages": [{}], "max_tokens": 2}),
+    "message_role_number": ("/v1/chat/completions", {"messages": [{"role": 5, "content": "x"}], "max_tokens": 2}),
+    "message_custom_role": ("/v1/chat/completions", {"messages": [{"role": "user"}], "max_tokens": 2}),
     "tokenize": ("/tokenize", {"prompt": "hello world"}),
     "detokenize": ("/detokenize", {"tokens": [1, 50, 60]}),
     "detokenize_out_of_vocab": ("/detokenize", {"tokens": [1, 99999]}),
@@ -248,7 +279,26 @@ RAW_CASES = {
     "no_content_type_chat": ("/v1/chat/completions", ""),
     "form_tokenize": ("/tokenize", "application/x-www-form-urlencoded"),
     "text_plain_detokenize": ("/detokenize", "text/plain"),
+    "text_plain_responses": ("/v1/responses", "text/plain"),
+    "text_plain_messages": ("/v1/messages", "text/plain"),
+    "text_plain_count_tokens": ("/v1/messages/count_tokens", "text/plain"),
+    "text_plain_batch": ("/v1/chat/completions/batch", "text/plain"),
 }
+# bodies that are not a JSON object, or not JSON FastAPI can read (raw bytes, application/json)
+MALFORMED = {
+    f"{kind}_{name}": (path, body)
+    for name, path in (("chat", "/v1/chat/completions"), ("completion", "/v1/completions"),
+                       ("responses", "/v1/responses"), ("messages", "/v1/messages"))
+    for kind, body in (("null_body", b"null"), ("string_body", b'"hello"'), ("array_body", b"[1, 2]"),
+                       ("number_body", b"7"))
+}
+MALFORMED.update({
+    "invalid_utf8": ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}'),
+    "invalid_utf8_prompt": ("/v1/completions", b'{"prompt": "\xc3\x28", "max_tokens": 1}'),
+    "utf16_bom": ("/v1/completions", b"\xff\xfe{}"),
+    "nested_too_deep": ("/v1/completions", b'{"a": ' + b"[" * 20000 + b"]" * 20000 + b"}"),
+    "truncated_json": ("/v1/completions", b'{"prompt": "x", "max_tokens": '),
+})
 
 
 def _compare(name: str, body: dict, a: tuple[int, object], b: tuple[int, object], version: str) -> list[str]:
@@ -282,6 +332,11 @@ def test_same_answers(real, sim, vllm_version):
         raw = json.dumps({"model": real.model, "prompt": "x", "messages": USER, "tokens": [1]}).encode()
         a = post(real.base_url, path, None, content=raw, headers={"content-type": content_type})
         b = post(sim["base_url"], path, None, content=raw, headers={"content-type": content_type})
+        findings += _compare(name, {}, a, b, vllm_version)
+    for name, (path, raw) in MALFORMED.items():
+        headers = {"content-type": "application/json"}
+        a = post(real.base_url, path, None, content=raw, headers=headers)
+        b = post(sim["base_url"], path, None, content=raw, headers=headers)
         findings += _compare(name, {}, a, b, vllm_version)
     _check(findings, vllm_version)
 
@@ -327,8 +382,8 @@ def test_same_small_endpoints_and_headers(real, sim, vllm_version):
                 va, vb = len(va), len(vb)  # a fresh uuid4 hex on both sides
             if h == "location" and va and vb:
                 va, vb = va.replace(real.base_url, "<base>"), vb.replace(sim["base_url"], "<base>")
-            if h == "vary" and va and vb:  # Starlette versions list different preflight headers
-                va, vb = va.split(",")[0], vb.split(",")[0]
+            if h == "vary" and va and vb and name.startswith("preflight"):
+                va, vb = va.split(",")[0], vb.split(",")[0]  # Starlette versions list different preflight headers
             if va != vb:
                 findings.append(f"{name}: header {h}: {va!r} in real, {vb!r} in serve")
         if not ra.headers.get("content-type", "").startswith("text/event-stream"):
@@ -602,6 +657,59 @@ SURFACE = {
     "so_two_kinds": ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {"regex": "a", "choice": ["a"]}}),
     "so_empty_choice": ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {"choice": []}}),
     "so_bad_json_text": ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {"json": "{x"}}),
+    # vLLM's request schema for tools, tool calls, response formats, structured outputs, vllm_xargs
+    "tool_of_another_type": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 4, "tools": [
+        {"type": "retrieval"}]}),
+    "tool_without_name": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 4, "tools": [
+        {"type": "function", "function": {"description": "x"}}]}),
+    "tool_call_arguments_object": ("/v1/chat/completions", {"max_tokens": 4, "messages": [
+        *MSGS, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "x"}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}),
+    "tool_call_without_id": ("/v1/chat/completions", {"max_tokens": 4, "messages": [
+        *MSGS, {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}]}),
+    "rf_unknown_type": ("/v1/chat/completions", {"messages": MSGS, "response_format": {"type": "yaml"}}),
+    "rf_schema_without_name": ("/v1/chat/completions", {"messages": MSGS, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}),
+    "rf_unknown_type_completion": ("/v1/completions", {"prompt": "x", "response_format": {"type": "yaml"}}),
+    "so_no_kind": ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {}}),
+    "so_unknown_key": ("/v1/chat/completions", {"messages": MSGS, "structured_outputs": {"yaml": "x"}}),
+    "so_no_kind_completion": ("/v1/completions", {"prompt": "x", "structured_outputs": {"foo": 1}}),
+    "xargs_nested_object": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 2,
+                                                     "vllm_xargs": {"a": {"b": 1}}}),
+    "xargs_nested_list": ("/v1/completions", {"prompt": "x", "max_tokens": 2, "vllm_xargs": {"a": [[1]]}}),
+    "xargs_flat": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 2,
+                                            "vllm_xargs": {"a": [1, "x", 2.5], "b": "s"}}),
+    "messages_thinking_budget": ("/v1/messages", {"messages": MSGS[1:], "max_tokens": 1500, "thinking": {
+        "type": "enabled", "budget_tokens": 2000}}),
+    "messages_thinking_too_small": ("/v1/messages", {"messages": MSGS[1:], "max_tokens": 10, "thinking": {
+        "type": "enabled", "budget_tokens": 10}}),
+    "messages_thinking_unknown": ("/v1/messages", {"messages": MSGS[1:], "max_tokens": 10, "thinking": {
+        "type": "sometimes"}}),
+    # the Responses API's echo of tools and text, and its budget check
+    "responses_tools": ("/v1/responses", {"input": "Say hello.", "max_output_tokens": 4, "tool_choice": "none",
+                                          "tools": [{"type": "function", "name": "get_weather",
+                                                     "parameters": TOOL["function"]["parameters"]}]}),
+    "responses_text_format_text": ("/v1/responses", {"input": "Say hello.", "max_output_tokens": 4,
+                                                     "text": {"format": {"type": "text"}}}),
+    "responses_text_verbosity": ("/v1/responses", {"input": "Say hello.", "max_output_tokens": 4,
+                                                   "text": {"verbosity": "low"}}),
+    "responses_budget": ("/v1/responses", {"input": "x", "max_output_tokens": 5000}),
+    # several conversations at once; generative scoring's checks (`play` computes no label logprobs)
+    "batch_chat": ("/v1/chat/completions/batch", {"messages": [MSGS, USER], "max_tokens": 4}),
+    "batch_chat_n2": ("/v1/chat/completions/batch", {"messages": [USER], "n": 2}),
+    "batch_chat_empty": ("/v1/chat/completions/batch", {"messages": []}),
+    "batch_chat_empty_conversation": ("/v1/chat/completions/batch", {"messages": [[]]}),
+    "batch_chat_beam_search": ("/v1/chat/completions/batch", {"messages": [USER], "use_beam_search": True}),
+    "batch_chat_too_long": ("/v1/chat/completions/batch", {"messages": [USER], "max_tokens": 5000}),
+    "generative_scoring_fields": ("/generative_scoring", {}),
+    "generative_scoring_no_items": ("/generative_scoring", {"query": "x", "items": [], "label_token_ids": [5]}),
+    "generative_scoring_no_labels": ("/generative_scoring", {"query": "x", "items": ["a"], "label_token_ids": []}),
+    "generative_scoring_bad_label": ("/generative_scoring", {"query": "x", "items": ["a"],
+                                                             "label_token_ids": [99999]}),
+    "generative_scoring_mixed_items": ("/generative_scoring", {"query": "x", "items": ["a", [1]],
+                                                               "label_token_ids": [5]}),
     "responses": ("/v1/responses", {"input": "Say hello to the world.", "max_output_tokens": 5}),
     "responses_stream": ("/v1/responses", {"input": "Say hello.", "max_output_tokens": 4, "stream": True}),
     "responses_get_without_store": ("GET /v1/responses/resp_0123456789abcdef", None),
@@ -747,6 +855,36 @@ def _ops_steps(lora_dirs) -> list[tuple[str, str, str, dict | None]]:
         ("scale_zero", "POST", "/scale_elastic_ep", {"new_data_parallel_size": 0}),
         ("scale_missing", "POST", "/scale_elastic_ep", {}),
         ("is_scaling", "POST", "/is_scaling_elastic_ep", None),
+        # the RL / weight-transfer routes of dev mode, and /kv_event_sources
+        ("kv_event_sources", "GET", "/kv_event_sources", None),
+        ("world_size", "GET", "/get_world_size", None),
+        ("world_size_without_dp", "GET", "/get_world_size?include_dp=false", None),
+        ("world_size_bad_flag", "GET", "/get_world_size?include_dp=maybe", None),
+        ("weight_info", "GET", "/weight_info", None),
+        ("update_weight_version", "POST", "/update_weight_version", {"new_version": "v2"}),
+        ("weight_info_after_update", "GET", "/weight_info", None),
+        ("update_weight_version_missing", "POST", "/update_weight_version", {}),
+        ("update_weight_version_number", "POST", "/update_weight_version", {"new_version": 5}),
+        ("weight_checker_checksum", "POST", "/weight_checker", {"action": "checksum"}),
+        ("weight_checker_compare", "POST", "/weight_checker", {"action": "compare", "baseline": {"w": "1"}}),
+        ("weight_checker_no_baseline", "POST", "/weight_checker", {"action": "compare"}),
+        ("weight_checker_bad_action", "POST", "/weight_checker", {"action": "bad"}),
+        ("weight_checker_reset", "POST", "/weight_checker", {"action": "reset"}),
+        ("collective_rpc_no_method", "POST", "/collective_rpc", {}),
+        ("collective_rpc_not_object", "POST", "/collective_rpc", [1]),
+        ("collective_rpc", "POST", "/collective_rpc", {"method": "echo"}),
+        ("abort_all", "POST", "/abort_requests", {}),
+        ("abort_named", "POST", "/abort_requests", {"request_ids": ["a", "b"]}),
+        ("abort_not_object", "POST", "/abort_requests", [1]),
+        ("init_weight_transfer", "POST", "/init_weight_transfer_engine", {"init_info": {}}),
+        ("init_weight_transfer_missing", "POST", "/init_weight_transfer_engine", {}),
+        ("start_weight_update", "POST", "/start_weight_update", None),
+        ("start_draft_weight_update", "POST", "/start_draft_weight_update", None),
+        ("update_weights", "POST", "/update_weights", {"update_info": {}}),
+        ("update_weights_missing", "POST", "/update_weights", {}),
+        ("finish_weight_update", "POST", "/finish_weight_update", {}),
+        ("shutdown_weight_transfer", "POST", "/shutdown_weight_transfer_engine", None),
+        ("restore_weight_version", "POST", "/update_weight_version", {"new_version": "default"}),
     ]
 
 
@@ -781,23 +919,10 @@ def test_operator_routes_match(real_ops, sim_ops, lora_dirs):
 # Routes the real frontend lists in /openapi.json that serve does not serve, each with why; a route
 # missing on either side and not here fails (docs/serve.md, "Routes vLLM serves and serve does not").
 ROUTES_NOT_SERVED = {
-    ("POST", "/v1/chat/completions/batch"): "batch chat completions are not offered",
-    ("POST", "/generative_scoring"): "generative scoring is not offered",
-    ("POST", "/v1/systemone"): "not offered",
-    ("GET", "/kv_event_sources"): "not offered",
-    ("POST", "/abort_requests"): "RL routes are not offered",
-    ("POST", "/collective_rpc"): "dev-mode RPC into the workers: there are no workers",
-    ("GET", "/get_world_size"): "dev-mode RPC into the workers: there are no workers",
-    ("GET", "/weight_info"): "weight transfer: there are no weights",
-    ("POST", "/weight_checker"): "weight transfer: there are no weights",
-    ("POST", "/update_weight_version"): "weight transfer: there are no weights",
-    ("POST", "/start_draft_weight_update"): "weight transfer: there are no weights",
-    ("POST", "/shutdown_weight_transfer_engine"): "weight transfer: there are no weights",
+    ("POST", "/v1/systemone"): "structured decisions (a model-specific decision format) are not offered",
     ("POST", "/adapters"): "the adapters API beside /v1/load_lora_adapter is not offered yet",
     ("DELETE", "/adapters/{adapter_name}"): "the adapters API beside /v1/unload_lora_adapter is not offered yet",
 }
-ROUTES_NOT_SERVED_PREFIXES = ("/update_weights", "/init_weight", "/weight_transfer", "/pause_generation",
-                              "/resume_generation", "/get_weight", "/start_weight", "/finish_weight")
 
 
 def _route_set(base: str) -> set[tuple[str, str]]:
@@ -807,7 +932,7 @@ def _route_set(base: str) -> set[tuple[str, str]]:
 
 
 def _not_served(route: tuple[str, str]) -> bool:
-    return route in ROUTES_NOT_SERVED or route[1].startswith(ROUTES_NOT_SERVED_PREFIXES)
+    return route in ROUTES_NOT_SERVED
 
 
 def test_the_route_sets_match(real_ops, sim_ops):
@@ -818,6 +943,13 @@ def test_the_route_sets_match(real_ops, sim_ops):
     findings = [f"route {m} {p}: served by vLLM, not by serve" for m, p in sorted(real - sim)
                 if not _not_served((m, p))]
     findings += [f"route {m} {p}: served by serve, not listed by vLLM" for m, p in sorted(sim - real)]
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):  # FastAPI's pages, outside the schema
+        ra, rb = (httpx.get(base + page, timeout=60) for base in (real_ops.base_url, sim_ops["base_url"]))
+        if (ra.status_code, ra.headers.get("content-type")) != (rb.status_code, rb.headers.get("content-type")):
+            findings.append(f"page {page}: {ra.status_code} {ra.headers.get('content-type')} in real, "
+                            f"{rb.status_code} {rb.headers.get('content-type')} in serve")
+        elif ra.status_code == 200 and ("/openapi.json" in ra.text) != ("/openapi.json" in rb.text):
+            findings.append(f"page {page}: only one side points at /openapi.json")
     _check(findings, real_ops.version)
 
 

@@ -72,6 +72,16 @@ def test_embedding_errors(pooling_server, client):
         client.embeddings.create(model=MODEL, input=[list(range(1, 100))])
     r = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "word " * 100, "truncate_prompt_tokens": 10})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10
+    # token ids: the last ones by default (vLLM's tokenizer side), -1 the whole context (no room kept for output)
+    ids = list(range(1, 100))
+    for trunc, side, want in ((3, None, ids[-3:]), (3, "right", ids[:3]), (-1, None, ids[-64:])):
+        body = {"input": [ids], "truncate_prompt_tokens": trunc, "encoding_format": "float"}
+        if side:
+            body["truncation_side"] = side
+        r = httpx.post(pooling_server.url + "/v1/embeddings", json=body)
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(want)
+        one = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": [want], "encoding_format": "float"})
+        assert one.json()["data"][0]["embedding"] == r.json()["data"][0]["embedding"]
     bad = httpx.post(pooling_server.url + "/v1/embeddings", json={"input": "x", "normalize": True})
     assert bad.status_code == 400 and "use_activation" in bad.json()["error"]["message"]
     # a pooling model serves no generation

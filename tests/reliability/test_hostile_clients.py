@@ -150,9 +150,8 @@ DEEP = b"[" * 5000 + b"]" * 5000
 ])
 def test_deeply_nested_json_is_a_400(plain, path, body):
     r = httpx.post(plain.url + path, content=body, headers={"content-type": "application/json"}, timeout=10)
-    err = _error(r, 400)
-    assert err == {"message": "There was an error parsing the body", "type": "Bad Request", "param": None,
-                   "code": 400}
+    assert r.status_code == 400
+    assert r.json() == {"detail": "There was an error parsing the body"}  # FastAPI's own body, as vLLM
 
 
 @pytest.mark.parametrize("method,path", [("PATCH", "/config"), ("PUT", "/log")])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..frontend.errors import HTTPError
 from ..frontend.protocol import RequestValueError
@@ -28,13 +28,34 @@ class AnthropicToolChoice(_Model):
     disable_parallel_tool_use: bool | None = None
 
 
+ThinkingDisplay = Literal["summarized", "omitted", "updates"]
+
+
+class ThinkingEnabled(BaseModel):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1024)
+    display: ThinkingDisplay | None = None
+
+
+class ThinkingDisabled(BaseModel):
+    type: Literal["disabled"]
+
+
+class ThinkingAdaptive(BaseModel):
+    type: Literal["adaptive"]
+    display: ThinkingDisplay | None = None
+
+
+ThinkingConfig = Annotated[ThinkingEnabled | ThinkingDisabled | ThinkingAdaptive, Field(discriminator="type")]
+
+
 class MessagesRequest(_Model):
     model: str
     messages: list[dict[str, Any]]
     max_tokens: int
     metadata: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
+    thinking: ThinkingConfig | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = False
     system: str | list[dict[str, Any]] | None = None
@@ -47,6 +68,15 @@ class MessagesRequest(_Model):
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _thinking_budget(self) -> MessagesRequest:
+        # (a prefill leg of a disaggregated request never decodes: vLLM leaves it unchecked)
+        if self.kv_transfer_params and self.kv_transfer_params.get("do_remote_decode"):
+            return self
+        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
+            raise ValueError("thinking.budget_tokens must be less than max_tokens")
+        return self
 
 
 class CountTokensRequest(_Model):

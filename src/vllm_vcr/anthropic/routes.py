@@ -13,8 +13,8 @@ def services(app: Any, config: RouteConfig) -> None:
 
 
 FAMILY = Family("anthropic", services=services, about="Anthropic Messages API", routes=(
-    Route("/v1/messages", ("POST",), lambda a: a.messages.create, GENERATE, generation=True,
+    Route("/v1/messages", ("POST",), lambda a: a.messages.create, GENERATE, generation=True, json_only=True,
           doc="Anthropic Messages ([serve-api.md](serve-api.md))"),
-    Route("/v1/messages/count_tokens", ("POST",), lambda a: a.messages.count_tokens,
+    Route("/v1/messages/count_tokens", ("POST",), lambda a: a.messages.count_tokens, json_only=True,
           doc="the prompt's token count"),
 ))

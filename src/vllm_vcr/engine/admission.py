@@ -175,7 +175,9 @@ class Admission:
         if sp.max_tokens is not None and sp.max_tokens < 0:
             return f"max_tokens must be >= 0, got {sp.max_tokens}"
         cfg = self._config()
-        if cfg.max_model_len and prompt_len >= cfg.max_model_len:
+        # (a pooling request generates nothing: its prompt may fill the whole context)
+        room = 0 if ecr.pooling_params is not None else 1
+        if cfg.max_model_len and prompt_len + room > cfg.max_model_len:
             # a patched max_model_len the prompt leaves no room in: vLLM's input check, a failure
             return context_error(prompt_len, cfg.max_model_len)
         if not self.args.enable_chunked_prefill and prompt_len > cfg.max_num_batched_tokens:

@@ -172,8 +172,10 @@ class EngineCore(EngineControls):
         itself as a steady-batch member (steady_batch.BatchReader)."""
         self.inbox.post(("add", request, token_sink, batch_member))
 
-    def abort_requests(self, request_ids: Iterable[str]) -> None:
-        self.inbox.post(("abort", list(request_ids)))
+    def abort_requests(self, request_ids: Iterable[str], notify: bool = False) -> None:
+        """Abort requests; `notify`: each gets a final ABORT output (an abort its reader did not ask
+        for, such as vLLM's /abort_requests), else the reader has left already."""
+        self.inbox.post(("abort_notify" if notify else "abort", list(request_ids)))
 
     def abort_all(self) -> None:
         """Abort every request, each with a final ABORT output (vLLM's pause/sleep mode "abort")."""
@@ -351,6 +353,8 @@ class EngineCore(EngineControls):
                 self._add_request(msg[1], outputs, finished, msg[2], msg[3])
             elif kind == "abort":
                 self.finish_requests(msg[1], finished)
+            elif kind == "abort_notify":
+                self.finish_requests(msg[1], finished, outputs)
             elif kind == "call":
                 run_call(self, msg[1], msg[2])
             elif kind == "shutdown":

@@ -39,12 +39,13 @@ class Request:
         "seq", "finish_reason", "stop_reason", "num_hashed_blocks", "heap_gen",
         "first_due", "lora_path", "lora_id", "remote_prefill", "remote_decode", "transferring", "external_tokens", "planned", "plan", "chunk", "eos_at", "max_tokens_without_eos",
         "burstable", "pooling", "frontend_delay", "received_in", "token_sink", "batch_member", "steady_gap",
-        "steady_left", "steady_batch",
+        "steady_left", "steady_batch", "external_id",
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
                  adopt_prompt: bool = False) -> None:
         self.request_id = req.request_id
+        self.external_id = req.external_req_id  # the id the client knows (vLLM's abort by request id)
         self.prompt_token_ids: list[int] = req.prompt_token_ids or []
         # `adopt_prompt`: the caller never reads the list again (the offline simulator's fresh prompts),
         # so the request's tokens extend it, and `prompt_token_ids` is only its first num_prompt_tokens

@@ -274,3 +274,9 @@ def request_from_fields(fields: dict[str, Any]) -> EngineCoreRequest:
             raise RequestFieldError(f"{name}: {e}") from None
     check_lora_request(kw.get("lora_request"))
     return EngineCoreRequest(**kw)
+
+
+def not_simulated(method: str) -> str:
+    """The failure of an engine utility call (collective_rpc into workers, weight transfer) that a
+    mock without workers or weights cannot perform: the words `play` answers its frontend with."""
+    return f"Call to {method} method failed: vllm-vcr does not simulate '{method}'"

@@ -13,6 +13,7 @@ import secrets
 from typing import Any
 
 from .protocol import ChatCompletionRequest
+from .request_checks import check_structured_outputs_params
 from .structured.constraints import Constraint, check_request_constraints, request_constraint
 from .structured.grammar import grammar_instance
 from .structured.instances import GENERATOR, InstanceError, choice_instance, dump_json, json_instance, regex_instance
@@ -52,6 +53,7 @@ class ChatOutputPlan:
         has_choice = "tool_choice" in req.model_fields_set
         self.tool_choice = effective_tool_choice(has_choice, req.tools, req.tool_choice)
         check_request_constraints(req, self.tool_choice)
+        check_structured_outputs_params(req.structured_outputs)
         check_tool_usage(req.tools, req.tool_choice, has_choice)
         self.req = req
         self.settings = tools

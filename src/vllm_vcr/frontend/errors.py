@@ -114,8 +114,7 @@ def validation_error(errors: list[dict[str, Any]], where: str = "body") -> HTTPE
                                 "input": _summarize_input(e.get("input"))}
         ctx = e.get("ctx")
         if ctx:
-            item["ctx"] = {k2: (v if isinstance(v, (str, int, float, bool, type(None))) else str(v))
-                           for k2, v in ctx.items()}
+            item["ctx"] = dict(ctx)  # shown as Python shows them (an exception as ValueError('...'))
         text = str(item)
         lines.append(text if len(text) <= _MAX_ERROR_CHARS else text[:_MAX_ERROR_CHARS] + "...[truncated]")
     label = "error" if count == 1 else "errors"
@@ -125,10 +124,27 @@ def validation_error(errors: list[dict[str, Any]], where: str = "body") -> HTTPE
     return HTTPError(400, message.rstrip(), HTTPStatus.BAD_REQUEST.phrase, param)
 
 
+class FrameworkHTTPError(HTTPError):
+    """An error FastAPI answers itself, outside vLLM's exception handlers: `{"detail": message}`."""
+
+    def body(self) -> bytes:
+        return _encode({"detail": self.message})
+
+
 def unparsable_body() -> HTTPError:
-    """FastAPI's answer when parsing the body raised something other than a JSON error (e.g. JSON
-    nested beyond the parser's depth), in vLLM's error format."""
-    return HTTPError(400, "There was an error parsing the body", HTTPStatus.BAD_REQUEST.phrase)
+    """FastAPI's answer when parsing the body raised something other than a JSON error (JSON
+    nested beyond the parser's depth, bytes that are not UTF-8): its own `{"detail": ...}` body."""
+    return FrameworkHTTPError(400, "There was an error parsing the body", HTTPStatus.BAD_REQUEST.phrase)
+
+
+def not_an_object(value: Any) -> HTTPError:
+    """A JSON body that is not an object, as FastAPI reports it: null is a missing body, any
+    other value cannot give the request's fields."""
+    if value is None:
+        return validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
+    return validation_error([{"type": "model_attributes_type", "loc": (),
+                              "msg": "Input should be a valid dictionary or object to extract fields from",
+                              "input": value}])
 
 
 def json_decode_error(body: bytes) -> HTTPError:
@@ -137,7 +153,7 @@ def json_decode_error(body: bytes) -> HTTPError:
 
     try:
         json.loads(body)
-    except RecursionError:  # nested beyond any parser's depth
+    except (RecursionError, UnicodeDecodeError):  # nested beyond any parser's depth, or not UTF-8
         return unparsable_body()
     except ValueError as e:
         pos = getattr(e, "pos", 0)

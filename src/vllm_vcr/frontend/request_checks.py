@@ -136,3 +136,61 @@ def effective_max_tokens(prompt_len: int, max_model_len: int, max_tokens: int | 
     """vLLM's get_max_tokens: the request's value clamped to what the context leaves."""
     room = max_model_len - prompt_len
     return room if max_tokens is None else min(room, max_tokens)
+
+
+# vLLM's StructuredOutputsParams: its fields (in order), their defaults, and the constraint kinds
+_SO_FIELDS = (("json", None), ("regex", None), ("choice", None), ("grammar", None), ("json_object", None),
+              ("disable_any_whitespace", False), ("disable_additional_properties", False),
+              ("whitespace_pattern", None), ("structural_tag", None), ("_backend", None),
+              ("_backend_was_auto", False))
+_SO_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def check_structured_outputs_params(so: dict[str, Any] | None) -> None:
+    """StructuredOutputsParams.__post_init__: exactly one kind of constraint (unknown keys are
+    dropped, as the dataclass drops them); the message shows the dataclass's fields."""
+    if not isinstance(so, dict):
+        return
+    count = sum(so.get(k) is not None for k in _SO_KINDS)
+    if count == 1:
+        return
+    fields = {k: (default if k.startswith("_") else so.get(k, default)) for k, default in _SO_FIELDS}
+    which = "multiple are" if count > 1 else "none are"
+    raise RequestValueError(f"You {'can only' if count > 1 else 'must'} use one kind of structured outputs "
+                            f"constraint but {which} specified: {fields}")
+
+
+def check_truncation(truncate_prompt_tokens: int | None, max_model_len: int) -> None:
+    """vLLM's TokenizeParams: a truncation size above the context is a 400 (checked with the
+    output budget, before tokenizing)."""
+    if truncate_prompt_tokens is not None and truncate_prompt_tokens > max_model_len:
+        raise RequestValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater than "
+                                f"max_model_len = {max_model_len}. Please request a smaller truncation size.",
+                                "truncate_prompt_tokens", truncate_prompt_tokens)
+
+
+def truncate_prompt(ids: list[int], truncate_prompt_tokens: int | None, side: str | None, max_model_len: int,
+                    pooling: bool = False, specials: tuple[int, int] = (0, 0)) -> list[int]:
+    """vLLM's prompt truncation: keep the last N tokens (`truncation_side` "right": the first N);
+    -1 means the whole context, less one token left for output on a generative request. A text
+    prompt is truncated by the tokenizer, which keeps the special tokens it adds: `specials` is
+    (how many lead, how many trail) the prompt, kept outside the cut. An empty result is vLLM's
+    "The decoder prompt cannot be empty"."""
+    keep = truncate_prompt_tokens
+    if keep is None:
+        return ids
+    if keep < 0:
+        keep = max_model_len if pooling else max(0, max_model_len - 1)
+    if keep >= len(ids):
+        return ids
+    lead, trail = specials
+    body = ids[lead:len(ids) - trail]
+    room = keep - lead - trail
+    if room <= 0 or not body:
+        lead = trail = 0
+        body, room = ids, keep
+    cut = [] if room == 0 else body[-room:] if (side or "left") == "left" else body[:room]
+    ids = ids[:lead] + cut + (ids[len(ids) - trail:] if trail else [])
+    if not ids:
+        raise RequestValueError("The decoder prompt cannot be empty")
+    return ids

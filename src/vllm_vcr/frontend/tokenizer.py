@@ -168,6 +168,18 @@ class Tokenizer:
             ids = self._remember(key, self._encode_ids(text, add_special_tokens))
         return list(ids)  # callers own their list
 
+    def special_tokens_around(self, text: str, ids: list[int]) -> tuple[int, int]:
+        """How many of `ids` (`text` encoded with special tokens) the tokenizer added before and
+        after the text's own tokens: what its truncation keeps."""
+        plain = self.encode(text, add_special_tokens=False)
+        extra = len(ids) - len(plain)
+        if extra <= 0:
+            return 0, 0
+        for lead in range(extra + 1):
+            if ids[lead:lead + len(plain)] == plain:
+                return lead, extra - lead
+        return 0, 0
+
     # vLLM's frontend tokenizes in its renderer's worker threads (--renderer-num-workers, default 1):
     # the Rust encode releases the GIL, so a long new prompt (0.2-0.4 ms for 128 tokens of random
     # vocabulary) does not hold the event loop while a burst of requests waits to be read and the

@@ -33,11 +33,44 @@ def with_request_id(scope: dict[str, Any], send: Callable) -> Callable:
 
 
 def cors_middleware(app: Callable, settings: Any) -> Callable:
-    """Starlette's CORSMiddleware configured as vLLM configures it."""
+    """Starlette's CORSMiddleware configured as vLLM configures it. Our responses carry the
+    `Vary: Origin` vLLM's carry, to which the middleware appends its own for a request with an
+    Origin: the header is merged, so it reads "Origin" once, as vLLM's does."""
     from starlette.middleware.cors import CORSMiddleware
 
-    return CORSMiddleware(app, allow_origins=settings.allowed_origins, allow_credentials=settings.allow_credentials,
+    cors = CORSMiddleware(app, allow_origins=settings.allowed_origins, allow_credentials=settings.allow_credentials,
                           allow_methods=settings.allowed_methods, allow_headers=settings.allowed_headers)
+
+    async def cors_with_one_vary(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope.get("type") != "http" or not any(name == b"origin" for name, _ in scope.get("headers") or ()):
+            await cors(scope, receive, send)  # the middleware leaves such a response alone
+            return
+
+        async def send_merged(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": merge_vary(message.get("headers") or [])}
+            await send(message)
+
+        await cors(scope, receive, send_merged)
+
+    return cors_with_one_vary
+
+
+def merge_vary(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """One Vary header naming each field once (in first-seen order)."""
+    seen: dict[bytes, bytes] = {}
+    rest = []
+    for name, value in headers:
+        if name.lower() == b"vary":
+            for field in value.split(b","):
+                field = field.strip()
+                if field:
+                    seen.setdefault(field.lower(), field)
+        else:
+            rest.append((name, value))
+    if seen:
+        rest.append((b"vary", b", ".join(seen.values())))
+    return rest
 
 
 def check_json_content_type(headers: dict[bytes, bytes]) -> None:

@@ -16,11 +16,12 @@ from ..frontend.errors import (
     HTTPError,
     json_decode_error,
     model_not_found,
+    not_an_object,
     unparsable_body,
     validation_error,
 )
 from ..frontend.generation import OutputStream, random_hex
-from ..frontend.protocol import RequestValueError
+from ..frontend.protocol import RequestSchemaError, RequestValueError
 from ..frontend.tokenizer import Tokenizer
 from ..frontend.tools.calls import ToolSettings
 from .sse import send_bytes
@@ -109,22 +110,32 @@ def raw_request_json(body: bytes, decode_error: Callable[[json.JSONDecodeError],
 
 
 def parse_request(body: bytes, model: type[BaseModel]) -> Any:
-    """Validate a JSON body; schema and JSON errors become vLLM's 400 validation error, a request
-    model validator's RequestValueError is raised as it is (vLLM's 400 BadRequestError)."""
+    """Validate a JSON body as FastAPI does for vLLM (json.loads, then the model in Python mode
+    with from_attributes: pydantic's Python-mode words, "a valid list"); schema and JSON errors
+    become vLLM's 400 validation error, a request model validator's RequestValueError is raised
+    as it is (vLLM's 400 BadRequestError)."""
     if not body or body.isspace():  # (strip() would copy the body to find out)
         # FastAPI's view of an empty body: the whole body is missing
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
     try:
-        return model.model_validate_json(body)
+        data = json.loads(body)
+    except (RecursionError, UnicodeDecodeError):
+        raise unparsable_body() from None
+    except ValueError:
+        raise json_decode_error(body) from None
+    if not isinstance(data, dict):
+        raise not_an_object(data)
+    try:
+        return model.model_validate(data, from_attributes=True)
     except RecursionError:
         raise unparsable_body() from None
     except ValidationError as e:
         errors = e.errors(include_url=False)
-        if errors and errors[0].get("type") == "json_invalid":
-            raise json_decode_error(body) from None
         cause = errors[0].get("ctx", {}).get("error") if errors else None
         if isinstance(cause, RequestValueError):
             raise cause from None
+        if isinstance(cause, RequestSchemaError):
+            raise validation_error(cause.errors) from None
         raise validation_error(errors) from None
 
 

@@ -30,9 +30,11 @@ from ..frontend.request_checks import (
     check_prompt_logprobs_limit,
     check_prompt_tokens,
     check_sampling,
+    check_truncation,
     effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
+    truncate_prompt,
 )
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from ..http.sse import send_bytes
@@ -211,11 +213,13 @@ class ChatServing(ServingBase):
         else:
             max_tokens, param = req.max_tokens, "max_tokens"
         check_output_budget(max_tokens, max_len, param)
+        check_truncation(req.truncate_prompt_tokens, max_len)
         text, prompt_ids = await self.render_prompt_async(
             req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template=req.chat_template,
             chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
             tools=req.tools)
+        prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
         check_prompt_tokens(len(prompt_ids), max_len, from_text=True)
         if req.n > MAX_CHOICES:
             raise RequestValueError(f"n must be at most {MAX_CHOICES}, got {req.n}.", "n")

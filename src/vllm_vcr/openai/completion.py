@@ -24,9 +24,11 @@ from ..frontend.request_checks import (
     check_prompt_logprobs_limit,
     check_prompt_tokens,
     check_sampling,
+    check_truncation,
     effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
+    truncate_prompt,
 )
 from ..frontend.structured.completion_outputs import CompletionOutputPlan
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
@@ -83,6 +85,7 @@ class CompletionServing(ServingBase):
         echo_only = bool(req.echo) and req.max_tokens == 0
         if not echo_only:
             check_output_budget(req.max_tokens, max_len)
+        check_truncation(req.truncate_prompt_tokens, max_len)
         prompts = await self._prompts(req)
         if req.n * len(prompts) > MAX_CHOICES:
             raise RequestValueError(f"n x number of prompts must be at most {MAX_CHOICES}, "
@@ -143,10 +146,12 @@ class CompletionServing(ServingBase):
         else:
             items = list(p or [])
         if not items:
-            raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+            raise RequestValueError("You must pass at least one prompt")
+        trunc = req.truncate_prompt_tokens
         for item in items:
             if isinstance(item, str):
-                check_prompt_chars(item, max_len, tok.max_chars_per_token)
+                if trunc is None:  # vLLM skips its length pre-check on text it truncates
+                    check_prompt_chars(item, max_len, tok.max_chars_per_token)
                 try:
                     ids = await tok.encode_async(item, add_special_tokens=req.add_special_tokens)
                 except Exception as e:  # the tokenizers library rejects some inputs with TypeError
@@ -156,7 +161,12 @@ class CompletionServing(ServingBase):
                 ids = list(item)
                 text = None
             if not ids:
-                raise RequestValueError("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+                raise RequestValueError("The decoder prompt cannot be empty")
+            if trunc is not None:
+                specials = tok.special_tokens_around(text, ids) if text is not None else (0, 0)
+                cut = truncate_prompt(ids, trunc, req.truncation_side, max_len, specials=specials)
+                if len(cut) < len(ids):  # (vLLM's echo shows the prompt as sent)
+                    ids, text = cut, text if text is not None else tok.decode(ids)
             check_prompt_tokens(len(ids), max_len, from_text=text is not None)
             out.append(Prompt(ids, text))
         return out

@@ -28,7 +28,7 @@ from ..engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from ..frontend.errors import HTTPError
 from ..frontend.generation import parse_dp_rank, random_hex
 from ..frontend.protocol import RequestValueError
-from ..frontend.request_checks import check_prompt_tokens
+from ..frontend.request_checks import check_prompt_tokens, check_truncation, truncate_prompt
 from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
 from ..http.sse import send_bytes
 
@@ -197,19 +197,16 @@ class PoolingServing(ServingBase):
     # -- inputs -----------------------------------------------------------------------------------
     def _tokenize(self, text: str, add_special_tokens: bool, req: _PoolingBase) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-        return self._truncate(ids, req, from_text=True)
+        return self._truncate(ids, req, from_text=True, text=text)
 
-    def _truncate(self, ids: list[int], req: _PoolingBase, from_text: bool) -> list[int]:
+    def _truncate(self, ids: list[int], req: _PoolingBase, from_text: bool, text: str | None = None) -> list[int]:
+        """vLLM's truncation (request_checks.truncate_prompt; a pooling request keeps the whole
+        context for -1), then the context check."""
         limit = self.settings.max_model_len
         n = req.truncate_prompt_tokens
-        if n is not None:
-            if n > limit:
-                raise RequestValueError(f"truncate_prompt_tokens={n} cannot be greater than max_model_len = "
-                                        f"{limit}. Please request a smaller truncation size.",
-                                        "truncate_prompt_tokens", n)
-            n = limit if n < 0 else n
-            if n < len(ids):
-                ids = ids[-n:] if req.truncation_side == "left" else ids[:n]
+        check_truncation(n, limit)
+        specials = self.tokenizer.special_tokens_around(text, ids) if text is not None and n is not None else (0, 0)
+        ids = truncate_prompt(ids, n, req.truncation_side, limit, pooling=True, specials=specials)
         check_prompt_tokens(len(ids), limit, from_text=from_text and n is None)
         return ids
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..frontend.protocol import (
+    BatchChatCompletionRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -13,7 +14,9 @@ from ..frontend.protocol import (
 )
 from ..http.routes import GENERATE, POOLING, Family, Route, RouteConfig
 from .chat import ChatServing
+from .chat_batch import BatchChatServing
 from .completion import CompletionServing
+from .generative_scoring import GenerativeScoringRequest, GenerativeScoringServing
 from .models import ModelsServing
 from .responses.serving import ResponsesServing
 
@@ -21,6 +24,8 @@ from .responses.serving import ResponsesServing
 def services(app: Any, config: RouteConfig) -> None:
     app.completions = CompletionServing(app.engine, app.tokenizer, app.settings, app.metrics)
     app.chat = ChatServing(app.engine, app.tokenizer, app.settings, app.metrics)
+    app.chat_batch = BatchChatServing(app.chat)
+    app.generative_scoring = GenerativeScoringServing(app.completions)
     app.models = ModelsServing(app)
     app.responses = ResponsesServing(app.chat)
     if POOLING(config):
@@ -36,7 +41,12 @@ FAMILY = Family("openai", services=services, about="OpenAI API", routes=(
           body=(CompletionRequest,), doc="text completions"),
     Route("/v1/chat/completions", ("POST",), lambda a: a.chat.handle, GENERATE, generation=True, json_only=True,
           body=(ChatCompletionRequest,), doc="chat completions"),
-    Route("/v1/responses", ("POST",), lambda a: a.responses.create, GENERATE, generation=True,
+    Route("/v1/chat/completions/batch", ("POST",), lambda a: a.chat_batch.handle, GENERATE, generation=True,
+          json_only=True, body=(BatchChatCompletionRequest,), doc="several conversations, one choice each"),
+    Route("/generative_scoring", ("POST",), lambda a: a.generative_scoring.handle, GENERATE, generation=True,
+          json_only=True, body=(GenerativeScoringRequest,),
+          doc="the label tokens' probabilities after query + item, one score per item"),
+    Route("/v1/responses", ("POST",), lambda a: a.responses.create, GENERATE, generation=True, json_only=True,
           doc="the Responses API ([serve-api.md](serve-api.md))"),
     Route("/v1/responses/{response_id}", ("GET",), lambda a: a.responses.retrieve,
           doc="a stored response (`?stream=true&starting_after=N` for a background stream)"),

@@ -33,6 +33,7 @@ class ServeExtensions:
     adapters: LoRAAdapters | None = None
     lora_states: LoRARequestStates | None = None
     sleep_control: SleepControl | None = None
+    kv_event_sources: dict[int, dict[str, Any]] = field(default_factory=dict)  # GET /kv_event_sources
 
     @classmethod
     def from_cli(cls, args: argparse.Namespace, environ: Any = None) -> "ServeExtensions":

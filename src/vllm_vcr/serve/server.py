@@ -196,6 +196,9 @@ class _ServeCommand:
             raise CLIError(f"--kv-events-config: {e}") from None
         for pub in publishers:
             stack.callback(pub.close)
+        self.extensions.kv_event_sources = {  # what each engine tells vLLM's frontend in its handshake
+            rank: pub.publisher_config.to_dict() for rank, pub in enumerate(publishers)
+            if pub.publisher_config is not None}
 
     def attach_forward_pass_metrics(self, stack: contextlib.AsyncExitStack) -> None:
         port, path = self.args.forward_pass_metrics_port, self.args.forward_pass_metrics_trace

@@ -29,6 +29,15 @@ class BasicServing:
         else:
             await send_bytes(ctx.send, 503, error_body("Engine is not running", "ServiceUnavailableError", 503))
 
+    async def docs(self, ctx: RequestContext) -> None:
+        await send_bytes(ctx.send, 200, _SWAGGER_UI, content_type=_HTML)
+
+    async def redoc(self, ctx: RequestContext) -> None:
+        await send_bytes(ctx.send, 200, _REDOC, content_type=_HTML)
+
+    async def oauth2_redirect(self, ctx: RequestContext) -> None:
+        await send_bytes(ctx.send, 200, _OAUTH2_REDIRECT, content_type=_HTML)
+
     async def version(self, ctx: RequestContext) -> None:
         # the vLLM release whose API is reproduced (clients compare it); vllm-vcr's own version beside it
         await send_bytes(ctx.send, 200, encode({"version": VLLM_API_VERSION, "vllm_vcr_version": __version__}))
@@ -84,3 +93,73 @@ class BasicServing:
             return await handler(ctx)
         raise bad_request("Cannot find suitable handler for request. Expected one of: "
                           "['ChatCompletionRequest', 'CompletionRequest']")
+
+
+# The interactive API pages vLLM's FastAPI app serves over /openapi.json (Swagger UI and ReDoc,
+# loaded from their CDN bundles; the titles are FastAPI's defaults, which vLLM keeps)
+_HTML = b"text/html; charset=utf-8"
+_SWAGGER_UI = """<!DOCTYPE html>
+<html>
+<head>
+<meta name="viewport" content="width=device-width, initial-scale=1.0">
+<title>FastAPI - Swagger UI</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>
+window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui", deepLinking: true,
+  oauth2RedirectUrl: window.location.origin + "/docs/oauth2-redirect",
+  presets: [SwaggerUIBundle.presets.apis, SwaggerUIBundle.SwaggerUIStandalonePreset],
+  layout: "BaseLayout"});
+</script>
+</body>
+</html>
+""".encode()
+_REDOC = """<!DOCTYPE html>
+<html>
+<head>
+<title>FastAPI - ReDoc</title>
+<meta charset="utf-8"/>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>body { margin: 0; padding: 0; }</style>
+</head>
+<body>
+<redoc spec-url="/openapi.json"></redoc>
+<script src="https://cdn.jsdelivr.net/npm/redoc@2/bundles/redoc.standalone.js"></script>
+</body>
+</html>
+""".encode()
+# Swagger UI's OAuth2 redirect: hand the authorization response back to the page that opened it
+_OAUTH2_REDIRECT = """<!doctype html>
+<html lang="en-US">
+<head><title>Swagger UI: OAuth2 Redirect</title></head>
+<body>
+<script>
+(function () {
+  var oauth2 = window.opener && window.opener.swaggerUIRedirectOauth2;
+  if (!oauth2) { window.close(); return; }
+  var raw = /code|token|error/.test(window.location.hash) ? window.location.hash.substring(1)
+                                                          : window.location.search.substring(1);
+  var params = {};
+  new URLSearchParams(raw).forEach(function (v, k) { params[k] = v; });
+  if (params.state !== oauth2.state) {
+    oauth2.errCb({authId: oauth2.auth.name, source: "auth", level: "warning",
+                  message: "Authorization may be unsafe: the state differs from the one sent"});
+  }
+  if (oauth2.auth.schema.get("flow") === "accessCode" || oauth2.auth.schema.get("flow") === "authorizationCode") {
+    if (params.code) { delete oauth2.state; oauth2.auth.code = params.code;
+                       oauth2.callback({auth: oauth2.auth, redirectUrl: oauth2.redirectUrl}); }
+    else { oauth2.errCb({authId: oauth2.auth.name, source: "auth", level: "error",
+                         message: params.error || "No authorization code received"}); }
+  } else {
+    oauth2.callback({auth: oauth2.auth, token: params, isValid: true, redirectUrl: oauth2.redirectUrl});
+  }
+  window.close();
+})();
+</script>
+</body>
+</html>
+""".encode()
+

@@ -8,12 +8,14 @@ from typing import Any
 from ..http.routes import DEV_MODE, GENERATE, RUNTIME_LORA, SCALE_OUT, Family, Route, RouteConfig
 from .basics import BasicServing
 from .management import Management
+from .rl import DevRoutes
 from .tokens import scale_out_disabled
 
 
 def services(app: Any, config: RouteConfig) -> None:
     app.basics = BasicServing(app)
     app.management = Management(app, app.extensions)
+    app.dev = DevRoutes(app)
     if SCALE_OUT(config):
         from .derender import DerenderServing
         from .render import RenderServing
@@ -26,6 +28,13 @@ def services(app: Any, config: RouteConfig) -> None:
 
 def _dev(path: str, method: str, name: str, doc: str) -> Route:
     return Route(path, (method,), lambda a: getattr(a.management, name), DEV_MODE, doc=doc)
+
+
+def _rl(path: str, method: str, name: str, doc: str, **kw: Any) -> Route:
+    return Route(path, (method,), lambda a: getattr(a.dev, name), DEV_MODE, doc=doc, **kw)
+
+
+_NO_WEIGHTS = "no weights here: a 500 naming the call, as vLLM in front of `play`"
 
 
 def _scale_out(path: str, handler: Any, doc: str, **kw: Any) -> Route:
@@ -65,6 +74,24 @@ FAMILY = Family("vllm", services=services, about="vLLM's own routes", routes=(
     _dev("/reset_mm_cache", "POST", "reset_nothing", _OPS),
     _dev("/reset_encoder_cache", "POST", "reset_nothing", _OPS),
     _dev("/server_info", "GET", "server_info", _OPS),
+    Route("/kv_event_sources", ("GET",), lambda a: a.dev.kv_event_sources,
+          doc="each engine's KV-event publisher config by DP rank (`{}` without KV events)"),
+    Route("/docs", ("GET",), lambda a: a.basics.docs, in_schema=False, doc="Swagger UI over `/openapi.json`"),
+    Route("/docs/oauth2-redirect", ("GET",), lambda a: a.basics.oauth2_redirect, in_schema=False,
+          doc="Swagger UI's OAuth2 redirect page"),
+    Route("/redoc", ("GET",), lambda a: a.basics.redoc, in_schema=False, doc="ReDoc over `/openapi.json`"),
+    _rl("/collective_rpc", "POST", "collective_rpc", "RPC into the workers: vLLM's checks, then a 500 (no workers)"),
+    _rl("/abort_requests", "POST", "abort_requests", "abort the named requests (`request_ids`) or all in flight"),
+    _rl("/get_world_size", "GET", "get_world_size", "TP x PP (x DP with `include_dp`)"),
+    _rl("/weight_info", "GET", "weight_info", "the weight version"),
+    _rl("/update_weight_version", "POST", "update_weight_version", "set the weight version"),
+    _rl("/weight_checker", "POST", "weight_checker", "checksums of no weights; compare against a baseline"),
+    _rl("/init_weight_transfer_engine", "POST", "init_weight_transfer_engine", _NO_WEIGHTS),
+    _rl("/shutdown_weight_transfer_engine", "POST", "weight_transfer_call", _NO_WEIGHTS),
+    _rl("/start_weight_update", "POST", "weight_transfer_call", _NO_WEIGHTS),
+    _rl("/start_draft_weight_update", "POST", "weight_transfer_call", _NO_WEIGHTS),
+    _rl("/update_weights", "POST", "update_weights", _NO_WEIGHTS),
+    _rl("/finish_weight_update", "POST", "finish_weight_update", _NO_WEIGHTS),
     Route("/scale_elastic_ep", ("POST",), lambda a: a.management.scale_elastic_ep, GENERATE, json_only=True,
           doc="elastic EP: vLLM's validation; a scale answers \"Scale failed\""),
     Route("/is_scaling_elastic_ep", ("POST",), lambda a: a.management.is_scaling_elastic_ep, GENERATE,

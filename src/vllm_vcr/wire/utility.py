@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..engine.lifecycle import release_kv_cache_refusal
+from ..engine.types import not_simulated
 
 # the bridge of wire/server.py that a handler answers for (its engine, its address); typed loosely
 # here, as server.py imports this module
@@ -185,7 +186,7 @@ async def dispatch(b: EngineBridge, method: str, args: list) -> tuple[bool, Any]
     fn = HANDLERS.get(method)
     if fn is None:
         log.warning("engine %d: utility %r is not simulated; answering a failure", b.rank, method)
-        return False, f"Call to {method} method failed: vllm-vcr does not simulate '{method}'"
+        return False, not_simulated(method)
     try:
         return True, await fn(b, args)
     except UtilityFailure as e:

@@ -7,6 +7,7 @@ import asyncio
 import secrets
 from typing import Any
 
+from ..request_checks import check_structured_outputs_params
 from .constraints import Constraint, check_request_constraints, request_constraint
 from .instances import GENERATOR, InstanceError
 
@@ -20,11 +21,12 @@ class CompletionOutputPlan:
     @classmethod
     def for_request(cls, req: Any) -> CompletionOutputPlan | None:
         """vLLM's checks (400s before anything reaches the engine); None without a constraint."""
-        response_format = (req.model_extra or {}).get("response_format")  # not a declared field here
+        response_format = req.response_format
         if response_format is None and req.structured_outputs is None:
             return None
         check_request_constraints({"response_format": response_format, "structured_outputs": req.structured_outputs},
                                   None, completion=True)
+        check_structured_outputs_params(req.structured_outputs)
         constraint = request_constraint(response_format, req.structured_outputs)
         return cls(constraint) if constraint is not None else None
 

@@ -37,9 +37,9 @@ def output_items(message: dict[str, Any], parallel_tool_calls: bool | None) -> l
     items = []
     if message.get("reasoning"):
         items.append(reasoning_item(message["reasoning"]))
-    if message.get("content"):
-        items.append(message_item(message["content"]))
     calls = message.get("tool_calls") or []
+    if message.get("content") or not calls:  # (vLLM writes the message even with nothing in it)
+        items.append(message_item(message.get("content") or ""))
     if parallel_tool_calls is False:
         calls = calls[:1]
     items += [function_call_item(c["function"]["name"], c["function"]["arguments"], c["id"]) for c in calls]

@@ -6,10 +6,37 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ...frontend.generation import random_hex
 from ...frontend.protocol import ChatCompletionRequest, RequestValueError, StopParam, _Base
+
+
+# The fields the OpenAI SDK's models write (null when unset) for what vLLM echoes back in a response
+_FUNCTION_TOOL_FIELDS = ("name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading",
+                         "description", "output_schema")
+_FORMAT_FIELDS = {"json_schema": ("name", "schema", "type", "description", "strict")}
+
+
+def _with_nulls(obj: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    return {**{k: obj.get(k) for k in fields}, **obj}
+
+
+def echoed_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request's tools as vLLM's response shows them (the SDK model's every field)."""
+    return [_with_nulls(t, _FUNCTION_TOOL_FIELDS) if isinstance(t, dict) and t.get("type") == "function" else t
+            for t in tools]
+
+
+def echoed_text(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A request's `text` as vLLM's response shows it: `format` (with its type's null fields) and
+    `verbosity`."""
+    if text is None:
+        return None
+    fmt = text.get("format")
+    if isinstance(fmt, dict):
+        fmt = _with_nulls(fmt, _FORMAT_FIELDS.get(fmt.get("type"), ()))
+    return {**text, "format": fmt, "verbosity": text.get("verbosity")}
 
 
 class ResponsesRequest(_Base):

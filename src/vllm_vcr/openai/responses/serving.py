@@ -18,13 +18,14 @@ from urllib.parse import parse_qs
 
 from ...frontend.errors import HTTPError
 from ...frontend.protocol import RequestValueError
+from ...frontend.request_checks import check_output_budget
 from ...http.serving_base import RequestContext, encode, parse_request
 from ...http.sse import SSEWriter, send_bytes
 from ..chat import CACHE_DETAILS_KEY
 from ..chat_bridge import run_chat
 from .background import EventLog, send_events
 from .events import EventStream, output_items
-from .protocol import ResponsesRequest, chat_tools, input_messages, response_format
+from .protocol import ResponsesRequest, chat_tools, echoed_text, echoed_tools, input_messages, response_format
 
 STORE_ENV = "VLLM_ENABLE_RESPONSES_API_STORE"
 
@@ -64,6 +65,7 @@ class ResponsesServing:
         req: ResponsesRequest = parse_request(ctx.body, ResponsesRequest)
         check_tool_choice(req)
         model = self.chat.check_model(req.model)
+        check_output_budget(req.max_output_tokens, self.settings.max_model_len, "max_output_tokens")
         if req.store and not self.store_enabled and req.background:
             raise _invalid("This vLLM engine does not support `store=True` and therefore does not support the "
                            "background mode. To enable these features, set the environment variable "
@@ -142,11 +144,11 @@ class ResponsesServing:
             "instructions": req.instructions, "metadata": req.metadata, "model": model, "object": "response",
             "output": output, "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None
             else True, "temperature": 1.0 if req.temperature is None else req.temperature,
-            "tool_choice": req.tool_choice, "tools": req.tools,
+            "tool_choice": req.tool_choice, "tools": echoed_tools(req.tools),
             "top_p": 1.0 if req.top_p is None else req.top_p, "background": req.background,
             "max_output_tokens": max_tokens, "max_tool_calls": req.max_tool_calls,
             "previous_response_id": req.previous_response_id, "prompt": req.prompt, "reasoning": req.reasoning,
-            "service_tier": req.service_tier, "status": status, "text": req.text,
+            "service_tier": req.service_tier, "status": status, "text": echoed_text(req.text),
             "top_logprobs": req.top_logprobs if "message.output_text.logprobs" in (req.include or ()) else None,
             "truncation": req.truncation, "usage": response_usage(usage), "user": req.user,
             "presence_penalty": req.presence_penalty or 0.0, "frequency_penalty": req.frequency_penalty or 0.0,
