@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.simulate.runner import simulate
@@ -69,3 +71,33 @@ def test_a_request_aborted_in_the_frontend_never_reaches_the_scheduler():
     assert h.finish("b") is not None and len(h.tokens("b")) == 4  # b ran to its end
     assert not h.tokens("a")  # a was aborted before the engine saw it
     assert h.emission_times("b")[0] >= 0.05  # b entered the scheduler after its 50 ms in the frontend
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(1, 6), st.floats(0.0, 0.2), st.booleans()),
+                     min_size=1, max_size=8),
+       per_request=st.floats(0.0, 20.0))
+def test_every_request_ends_whatever_the_frontend_holds_and_aborts(reqs, per_request):
+    """Requests arriving at random times, held by the frontend time, some aborted while held or
+    running: each ends exactly once (finished or aborted) and nothing stays held."""
+    from vllm_vcr.perf.aic import AicTarget, step_latency
+
+    from ..engine.conftest import Harness
+
+    h = Harness(latency=step_latency(AicTarget(LLAMA_8B, "h100_sxm", frontend_ms_per_request=per_request)),
+                kv_cache_size=200)
+    events = sorted((at, i) for i, (_, _, at, _) in enumerate(reqs))
+    for at, i in events:
+        h.run(until=at)
+        prompt, out, _, abort = reqs[i]
+        h.add(f"r{i}", prompt, out)
+        if abort:
+            h.run(until=at + 0.004)  # maybe still in the frontend, maybe running
+            h.core.abort_requests([f"r{i}"])
+    h.run()
+    assert not h.core.requests and not h.core.timed.arriving and not h.core.scheduler.waiting
+    for i, (_, out, _, abort) in enumerate(reqs):
+        ends = [o for _, o in h.outputs(f"r{i}") if o.finish_reason is not None]
+        assert len(ends) <= 1
+        if not abort:
+            assert len(ends) == 1 and len(h.tokens(f"r{i}")) == out
