@@ -1,23 +1,20 @@
 #!/usr/bin/env python
-"""The perf model against measured silicon: every vLLM aggregated row of aiconfigurator-core's
-systems/silicon_sample.csv that the estimator can price, simulated closed-loop through the
-engine (vllm_vcr.simulate.silicon), TTFT/TPOT compared with the measured values, next to the
-estimator's own static estimate (run_static, batch = concurrency).
+"""The perf model against measured silicon: the vLLM aggregated rows of aiconfigurator-core's
+systems/silicon_sample.csv, each row's benchmark simulated through the engine with the perf model
+`serve`, `play` and `simulate` run (`--perf-model aic` and its defaults, vllm_vcr.simulate.silicon),
+TTFT/TPOT compared with the measured values, next to the estimator's own static estimate
+(run_static, batch = concurrency).
 
-Each row is simulated as the benchmark that measured it (silicon.py: InferenceX's burst of C
-users and 10*C prompts, or a steady state; the whole benchmark by default, fewer or shorter
-requests under a smaller --max-tokens, see `plan_for`). One global correction, the engine's host
-time per step (a ms + b ms per running sequence; added to the GPU time, or, under async
-scheduling, overlapped with it but for k ms exposed), the GPU time of the attention's QK norm
-the kernel data lack (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks)
-and a frontend share of TTFT, is fitted on the declared training split (rows with
-crc32(id) % 3 == 0) and the held-out rows are simulated with it; no per-row tuning.
-Results go to a JSONL (resumable) and the table into docs/fidelity.md between
-the `silicon` markers.
+The protocol (docs/fidelity.md): rows are split by configuration group (model x GPU x precision x
+parallelism; byte-identical twins kept once) into train / dev / test by a fixed seeded rule, frozen
+in bench/fidelity/silicon_split.json. `--fit` simulates the train rows with the kernels alone and
+fits the perf model's global terms (host time per step, QK norm, frontend time; printed, to be
+set as the defaults in vllm_vcr/perf/aic.py); `--split dev` checks a model version while
+developing it; `--split test --write-docs` is the report, run once per model version.
 
-usage: python bench/silicon_validation.py [--jobs 2] [--results bench/fidelity/silicon_rows.jsonl]
-                                          [--max-tokens 20000000] [--budget-s 6000] [--limit N]
-                                          [--render-only] [--write-docs]
+usage: python bench/silicon_validation.py --split dev|test|train [--jobs 2] [--write-docs]
+       python bench/silicon_validation.py --fit
+       python bench/silicon_validation.py --make-split        (once: the split is frozen)
 """
 
 from __future__ import annotations
@@ -30,7 +27,9 @@ import os
 import re
 import sys
 import time
+import hashlib
 import zlib
+from dataclasses import replace
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -46,8 +45,12 @@ from vllm_vcr.simulate.silicon import (HostTime, SiliconRow, plan_for, simulate_
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
+SPLIT_FILE = ROOT / "bench" / "fidelity" / "silicon_split.json"
+SPLIT_SEED = "vllm-vcr/silicon/2026-12-06"
+SPLIT_RULE = ("u = first 8 hex digits of sha256(seed + '|' + group) / 16^8; test if u < 0.30, dev if u < 0.50, "
+              "else train")
 GRID = np.arange(0.0, 4.0001, 0.05)  # candidate host overheads per step (ms)
-SEQ_GRID = np.arange(0.0, 0.0601, 0.006)  # candidate host overheads per running sequence per step (ms)
+SEQ_GRID = np.arange(0.0, 0.1201, 0.006)  # candidate host overheads per running sequence per step (ms)
 EXPOSED_GRID = np.arange(0.0, 3.0001, 0.05)  # candidate exposed host times per step under async scheduling (ms)
 QK_GRID = np.arange(0.0, 40.001, 4.0)  # candidate GPU times per QK-normed layer (µs)
 QK_ALLREDUCE_GRID = np.arange(0.0, 40.001, 5.0)  # candidate GPU times per cross-rank QK-norm all-reduce (µs)
@@ -57,9 +60,7 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
     row_d, host, max_tokens = task
     logging.disable(logging.WARNING)
     row = SiliconRow(**row_d)
-    out = {"id": row.id, "split": row.split, "overhead_ms": host.step_ms, "per_seq_ms": host.per_seq_ms,
-           "async_exposed_ms": host.async_exposed_ms, "qk_norm_us": host.qk_norm_us,
-           "qk_norm_allreduce_us": host.qk_norm_allreduce_us}
+    out = {"id": row.id, "host": host.__dict__}
     why = supported(row)
     if why is not None:
         return {**out, "unsupported": why}
@@ -95,8 +96,7 @@ def _run(rows: list[SiliconRow], overhead: HostTime, args, done: dict[str, dict]
 
 
 def _overhead_of(res: dict) -> HostTime:
-    return HostTime(res.get("overhead_ms", 0.0), res.get("per_seq_ms", 0.0), res.get("async_exposed_ms", 0.0),
-                    res.get("qk_norm_us", 0.0), res.get("qk_norm_allreduce_us", 0.0))
+    return HostTime(**res.get("host", {}))
 
 
 def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, qk_layers: np.ndarray,
@@ -149,21 +149,14 @@ def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
     return HostTime(round(a_ms, 3), round(b_ms, 4), round(k_ms, 3), round(q_us, 1), round(r_us, 1))
 
 
-Frontend = tuple[float, float, float]  # first-token share: ms + ms per 1000 prompt tokens + ms per user
-
-
-def frontend_ms(frontend: Frontend, row: SiliconRow) -> float:
-    return frontend[0] + frontend[1] * row.isl / 1000 + frontend[2] * row.concurrency
-
-
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> Frontend:
-    """The frontend's share of the first token, `f0 + f1 * ISL + f2 * C` (HTTP and the first
-    streamed chunk; tokenising and handing over the prompt, which grow with it; the API server's
-    work for the C streams it serves at once, which a new request's input waits behind: what
-    `serve`/`play` add for real and `simulate` leaves out), minimising the median |TTFT error| on the training rows,
-    simulated without the correction (a step's added time adds about twice itself to TTFT: the
-    step the request waits for and its prefill; of the host time, under async scheduling only
-    its exposed part)."""
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> HostTime:
+    """The API server's time before the engine sees a request, `f0 + f1 * ISL / 1000 + f2 * C`
+    (HTTP and request checks; tokenising the prompt; the server's work for the C streams it
+    serves at once, which a new request waits behind), minimising the median |TTFT error| on the
+    training rows simulated with the kernels alone. Fitted as a share added to the simulated TTFT
+    (a step's added time adds about twice itself to TTFT: the step the request waits for and its
+    prefill; of the host time, under async scheduling only its exposed part); the perf model
+    applies it before the request enters the scheduler (engine/latency/aic.py)."""
     _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc = _training_arrays(rows, done)
     sim = sim + 2 * (_step_ms(gpu, batch, is_async, qk_layers, qk_spans, host) - gpu)
     f0, f1 = np.arange(0.0, 150.001, 1.0)[:, None, None], np.arange(0.0, 30.001, 0.5)[None, :, None]
@@ -172,17 +165,19 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) 
         err = np.median(np.abs(sim + f0 + f1 * isl + f2 * conc - meas) / meas, axis=2)
         i, j = np.unravel_index(int(err.argmin()), err.shape)
         best = min(best, (float(err[i, j]), float(f0[i, 0, 0]), float(f1[0, j, 0]), round(float(f2), 2)))
-    return best[1], best[2], best[3]
+    return replace(host, frontend_ms=best[1], frontend_ms_per_1k_tokens=best[2], frontend_ms_per_request=best[3])
 
 
 def _err(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas * 100
+    return (pred - meas) / meas * 100
 
 
 def _stats(values: list[float]) -> str:
+    """median |error|, p90 |error|, median signed error (three columns)."""
     if not values:
-        return "– | –"  # two columns
-    return f"{np.median(values):.1f} % | {np.percentile(values, 90):.1f} %"
+        return "– | – | –"
+    a = np.abs(values)
+    return f"{np.median(a):.1f} % | {np.percentile(a, 90):.1f} % | {np.median(values):+.1f} %"
 
 
 def _natural(name: str) -> list:
@@ -190,23 +185,28 @@ def _natural(name: str) -> list:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
-def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str,
-          frontend: Frontend = (0.0, 0.0, 0.0)) -> list[str]:
+def errors(items: list[tuple[SiliconRow, dict]]) -> dict[str, list[float]]:
+    e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
+    for r, res in items:
+        e["tpot"].append(_err(res["sim"]["tpot_ms"], r.tpot_ms))
+        e["ttft"].append(_err(res["sim"]["ttft_ms"], r.ttft_ms))
+        e["s_tpot"].append(_err(res["static_tpot_ms"], r.tpot_ms))
+        e["s_ttft"].append(_err(res["static_ttft_ms"], r.ttft_ms))
+    return e
+
+
+def table(rows: list[SiliconRow], done: dict[str, dict], key, title: str) -> list[str]:
     groups: dict[str, list[tuple[SiliconRow, dict]]] = {}
     for r in rows:
         res = done.get(r.id)
         if res and "sim" in res:
             groups.setdefault(key(r), []).append((r, res))
-    lines = [f"| {title} | rows | TPOT sim median | p90 | TPOT static median | p90 | TTFT sim median | p90 "
-             f"| TTFT static median | p90 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| {title} | rows | TPOT sim med | p90 | bias | TPOT static med | p90 | bias "
+             f"| TTFT sim med | p90 | bias | TTFT static med | p90 | bias |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in sorted(groups, key=_natural) + ["**all**"]:
         items = [x for g in groups.values() for x in g] if name == "**all**" else groups[name]
-        e = {k: [] for k in ("tpot", "s_tpot", "ttft", "s_ttft")}
-        for r, res in items:
-            e["tpot"].append(_err(res["sim"]["tpot_ms"], r.tpot_ms))
-            e["ttft"].append(_err(res["sim"]["ttft_ms"] + frontend_ms(frontend, r), r.ttft_ms))
-            e["s_tpot"].append(_err(res["static_tpot_ms"], r.tpot_ms))
-            e["s_ttft"].append(_err(res["static_ttft_ms"], r.ttft_ms))
+        e = errors(items)
         lines.append(f"| {name} | {len(items)} | {_stats(e['tpot'])} | {_stats(e['s_tpot'])} | "
                      f"{_stats(e['ttft'])} | {_stats(e['s_ttft'])} |")
     return lines
@@ -217,13 +217,12 @@ def _conc_band(r: SiliconRow) -> str:
     return next((f"c {lo}–{hi}" for lo, hi in ((1, 8), (9, 32), (33, 128), (129, 1024)) if c <= hi), "c 1025+")
 
 
-HELD_OUT_TABLES = (  # (key, title) of the held-out tables
+TABLES = (  # (key, title)
     (lambda r: r.gpu, "GPU"),
-    (lambda r: r.model, "model"),
+    (lambda r: r.family, "model family"),
+    (_conc_band, "load (concurrency)"),
     (lambda r: f"tp {r.tp}" + (f" × dp {r.attention_dp}" if r.attention_dp > 1 else ""), "parallelism"),
-    (lambda r: r.gemm_quant or "bf16", "GEMM precision"),
-    (_conc_band, "concurrency"),
-    (lambda r: f"{r.isl}/{r.osl}", "ISL/OSL"),
+    (lambda r: r.precision_label, "precision (sample's label)"),
     (lambda r: "InferenceX (burst, 10·C prompts)" if r.inferencex else "other (steady state)", "harness"),
 )
 
@@ -238,40 +237,59 @@ def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int
     return out
 
 
-def render(rows: list[SiliconRow], done: dict[str, dict], overhead: HostTime, frontend: Frontend,
-           command: str) -> str:
-    held = [r for r in rows if r.split == "heldout"]
-    train = [r for r in rows if r.split == "train"]
+def render(split: str, rows: list[SiliconRow], done: dict[str, dict], host: HostTime, command: str,
+           n_twins: int, n_groups: int) -> str:
     unsupported = _unsupported(rows, done)
     sims = {r.id: done[r.id]["sim"] for r in rows if "sim" in done.get(r.id, {})}
-    n_train = sum(1 for r in train if r.id in sims)
-    n_held = sum(1 for r in held if r.id in sims)
     n_left = sum(1 for r in rows if r.id not in done)
     n_short = sum(1 for r in rows if r.id in sims and sims[r.id].get("sim_osl", r.osl) < r.osl)
-    out = [BEGIN, "", f"Made by `{command}`.", "",
-           f"{len(rows)} vLLM aggregated rows in the sample; {len(sims)} simulated ({n_short} of them with "
-           f"shortened requests, see the plan above), {sum(unsupported.values())} the estimator cannot price "
-           f"(below), {n_left} not simulated in the run's time (the costliest by simulated tokens). Errors are |predicted − measured| / measured, median and p90 "
-           f"over the rows. *sim* = the row's benchmark through the engine with `--perf-model aic`; *static* = "
-           f"the estimator's `run_static` with batch = concurrency.", "",
-           f"Fitted on the training rows ({len(train)}, {n_train} simulated): host time "
-           f"**{overhead.step_ms:.2f} ms per step + {overhead.per_seq_ms * 1e3:.0f} µs per running sequence** "
-           f"(simulated: added to the step's GPU time, or under async scheduling overlapped with it, with "
-           f"**{overhead.async_exposed_ms:.2f} ms** per step exposed), the GPU time of the attention's QK norm "
-           f"**{overhead.qk_norm_us:.0f} µs per QK-normed layer + {overhead.qk_norm_allreduce_us:.0f} µs per layer "
-           f"whose norm spans the TP ranks** (added to every step's GPU time; `perf/qk_norm.py`) and a "
-           f"frontend share of the first token of **{frontend[0]:.0f} ms + {frontend[1]:.1f} ms per 1000 prompt "
-           f"tokens + {frontend[2]:.1f} ms per concurrent user** (added to the simulated TTFT: `serve` and "
-           f"`play` have a real frontend, `simulate` has none). Held-out rows ({len(held)}; {n_held} simulated "
-           f"with them):", ""]
-    for key, title in HELD_OUT_TABLES:
-        out += [*table(held, done, key, title, frontend), ""]
-    out += ["Training rows, simulated without the correction (host overhead 0, no frontend share):", "",
-            *table(train, done, lambda r: r.gpu, "GPU"), "",
-            "Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
-    out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
-    out += ["", END]
+    out = [f"Made by `{command}`.", "",
+           f"The **{split}** split: {n_groups} configuration groups, {len(rows)} rows ({n_twins} byte-identical "
+           f"twins of other rows left out); {len(sims)} simulated ({n_short} with shortened requests), "
+           f"{sum(unsupported.values())} the estimator cannot price (below), {n_left} not simulated in the run's "
+           f"time. Error = (predicted − measured) / measured: *med* and *p90* of its absolute value, *bias* its "
+           f"signed median. *sim* = the row's benchmark through the engine with the perf model's defaults "
+           f"(`--perf-model aic`: host {host.step_ms:.2f} ms per step + {host.per_seq_ms * 1e3:.0f} µs per "
+           f"sequence, {host.async_exposed_ms:.2f} ms exposed under async scheduling, QK norm "
+           f"{host.qk_norm_us:.0f} + {host.qk_norm_allreduce_us:.0f} µs per layer, frontend "
+           f"{host.frontend_ms:.1f} ms + {host.frontend_ms_per_1k_tokens:.1f} ms per 1000 prompt tokens + "
+           f"{host.frontend_ms_per_request:.2f} ms per request in flight); *static* = the estimator's "
+           f"`run_static` with batch = concurrency.", ""]
+    for key, title in TABLES:
+        out += [*table(rows, done, key, title), ""]
+    if unsupported:
+        out += ["Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
+        out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
     return "\n".join(out)
+
+
+# --- the split -------------------------------------------------------------------------------------
+def dedupe(rows: list[SiliconRow]) -> tuple[list[SiliconRow], int]:
+    """One row per measurement: rows with the same model, GPU, lengths, concurrency and the very
+    same TTFT and TPOT are one measurement under two ids (or two spellings of its deployment)."""
+    seen: dict[tuple, SiliconRow] = {}
+    for r in sorted(rows, key=lambda r: r.id):
+        seen.setdefault((r.model, r.gpu, r.isl, r.osl, r.concurrency, r.ttft_ms, r.tpot_ms), r)
+    kept = sorted(seen.values(), key=lambda r: r.id)
+    return kept, len(rows) - len(kept)
+
+
+def split_of_group(group: str) -> str:
+    u = int(hashlib.sha256(f"{SPLIT_SEED}|{group}".encode()).hexdigest()[:8], 16) / 16 ** 8
+    return "test" if u < 0.30 else "dev" if u < 0.50 else "train"
+
+
+def make_split(rows: list[SiliconRow]) -> dict:
+    groups = sorted({r.group for r in rows})
+    out: dict = {"seed": SPLIT_SEED, "rule": SPLIT_RULE, "train": [], "dev": [], "test": []}
+    for g in groups:
+        out[split_of_group(g)].append(g)
+    return out
+
+
+def load_split() -> dict[str, str]:
+    data = json.loads(SPLIT_FILE.read_text())
+    return {g: name for name in ("train", "dev", "test") for g in data[name]}
 
 
 def stratified_sample(rows: list[SiliconRow], n: int) -> list[SiliconRow]:
@@ -290,56 +308,73 @@ def stratified_sample(rows: list[SiliconRow], n: int) -> list[SiliconRow]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=max((os.cpu_count() or 2) - 0, 1))
-    ap.add_argument("--results", default=str(ROOT / "bench" / "fidelity" / "silicon_rows.jsonl"))
+    ap.add_argument("--split", choices=("train", "dev", "test"), default="dev",
+                    help="the rows to simulate with the perf model's defaults (test: the report, once per model "
+                         "version)")
+    ap.add_argument("--fit", action="store_true",
+                    help="simulate the train rows with the kernels alone and fit the perf model's global terms")
+    ap.add_argument("--make-split", action="store_true", help="write the frozen split (refuses to overwrite it)")
+    ap.add_argument("--jobs", type=int, default=max(os.cpu_count() or 2, 1))
+    ap.add_argument("--results", default=None,
+                    help="per-row results (resumable; default bench/fidelity/silicon_<split>.jsonl)")
     ap.add_argument("--max-tokens", type=int, default=20_000_000,
                     help="output tokens simulated per row, at most (the default fits every row's whole benchmark)")
-    ap.add_argument("--budget-s", type=float, default=6000.0,
-                    help="wall seconds for the whole run (1/3 training, 2/3 held out); the costliest rows are left out")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N rows (a smoke run)")
+    ap.add_argument("--budget-s", type=float, default=6000.0, help="wall seconds; the costliest rows are left out")
     ap.add_argument("--sample", type=int, default=None,
-                    help="only N rows spread over models, GPUs and concurrencies (iterate on a slice; give it its "
-                         "own --results file)")
-    ap.add_argument("--overhead", type=float, nargs=5, default=None,
-                    metavar=("MS_PER_STEP", "MS_PER_SEQ", "ASYNC_EXPOSED_MS", "QK_NORM_US", "QK_NORM_ALLREDUCE_US"),
-                    help="skip the fit: use this correction")
-    ap.add_argument("--frontend", type=float, nargs=3, default=None,
-                    metavar=("MS", "MS_PER_1000_TOKENS", "MS_PER_USER"),
-                    help="skip the fit: use this frontend share of TTFT")
+                    help="only N rows of the split, spread over models, GPUs and concurrencies (a slice)")
+    ap.add_argument("--group", default=None, help="only the split's groups whose name contains this")
+    ap.add_argument("--cheapest", type=int, default=None,
+                    help="only the N rows of the split cheapest to simulate (a quick check)")
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
     args = ap.parse_args()
-    rows = list(vllm_agg_rows())[: args.limit]
+    rows, n_twins = dedupe(list(vllm_agg_rows()))
+    if args.make_split:
+        if SPLIT_FILE.exists():
+            raise SystemExit(f"{SPLIT_FILE} exists: the split is frozen")
+        SPLIT_FILE.write_text(json.dumps(make_split(rows), indent=1) + "\n")
+        return 0
+    split_of = load_split()
+    new = sorted({r.group for r in rows} - set(split_of))
+    if new:
+        raise SystemExit(f"groups not in the frozen split: {new}")
+    name = "train" if args.fit else args.split
+    mine = [r for r in rows if split_of[r.group] == name]
+    if args.group:
+        mine = [r for r in mine if args.group in r.group]
+    n_groups = len({r.group for r in mine})
+    twins = n_twins if not (args.sample or args.cheapest or args.group) else 0
     if args.sample:
-        rows = stratified_sample(rows, args.sample)
-    path = Path(args.results)
+        mine = stratified_sample(mine, args.sample)
+    if args.cheapest:
+        mine = sorted(mine, key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
+        mine = sorted(mine[: args.cheapest], key=lambda r: r.id)
+    path = Path(args.results or ROOT / "bench" / "fidelity" / f"silicon_{'fit' if args.fit else name}.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             res = json.loads(line)
             done[res["id"]] = res
-    with path.open("a") as out:
-        if not args.render_only:
-            _run([r for r in rows if r.split == "train"], HostTime(), args, done, out, args.budget_s / 3)
-        overhead = HostTime(*args.overhead) if args.overhead is not None else fit_overhead(
-            [r for r in rows if r.split == "train"], done)
-        train = [r for r in rows if r.split == "train"]
-        frontend = tuple(args.frontend) if args.frontend is not None else fit_frontend(train, done, overhead)
-        print(f"fitted {overhead}, frontend {frontend} (ms, ms/1000 tokens, ms/user)",
-              file=sys.stderr)
-        if not args.render_only:
-            _run([r for r in rows if r.split == "heldout"], overhead, args, done, out, args.budget_s * 2 / 3)
-    command = "python bench/silicon_validation.py --write-docs" + (f" --limit {args.limit}" if args.limit else "") \
-        + (f" --sample {args.sample}" if args.sample else "")
-    text = render(rows, done, overhead, frontend, command)
+    host = HostTime() if args.fit else HostTime.fitted()
+    if not args.render_only:
+        with path.open("a") as out:
+            _run(mine, host, args, done, out, args.budget_s)
+    if args.fit:
+        fitted = fit_frontend(mine, done, fit_overhead(mine, done))
+        print(f"fitted on {len(mine)} train rows: {fitted}")
+        return 0
+    command = f"python bench/silicon_validation.py --split {name}" + (" --write-docs" if args.write_docs else "") \
+        + (f" --sample {args.sample}" if args.sample else "") + (f" --cheapest {args.cheapest}" if args.cheapest else "") \
+        + (f" --group '{args.group}'" if args.group else "")
+    text = render(name, mine, done, host, command, twins, n_groups)
     print(text)
     if args.write_docs:
+        begin, end = BEGIN.replace("silicon", f"silicon:{name}"), END.replace("silicon", f"silicon:{name}")
         doc = DOC.read_text()
-        if BEGIN in doc:
-            doc = doc[: doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
-        else:
-            doc += "\n## The GPU perf model against measured silicon\n\n" + text + "\n"
+        if begin not in doc:
+            raise SystemExit(f"docs/fidelity.md has no {begin} marker")
+        doc = doc[: doc.index(begin) + len(begin)] + "\n\n" + text + "\n\n" + doc[doc.index(end):]
         DOC.write_text(doc)
     return 0
 

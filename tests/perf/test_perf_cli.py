@@ -125,3 +125,28 @@ def test_step_overhead_flag_sets_the_host_time_per_step():
     default = _engine_args("serve", LLAMA_8B, "--perf-model", "aic")
     set_ = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--perf-step-overhead-ms", "0.5")
     assert set_.perf_model["step_overhead_ms"] == 0.5 and default.perf_model["step_overhead_ms"] != 0.5
+
+
+@needs_aic
+@pytest.mark.parametrize("command", ["serve", "play"])
+def test_an_moe_model_starts_with_tp_alone_as_vllm_lays_out_its_experts(command):
+    model = ("Qwen/Qwen3-30B-A3B",) if command == "serve" else ("--model-name", "Qwen/Qwen3-30B-A3B")
+    plain = _engine_args(command, *model, "--perf-model", "aic", "-tp", "4", "--gpu", "h200_sxm")
+    assert (plain.perf_model["moe_tp_size"], plain.perf_model["moe_ep_size"]) == (4, 1)  # experts sharded
+    ep = _engine_args(command, *model, "--perf-model", "aic", "-tp", "4", "--gpu", "h200_sxm",
+                      "--enable-expert-parallel")
+    assert (ep.perf_model["moe_tp_size"], ep.perf_model["moe_ep_size"]) == (1, 4)  # experts whole, spread
+    dense = _engine_args(command, *(model[:-1] + (LLAMA_8B,)), "--perf-model", "aic", "-tp", "2")
+    assert dense.perf_model["moe_tp_size"] is None  # a dense model has no expert layout
+
+
+@needs_aic
+def test_the_frontend_time_is_part_of_the_model_serve_runs():
+    from vllm_vcr.perf.aic import DEFAULT_FRONTEND_MS, DEFAULT_FRONTEND_MS_PER_1K_TOKENS
+
+    default = _engine_args("serve", LLAMA_8B, "--perf-model", "aic")
+    assert default.perf_model["frontend_ms"] == DEFAULT_FRONTEND_MS
+    assert default.perf_model["frontend_ms_per_1k_tokens"] == DEFAULT_FRONTEND_MS_PER_1K_TOKENS
+    set_ = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--perf-frontend-ms", "0",
+                        "--perf-frontend-ms-per-1k-tokens", "0", "--perf-frontend-ms-per-request", "0")
+    assert (set_.perf_model["frontend_ms"], set_.perf_model["frontend_ms_per_request"]) == (0.0, 0.0)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+
+from vllm_vcr.testing.waits import scaled
 
 from .conftest import needs_aic
 
 pytestmark = needs_aic
+ROOT = Path(__file__).resolve().parents[2]
 
 SLICE = ("2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_1024x1024_c4_tp4_ep1_653",
          "2026_04_06_llama_3_1_70b_h100_sxm_vllm_fp8_agg_1024x1024_c4_tp8_ep1_725")
@@ -20,11 +29,40 @@ def _rows():
     return {r.id: r for r in vllm_agg_rows()}
 
 
-def test_the_sample_has_the_vllm_aggregated_rows_and_a_declared_split():
-    rows = _rows()
-    assert len(rows) == 1328
-    train = sum(1 for r in rows.values() if r.split == "train")
-    assert 0.28 < train / len(rows) < 0.39
+def _bench():
+    spec = importlib.util.spec_from_file_location("silicon_validation", ROOT / "bench" / "silicon_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_frozen_split_is_whole_configuration_groups_by_its_seeded_rule():
+    bench = _bench()
+    rows, twins = bench.dedupe(list(_rows().values()))
+    assert len(_rows()) == 1328 and twins > 0 and len(rows) == 1328 - twins
+    frozen = json.loads(bench.SPLIT_FILE.read_text())
+    assert frozen == bench.make_split(rows)  # the committed list is the rule's, nothing moved by hand
+    named = [g for s in ("train", "dev", "test") for g in frozen[s]]
+    assert len(named) == len(set(named)) == len({r.group for r in rows})  # each group on one side
+    # every repeat of a configuration shares its group, and no measurement is kept twice
+    seen = {(r.model, r.gpu, r.isl, r.osl, r.concurrency, r.ttft_ms, r.tpot_ms) for r in rows}
+    assert len(seen) == len(rows)
+    test_rows = sum(1 for r in rows if r.group in frozen["test"])
+    assert 0.15 < test_rows / len(rows) < 0.45
+
+
+def test_the_validation_command_runs_the_products_model_on_a_slice(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "silicon_validation.py"), "--split", "train",
+                          "--group", "meta-llama/Llama-3.1-70B|b200_sxm|fp8|tp1", "--cheapest", "3", "--jobs", "1", "--results", str(tmp_path / "r.jsonl")],
+                         capture_output=True, text=True, timeout=scaled(240), env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    all_row = next(line for line in out.stdout.splitlines() if line.startswith("| **all** | 3 |"))
+    tpot_median = float(all_row.split("|")[3].strip(" %"))
+    assert tpot_median < 15.0, all_row
+    results = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    from vllm_vcr.simulate.silicon import HostTime
+
+    assert all(r["host"] == HostTime.fitted().__dict__ for r in results)  # the defaults serve runs
 
 
 @pytest.mark.parametrize("row_id", SLICE)
@@ -41,11 +79,20 @@ def test_a_measured_deployment_is_reproduced_closely(row_id):
     assert s_ttft > 0 and s_tpot > 0
 
 
+def test_gpt_oss_is_priced_at_its_checkpoints_mxfp4_whatever_the_samples_label():
+    from vllm_vcr.simulate.silicon import supported
+
+    for gpu in ("h100_sxm", "h200_sxm", "b200_sxm"):
+        row = next(r for r in _rows().values() if r.model == "openai/gpt-oss-120b" and r.gpu == gpu)
+        assert row.precision_label == "nvfp4" and row.moe_quant == "w4a16_mxfp4" and row.gemm_quant is None
+        assert supported(row) is None
+
+
 def test_what_the_estimator_cannot_price_says_why():
     from vllm_vcr.simulate.silicon import supported
 
-    gpt_oss = next(r for r in _rows().values() if r.model == "openai/gpt-oss-120b" and r.gpu == "h100_sxm")
-    assert "fp4_tc_flops" in supported(gpt_oss)
+    kimi = next(r for r in _rows().values() if r.model == "moonshotai/Kimi-K2.5" and r.gemm_quant == "int4_wo")
+    assert "int4_wo" in supported(kimi)
 
 
 def _row(**kw):

@@ -49,7 +49,8 @@ def run_scenario(name: str, timing_only: bool) -> dict:
     cfg = EngineConfig(max_num_seqs=eng["seqs"], max_num_batched_tokens=eng["budget"])
     # the host overhead spelt out: the numbers pin the engine, not the fitted default (perf/aic.py)
     perf = AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm", step_overhead_ms=1.75,
-                     per_seq_overhead_ms=0.0).to_dict() if eng.get("aic") else None
+                     per_seq_overhead_ms=0.0, frontend_ms=0.0, frontend_ms_per_1k_tokens=0.0,
+                     frontend_ms_per_request=0.0).to_dict() if eng.get("aic") else None
     args = EngineArgs(config=cfg, kv_cache_size=eng["kv"], tokens_per_block=eng["block"], perf_model=perf,
                       advertised_max_model_len=1 << 20).validate()
     w = dict(wl, isl=LengthDist.parse(wl["isl"], "--isl"), osl=LengthDist.parse(wl["osl"], "--osl"), arrival="closed")

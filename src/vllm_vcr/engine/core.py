@@ -337,7 +337,7 @@ class EngineCore(EngineControls):
         if self._pulled or sched.has_immediate_work():
             return max(self.clock.now(), self._floor_until)
         wake = sched.next_deadline()
-        for t in (drain, self.kv_transfer.next_event()):
+        for t in (drain, self.kv_transfer.next_event(), self.timed.next_release()):
             if t is not None and (wake is None or t < wake):
                 wake = t
         return wake if wake is None or wake >= self._floor_until else self._floor_until
@@ -396,8 +396,15 @@ class EngineCore(EngineControls):
         rid = req.request_id
         req.received_in = self.idle_waits
         self.requests[rid] = req
-        self.scheduler.add_waiting(req)
-        self.timed.on_arrival(rid, now)
+        delay = self.latency.frontend_delay(req.num_prompt_tokens, len(self.requests) - 1) \
+            if self.latency.times_steps else 0.0
+        if delay > 0.0 and not self.clock.virtual:  # the real frontend's own time counts towards it
+            delay -= req.frontend_delay
+        if delay > 0.0 and req.status is RequestStatus.WAITING:
+            self.timed.hold(req, now + delay)
+        else:
+            self.scheduler.add_waiting(req)
+            self.timed.on_arrival(rid, now)
         if self._config.log_requests:
             logger.info("request %s queued: prompt=%d max_tokens=%d", rid, req.num_prompt_tokens, req.max_tokens)
         if ecr.abort_immediately:
@@ -415,7 +422,8 @@ class EngineCore(EngineControls):
             if req.status is RequestStatus.HANDING_OFF:  # its KV is held: free it, ending the handoff
                 self.kv_transfer.parked.pop(rid, None)
                 self.kv_transfer.release_hold(rid)
-            self.scheduler.remove(req)
+            if not (self.timed.arriving and self.timed.drop(req)):  # (held for the frontend's time: never scheduled)
+                self.scheduler.remove(req)
             req.status = RequestStatus.FINISHED
             if outputs is None:
                 self.stats.requests_aborted += 1
@@ -518,6 +526,8 @@ class EngineCore(EngineControls):
         timed = self.latency.times_steps
         kvt = self.kv_transfer
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
+            if self.timed.arriving:
+                self.timed.release(now, self.scheduler, self.requests)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
             scheduled = self.timed.gate.schedule(self.scheduler, now, bool(pulled))
             if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
@@ -590,6 +600,7 @@ class EngineCore(EngineControls):
         return not (self._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
                     or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
                     or kvt.holds or kvt.transfers.remaining or self._pulled or self.timed.gate.hidden
+                    or self.timed.arriving
                     or self._step_observers or logger.isEnabledFor(TRACE_LEVEL))
 
     def _end_fast_run(self, now: float, priced: int) -> None:

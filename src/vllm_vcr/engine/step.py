@@ -10,7 +10,9 @@ before it can be scheduled, and for the model's input delay (`InputGate`): one a
 before the step ends waits for one more step (the delay holds a request back only from a step
 that runs anyway: at an idle engine, or when it is all the work there is, it runs at once).
 Aborts during a step drop the request from the batch; a pause moves the step's end by the
-paused time; KV pulls that complete mid-step join the next step.
+paused time; KV pulls that complete mid-step join the next step. A model with a frontend delay
+(`LatencyModel.frontend_delay`: the API server's work before the engine core sees a request)
+holds each new request out of the scheduler until then (`TimedSteps.hold`, first in first out).
 """
 
 from __future__ import annotations
@@ -75,6 +77,32 @@ class TimedSteps:
         self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
         self.in_flight: StepInFlight | None = None
         self.last_end: float | None = None
+        self.arriving: deque[list] = deque()  # [visible at, request]: still in the frontend, FIFO
+
+    def hold(self, req: Request, until: float) -> None:
+        """Keep `req` from the scheduler until `until` (never before one that arrived before it)."""
+        if self.arriving:
+            until = max(until, self.arriving[-1][0])
+        self.arriving.append([until, req])
+
+    def release(self, now: float, sched: Scheduler, live: dict[str, Request]) -> None:
+        """The held requests due by `now` join the scheduler's queue (aborted ones are gone)."""
+        arriving = self.arriving
+        while arriving and arriving[0][0] <= now:
+            req = arriving.popleft()[1]
+            if live.get(req.request_id) is req:
+                sched.add_waiting(req)
+
+    def drop(self, req: Request) -> bool:
+        """Forget a held request (aborted before the engine saw it); False: it was not held."""
+        for i, (_, held) in enumerate(self.arriving):
+            if held is req:
+                del self.arriving[i]
+                return True
+        return False
+
+    def next_release(self) -> float | None:
+        return self.arriving[0][0] if self.arriving else None
 
     def after_idle(self, now: float) -> bool:
         """A step starting at `now` was woken up (nothing ran back to back before it)."""
@@ -87,6 +115,8 @@ class TimedSteps:
     def shift(self, delta: float) -> None:
         """The engine was paused for `delta` seconds: the step in flight ends that much later."""
         self.gate.shift(delta)
+        for entry in self.arriving:
+            entry[0] += delta
         if self.in_flight is not None:
             self.in_flight.end += delta
         elif self.last_end is not None:

@@ -17,21 +17,27 @@ from typing import Any
 from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .errors import PerfModelError
-from .qk_norm import qk_norm_ms
+from .qk_norm import bundled_config, qk_norm_ms
 from .spec_cache import load_or_compile
 
 logger = logging.getLogger(__name__)
 
 # Host time per step not in the kernel data, and the part of a step async scheduling cannot
 # overlap with the GPU; fitted on the training split of the silicon validation
-# (bench/silicon_validation.py), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 1.15
-DEFAULT_PER_SEQ_OVERHEAD_MS = 0.054
-DEFAULT_ASYNC_EXPOSED_MS = 0.15
+# (bench/silicon_validation.py --fit), see docs/fidelity.md.
+DEFAULT_STEP_OVERHEAD_MS = 0.7
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.066
+DEFAULT_ASYNC_EXPOSED_MS = 0.3
 # GPU time of the attention's QK norm, which the estimator does not price (perf/qk_norm.py): per
 # QK-normed layer, and per all-reduce of a norm that spans the TP ranks; fitted the same way.
 DEFAULT_QK_NORM_US = 16.0
 DEFAULT_QK_NORM_ALLREDUCE_US = 15.0
+# The deployment's API server before the engine core sees a request (engine/latency/aic.py
+# `frontend_delay`): fixed, per 1000 prompt tokens (tokenising), per request already in flight
+# (the server's work for the streams it serves); fitted the same way.
+DEFAULT_FRONTEND_MS = 4.0
+DEFAULT_FRONTEND_MS_PER_1K_TOKENS = 9.5
+DEFAULT_FRONTEND_MS_PER_REQUEST = 0.5
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class AicTarget:
     async_exposed_ms: float = DEFAULT_ASYNC_EXPOSED_MS
     qk_norm_us: float = DEFAULT_QK_NORM_US
     qk_norm_allreduce_us: float = DEFAULT_QK_NORM_ALLREDUCE_US
+    frontend_ms: float = DEFAULT_FRONTEND_MS
+    frontend_ms_per_1k_tokens: float = DEFAULT_FRONTEND_MS_PER_1K_TOKENS
+    frontend_ms_per_request: float = DEFAULT_FRONTEND_MS_PER_REQUEST
+    expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE layout when no MoE sizes are given)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,9 +74,22 @@ class AicTarget:
         return cls(**d)
 
     def resolved(self) -> "AicTarget":
-        """The bundled model name, with a quantisation its served name implies."""
+        """The bundled model name, with a quantisation its served name implies, and an MoE model's
+        expert layout as vLLM lays it out from `-tp N` (and `-dp D`) alone: the experts sharded
+        over all TP x DP GPUs, or, with `--enable-expert-parallel`, spread whole over them."""
         model, quant = resolve_model(self.model)
-        return replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant)
+        t = replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant)
+        width = t.tensor_parallel_size * t.attention_dp_size
+        if width > 1 and is_moe(model):
+            tp, ep = t.moe_tp_size, t.moe_ep_size
+            if tp is None and ep is None:
+                tp, ep = (1, width) if t.expert_parallel else (width, 1)
+            elif tp is None:
+                tp = max(width // ep, 1)
+            elif ep is None:
+                ep = max(width // tp, 1)
+            t = replace(t, moe_tp_size=tp, moe_ep_size=ep)
+        return t
 
     def compile_kwargs(self) -> dict[str, Any]:
         return dict(tp_size=self.tensor_parallel_size, attention_dp_size=self.attention_dp_size,
@@ -77,7 +100,7 @@ class AicTarget:
 
 # The host's share of a step: not part of the compiled estimator's identity.
 _HOST_FIELDS = ("step_overhead_ms", "per_seq_overhead_ms", "async_scheduling", "async_exposed_ms", "qk_norm_us",
-                "qk_norm_allreduce_us")
+                "qk_norm_allreduce_us", "frontend_ms", "frontend_ms_per_1k_tokens", "frontend_ms_per_request")
 
 
 def _target_key(t: AicTarget) -> str:
@@ -129,6 +152,8 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
     return AicStepLatency(StepPricer(compile_target(t)), step_overhead_ms=t.step_overhead_ms,
                           per_seq_overhead_ms=t.per_seq_overhead_ms, async_scheduling=t.async_scheduling,
                           async_exposed_ms=t.async_exposed_ms, time_scale=time_scale,
+                          frontend_ms=t.frontend_ms, frontend_ms_per_1k_tokens=t.frontend_ms_per_1k_tokens,
+                          frontend_ms_per_request=t.frontend_ms_per_request,
                           unpriced_gpu_ms=qk_norm_ms(t.model, t.tensor_parallel_size, t.qk_norm_us,
                                                      t.qk_norm_allreduce_us))
 
@@ -141,6 +166,13 @@ def shared_step_latency(target: dict[str, Any], time_scale: float) -> AicStepLat
 @functools.lru_cache(maxsize=8)
 def _shared(target_json: str, time_scale: float) -> AicStepLatency:
     return step_latency(AicTarget.from_dict(json.loads(target_json)), time_scale)
+
+
+def is_moe(model: str) -> bool:
+    """Whether a bundled model routes its MLPs to experts (its config names an expert count)."""
+    cfg = bundled_config(model)
+    cfg = cfg.get("text_config") or cfg
+    return any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"))
 
 
 def describe(target: AicTarget) -> str:

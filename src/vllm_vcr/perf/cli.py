@@ -76,12 +76,25 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
     g.add_argument("--perf-qk-norm-allreduce-us", type=_TIME, default=None,
                    help="GPU time per layer and step of the all-reduce a QK norm over the whole query/key "
                         "needs under tensor parallelism (MiniMax-M2; µs); default: the fitted value")
+    g.add_argument("--perf-frontend-ms", type=_TIME, default=None,
+                   help="the API server's fixed time before the engine core sees a request (ms); default: the "
+                        "fitted value (docs/fidelity.md)")
+    g.add_argument("--perf-frontend-ms-per-1k-tokens", type=_TIME, default=None,
+                   help="the API server's time per 1000 prompt tokens (tokenising; ms); default: the fitted value")
+    g.add_argument("--perf-frontend-ms-per-request", type=_TIME, default=None,
+                   help="the API server's time per request already in flight, which a new request waits behind "
+                        "(ms); default: the fitted value")
     kv = parser._option_string_actions.get("--kv-cache-size")
     parser.set_defaults(_kv_cache_size_default=kv.default if kv is not None else None)
     if vllm_gpu_flags:
         for flags, (dest, typ) in _VLLM_GPU_FLAGS.items():
             if flags[0] not in parser._option_string_actions:
                 g.add_argument(*flags, dest=dest, type=typ, default=None, help=argparse.SUPPRESS)
+        if "--enable-expert-parallel" not in parser._option_string_actions:
+            g.add_argument("--enable-expert-parallel", dest="enable_expert_parallel",
+                           action=argparse.BooleanOptionalAction, default=None,
+                           help="vLLM's expert parallelism: an MoE model's experts spread whole over the TP "
+                                "GPUs (default: sharded over them)")
         if "--async-scheduling" not in parser._option_string_actions:
             g.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
                            default=None, help="vLLM's async scheduling (default on): the host prepares the "
@@ -131,14 +144,17 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
         backend_version=ns.perf_backend_version, tensor_parallel_size=tp,
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
-        async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False)
+        async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False,
+        expert_parallel=bool(_vllm_flag(ns, "enable_expert_parallel", bool)))
     given = {field: getattr(ns, flag, None) for field, flag in _FITTED_FLAGS.items()}
     return replace(target, **{f: v for f, v in given.items() if v is not None}).resolved().to_dict()
 
 
 _FITTED_FLAGS = {  # AicTarget field -> flag dest; unset: the fitted default
     "step_overhead_ms": "perf_step_overhead_ms", "async_exposed_ms": "perf_async_exposed_ms",
-    "qk_norm_us": "perf_qk_norm_us", "qk_norm_allreduce_us": "perf_qk_norm_allreduce_us"}
+    "qk_norm_us": "perf_qk_norm_us", "qk_norm_allreduce_us": "perf_qk_norm_allreduce_us",
+    "frontend_ms": "perf_frontend_ms", "frontend_ms_per_1k_tokens": "perf_frontend_ms_per_1k_tokens",
+    "frontend_ms_per_request": "perf_frontend_ms_per_request"}
 
 
 def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:

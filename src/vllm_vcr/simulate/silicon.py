@@ -34,25 +34,30 @@ from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_atten
 
 @dataclass(frozen=True)
 class HostTime:
-    """The global correction: the engine's host time per step, `step_ms + per_seq_ms x running
+    """The perf model's fitted terms (perf/aic.py), all zero here (the estimator's kernels alone,
+    what the fit starts from): the engine's host time per step, `step_ms + per_seq_ms x running
     sequences`, added to the GPU time, or overlapped with it under async scheduling, which
-    leaves `async_exposed_ms` per step exposed; and the GPU time of the attention's QK norm the
+    leaves `async_exposed_ms` per step exposed; the GPU time of the attention's QK norm the
     kernel data lacks (perf/qk_norm.py): `qk_norm_us` per QK-normed layer, plus
-    `qk_norm_allreduce_us` per layer where that norm spans the TP ranks."""
+    `qk_norm_allreduce_us` per layer where that norm spans the TP ranks; and the API server's
+    time before the engine sees a request, `frontend_ms + frontend_ms_per_1k_tokens x prompt
+    tokens / 1000 + frontend_ms_per_request x requests in flight`."""
 
     step_ms: float = 0.0
     per_seq_ms: float = 0.0
     async_exposed_ms: float = 0.0
     qk_norm_us: float = 0.0
     qk_norm_allreduce_us: float = 0.0
+    frontend_ms: float = 0.0
+    frontend_ms_per_1k_tokens: float = 0.0
+    frontend_ms_per_request: float = 0.0
 
     @classmethod
     def fitted(cls) -> "HostTime":
-        """The perf model's defaults (perf/aic.py): the correction fitted on the training split."""
-        from ..perf import aic
-
-        return cls(aic.DEFAULT_STEP_OVERHEAD_MS, aic.DEFAULT_PER_SEQ_OVERHEAD_MS, aic.DEFAULT_ASYNC_EXPOSED_MS,
-                   aic.DEFAULT_QK_NORM_US, aic.DEFAULT_QK_NORM_ALLREDUCE_US)
+        """The perf model's defaults (perf/aic.py): what `serve`, `play` and `simulate` run."""
+        t = AicTarget(model="")
+        return cls(t.step_overhead_ms, t.per_seq_overhead_ms, t.async_exposed_ms, t.qk_norm_us,
+                   t.qk_norm_allreduce_us, t.frontend_ms, t.frontend_ms_per_1k_tokens, t.frontend_ms_per_request)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class SiliconRow:
     ttft_ms: float
     tpot_ms: float
     source: str = ""
+    precision_label: str = ""  # the sample's GEMM precision label, before the checkpoint's own replaces it
 
     @property
     def inferencex(self) -> bool:
@@ -87,9 +93,17 @@ class SiliconRow:
         return 0.8 if self.inferencex else 1.0
 
     @property
-    def split(self) -> str:
-        """A fixed, declared split: about one row in three trains the global correction."""
-        return "train" if zlib.crc32(self.id.encode()) % 3 == 0 else "heldout"
+    def group(self) -> str:
+        """The row's configuration (model x GPU x precision x parallelism, as deployed, with the
+        sample's own precision label): every repeat of one configuration shares it, and the
+        validation's splits are made of whole groups."""
+        dp = f"-dp{self.attention_dp}" if self.attention_dp > 1 else ""
+        return f"{self.model}|{self.gpu}|{self.precision_label}|tp{self.tp}{dp}"
+
+    @property
+    def family(self) -> str:
+        """The model family, for the report (`Llama-3.1-70B` and `Llama-3.1-8B` are two)."""
+        return self.model.rsplit("/", 1)[-1]
 
     @property
     def server(self) -> ServerFlags:
@@ -111,7 +125,9 @@ class SiliconRow:
                          kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
                          step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
                          async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
-                         qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us)
+                         qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us,
+                         frontend_ms=h.frontend_ms, frontend_ms_per_1k_tokens=h.frontend_ms_per_1k_tokens,
+                         frontend_ms_per_request=h.frontend_ms_per_request)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -140,7 +156,7 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
                 gemm_quant=_str(r["gemm_quant_mode"]), moe_quant=_str(r["moe_quant_mode"]),
                 isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=int(float(r["batch_size"])),
                 ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
-                source=r["silicon_data_source"])
+                source=r["silicon_data_source"], precision_label=_str(r["gemm_quant_mode"]) or "bf16")
             yield _checkpoint_precision(_as_deployed(row))
 
 
@@ -156,13 +172,22 @@ def _checkpoint_config(model: str) -> dict:
 
 
 def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
-    """The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
+    """The kernels of the checkpoint the row served, where the sample's label says otherwise.
+
+    MXFP4 checkpoints (gpt-oss: `quant_method: mxfp4`, attention and router in BF16) run the
+    experts as MXFP4 weights with BF16 activations, whatever precision label the sample gives:
+    the estimator's `w4a16_mxfp4` MoE tables and BF16 GEMMs.
+
+    The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
     deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
     (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
     the estimator's `fp8_block` tables, where vLLM can shard the experts that way (each
     rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
     `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
     concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
+    qcfg = _checkpoint_config(row.model).get("quantization_config") or {}
+    if qcfg.get("quant_method") == "mxfp4":
+        return replace(row, gemm_quant=None, moe_quant="w4a16_mxfp4")
     cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
     if "weight_block_size" not in (cfg.get("quantization_config") or {}):
         return row

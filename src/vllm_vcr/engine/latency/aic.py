@@ -89,8 +89,12 @@ class AicStepLatency(LatencyModel):
 
     def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
                  async_scheduling: bool = False, async_exposed_ms: float = 0.0, unpriced_gpu_ms: float = 0.0,
-                 time_scale: float = 1.0) -> None:
+                 frontend_ms: float = 0.0, frontend_ms_per_1k_tokens: float = 0.0,
+                 frontend_ms_per_request: float = 0.0, time_scale: float = 1.0) -> None:
         self.pricer = pricer
+        self.frontend_ms = frontend_ms
+        self.frontend_ms_per_1k_tokens = frontend_ms_per_1k_tokens
+        self.frontend_ms_per_request = frontend_ms_per_request
         self.unpriced_gpu_ms = unpriced_gpu_ms
         self.step_overhead_ms = step_overhead_ms
         self.per_seq_overhead_ms = per_seq_overhead_ms
@@ -108,6 +112,11 @@ class AicStepLatency(LatencyModel):
 
     def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
         return self.step_ms(batch) * self._scale
+
+    def frontend_delay(self, num_prompt_tokens: int, num_in_flight: int) -> float:
+        ms = (self.frontend_ms + self.frontend_ms_per_1k_tokens * num_prompt_tokens / 1000
+              + self.frontend_ms_per_request * num_in_flight)
+        return ms * self._scale
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
                rng: random.Random) -> RequestPacing:

@@ -109,6 +109,13 @@ class LatencyModel:
         """Seconds before the engine sees a request that arrived while a step ran."""
         return 0.0
 
+    def frontend_delay(self, num_prompt_tokens: int, num_in_flight: int) -> float:
+        """Seconds the serving frontend spends on a request before the engine core sees it
+        (tokenising the prompt, scheduling it behind the work for the `num_in_flight` requests it
+        already serves), as a deployment's host has it; 0: none modelled (the engine sees a
+        request when it arrives)."""
+        return 0.0
+
     def sample_output_len(self, rng: random.Random) -> int | None:
         """An output length the recording says a request would stop at (EOS), or None."""
         return None
