@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port, scaled
+from tests.conftest import ROOT, free_port, scaled, wait_http_ok
 
 pytestmark = pytest.mark.image
 
@@ -67,17 +67,11 @@ class Container:
         self.control = f"http://127.0.0.1:{self.control_port}"
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + scaled(timeout)
-        while time.monotonic() < deadline:
-            if not self.running():
-                raise AssertionError(f"container exited:\n{self.logs()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"no /health after {timeout}s:\n{self.logs()}")
+        try:
+            wait_http_ok(self.url + "/health", timeout,
+                         lambda: None if self.running() else f"container exited:\n{self.logs()}", interval=0.2)
+        except (TimeoutError, RuntimeError) as e:
+            raise AssertionError(f"{e}\n{self.logs()}") from None
 
     def running(self) -> bool:
         out = _podman("inspect", "--format", "{{.State.Running}}", self.name, check=False)

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from tests.conftest import async_wait_until
 from vllm_vcr.engine.async_engine import AsyncEngine, DataParallelRankError
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineDeadError
@@ -35,6 +36,16 @@ async def test_generate_yields_every_token_then_finishes(engine):
     assert outs[0].prefill_stats.num_prompt_tokens == 8
 
 
+async def _settled(engine) -> list:
+    """The engines' stats once every request they received has ended (aborts land on a later step)."""
+    async def ended():
+        stats = await engine.call_all(lambda c: c.current_stats())
+        done = sum(s.requests_completed + s.requests_failed + s.requests_aborted for s in stats)
+        return stats if done == sum(s.requests_received for s in stats) else None
+
+    return await async_wait_until(ended, 10, "every request to end")
+
+
 async def test_a_lagging_reader_gets_merged_outputs(engine):
     agen = engine.generate(req("slow", 20))
     first = await agen.__anext__()
@@ -48,8 +59,7 @@ async def test_closing_the_stream_aborts_in_the_engine(engine):
     agen = engine.generate(req("gone", 10_000))
     await agen.__anext__()
     await agen.aclose()
-    await asyncio.sleep(0.01)
-    stats = await engine.call_all(lambda c: c.current_stats())
+    stats = await _settled(engine)
     assert sum(s.requests_aborted for s in stats) == 1
     assert sum(s.running for s in stats) == 0
 
@@ -160,8 +170,7 @@ async def test_a_failing_callback_fails_its_request_and_aborts_it(engine):
     with pytest.raises(ValueError, match="renderer bug"):
         async for _ in engine.push(req("bad", 10_000, rank=0), deliver):
             pass
-    await asyncio.sleep(0.01)
-    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    stats = (await _settled(engine))[0]
     assert stats.requests_aborted == 1 and stats.running == 0
 
 
@@ -169,8 +178,7 @@ async def test_leaving_a_push_stream_early_aborts_in_the_engine(engine):
     agen = engine.push(req("early", 10_000, rank=0), lambda out: True)
     await agen.__anext__()
     await agen.aclose()
-    await asyncio.sleep(0.01)
-    stats = (await engine.call_all(lambda c: c.current_stats()))[0]
+    stats = (await _settled(engine))[0]
     assert (stats.requests_aborted, stats.requests_completed) == (1, 0)
 
 

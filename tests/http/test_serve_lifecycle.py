@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import scaled
+from tests.conftest import scaled, wait_until
 
 MODEL = "vllm-vcr/sim"
 
@@ -258,9 +258,17 @@ def test_kv_events_from_serve(serve_process, tmp_path):
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(endpoint)
     try:
-        time.sleep(0.3)  # PUB/SUB: the subscription must reach the publisher first
-        httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "block " * 64, "max_tokens": 2})
-        assert sub.poll(5000), "no KV event published"
+        # PUB/SUB: events published before the subscription reached the publisher are lost, so
+        # requests go until one's events arrive (a new prompt each time: no prefix-cache hit)
+        sent = iter(range(10**6))
+
+        def published() -> bool:
+            prompt = f"block {next(sent)} " * 64
+            httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+                       timeout=scaled(30))
+            return bool(sub.poll(200))
+
+        wait_until(published, 10, "a KV event")
         topic, seq, payload = sub.recv_multipart()
         assert topic == b"kv"
         assert decode_batch(payload).events

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import scaled
+from tests.conftest import async_wait_until, scaled
 
 FAST = ["--inter-token-latency", "5", "--time-to-first-token", "2"]
 DEV = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -19,6 +19,14 @@ def sleep_state(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics").text
     return {s.labels["sleep_state"]: s.value for f in text_string_to_metric_families(text)
             if f.name == "vllm:engine_sleep_state" for s in f.samples}
+
+
+async def _running(stats) -> bool:
+    return (await stats)["running"] == 1
+
+
+async def _waiting(stats) -> bool:
+    return (await stats)["waiting"] == 1
 
 
 async def _complete(c: httpx.AsyncClient, url: str, max_tokens: int) -> dict:
@@ -51,17 +59,19 @@ async def test_sleep_aborts_running_holds_new_and_wakes(serve_process, serve_har
     url, control = sp.url, f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(timeout=30) as c:
         assert (await c.get(url + "/is_sleeping")).json() == {"is_sleeping": False}
+        async def stats() -> dict:
+            return (await c.get(control + "/stats")).json()
+
         running = asyncio.ensure_future(_complete(c, url, 2000))
-        await asyncio.sleep(0.3)
+        await async_wait_until(lambda: _running(stats()), 10, "the request to run")
         r = await c.post(url + "/sleep", params={"level": 1})
         assert r.json() == {"status": "sleeping", "level": 1}
         assert (await running)["choices"][0]["finish_reason"] == "abort"
         assert (await c.get(url + "/is_sleeping")).json() == {"is_sleeping": True}
         assert sleep_state(url) == {"awake": 0.0, "weights_offloaded": 1.0, "discard_all": 0.0}
         waiting = asyncio.ensure_future(_complete(c, url, 3))
-        await asyncio.sleep(0.5)
+        await async_wait_until(lambda: _waiting(stats()), 10, "the request to queue")
         assert not waiting.done()  # held while asleep: queued in the engine, not admitted
-        assert (await c.get(control + "/stats")).json()["waiting"] == 1
         partial = await c.post(url + "/wake_up", params={"tags": "weights"})
         assert partial.json() == {"status": "sleeping", "tags": ["weights"]}
         assert not waiting.done()

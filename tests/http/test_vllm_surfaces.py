@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
+
+from tests.conftest import wait_until
 
 MODEL = "vllm-vcr/sim"
 FAST = ["--inter-token-latency", "1", "--time-to-first-token", "2"]
@@ -196,8 +197,12 @@ def test_stop_string_finish_counts_as_stop_and_vllm_families(echo_server):
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": "one two three four five six",
                                                 "max_tokens": 30, "stop": ["four"], "stream": stream})
             assert r.status_code == 200
-        time.sleep(0.2)
-        after = c.get("/metrics").text
+        # (a stream's request is counted as it ends, which may come just after its last byte)
+        def counted() -> str | None:
+            text = c.get("/metrics").text
+            return text if _success(text, "stop") - _success(before, "stop") >= 2 else None
+
+        after = wait_until(counted, 10, "both requests counted")
     assert _success(after, "stop") - _success(before, "stop") == 2
     assert _success(after, "length") == _success(before, "length")
     assert 'vllm:admission_rejections_total{model_name="vllm-vcr/sim",reason="max_num_queued_reqs"} 0.0' in after

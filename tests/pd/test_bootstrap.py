@@ -9,7 +9,7 @@ import pytest
 
 from vllm_vcr.pd.bootstrap import ABORT, ACK, ROOM, BootstrapError, BootstrapServer, join_room
 
-from .polling import until
+from tests.conftest import async_wait_until
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def test_prefill_first_then_decoder_gets_ack_and_its_close_releases(server
     assert server.register(42, "p", hold.release) is None
     server.ready(42, "p")
     writer = await join_room("127.0.0.1", server.port, 42, timeout=2.0)
-    await until(lambda: decoder_in(server, 42))
+    await async_wait_until(lambda: decoder_in(server, 42), 5)
     assert not hold.released.is_set()  # held while the decoder pulls
     writer.close()
     await asyncio.wait_for(hold.released.wait(), 2.0)
@@ -63,7 +63,7 @@ async def test_prefill_first_then_decoder_gets_ack_and_its_close_releases(server
 async def test_decoder_first_waits_for_the_prefill(server):
     hold = Hold()
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 7, timeout=2.0))
-    await until(lambda: decoder_in(server, 7))  # the room exists, waiting for its prefill
+    await async_wait_until(lambda: decoder_in(server, 7), 5)  # the room exists, waiting for its prefill
     assert not join.done()
     assert server.register(7, "p", hold.release) is None
     await asyncio.sleep(0.05)  # (nothing to wait for: registered but not computed, no ACK may come)
@@ -77,7 +77,7 @@ async def test_decoder_first_waits_for_the_prefill(server):
 async def test_prefill_failure_aborts_waiting_and_late_decoders(server):
     server.register(9, "p", Hold().release)
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 9, timeout=2.0))
-    await until(lambda: decoder_in(server, 9))
+    await async_wait_until(lambda: decoder_in(server, 9), 5)
     server.end(9, "p")  # the prefill request was aborted before it finished
     with pytest.raises(BootstrapError, match="prefill worker aborted bootstrap room 9"):
         await join
@@ -126,9 +126,10 @@ async def test_decoder_leaving_before_ack_frees_the_hold_once_computed(server):
     hold = Hold()
     server.register(4, "p", hold.release)
     _, writer = await raw_decoder(server.port, 4)
-    await until(lambda: decoder_in(server, 4))
+    await async_wait_until(lambda: decoder_in(server, 4), 5)
     writer.close()
-    await until(lambda: server.rooms[4].state == "aborted", what="the room aborted by its leaving decoder")
+    await async_wait_until(lambda: server.rooms[4].state == "aborted", 5,
+                           what="the room aborted by its leaving decoder")
     server.ready(4, "p")  # computed after its decoder left: nobody will pull
     assert hold.released.is_set()
 
@@ -136,7 +137,7 @@ async def test_decoder_leaving_before_ack_frees_the_hold_once_computed(server):
 async def test_second_decoder_for_a_room_is_aborted(server):
     server.register(6, "p", Hold().release)
     _, w1 = await raw_decoder(server.port, 6)
-    await until(lambda: decoder_in(server, 6))
+    await async_wait_until(lambda: decoder_in(server, 6), 5)
     r2, w2 = await raw_decoder(server.port, 6)
     assert await asyncio.wait_for(r2.read(1), 2.0) == ABORT
     w1.close()
@@ -148,7 +149,7 @@ async def test_connections_beyond_the_limit_are_refused(caplog):
     await s.start("127.0.0.1", 0)
     try:
         _, w1 = await raw_decoder(s.port, 1)
-        await until(lambda: decoder_in(s, 1))
+        await async_wait_until(lambda: decoder_in(s, 1), 5)
         r2, w2 = await raw_decoder(s.port, 2)
         with caplog.at_level(logging.WARNING, "vllm_vcr.pd"):
             assert await asyncio.wait_for(r2.read(1), 2.0) == ABORT
@@ -171,10 +172,10 @@ async def test_cancelled_join_leaves_the_room(server):
     hold = Hold()
     server.register(8, "p", hold.release)
     join = asyncio.ensure_future(join_room("127.0.0.1", server.port, 8, timeout=5.0))
-    await until(lambda: decoder_in(server, 8))
+    await async_wait_until(lambda: decoder_in(server, 8), 5)
     join.cancel()  # the decode request was aborted while waiting
     await asyncio.gather(join, return_exceptions=True)
-    await until(lambda: server.rooms[8].state == "aborted", what="the room aborted by the cancelled join")
+    await async_wait_until(lambda: server.rooms[8].state == "aborted", 5, what="the room aborted by the cancelled join")
     server.ready(8, "p")  # computed after its decoder left: freed at once
     assert hold.released.is_set()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import free_port, scaled, subprocess_env
+from ..conftest import free_port, scaled, subprocess_env, wait_http_ok
 
 PROMPT = list(range(100, 400))  # 300 tokens
 # 300 tokens x 1 MB per token at 1 GB/s = 300 ms of KV pull
@@ -28,15 +28,11 @@ class Proxy:
         self.log_path = log
         self.proc = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "pd-proxy", "--port", str(self.port), *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env())
-        deadline = time.monotonic() + scaled(15)
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise TimeoutError(log.read_text())
+        try:
+            wait_http_ok(self.url + "/health", 15, lambda: None if self.proc.poll() is None
+                         else f"pd-proxy exited with {self.proc.returncode}:\n{log.read_text()}")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{log.read_text()}") from None
 
     def stop(self):
         if self.proc.poll() is None:

@@ -12,7 +12,7 @@ from vllm_vcr.engine.policy import HandoffOrder, order_for_engine
 from vllm_vcr.engine.request import RequestStatus
 from vllm_vcr.engine.types import FinishReason
 
-from .polling import until
+from tests.conftest import async_wait_until
 from .test_services import request, run, stack, wait_free  # noqa: F401 (stack: the fixture)
 
 ENGINE_TYPES = ("vllm", "sglang")
@@ -35,13 +35,16 @@ async def test_prefill_arriving_first(stack, engine_type):
     prefill, pd = await stack("prefill", ns=SimpleNamespace(bootstrap_port=0), engine_type=engine_type)
     decode, _ = await stack("decode", engine_type=engine_type)
     pre = asyncio.ensure_future(run(prefill, request("p", meta(pd, 7))))
-    await asyncio.sleep(0.15)
     core = prefill.engines[0]
     if engine_type == "vllm":  # source first: computed at once, its KV held for the decoder; its
         # finish waits for the handoff (Dynamo's mocker holds the final output until the session completes)
-        assert not pre.done() and core.requests["p"].status is RequestStatus.HANDING_OFF
+        await async_wait_until(lambda: "p" in core.requests and core.requests["p"].status is RequestStatus.HANDING_OFF,
+                               10, "the prefill to hand off")
+        assert not pre.done()
         assert core.block_pool.num_free_blocks == 100 - 25
     else:  # destination first: not even queued until the decoder joins
+        await async_wait_until(lambda: "p" in core.requests, 10, "the prefill to arrive")
+        await asyncio.sleep(0.05)  # (a prefill that were wrongly scheduled would run now)
         assert not pre.done() and core.requests["p"].status is RequestStatus.BOOTSTRAPPING
         assert core.block_pool.num_free_blocks == 100 and not core.scheduler.waiting
     _, dout = await run(decode, request("d", meta(pd, 7)))
@@ -57,7 +60,7 @@ async def test_decoder_arriving_first(stack, engine_type):
     prefill, pd = await stack("prefill", ns=SimpleNamespace(bootstrap_port=0), engine_type=engine_type)
     decode, _ = await stack("decode", engine_type=engine_type)
     dec = asyncio.ensure_future(run(decode, request("d", meta(pd, 9))))
-    await until(lambda: 9 in pd.server.rooms and pd.server.rooms[9].decoder)
+    await async_wait_until(lambda: 9 in pd.server.rooms and pd.server.rooms[9].decoder, 5)
     _, pout = await run(prefill, request("p", meta(pd, 9)))
     _, dout = await dec
     assert pout.error is None and dout.finish_reason is FinishReason.LENGTH and dout.error is None

@@ -14,7 +14,7 @@ from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParam
 from vllm_vcr.pd import start_pd_services
 
 from ..conftest import free_port, scaled
-from .polling import until
+from tests.conftest import async_wait_until
 
 PROMPT = list(range(1, 401))  # 400 tokens = 25 blocks of 16
 # 400 tokens x 1 MB at 2 GB/s = 200 ms of pull
@@ -94,7 +94,8 @@ async def test_bootstrap_flow_decode_first_waits_for_the_prefill(stack):
     t0 = time.monotonic()
     dec = asyncio.ensure_future(run(decode, request("d", dict(meta))))
     room = pd.server.rooms
-    await until(lambda: 2**63 + 5 in room and room[2**63 + 5].decoder)  # in the room before the prefill exists
+    # in the room before the prefill exists
+    await async_wait_until(lambda: 2**63 + 5 in room and room[2**63 + 5].decoder, 5)
     _, pout = await run(prefill, request("p", dict(meta)))
     assert pout.kv_transfer_params["bootstrap_room"] == 2**63 + 5
     ttft, dout = await dec
@@ -120,12 +121,12 @@ async def test_session_limit_per_rank(stack):
     decode, dpd = await stack("decode", max_num_seqs=1)
     meta = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pd.bootstrap_port, "handoff_id": "h"}
     waiting = asyncio.ensure_future(run(decode, request("d1", {**meta, "bootstrap_room": 1})))
-    await until(lambda: dpd.handoffs.active.get(0) == 1, what="d1's handoff session")
+    await async_wait_until(lambda: dpd.handoffs.active.get(0) == 1, 5, what="d1's handoff session")
     _, out = await run(decode, request("d2", {**meta, "bootstrap_room": 2}))
     assert out.error.message == "mocker handoff session limit reached for DP rank 0"
     waiting.cancel()  # aborts d1: its session ends and frees the slot
     await asyncio.gather(waiting, return_exceptions=True)
-    await until(lambda: dpd.handoffs.active.get(0) == 0, what="d1's session to end")
+    await async_wait_until(lambda: dpd.handoffs.active.get(0) == 0, 5, what="d1's session to end")
     dec = asyncio.ensure_future(run(decode, request("d3", {**meta, "bootstrap_room": 3})))
     await run(prefill, request("p3", {**meta, "bootstrap_room": 3}))
     _, out = await dec

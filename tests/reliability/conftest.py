@@ -16,3 +16,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "long" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.reliability.hostile import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("stream fuzzing")
+        for name in sorted(FIGURES):
+            terminalreporter.write_line(f"{name}: {FIGURES[name]:g}")

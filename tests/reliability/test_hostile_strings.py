@@ -41,6 +41,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 
+from tests.reliability.hostile import DONE, ascii_header, hostile, hostile_char, hostile_header, parse_sse
+
 # The model name the servers answer to: a quote, a backslash, `%`-format directives, `</`,
 # non-ASCII text and control characters (a command-line argument cannot hold a NUL byte).
 NAME = 'vcr "hostile" \\ %s%d%%(x)s é中😀 </script>\x01\t\x1f\x7f'
@@ -52,32 +54,7 @@ TOOLS = [{"type": "function", "function": {
                                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                    "required": ["city", "unit"]}}}]
 
-# -- hostile strings --------------------------------------------------------------------------
-
-SPECIAL = ['"', "\\", '\\"', '"\\', "\\u0000", "\\n", "%", "%s", "%d", "%%", "%(x)s", "%b", "{}", "{0}", "</",
-           "</script>", "<!--", "]]>", "'", "é", "中", "😀", "\u2028", "\u2029", "\ufeff", "\x7f", "\x80",
-           "data: ", "\n\n", "\r\n", "[DONE]"] + [chr(c) for c in range(0x20)]
-# any character but a lone surrogate (those get a test of their own)
-_ANY = st.characters(blacklist_categories=("Cs",))
-hostile = st.lists(st.one_of(st.sampled_from(SPECIAL), st.text(_ANY, min_size=1, max_size=3)),
-                   min_size=1, max_size=6).map("".join)
-# one character that a stop string can be without holding text back
-hostile_char = st.one_of(st.sampled_from([s for s in SPECIAL if len(s) == 1]), _ANY)
-
-# header values: latin-1 only; no CR/LF/NUL/DEL, no leading or trailing blanks (HTTP strips them)
-_ASCII_HEADER_CHARS = [chr(c) for c in range(0x20, 0x7F)] + ["\t"]
-_LATIN1_HEADER_CHARS = _ASCII_HEADER_CHARS + [chr(c) for c in range(0x80, 0x100)]
-_HEADER_SPECIAL = ['"', "\\", '\\"', "%", "%s", "%d", "%%", "</", "'", "{", "}"]
-
-
-def header_values(chars: list[str], special: list[str]) -> st.SearchStrategy[str]:
-    return (st.lists(st.one_of(st.sampled_from(special), st.sampled_from(chars)), min_size=1, max_size=12)
-            .map(lambda parts: "".join(parts).strip(" \t")).filter(bool))
-
-
-hostile_header = header_values(_LATIN1_HEADER_CHARS, _HEADER_SPECIAL + ["é", "\x85", "\xff"])
-ascii_header = header_values(_ASCII_HEADER_CHARS, _HEADER_SPECIAL)  # what the SDKs take as a header value
-
+# -- request ids: hostile strings (tests/reliability/hostile.py) in the body, the header or both --
 
 @st.composite
 def request_ids(draw) -> tuple[str | None, str | None]:
@@ -133,28 +110,10 @@ def post(client: httpx.Client, path: str, body: dict[str, Any], header_id: str |
 def sse(r: httpx.Response, done: bool = True) -> list[tuple[str | None, dict[str, Any]]]:
     """The stream's events as (event name, parsed data); every line is checked."""
     assert r.status_code == 200, (r.status_code, r.text[:2000])
-    text = r.content.decode("utf-8")  # strict: invalid UTF-8 fails here
-    assert text.endswith("\n\n"), text[-200:]
-    out: list[tuple[str | None, dict[str, Any]]] = []
-    saw_done = False
-    for block in text[:-2].split("\n\n"):
-        name = None
-        for line in block.split("\n"):
-            assert not saw_done, f"data after [DONE]: {line!r}"
-            if line.startswith("event: "):
-                name = line[7:]
-                continue
-            assert line.startswith("data: "), f"not an SSE field: {line!r}"
-            payload = line[6:]
-            if payload == "[DONE]":
-                saw_done = True
-                continue
-            try:
-                out.append((name, json.loads(payload, strict=True)))
-            except ValueError as e:
-                raise AssertionError(f"invalid JSON in a streamed event ({e}): {payload[:600]!r}") from None
+    events = parse_sse(r.content)
+    saw_done = bool(events) and events[-1][1] == DONE
     assert saw_done == done, "[DONE] missing" if done else "unexpected [DONE]"
-    return out
+    return events[:-1] if saw_done else events
 
 
 def chunks(r: httpx.Response) -> list[dict[str, Any]]:

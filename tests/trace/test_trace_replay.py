@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import scaled
 from vllm_vcr.cli import main
@@ -17,9 +12,6 @@ from vllm_vcr.inspect.gen_demo import gen_demo
 from vllm_vcr.trace.block_hash import shared_prefix_blocks
 from vllm_vcr.trace.io import read_trace, write_trace
 from vllm_vcr.trace.schema import TraceMeta, TraceRecord
-
-SRC = Path(__file__).resolve().parents[2] / "src"
-
 
 def _constant_trace(path: Path, n: int = 12, gap_ms: float = 25.0) -> None:
     recs = [TraceRecord(prompt_tokens=20 + i, output_tokens=4, ttft_ms=5.0, itl_ms=[1.0] * 3,
@@ -127,45 +119,18 @@ def test_replay_errors_are_counted(tmp_path: Path, capsys):
     assert "arrival_ms" in capsys.readouterr().err
 
 
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0,
-               log_tail=lambda: "") -> None:
-    from tests.conftest import wait_http_ok
-
-    wait_http_ok(url, timeout, lambda: None if proc.poll() is None
-                 else f"server exited with {proc.returncode}: {log_tail()}", interval=0.2)
-
-
-def test_replay_against_vllm_vcr_serve(tmp_path: Path, capsys):
-    from tests.conftest import free_port
-
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm_vcr", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--time-to-first-token", "15", "--inter-token-latency", "3"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/v1/models", proc,
-                   log_tail=lambda: log.read_text()[-2000:])
-        src, out = tmp_path / "demo.jsonl", tmp_path / "out.jsonl"
-        write_trace(src, *gen_demo(20, seed=2, fast=True, mean_gap_ms=15.0))
-        assert main(["replay-arrivals", str(src), "--target", f"http://127.0.0.1:{port}",
-                     "--trace-out", str(out), "--json"]) == 0
-        s = json.loads(capsys.readouterr().out)
-        assert s["ok"] == 20, s
-        recs = read_trace(out).records
-        src_recs = read_trace(src).records
-        assert sorted(r.output_tokens for r in recs) == sorted(r.output_tokens for r in src_recs)
-        assert sorted(r.prompt_tokens for r in recs) == sorted(r.prompt_tokens for r in src_recs)
-        assert all(r.ttft_ms >= 10.0 for r in recs)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+def test_replay_against_vllm_vcr_serve(tmp_path: Path, capsys, serve_process):
+    sp = serve_process("--time-to-first-token", "15", "--inter-token-latency", "3")
+    src, out = tmp_path / "demo.jsonl", tmp_path / "out.jsonl"
+    write_trace(src, *gen_demo(20, seed=2, fast=True, mean_gap_ms=15.0))
+    assert main(["replay-arrivals", str(src), "--target", sp.url, "--trace-out", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["ok"] == 20, s
+    recs = read_trace(out).records
+    src_recs = read_trace(src).records
+    assert sorted(r.output_tokens for r in recs) == sorted(r.output_tokens for r in src_recs)
+    assert sorted(r.prompt_tokens for r in recs) == sorted(r.prompt_tokens for r in src_recs)
+    assert all(r.ttft_ms >= 10.0 for r in recs)
 
 
 def test_replay_duration_bound(tmp_path: Path, fake_openai, capsys):

@@ -40,6 +40,7 @@ from .schema import (
     split_config_patch,
 )
 from .faults_routes import RATE_FIELDS, apply_rates, fault_routes
+from .loop_watch import LoopWatch
 
 logger = logging.getLogger("vllm_vcr.control")
 
@@ -333,8 +334,17 @@ def build_control_app(
             per_engine = await eng.call_all(_reset_stats)
             if faults is not None:
                 faults.reset_stats()
+            if app.state.loop_watch is not None:
+                app.state.loop_watch.reset()
         logger.info("control: stats reset on %d engine(s)", len(per_engine))
         return _json(with_fault_stats(_sum_stats(per_engine)))
+
+    async def get_loop_stats(request: Request) -> Response:
+        # the first call starts the watch (control/loop_watch.py); it runs until the server stops
+        if app.state.loop_watch is None:
+            app.state.loop_watch = LoopWatch(asyncio.get_running_loop())
+        app.state.loop_watch.start()
+        return _json(app.state.loop_watch.snapshot())
 
     async def put_log(request: Request) -> Response:
         if log_control is None:
@@ -360,7 +370,7 @@ def build_control_app(
         if exc.status_code == 404:
             extra = ", GET/PUT/DELETE /faults, GET/PUT/DELETE /gauges" if faults is not None else ""
             message = (f"no route {request.url.path}; routes: GET/PATCH /config, GET /stats, GET /stats/kv, "
-                       "POST /stats/reset, "
+                       "GET /stats/loop, POST /stats/reset, "
                        f"PUT /log{extra}")
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
@@ -381,6 +391,7 @@ def build_control_app(
         Route("/stats", get_stats, methods=["GET"]),
         Route("/stats/reset", reset_stats, methods=["POST"]),
         Route("/stats/kv", get_kv_stats, methods=["GET"]),
+        Route("/stats/loop", get_loop_stats, methods=["GET"]),
         Route("/log", put_log, methods=["PUT"]),
         *(fault_routes(faults) if faults is not None else []),
     ]
@@ -393,6 +404,7 @@ def build_control_app(
             Exception: on_unexpected,
         },
     )
+    app.state.loop_watch = None
     app.router.redirect_slashes = False  # `/config/` is a 404, not a redirect curl would not follow
     return app
 
@@ -427,6 +439,8 @@ class ControlServer:
             await asyncio.wait({self._task})  # unlike awaiting the task, our own cancellation still propagates
         if not self._task.cancelled() and self._task.exception() is not None:
             logger.warning("control API stopped with an error: %r", self._task.exception())
+        if self.app.state.loop_watch is not None:
+            self.app.state.loop_watch.stop()
 
     async def __aenter__(self) -> ControlServer:
         return self
