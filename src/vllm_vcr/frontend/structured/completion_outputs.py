@@ -3,12 +3,12 @@ text (an instance of the constraint) as planned output ids, as chat does for its
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
-from .constraints import Constraint, check_request_constraints, request_constraint
-from .instances import GENERATOR, InstanceError
+from .budget import checked_constraint, generated_text
+from .constraints import Constraint, check_request_constraints
+from .instances import InstanceError
 
 
 class CompletionOutputPlan:
@@ -18,14 +18,15 @@ class CompletionOutputPlan:
         self.constraint = constraint
 
     @classmethod
-    def for_request(cls, req: Any) -> CompletionOutputPlan | None:
-        """vLLM's checks (400s before anything reaches the engine); None without a constraint."""
+    async def for_request(cls, req: Any) -> CompletionOutputPlan | None:
+        """vLLM's checks (400s before anything reaches the engine), within the structured-output
+        budgets; None without a constraint."""
         response_format = (req.model_extra or {}).get("response_format")  # not a declared field here
         if response_format is None and req.structured_outputs is None:
             return None
         check_request_constraints({"response_format": response_format, "structured_outputs": req.structured_outputs},
                                   None, completion=True)
-        constraint = request_constraint(response_format, req.structured_outputs)
+        constraint = await checked_constraint(response_format, req.structured_outputs)
         return cls(constraint) if constraint is not None else None
 
     async def plan(self, tokenizer: Any, seed: int | None, engine_reqs: list[Any]) -> None:
@@ -43,7 +44,8 @@ class CompletionOutputPlan:
 
         seed = secrets.randbits(32) if seed is None else seed
         try:
-            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, instance_text, self.constraint, seed)
+            text = await generated_text(self.constraint.kind, self.constraint.value, instance_text, self.constraint,
+                                        seed)
         except InstanceError:
             return None
         if text is None:
