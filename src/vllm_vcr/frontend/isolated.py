@@ -150,6 +150,15 @@ class IsolatedPool:
             self._all.add(worker)
             return worker
 
+    def warm(self) -> None:
+        """Start one worker (and the forkserver, which imports the pools' modules) in a daemon
+        thread, so that the first call does not wait for them."""
+        def start() -> None:
+            with contextlib.suppress(Exception):
+                self._give_back(self._spawn())
+
+        threading.Thread(target=start, name="vllm-vcr-isolated-warm", daemon=True).start()
+
     def _take(self) -> _Worker | None:
         with self._lock:
             while self._idle:

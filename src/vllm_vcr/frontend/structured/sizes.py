@@ -23,6 +23,11 @@ KIND_NAMES = {"json": "json schema", "json_object": "json schema", "regex": "reg
 
 
 def too_large(kind: str, detail: str) -> RequestValueError:
+    """vLLM's xgrammar wording for a constraint it cannot compile, with the reason."""
+    if kind == "grammar":
+        return RequestValueError(f"Invalid grammar specification: {detail}")
+    if kind == "structural_tag":
+        return RequestValueError(f"Invalid structural tag specification: {detail}")
     return RequestValueError(f"Failed to transform {KIND_NAMES.get(kind, kind)} into a grammar: {detail}")
 
 
