@@ -35,6 +35,14 @@ def _hold(mb: int) -> None:
     del block
 
 
+_KEPT: list[bytearray] = []
+
+
+def _grow_and_pid(mb: int) -> int:
+    _KEPT.append(bytearray(mb * 1024 * 1024))  # kept: the worker stays grown
+    return os.getpid()
+
+
 def _raise_request_error() -> None:
     raise RequestValueError("bad value", "logit_bias", 7)
 
@@ -90,6 +98,17 @@ def test_over_memory_the_worker_is_killed(pool):
         return e.value
 
     assert asyncio.run(main()).reason == "memory"
+
+
+def test_a_grown_worker_retires_after_its_answer(pool):
+    """Past recycle_mb the worker answers, then exits; the next call gets a fresh one, no error."""
+    async def main():
+        grown = await pool.run(_grow_and_pid, 100, timeout=scaled(30))
+        fresh = await pool.run(_pid, timeout=scaled(30))
+        return grown, fresh
+
+    grown, fresh = asyncio.run(main())
+    assert grown != fresh
 
 
 def test_a_cancelled_call_kills_its_worker(pool):

@@ -59,18 +59,20 @@ def _worker_main(conn: Any, recycle_mb: int) -> None:
         except (EOFError, OSError):
             return  # the server is gone
         try:
-            answer: tuple[str, Any] = ("ok", fn(*args))
+            kind, value = "ok", fn(*args)
         except MemoryError:
-            answer = ("memory", None)
+            kind, value = "memory", None
         except Exception as e:  # noqa: BLE001 - the caller's exception, raised again in the server
-            answer = ("error", e)
+            kind, value = "error", e
+        # grown: exit after this answer rather than keep the memory (the pool starts a fresh worker)
+        retire = recycle_mb > 0 and _statm()[1] - rss0 > recycle_mb * 1024 * 1024
         try:
-            conn.send(answer)
+            conn.send((kind, value, retire))
         except Exception as e:  # noqa: BLE001 - an answer or exception that does not pickle
-            conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
-        answer = None  # type: ignore[assignment]
-        if recycle_mb > 0 and _statm()[1] - rss0 > recycle_mb * 1024 * 1024:
-            return  # grown: exit rather than keep the memory; the pool starts a fresh worker
+            conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), retire))
+        kind = value = None  # type: ignore[assignment]
+        if retire:
+            return
 
 
 def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -90,7 +92,13 @@ class _Worker:
         self.process.start()
         child.close()
         self.conn = parent
+        self.lock = threading.Lock()
         self.killed = False
+        self.busy = False  # an exchange thread uses the pipe
+
+    def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
 
     def rss(self) -> int:
         try:
@@ -108,17 +116,22 @@ class _Worker:
                 result = self.conn.recv()
             except BaseException as e:  # noqa: BLE001 - EOF: the worker died or was killed
                 error = e if isinstance(e, Exception) else EOFError()
-            if self.killed:
-                with contextlib.suppress(Exception):
-                    self.conn.close()
+            with self.lock:
+                self.busy = False
+                if self.killed:
+                    self._close()
             with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
                 loop.call_soon_threadsafe(_settle, answer, result, error)
 
+        self.busy = True
         threading.Thread(target=run, name="vllm-vcr-isolated-io", daemon=True).start()
 
     def kill(self) -> None:
         """SIGKILL; the exchange thread sees EOF and closes the pipe (or it is closed here)."""
-        self.killed = True
+        with self.lock:
+            self.killed = True
+            if not self.busy:
+                self._close()
         with contextlib.suppress(Exception):
             self.process.kill()
         # reap without blocking the loop: a killed process is gone within milliseconds
@@ -185,14 +198,14 @@ class IsolatedPool:
             answer: asyncio.Future = loop.create_future()
             worker.exchange(loop, answer, (fn, args))
             try:
-                kind, value = await self._watch(loop, worker, answer, timeout)
-                ok = True
+                kind, value, retire = await self._watch(loop, worker, answer, timeout)
+                ok = not retire
             except (EOFError, OSError):
                 raise BudgetExceeded("died") from None
             finally:
                 if ok:
                     self._give_back(worker)
-                else:  # timed out, cancelled (the client left) or broken: never reuse it
+                else:  # timed out, cancelled (the client left), broken or retiring: never reuse it
                     answer.cancel()
                     worker.kill()
         if kind == "ok":
@@ -202,8 +215,8 @@ class IsolatedPool:
         raise value
 
     async def _watch(self, loop: asyncio.AbstractEventLoop, worker: _Worker, answer: asyncio.Future,
-                     timeout: float) -> tuple[str, Any]:
-        """The worker's answer; BudgetExceeded at the deadline or past the memory bound."""
+                     timeout: float) -> tuple[str, Any, bool]:
+        """The worker's answer (kind, value, whether it retires); BudgetExceeded at the deadline or past the memory bound."""
         deadline = loop.time() + timeout
         limit = self.memory_mb * 1024 * 1024
         while True:
