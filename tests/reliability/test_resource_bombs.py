@@ -144,6 +144,15 @@ def test_gbnf_of_20000_rules_is_refused_by_size(server):
     check_bounded(out)
 
 
+def test_grammar_inside_a_structural_tag_is_compiled_off_the_loop(server):
+    grammar = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(5_000)) + 'r5000 ::= "b"\n'
+    out = bomb(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 5, "response_format": {
+        "type": "structural_tag", "format": {"type": "grammar", "grammar": grammar}}})
+    err = out.error(400)
+    assert err["message"].startswith("Invalid structural tag specification: ")
+    check_bounded(out)
+
+
 def test_logit_bias_of_4_5_million_keys(server):
     out = bomb(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 5,
                                                  "logit_bias": {str(i): 1 for i in range(4_500_000)}})

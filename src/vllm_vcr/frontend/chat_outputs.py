@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 
 from .protocol import ChatCompletionRequest
-from .structured.budget import checked_constraint, generated_text
+from .structured.budget import checked_constraint, checked_request_constraints, generated_text
 from .structured.constraints import Constraint, check_request_constraints
 from .structured.grammar import grammar_instance
 from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
@@ -58,12 +58,15 @@ def planned_text(parser: str | None, tools: list[dict] | None, tool_choice: Any,
 
 
 class ChatOutputPlan:
-    def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None):
-        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage)
+    def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None,
+                 checks: bool = True):
+        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage);
+        # for_request makes them within the structured-output budgets instead
         has_choice = "tool_choice" in req.model_fields_set
         self.tool_choice = effective_tool_choice(has_choice, req.tools, req.tool_choice)
-        check_request_constraints(req, self.tool_choice)
-        check_tool_usage(req.tools, req.tool_choice, has_choice)
+        if checks:
+            check_request_constraints(req, self.tool_choice)
+            check_tool_usage(req.tools, req.tool_choice, has_choice)
         self.req = req
         self.settings = tools
         self.reasoning_ids = reasoning_ids
@@ -71,12 +74,15 @@ class ChatOutputPlan:
         self.fmt: ToolCallFormat | None = get_format(tools.parser) if tools.available else None
 
     @classmethod
-    def for_request(cls, req: ChatCompletionRequest, tools: ToolSettings,
-                    reasoning_ids: tuple[int, int] | None) -> ChatOutputPlan | None:
+    async def for_request(cls, req: ChatCompletionRequest, tools: ToolSettings,
+                          reasoning_ids: tuple[int, int] | None) -> ChatOutputPlan | None:
         if req.tools is None and req.response_format is None and req.structured_outputs is None \
                 and "tool_choice" not in req.model_fields_set:
             return None
-        return cls(req, tools, reasoning_ids)
+        plan = cls(req, tools, reasoning_ids, checks=False)
+        await checked_request_constraints(req, plan.tool_choice)
+        check_tool_usage(req.tools, req.tool_choice, "tool_choice" in req.model_fields_set)
+        return plan
 
     @property
     def uses_tools(self) -> bool:

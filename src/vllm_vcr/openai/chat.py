@@ -231,7 +231,7 @@ class ChatServing(ServingBase):
 
     async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
         top = req.top_logprobs
-        plan = ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
+        plan = await ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
         if plan is not None:
             await plan.check()

@@ -12,12 +12,13 @@ for a regex, vLLM's own timeout message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from ..isolated import BudgetExceeded, IsolatedPool
 from ..protocol import RequestValueError
-from .constraints import request_constraint
+from .constraints import check_request_constraints, request_constraint
 from .sizes import KIND_NAMES, check_sizes, too_large
 
 COMPILE_TIMEOUT = 5.0
@@ -62,6 +63,22 @@ async def checked_constraint(response_format: Any, structured_outputs: Any) -> A
         return request_constraint(response_format, structured_outputs)
     return await _bounded(kind, value, "compile", COMPILE_TIMEOUT, request_constraint, response_format,
                           structured_outputs)
+
+
+async def checked_request_constraints(body: Any, tool_choice: Any, *, completion: bool = False) -> None:
+    """`constraints.check_request_constraints` (the request model's checks) within the budgets: a
+    structural tag's grammars and schemas are compiled in a worker, the rest is checked here."""
+    rf = body.get("response_format") if isinstance(body, dict) else getattr(body, "response_format", None)
+    so = body.get("structured_outputs") if isinstance(body, dict) else getattr(body, "structured_outputs", None)
+    check_sizes(rf, so)
+    tagged = (isinstance(rf, dict) and rf.get("type") == "structural_tag") or \
+        (isinstance(so, dict) and so.get("structural_tag") is not None)
+    if not tagged:
+        check_request_constraints(body, tool_choice, completion=completion)
+        return
+    await _bounded("structural_tag", None, "compile", COMPILE_TIMEOUT,
+                   functools.partial(check_request_constraints, completion=completion),
+                   {"response_format": rf, "structured_outputs": so}, tool_choice)
 
 
 async def generated_text(kind: str, value: Any, fn: Callable[..., Any], *args: Any) -> Any:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from .budget import checked_constraint, generated_text
-from .constraints import Constraint, check_request_constraints
+from .budget import checked_constraint, checked_request_constraints, generated_text
+from .constraints import Constraint
 from .instances import InstanceError
 
 
@@ -24,8 +24,8 @@ class CompletionOutputPlan:
         response_format = (req.model_extra or {}).get("response_format")  # not a declared field here
         if response_format is None and req.structured_outputs is None:
             return None
-        check_request_constraints({"response_format": response_format, "structured_outputs": req.structured_outputs},
-                                  None, completion=True)
+        await checked_request_constraints({"response_format": response_format,
+                                           "structured_outputs": req.structured_outputs}, None, completion=True)
         constraint = await checked_constraint(response_format, req.structured_outputs)
         return cls(constraint) if constraint is not None else None
 
