@@ -60,7 +60,8 @@ def test_request_template_refused_without_the_flag(plain, path, extra):
 
 def test_trusted_template_renders(trusting):
     r = httpx.post(trusting.url + "/tokenize", json={
-        "model": MODEL, "messages": MSGS, "chat_template": "{% for m in messages %}<{{ m.content }}>{% endfor %}"})
+        "model": MODEL, "messages": MSGS, "chat_template": "{% for m in messages %}<{{ m.content }}>{% endfor %}"},
+        timeout=scaled(30))  # the first request template starts its worker process
     assert r.status_code == 200, r.text
     assert r.json()["count"] > 0
 

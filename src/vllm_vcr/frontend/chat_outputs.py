@@ -8,15 +8,15 @@ engine produced back into `content` / `tool_calls` the way vLLM's parsers do.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
 from .protocol import ChatCompletionRequest
 from .request_checks import check_structured_outputs_params
-from .structured.constraints import Constraint, check_request_constraints, request_constraint
+from .structured.budget import checked_constraint, checked_request_constraints, generated_text
+from .structured.constraints import Constraint, check_request_constraints
 from .structured.grammar import grammar_instance
-from .structured.instances import GENERATOR, InstanceError, choice_instance, dump_json, json_instance, regex_instance
+from .structured.instances import InstanceError, choice_instance, dump_json, json_instance, regex_instance
 from .structured.structural_tag import structural_tag_instance
 from .tools.calls import (
     ToolSettings,
@@ -47,14 +47,28 @@ def instance_text(constraint: Constraint, seed: int) -> str | None:
     return None
 
 
+def planned_text(parser: str | None, tools: list[dict] | None, tool_choice: Any, parallel: bool | None,
+                 settings: ToolSettings, constraint: Constraint | None, seed: int) -> str | None:
+    """One choice's text: the tool calls the model makes, else an instance of the constraint
+    (runs in a budgeted worker process: structured/budget.py)."""
+    if parser is not None and tools:
+        calls = plan_calls(tools, tool_choice, parallel, seed, settings)
+        if calls:
+            return render_calls(get_format(parser), calls, tool_choice)
+    return instance_text(constraint, seed) if constraint is not None else None
+
+
 class ChatOutputPlan:
-    def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None):
-        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage)
+    def __init__(self, req: ChatCompletionRequest, tools: ToolSettings, reasoning_ids: tuple[int, int] | None,
+                 checks: bool = True):
+        # the request model's own checks in vLLM (check_structured_outputs_count, check_tool_usage);
+        # for_request makes them within the structured-output budgets instead
         has_choice = "tool_choice" in req.model_fields_set
         self.tool_choice = effective_tool_choice(has_choice, req.tools, req.tool_choice)
-        check_request_constraints(req, self.tool_choice)
-        check_structured_outputs_params(req.structured_outputs)
-        check_tool_usage(req.tools, req.tool_choice, has_choice)
+        if checks:
+            check_request_constraints(req, self.tool_choice)
+            check_structured_outputs_params(req.structured_outputs)
+            check_tool_usage(req.tools, req.tool_choice, has_choice)
         self.req = req
         self.settings = tools
         self.reasoning_ids = reasoning_ids
@@ -62,12 +76,16 @@ class ChatOutputPlan:
         self.fmt: ToolCallFormat | None = get_format(tools.parser) if tools.available else None
 
     @classmethod
-    def for_request(cls, req: ChatCompletionRequest, tools: ToolSettings,
-                    reasoning_ids: tuple[int, int] | None) -> ChatOutputPlan | None:
+    async def for_request(cls, req: ChatCompletionRequest, tools: ToolSettings,
+                          reasoning_ids: tuple[int, int] | None) -> ChatOutputPlan | None:
         if req.tools is None and req.response_format is None and req.structured_outputs is None \
                 and "tool_choice" not in req.model_fields_set:
             return None
-        return cls(req, tools, reasoning_ids)
+        plan = cls(req, tools, reasoning_ids, checks=False)
+        await checked_request_constraints(req, plan.tool_choice)
+        check_structured_outputs_params(req.structured_outputs)
+        check_tool_usage(req.tools, req.tool_choice, "tool_choice" in req.model_fields_set)
+        return plan
 
     @property
     def uses_tools(self) -> bool:
@@ -77,16 +95,23 @@ class ChatOutputPlan:
     def named(self) -> str | None:
         return named_choice(self.tool_choice)
 
-    def check(self) -> None:
-        """The renderer's tool gates, then the engine-side constraint checks (after the model check)."""
+    async def check(self) -> None:
+        """The renderer's tool gates, then the engine-side constraint checks (after the model check),
+        within the structured-output budgets."""
         check_tool_gates(self.tool_choice, self.settings)
-        self.constraint = request_constraint(self.req.response_format, self.req.structured_outputs)
+        self.constraint = await checked_constraint(self.req.response_format, self.req.structured_outputs)
 
     async def output_ids(self, tokenizer: Any, seed: int | None) -> list[int] | None:
         """The ids this choice generates; None leaves the engine's own source (free text)."""
         seed = secrets.randbits(32) if seed is None else seed
+        uses_tools = self.uses_tools
+        if not uses_tools and self.constraint is None:
+            return None
+        kind, value = ("json", self.req.tools) if uses_tools else (self.constraint.kind, self.constraint.value)
         try:
-            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, self._text, seed)
+            text = await generated_text(kind, value, planned_text, self.settings.parser if uses_tools else None,
+                                        self.req.tools if uses_tools else None, self.tool_choice,
+                                        self.req.parallel_tool_calls, self.settings, self.constraint, seed)
         except InstanceError:
             return None  # a schema the generator cannot sample: the output is free text
         if text is None:
@@ -100,13 +125,6 @@ class ChatOutputPlan:
 
     def _thought(self) -> str:
         return "The user needs a tool for this." if self.uses_tools else "Let me write the answer."
-
-    def _text(self, seed: int) -> str | None:
-        if self.uses_tools:
-            calls = plan_calls(self.req.tools, self.tool_choice, self.req.parallel_tool_calls, seed, self.settings)
-            if calls:
-                return render_calls(self.fmt, calls, self.tool_choice)
-        return instance_text(self.constraint, seed) if self.constraint is not None else None
 
     def message_parts(self, text: str | None) -> tuple[str | None, list[dict[str, Any]], bool]:
         """(content, tool_calls, auto tools called) as vLLM's chat serving builds the message."""

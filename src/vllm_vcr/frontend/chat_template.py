@@ -7,21 +7,18 @@ meets hostile messages, rendering is still bounded:
 * size: every value a template builds (operators `* ** % + ~`, calls, filters, the output) is
   checked against `MAX_OUTPUT_CHARS` *before* it is allocated where the size is known in advance
   (repeat counts, padding widths), so `'a' * 300000000` fails at once instead of taking 1.3 GB;
-* time: `render_bounded` renders in a worker thread and stops it after `RENDER_TIMEOUT` seconds
-  (an asynchronous exception lands between two bytecodes of the compiled template), so a template
-  of nested `range()` loops costs the event loop a share of the GIL for at most that long.
+* time and memory: `render_isolated` renders a request's template in a worker process
+  (isolated.py) that is killed after `RENDER_TIMEOUT` seconds, C-level calls included
+  (`([[1]*1000]*2000)|sum(start=[])` spends its time inside one call), and runs under a memory
+  limit; the event loop never waits for it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
 import functools
 import json
 import operator
 import re
-import threading
-import weakref
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +26,8 @@ from jinja2 import TemplateError
 from jinja2.compiler import CodeGenerator
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .isolated import BudgetExceeded, IsolatedPool
 
 MAX_OUTPUT_CHARS = 4_000_000  # a prompt far beyond any context; the bound on every built value
 MAX_TEMPLATE_CHARS = 1_000_000  # a request's template source
@@ -48,10 +47,6 @@ class ChatTemplateError(ValueError):
 
 class TemplateLimitError(ChatTemplateError):
     """The template exceeded a size or time bound."""
-
-
-class _RenderTimeout(BaseException):
-    """Raised asynchronously in the rendering thread (BaseException: templates cannot catch it)."""
 
 
 def check_request_template(chat_template: Any, chat_template_kwargs: dict[str, Any] | None, trusted: bool) -> None:
@@ -222,83 +217,24 @@ def compile_request_template(source: Any) -> ChatTemplate:
     return ChatTemplate(source)
 
 
-_MAX_RENDER_THREADS = 2
-_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its Semaphore
+# request templates render in worker processes: a C-level call (`sum` of lists, a sort) cannot be
+# stopped in a thread and would hold the GIL, so the worker is killed at the deadline instead
+POOL = IsolatedPool(workers=2, memory_mb=512, recycle_mb=128, preload=["vllm_vcr.frontend.chat_template"])
 
 
-class _RenderState:
-    __slots__ = ("lock", "ident", "done", "timeout")
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.lock = threading.Lock()
-        self.ident: int | None = None
-        self.done = False
+def render_request_template(source: Any, messages: list[dict[str, Any]], render: dict[str, Any]) -> str:
+    """Compile a request's template and render it (in a worker process: `render_isolated`)."""
+    return compile_request_template(source).render(messages, **render)
 
 
-def _render_in_thread(fn: Any, state: _RenderState) -> Any:
-    try:
-        with state.lock:
-            state.ident = threading.get_ident()
-        try:
-            return fn()
-        finally:
-            with state.lock:
-                state.done = True
-    except _RenderTimeout:
-        raise TemplateLimitError(f"chat template failed to render: took longer than {state.timeout:g}s") from None
-
-
-def _interrupt(state: _RenderState) -> bool:
-    """Raise _RenderTimeout in the rendering thread; False while the render has not started."""
-    with state.lock:
-        if state.done:
-            return True
-        if state.ident is None:
-            return False
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(state.ident), ctypes.py_object(_RenderTimeout))
-        return True
-
-
-def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
-
-
-async def render_bounded(fn: Any, timeout: float | None = None) -> Any:
-    """Run `fn()` (a render) in a daemon thread (at most two at once); stop it `timeout` seconds
-    after it starts. Daemon: a render can never keep the process from exiting on SIGTERM."""
-    loop = asyncio.get_running_loop()
-    slots = _slots.get(loop)
-    if slots is None:
-        slots = _slots[loop] = asyncio.Semaphore(_MAX_RENDER_THREADS)
+async def render_isolated(source: Any, messages: list[dict[str, Any]], timeout: float | None = None,
+                          **render: Any) -> str:
+    """`render_request_template` in a worker process that is killed `timeout` seconds after it
+    starts (or when the awaiting task is cancelled); its memory is bounded there too."""
     delay = RENDER_TIMEOUT if timeout is None else timeout
-    state = _RenderState(delay)
-    fut: asyncio.Future = loop.create_future()
-
-    def run() -> None:
-        result, error = None, None
-        try:
-            result = _render_in_thread(fn, state)
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            error = e
-        try:
-            loop.call_soon_threadsafe(_settle, fut, result, error)
-        except RuntimeError:
-            pass  # the loop is gone (shutdown): nobody waits for this render
-
-    def expire() -> None:
-        if not fut.done() and not _interrupt(state):
-            timer[0] = loop.call_later(0.05, expire)  # the thread has not started yet
-
-    async with slots:
-        threading.Thread(target=run, name="chat-template", daemon=True).start()
-        timer = [loop.call_later(delay, expire)]
-        try:
-            return await fut
-        finally:
-            timer[0].cancel()
+    try:
+        return await POOL.run(render_request_template, source, messages, render, timeout=delay)
+    except BudgetExceeded as e:
+        if e.reason == "time":
+            raise TemplateLimitError(f"chat template failed to render: took longer than {delay:g}s") from None
+        raise TemplateLimitError(f"chat template failed to render: needed more than {POOL.memory_mb} MiB") from None

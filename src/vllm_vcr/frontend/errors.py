@@ -23,8 +23,20 @@ class HTTPError(Exception):
         self.param = param
         self.headers = headers or []
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # as it is (raised while parsing a large body in a worker process: http/serving_base.py)
+        return rebuilt_exception, (type(self), self.args, self.__dict__)
+
     def body(self) -> bytes:
         return error_body(self.message, self.err_type, self.status, self.param)
+
+
+def rebuilt_exception(cls: type, args: tuple, state: dict[str, Any]) -> Exception:
+    """An exception unpickled with its attributes, without calling its __init__ again."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 def _default_type(status: int) -> str:

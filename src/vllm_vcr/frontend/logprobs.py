@@ -9,6 +9,7 @@ fall strictly with the rank. Under greedy sampling the chosen token is always ra
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .tokenizer import Tokenizer
@@ -121,3 +122,17 @@ def prompt_logprobs(tok: Tokenizer, prompt_ids: list[int], k: int) -> list[dict[
         out.append({str(t): {"logprob": max(lp, _FLOOR), "rank": r, "decoded_token": tok.token_text(t)}
                     for t, lp, r in entries})
     return out
+
+
+OFFLOAD_PROMPT_TOKENS = 2_000  # more prompt positions than this are computed in a worker thread
+
+
+async def prompt_logprobs_many(tok: Tokenizer, prompts: list[list[int]], k: int) -> list[Any]:
+    """`prompt_logprobs` of each prompt; many positions in a worker thread, so that the event loop
+    keeps serving while they are built (their count is bounded by check_prompt_logprobs_budget)."""
+    def build() -> list[Any]:
+        return [prompt_logprobs(tok, ids, k) for ids in prompts]
+
+    if sum(len(ids) for ids in prompts) <= OFFLOAD_PROMPT_TOKENS:
+        return build()
+    return await asyncio.to_thread(build)

@@ -23,6 +23,8 @@ from pydantic import (
 )
 from typing_extensions import Required, TypedDict
 
+from .errors import rebuilt_exception
+
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -46,6 +48,10 @@ class RequestValueError(ValueError):
             extras.append(f"value={value}")
         super().__init__(f"{message} ({', '.join(extras)})" if extras else message)
         self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the worded message and param as they are (a check run in a worker process: isolated.py)
+        return rebuilt_exception, (type(self), self.args, self.__dict__)
 
 
 class RequestSchemaError(ValueError):
@@ -490,12 +496,14 @@ def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | N
             except (TypeError, ValueError):
                 invalid.append(key)
         if invalid:
+            listed = _listed(invalid)
             raise RequestValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: "
-                                    f"{invalid!r}", "logit_bias", invalid)
+                                    f"{listed}", "logit_bias", listed)
         out_of_vocab = [t for t in converted if not 0 <= t < vocab_size]
         if out_of_vocab:
-            raise RequestValueError(f"token_id(s) {out_of_vocab} in logit_bias contain out-of-vocab token ids. "
-                                    f"Vocabulary size: {vocab_size}", "logit_bias", out_of_vocab)
+            listed = _listed(out_of_vocab)
+            raise RequestValueError(f"token_id(s) {listed} in logit_bias contain out-of-vocab token ids. "
+                                    f"Vocabulary size: {vocab_size}", "logit_bias", listed)
         bias = converted or None
     if allowed is not None:
         if not allowed:
@@ -506,6 +514,22 @@ def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | N
                                     out_of_vocab)
     return bias, allowed
 
+
+
+MAX_LISTED = 100  # offending values an error message lists (vLLM lists them all)
+
+
+def _listed(values: list[Any]) -> Any:
+    """The values as vLLM's message lists them; past MAX_LISTED, the first ones and the count
+    (a 4.5M-key logit_bias would otherwise answer with an error of 80 MB)."""
+    if len(values) <= MAX_LISTED:
+        return values
+    return _Listed(f"{repr(values[:MAX_LISTED])[:-1]}, ... ({len(values)} in all)]")
+
+
+class _Listed(str):
+    def __repr__(self) -> str:  # formatted bare, like the list it stands for
+        return str(self)
 
 
 def stop_list(stop: StopParam) -> list[str]:

@@ -6,9 +6,12 @@ values, stop strings, logprobs limits, greedy sampling with n > 1), empty conver
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
-from .protocol import MAX_LOGPROBS, MAX_N, RequestValueError, stop_list
+from .protocol import MAX_LOGPROBS, MAX_N, RequestValueError, stop_list, token_choice_params
+
+OFFLOAD_BIAS_ENTRIES = 10_000  # a logit_bias this large is checked in a worker thread
 
 _GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy
 
@@ -21,6 +24,20 @@ def check_greedy_n(req: Any) -> None:
     """SamplingParams: greedy sampling has one answer only."""
     if is_greedy(req) and req.n > 1:
         raise RequestValueError(f"n must be 1 when using greedy sampling, got {req.n}.")
+
+
+async def check_token_choice(req: Any, vocab_size: int) -> None:
+    """`logit_bias` / `allowed_token_ids` against the vocabulary (protocol.token_choice_params,
+    vLLM's words); a large one in a worker thread, so that the event loop keeps serving. A valid
+    `logit_bias` has at most one entry per token, so the one built per choice later is small."""
+    bias = getattr(req, "logit_bias", None) or {}
+    allowed = getattr(req, "allowed_token_ids", None) or []
+    if len(bias) + len(allowed) > OFFLOAD_BIAS_ENTRIES:
+        ids, _ = await asyncio.to_thread(token_choice_params, req, vocab_size)
+        if ids is not None and len(ids) < len(bias):  # keys naming one id twice ("1", "01"), folded as vLLM does
+            req.logit_bias = {str(k): v for k, v in ids.items()}
+    else:
+        token_choice_params(req, vocab_size)
 
 
 def check_conversation(messages: list[Any]) -> None:
@@ -100,6 +117,23 @@ def check_prompt_logprobs_limit(value: int | None, vocab_size: int) -> None:
     if num > MAX_LOGPROBS:
         raise RequestValueError(f"Requested prompt logprobs of {num}, which is greater than max allowed: "
                                 f"{MAX_LOGPROBS}", "prompt_logprobs", num)
+
+
+MAX_PROMPT_LOGPROB_ENTRIES = 200_000  # per request: about 80 MB of response objects, 10 MB of JSON
+
+
+def check_prompt_logprobs_budget(value: int | None, prompt_tokens: int, vocab_size: int) -> None:
+    """This server's bound on the prompt logprobs of one request (vLLM has none, and pays for them
+    on the GPU): each prompt token after the first gets k + 1 entries, and every choice carries
+    its prompt's. Over it the request fails before anything is generated."""
+    if value is None:
+        return
+    k = vocab_size if value == -1 else value
+    entries = max(prompt_tokens, 0) * (k + 1)
+    if entries > MAX_PROMPT_LOGPROB_ENTRIES:
+        raise RequestValueError(f"Requested prompt logprobs for {prompt_tokens} prompt tokens with {k} logprobs each "
+                                f"({entries} entries), which is greater than max allowed per request: "
+                                f"{MAX_PROMPT_LOGPROB_ENTRIES}", "prompt_logprobs", value)
 
 
 def check_output_budget(max_tokens: int | None, max_model_len: int, param: str = "max_tokens") -> None:

@@ -21,7 +21,9 @@ from ..frontend.errors import (
     validation_error,
 )
 from ..frontend.generation import OutputStream, random_hex
-from ..frontend.protocol import RequestSchemaError, RequestValueError
+from ..frontend.isolated import BudgetExceeded, IsolatedPool
+from ..frontend.protocol import RequestSchemaError, RequestValueError, token_choice_params
+from ..frontend.request_checks import OFFLOAD_BIAS_ENTRIES
 from ..frontend.tokenizer import Tokenizer
 from ..frontend.tools.calls import ToolSettings
 from .sse import send_bytes
@@ -137,6 +139,39 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
         if isinstance(cause, RequestSchemaError):
             raise validation_error(cause.errors) from None
         raise validation_error(errors) from None
+
+
+OFFLOAD_PARSE_BYTES = 2 << 20  # a larger body is parsed in a worker process
+PARSE_TIMEOUT = 30.0
+# parsing a 60 MB body holds the GIL for seconds (4.5M logit_bias keys: 5 s of pydantic, 6 s of checks)
+PARSE_POOL = IsolatedPool(workers=2, memory_mb=3072, recycle_mb=64, preload=["vllm_vcr.http.serving_base"])
+
+
+def parse_checked(body: bytes, model: type[BaseModel], vocab_size: int | None) -> Any:
+    """parse_request, then a large `logit_bias` against the vocabulary (request_checks), so that
+    neither reaches the server's event loop: run in a worker process for large bodies."""
+    req = parse_request(body, model)
+    if vocab_size is not None:
+        bias = getattr(req, "logit_bias", None)
+        if bias is not None and len(bias) > OFFLOAD_BIAS_ENTRIES:
+            ids, _ = token_choice_params(req, vocab_size)
+            if ids is not None and len(ids) < len(bias):  # keys naming one id twice ("1", "01"), folded
+                req.logit_bias = {str(k): v for k, v in ids.items()}
+    return req
+
+
+async def parse_request_async(body: bytes, model: type[BaseModel], vocab_size: int | None = None) -> Any:
+    """parse_request; a body over OFFLOAD_PARSE_BYTES is parsed (and a large logit_bias checked,
+    which then fails here rather than after the other checks) in a worker process, under
+    PARSE_TIMEOUT and a memory bound, and only the parsed request comes back."""
+    if len(body) <= OFFLOAD_PARSE_BYTES:
+        return parse_request(body, model)
+    try:
+        return await PARSE_POOL.run(parse_checked, body, model, vocab_size, timeout=PARSE_TIMEOUT)
+    except BudgetExceeded as e:
+        limit = f"took longer than {PARSE_TIMEOUT:g}s" if e.reason == "time" else \
+            f"needed more than {PARSE_POOL.memory_mb} MiB"
+        raise HTTPError(413, f"Request body too large: parsing it {limit}", "RequestEntityTooLarge") from None
 
 
 class ServingBase:

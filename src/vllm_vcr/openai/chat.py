@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
 from ..frontend.chat_outputs import ChatOutputPlan
-from ..frontend.chat_template import ChatTemplateError, check_request_template, compile_request_template, render_bounded
+from ..frontend.chat_template import ChatTemplateError, check_request_template, render_isolated
 from ..frontend.errors import bad_request
 from ..frontend.generation import (
     SequenceState,
@@ -17,7 +17,7 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.logprobs import chat_logprobs, prompt_logprobs
+from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.prompt_cache import PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
@@ -27,16 +27,25 @@ from ..frontend.request_checks import (
     check_logprobs_limit,
     check_output_budget,
     check_prompt_chars,
+    check_prompt_logprobs_budget,
     check_prompt_logprobs_limit,
     check_prompt_tokens,
     check_sampling,
+    check_token_choice,
     check_truncation,
     effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
     truncate_prompt,
 )
-from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from ..http.serving_base import (
+    RequestContext,
+    ServingBase,
+    encode,
+    metrics_arrival,
+    metrics_end,
+    parse_request_async,
+)
 from ..http.sse import send_bytes
 from ..http.streaming import ChoiceStream, stream_response
 from .chunks import CHAT_CHUNK, ChunkTemplate
@@ -97,7 +106,7 @@ class ChatServing(ServingBase):
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
         """render_prompt, with vLLM's refusal of request templates; a template from the request
-        (--trust-request-chat-template) renders in a worker thread under a time bound."""
+        (--trust-request-chat-template) renders in a worker process under time and memory bounds."""
         try:
             check_request_template(chat_template, chat_template_kwargs, self.settings.trust_request_chat_template)
         except ChatTemplateError as e:
@@ -111,15 +120,21 @@ class ChatServing(ServingBase):
             return await self._render_prompt_offloaded(messages, chat_template=None,
                                                        chat_template_kwargs=chat_template_kwargs, **kw)
 
-        def compile_and_render() -> tuple[str, list[int]]:  # compiling a large template takes time too
-            template = compile_request_template(chat_template)
-            return self.render_prompt(messages, chat_template=template, chat_template_kwargs=chat_template_kwargs,
-                                      **kw)
-
-        try:
-            return await render_bounded(compile_and_render)
-        except ChatTemplateError as e:  # a bad template, or the time bound
+        render = dict(add_generation_prompt=kw["add_generation_prompt"],
+                      continue_final_message=kw.get("continue_final_message", False), tools=kw.get("tools"))
+        conv, kwargs = self._render_args(messages, chat_template_kwargs=chat_template_kwargs, **render)
+        try:  # compiled and rendered in a worker process, under the time and memory bounds
+            text = await render_isolated(chat_template, conv, add_generation_prompt=render["add_generation_prompt"],
+                                         bos_token=self.tokenizer.bos_token or "",
+                                         eos_token=self.tokenizer.eos_token or "", tools=render["tools"], **kwargs)
+        except ChatTemplateError as e:  # a bad template, or a bound
             raise RequestValueError(str(e)) from None
+        text = self._finish_text(text, conv, render["continue_final_message"])
+        try:
+            ids = await self.tokenizer.encode_async(text, add_special_tokens=kw["add_special_tokens"])
+        except Exception as e:  # as render_prompt
+            raise _untokenizable(e) from None
+        return text, _nonempty(ids)
 
     async def _render_plain(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                             add_special_tokens: bool) -> tuple[str, list[int]]:
@@ -171,13 +186,9 @@ class ChatServing(ServingBase):
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                     continue_final_message: bool, chat_template: Any,
                     chat_template_kwargs: dict[str, Any] | None, tools: Any = None) -> str:
-        if add_generation_prompt and continue_final_message:
-            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        check_conversation(messages)
-        conv = normalize_messages(messages)
-        kwargs = dict(chat_template_kwargs or {})
-        for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token"):
-            kwargs.pop(reserved, None)
+        conv, kwargs = self._render_args(messages, add_generation_prompt=add_generation_prompt,
+                                         continue_final_message=continue_final_message,
+                                         chat_template_kwargs=chat_template_kwargs, tools=tools)
         try:
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template, tools=tools, **kwargs)
@@ -185,6 +196,24 @@ class ChatServing(ServingBase):
             raise RequestValueError(str(e)) from None
         except ValueError as e:  # no chat template at all
             raise RequestValueError(str(e)) from None
+        return self._finish_text(text, conv, continue_final_message)
+
+    @staticmethod
+    def _render_args(messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
+                     chat_template_kwargs: dict[str, Any] | None,
+                     tools: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The checked conversation and the template's extra variables."""
+        if add_generation_prompt and continue_final_message:
+            raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        check_conversation(messages)
+        conv = normalize_messages(messages)
+        kwargs = dict(chat_template_kwargs or {})
+        for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
+            kwargs.pop(reserved, None)
+        return conv, kwargs
+
+    def _finish_text(self, text: str, conv: list[dict[str, Any]], continue_final_message: bool) -> str:
+        """The rendered text cut after the final message it continues, then checked for length."""
         if continue_final_message and conv:
             final = conv[-1].get("content") or ""
             if isinstance(final, str) and final.strip():
@@ -196,17 +225,18 @@ class ChatServing(ServingBase):
 
     async def handle(self, ctx: RequestContext) -> None:
         try:
-            req: ChatCompletionRequest = parse_request(ctx.body, ChatCompletionRequest)
+            req: ChatCompletionRequest = await parse_request_async(ctx.body, ChatCompletionRequest,
+                                                                   self.tokenizer.vocab_size)
             await self._handle(ctx, req)
         except RequestValueError as e:
             raise as_http_error(e) from None
 
     async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
         top = req.top_logprobs
-        plan = ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
+        plan = await ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
         if plan is not None:
-            plan.check()
+            await plan.check()
         max_len = self.settings.max_model_len
         if req.max_completion_tokens is not None:
             max_tokens, param = req.max_completion_tokens, "max_completion_tokens"
@@ -231,8 +261,10 @@ class ChatServing(ServingBase):
             want_lp = self.tokenizer.vocab_size if top == -1 else (top or 0)
             check_logprobs_limit(want_lp)
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, top), self.tokenizer.vocab_size)
+        check_prompt_logprobs_budget(effective_prompt_logprobs(req, top), len(prompt_ids), self.tokenizer.vocab_size)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
+        await check_token_choice(req, self.tokenizer.vocab_size)
 
         rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
         created = int(time.time())
@@ -307,13 +339,14 @@ class ChatServing(ServingBase):
         completion_tokens = sum(s.num_tokens for s in states)
         last = states[-1]
         plp_k = effective_prompt_logprobs(req, req.top_logprobs)
+        plp = None if plp_k is None else (await prompt_logprobs_many(self.tokenizer, [prompt_ids], plp_k))[0]
         body = {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": self.settings.system_fingerprint,
             "usage": usage_dict(prompt_len, completion_tokens, self.prompt_details(last, wants_cache_details(req)),
                                 {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
                                 if self.settings.reasoning_parser else None),
-            "prompt_logprobs": None if plp_k is None else prompt_logprobs(self.tokenizer, prompt_ids, plp_k),
+            "prompt_logprobs": plp,
             "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
             "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None, "metrics": None,
         }

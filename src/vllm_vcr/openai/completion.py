@@ -14,16 +14,18 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.logprobs import completion_logprobs, prompt_logprobs
+from ..frontend.logprobs import completion_logprobs, prompt_logprobs_many
 from ..frontend.protocol import MAX_CHOICES, CompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
     check_greedy_n,
     check_logprobs_limit,
     check_output_budget,
     check_prompt_chars,
+    check_prompt_logprobs_budget,
     check_prompt_logprobs_limit,
     check_prompt_tokens,
     check_sampling,
+    check_token_choice,
     check_truncation,
     effective_max_tokens,
     effective_prompt_logprobs,
@@ -31,7 +33,14 @@ from ..frontend.request_checks import (
     truncate_prompt,
 )
 from ..frontend.structured.completion_outputs import CompletionOutputPlan
-from ..http.serving_base import RequestContext, ServingBase, encode, metrics_arrival, metrics_end, parse_request
+from ..http.serving_base import (
+    RequestContext,
+    ServingBase,
+    encode,
+    metrics_arrival,
+    metrics_end,
+    parse_request_async,
+)
 from ..http.sse import DONE, SSEWriter, send_bytes
 from ..http.streaming import ChoiceStream, stream_response
 from .chunks import COMPLETION_CHUNK
@@ -69,7 +78,7 @@ def include_usage_flags(req: Any, force: bool) -> tuple[bool, bool]:
 class CompletionServing(ServingBase):
     async def handle(self, ctx: RequestContext) -> None:
         try:
-            req: CompletionRequest = parse_request(ctx.body, CompletionRequest)
+            req: CompletionRequest = await parse_request_async(ctx.body, CompletionRequest, self.tokenizer.vocab_size)
             await self._handle(ctx, req)
         except RequestValueError as e:
             raise as_http_error(e) from None
@@ -98,9 +107,12 @@ class CompletionServing(ServingBase):
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, req.logprobs), self.tokenizer.vocab_size)
         for pr in prompts:
             self.check_token_ids(pr.ids)
-        plan = CompletionOutputPlan.for_request(req)
+        check_prompt_logprobs_budget(effective_prompt_logprobs(req, req.logprobs),
+                                     sum(len(pr.ids) for pr in prompts) * req.n, self.tokenizer.vocab_size)
+        plan = await CompletionOutputPlan.for_request(req)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
+        await check_token_choice(req, self.tokenizer.vocab_size)
 
         rid = f"cmpl-{self.base_request_id(ctx, req.request_id)}"
         n = req.n
@@ -192,6 +204,7 @@ class CompletionServing(ServingBase):
             return
         n = req.n
         plp_k = effective_prompt_logprobs(req, req.logprobs)
+        plps = [] if plp_k is None else await prompt_logprobs_many(self.tokenizer, [p.ids for p in prompts], plp_k)
         choices = []
         prompt_tokens = 0
         completion_tokens = 0
@@ -209,7 +222,7 @@ class CompletionServing(ServingBase):
                     lp = self._choice_logprobs(st, req, p, bool(req.echo), st.token_ids, 0, 0)
                 c = choice_dict(flat, text, lp, st.finish_reason, st.stop_reason)
                 if plp_k is not None:
-                    c["prompt_logprobs"] = prompt_logprobs(self.tokenizer, p.ids, plp_k)
+                    c["prompt_logprobs"] = plps[pi]
                 if req.return_token_ids:
                     c["token_ids"] = st.token_ids
                     c["prompt_token_ids"] = p.ids
@@ -231,6 +244,7 @@ class CompletionServing(ServingBase):
                          prompts: list[Prompt]) -> None:
         # max_tokens=0 with echo: the prompt is the whole answer, nothing is generated
         plp_k = effective_prompt_logprobs(req, req.logprobs)
+        plps = [] if plp_k is None else await prompt_logprobs_many(self.tokenizer, [p.ids for p in prompts], plp_k)
         choices = []
         prompt_tokens = 0
         for pi, p in enumerate(prompts):
@@ -242,7 +256,7 @@ class CompletionServing(ServingBase):
                                              first_is_prompt_start=True)
                 c = choice_dict(pi * req.n + j, self._prompt_text(p), lp, "length", None)
                 if plp_k is not None:
-                    c["prompt_logprobs"] = prompt_logprobs(self.tokenizer, p.ids, plp_k)
+                    c["prompt_logprobs"] = plps[pi]
                 choices.append(c)
         usage = usage_dict(prompt_tokens, 0, self.prompt_details(0))
         fp = self.settings.system_fingerprint

@@ -296,6 +296,10 @@ class _ServeCommand:
         """First-use work done before the port listens (warmup.py): nothing of it is counted."""
         took = await warm_up(self.engine_args, self.tokenizer, self.settings)
         logger.info("warmed up in %.0f ms", took * 1000)
+        if self.settings.trust_request_chat_template:  # request templates render in worker processes
+            from ..frontend.chat_template import POOL as TEMPLATE_POOL
+
+            TEMPLATE_POOL.warm()
 
     async def serve_until_signal(self, server: _Server) -> None:
         await server.serve(sockets=[self.sock])

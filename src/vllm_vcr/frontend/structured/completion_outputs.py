@@ -3,13 +3,13 @@ text (an instance of the constraint) as planned output ids, as chat does for its
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from typing import Any
 
 from ..request_checks import check_structured_outputs_params
-from .constraints import Constraint, check_request_constraints, request_constraint
-from .instances import GENERATOR, InstanceError
+from .budget import checked_constraint, checked_request_constraints, generated_text
+from .constraints import Constraint
+from .instances import InstanceError
 
 
 class CompletionOutputPlan:
@@ -19,15 +19,16 @@ class CompletionOutputPlan:
         self.constraint = constraint
 
     @classmethod
-    def for_request(cls, req: Any) -> CompletionOutputPlan | None:
-        """vLLM's checks (400s before anything reaches the engine); None without a constraint."""
+    async def for_request(cls, req: Any) -> CompletionOutputPlan | None:
+        """vLLM's checks (400s before anything reaches the engine), within the structured-output
+        budgets; None without a constraint."""
         response_format = req.response_format
         if response_format is None and req.structured_outputs is None:
             return None
-        check_request_constraints({"response_format": response_format, "structured_outputs": req.structured_outputs},
-                                  None, completion=True)
+        await checked_request_constraints({"response_format": response_format,
+                                           "structured_outputs": req.structured_outputs}, None, completion=True)
         check_structured_outputs_params(req.structured_outputs)
-        constraint = request_constraint(response_format, req.structured_outputs)
+        constraint = await checked_constraint(response_format, req.structured_outputs)
         return cls(constraint) if constraint is not None else None
 
     async def plan(self, tokenizer: Any, seed: int | None, engine_reqs: list[Any]) -> None:
@@ -45,7 +46,8 @@ class CompletionOutputPlan:
 
         seed = secrets.randbits(32) if seed is None else seed
         try:
-            text = await asyncio.get_running_loop().run_in_executor(GENERATOR, instance_text, self.constraint, seed)
+            text = await generated_text(self.constraint.kind, self.constraint.value, instance_text, self.constraint,
+                                        seed)
         except InstanceError:
             return None
         if text is None:

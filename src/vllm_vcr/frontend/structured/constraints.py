@@ -18,6 +18,7 @@ from typing import Any
 from ..protocol import RequestValueError
 from .grammar import check_grammar
 from .schemas import check_schema
+from .sizes import check_sizes
 from .structural_tag import check_structural_tag
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -35,8 +36,10 @@ class Constraint:
 
 def check_request_constraints(body: dict[str, Any] | Any, tool_choice: Any, *, completion: bool = False) -> None:
     """The request model's before-validators: response_format and structured_outputs counts (a
-    completion request names the parameter in its count error and has no tools)."""
+    completion request names the parameter in its count error and has no tools). The size
+    budget (sizes.py) comes first: nothing larger is even looked at."""
     rf = _get(body, "response_format")
+    check_sizes(rf, _get(body, "structured_outputs"))
     if isinstance(rf, dict) and rf.get("type") == "json_schema" and rf.get("json_schema") is None:
         raise RequestValueError("When response_format type is 'json_schema', the 'json_schema' field must "
                                 "be provided.", "response_format")
@@ -62,7 +65,9 @@ def _get(body: Any, name: str) -> Any:
 
 def request_constraint(response_format: dict[str, Any] | None,
                        structured_outputs: dict[str, Any] | None) -> Constraint | None:
-    """The effective constraint (None: free text), validated as the engine-side checks do."""
+    """The effective constraint (None: free text), validated as the engine-side checks do (can take
+    long: the server runs it through budget.checked_constraint)."""
+    check_sizes(response_format, structured_outputs)
     so = dict(structured_outputs) if isinstance(structured_outputs, dict) else None
     rf_type = response_format.get("type") if isinstance(response_format, dict) else None
     if rf_type == "json_object":

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -22,10 +21,6 @@ _EXAMPLES = 4  # hypothesis tries the simplest value first; a later example vari
 # keywords that already shape an object's keys (directly or through sub-schemas)
 _SHAPING = frozenset({"additionalProperties", "patternProperties", "propertyNames", "required", "anyOf", "oneOf",
                       "allOf", "not", "$ref", "dependentRequired", "dependentSchemas", "if"})
-
-
-# instance generation (hypothesis) runs off the event loop, one at a time
-GENERATOR = ThreadPoolExecutor(1, thread_name_prefix="vllm-vcr-structured")
 
 
 class InstanceError(ValueError):
