@@ -149,7 +149,9 @@ def test_grammar_inside_a_structural_tag_is_compiled_off_the_loop(server):
     out = bomb(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 5, "response_format": {
         "type": "structural_tag", "format": {"type": "grammar", "grammar": grammar}}})
     err = out.error(400)
-    assert err["message"].startswith("Invalid structural tag specification: ")
+    # the grammar's rules refused by the compiler, or (a loaded machine) the compile budget spent first
+    assert err["message"].startswith("Invalid structural tag specification: ") or \
+        "compilation timed out after" in err["message"], err["message"]
     check_bounded(out)
 
 
