@@ -359,3 +359,53 @@ def _add_aliases(parser: argparse.ArgumentParser, existing: argparse.Action, nam
 
 def accepted_option_strings() -> set[str]:
     return {s for o in load_table()["options"] for s in o["option_strings"]}
+
+
+# Values that make sense for options whose generic sample would not (tests/http/test_serve_flags.py
+# and scripts/check_serve_flags.py start `vllm-vcr serve` with each option and such a value).
+SAMPLE_VALUES: dict[str, list[str]] = {
+    "--host": ["127.0.0.1"], "--served-model-name": ["sample-model"], "--api-key": ["sample-key"],
+    "--max-model-len": ["1024"], "--tool-call-parser": ["hermes"], "--reasoning-parser": ["deepseek_r1"],
+    "--chat-template": ["{{ messages[0]['content'] }}"], "--allowed-origins": ['["*"]'],
+    "--allowed-methods": ['["*"]'], "--allowed-headers": ['["*"]'], "--kv-cache-memory-bytes": ["64M"],
+    "--data-parallel-size": ["1"], "--data-parallel-rank": ["0"], "--log-level": ["INFO"],
+    "--max-num-queued-reqs": ["64"], "--response-role": ["assistant"], "--fingerprint-value": ["fp-1"],
+    "--lora-modules": ["a=/nonexistent-lora"], "--max-num-seqs": ["8"], "--max-num-batched-tokens": ["2048"],
+    "--block-size": ["16"], "--stream-interval": ["1"], "--renderer-num-workers": ["1"],
+    "--prefix-caching-hash-algo": ["sha256"], "--num-gpu-blocks-override": ["256"],
+}
+
+
+# Options vLLM accepts only together with another one (validate_parsed_serve_args).
+SAMPLE_REQUIRES: dict[str, list[str]] = {
+    "--enable-auto-tool-choice": ["--tool-call-parser", "hermes"],
+    "--enable-log-outputs": ["--enable-log-requests"],
+    "--lora-modules": ["--enable-lora"],
+}
+
+
+def sample_args(option: Mapping[str, Any], overrides: Mapping[str, list[str]] | None = None) -> list[str]:
+    """The option with a value vLLM would accept: `--x` for a switch, else `--x VALUE`
+    (`overrides` and SAMPLE_VALUES first)."""
+    name = option_key(option)
+    if option["kind"] in ("bool", "store_true", "store_false"):
+        return [name, *SAMPLE_REQUIRES.get(name, [])]
+    values = {**SAMPLE_VALUES, **(overrides or {})}
+    if name in values:
+        return [name, *values[name], *SAMPLE_REQUIRES.get(name, [])]
+    choices = [c for c in option["choices"] or [] if c is not None]
+    default = option["default"]
+    kind = (option["type"] or "str").removeprefix("optional_").removeprefix("parse_")
+    if choices:
+        value = str(default) if default in choices else str(choices[0])
+    elif kind in ("int", "human_readable_int", "human_readable_int_or_auto"):
+        value = str(default) if isinstance(default, int) and not isinstance(default, bool) else "1"
+    elif kind == "float":
+        value = str(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else "0.5"
+    elif kind in ("json", "dataclass_json"):
+        value = json.dumps(default) if isinstance(default, (dict, list)) else "{}"
+    elif kind == "id_list":
+        value = "0"
+    else:
+        value = default if isinstance(default, str) and default not in ("", "==SUPPRESS==") else "sample"
+    return [name, value]
