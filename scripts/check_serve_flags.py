@@ -3,7 +3,7 @@ comes up healthy.
 
     PYTHONPATH=src python scripts/check_serve_flags.py                 # every option
     PYTHONPATH=src python scripts/check_serve_flags.py --sample 20     # a random 20 (seeded)
-    PYTHONPATH=src python scripts/check_serve_flags.py --only --max-num-seqs --enforce-eager
+    PYTHONPATH=src python scripts/check_serve_flags.py --only=--max-num-seqs --only=--enforce-eager
 
 Each server gets the peers' tiny model (else the embedded tokenizer), a free loopback port and the
 option with a value vLLM accepts (serve/vllm_args.py sample_args); it passes when GET /health
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sample", type=int, default=None, help="check N options drawn at random (seeded)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", nargs="+", default=None, metavar="FLAG", help="check these options")
+    ap.add_argument("--only", action="append", default=None, metavar="FLAG", help="check this option (repeat)")
     ap.add_argument("--jobs", type=int, default=2, help="servers started at once")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds for one server to get healthy")
     args = ap.parse_args()
@@ -85,7 +86,10 @@ def main() -> int:
         options = random.Random(args.seed).sample(options, min(args.sample, len(options)))
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write("max-num-seqs: 8\n")
-    overrides = {"--config": [f.name]}
+    adapter = tempfile.mkdtemp(prefix="check-serve-lora-")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_adapter.py"), adapter], check=True,
+                   capture_output=True)
+    overrides = {"--config": [f.name], "--lora-modules": [f"sample-lora={adapter}"]}
     if (MODEL / "config.json").is_file():  # --model must agree with MODEL; --tokenizer must exist
         overrides.update({"--model": [str(MODEL)], "--tokenizer": [str(MODEL)]})
     failed = 0
@@ -99,6 +103,7 @@ def main() -> int:
                     print(f"FAIL {' '.join(sample_args(opt, overrides))}: {why}", flush=True)
     finally:
         os.unlink(f.name)
+        shutil.rmtree(adapter, ignore_errors=True)
     print(f"{len(options) - failed} of {len(options)} `vllm serve` options started vllm-vcr serve "
           f"(vLLM {', '.join(load_table()['vllm_versions'])})")
     return 1 if failed else 0

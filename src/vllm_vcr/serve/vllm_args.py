@@ -249,9 +249,14 @@ def spec_problems(table: Mapping[str, Any], dump: Mapping[str, Any]) -> list[str
     return problems
 
 
+# (the table's type, a release's type) where the first accepts every value the second does
+_WIDER = {("parse_reasoning_parser", "str")}
+
+
 def _optional_of(a: str | None, b: str | None) -> bool:
-    """`optional_str` accepts whatever `str` does (and "None"): a release that made a type optional."""
-    return a is not None and b is not None and (a == f"optional_{b}" or b == f"optional_{a}")
+    """`optional_str` accepts whatever `str` does (and "None"): a release that made a type optional;
+    0.33's reasoning-parser type takes any string as 0.32's `str` does."""
+    return a is not None and b is not None and (a == f"optional_{b}" or b == f"optional_{a}" or (a, b) in _WIDER)
 
 
 # --- building the parser ---------------------------------------------------------------------------
