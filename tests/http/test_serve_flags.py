@@ -188,3 +188,11 @@ def test_log_level_sets_every_loggers_level(serve_process):
 def test_option_key_names_positional_and_flags():
     assert option_key({"option_strings": [], "dest": "model_tag"}) == "model_tag"
     assert option_key({"option_strings": ["--a", "-a"], "dest": "a"}) == "--a"
+
+
+def test_docs_list_the_accepted_and_ignored_options():
+    from vllm_vcr.serve import flag_docs
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serve.md").read_text(encoding="utf-8")
+    assert flag_docs.generated_section(page) == flag_docs.render(), \
+        "docs/serve.md is stale: python -m vllm_vcr.serve.flag_docs docs/serve.md"
