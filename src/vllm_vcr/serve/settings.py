@@ -12,7 +12,7 @@ from pathlib import Path
 from ..engine.config import ConfigError, EngineArgs
 from ..engine_cli import engine_args_from_cli
 from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
-from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
+from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer, ordinary_vocab_size
 from ..frontend.tools.calls import TOOL_CALL_PARSERS, ToolSettings
 from ..http.serving_base import VLLM_API_VERSION, ServeSettings
 from .ignored_flags import ignored_flags
@@ -83,18 +83,6 @@ def _chat_template_source(value: str | None) -> str | None:
                        f"{e.strerror or e}") from None
 
 
-def _ordinary_vocab_size(tok: Tokenizer) -> int:
-    """Random tokens are drawn below the first special token when the specials sit at the end
-    (the embedded tokenizer says exactly which ids are whole characters)."""
-    if tok.random_vocab_size:
-        return tok.random_vocab_size
-    specials = sorted(tok.special_ids)
-    if specials and specials[0] > 0 and specials == list(range(specials[0], specials[0] + len(specials))) \
-            and specials[-1] == tok.vocab_size - 1:
-        return specials[0]
-    return tok.vocab_size
-
-
 def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, EngineArgs, Tokenizer, int, list[str]]:
     """Validate everything the command line says; CLIError names the flag."""
     model = args.model_opt or args.model_tag
@@ -134,7 +122,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
             args,
             advertised_max_model_len=max_model_len,
             model_name=names[0],
-            vocab_size=_ordinary_vocab_size(tok),
+            vocab_size=ordinary_vocab_size(tok),
             eos_token_id=eos,
         )
     except ConfigError as e:
