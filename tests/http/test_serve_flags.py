@@ -196,3 +196,11 @@ def test_docs_list_the_accepted_and_ignored_options():
     page = (Path(__file__).resolve().parents[2] / "docs" / "serve.md").read_text(encoding="utf-8")
     assert flag_docs.generated_section(page) == flag_docs.render(), \
         "docs/serve.md is stale: python -m vllm_vcr.serve.flag_docs docs/serve.md"
+
+
+def test_a_config_file_takes_vllms_spellings_too(parser, tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("max_num_seqs: 5\nenable_prefix_caching: false\ntensor-parallel-size: 2\n")
+    a = _parse(parser, "--config", str(config), "--max_num_batched_tokens", "99")
+    assert (a.max_num_seqs, a.enable_prefix_caching, a.max_num_batched_tokens, a.ignored__tensor_parallel_size) \
+        == (5, False, 99, 2)

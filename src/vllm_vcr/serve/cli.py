@@ -3,8 +3,10 @@
 This module is imported for every `vllm-vcr` invocation (to build the parser), so it imports
 nothing heavy at module level; `run()` pulls in the server.
 
-GPU-only and model-loading flags of `vllm serve` are accepted and reported as ignored in one
-log line, so a manifest written for vLLM starts this unchanged.
+Every option of `vllm serve` (0.32, 0.33) is accepted: vllm_args.py adds them from the table dumped
+from the real frontends; HONOURED says which ones the simulator acts on and what they do here; the
+others are reported as ignored in one log line, so a manifest written for vLLM starts unchanged.
+A new flag of the simulator's own is one `add_argument` line in its group below.
 """
 
 from __future__ import annotations
@@ -148,15 +150,14 @@ def expand_argv(argv: list[str]) -> list[str]:
 
     parser = _PARSER
     known = parser._option_string_actions if parser is not None else {}
-    if parser is not None:
-        argv = argv[:1] + parser.normalise(argv[1:])
     try:
-        return expand_config_file(argv, lambda flag: flag in known)
+        argv = expand_config_file(argv, lambda flag: flag in known or flag.replace("_", "-") in known)
     except ConfigFileError as e:
         if parser is None:
             raise
         parser.error(str(e))  # exits 2
         raise  # pragma: no cover
+    return argv[:1] + parser.normalise(argv[1:]) if parser is not None else argv
 
 
 def run(args: argparse.Namespace) -> int:
