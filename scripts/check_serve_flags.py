@@ -30,13 +30,13 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from vllm_vcr.serve.vllm_args import load_table, option_key, sample_args  # noqa: E402
+from vllm_vcr.serve.vllm_args import load_table, sample_args  # noqa: E402
 from vllm_vcr.testing.waits import free_port, scaled  # noqa: E402
 
 MODEL = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers") / "tinymodel"
 
 
-def start_with(option_args: list[str], config: str, timeout: float) -> str | None:
+def start_with(option_args: list[str], timeout: float) -> str | None:
     """None when serve started healthy with the option, else why not."""
     port = free_port()
     model = [str(MODEL)] if (MODEL / "config.json").is_file() else []
@@ -95,7 +95,7 @@ def main() -> int:
     failed = 0
     try:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            runs = [(o, pool.submit(start_with, sample_args(o, overrides), f.name, args.timeout)) for o in options]
+            runs = [(o, pool.submit(start_with, sample_args(o, overrides), args.timeout)) for o in options]
             for opt, fut in runs:
                 why = fut.result()
                 if why is not None:
