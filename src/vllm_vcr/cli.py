@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in unavailable:  # whatever flags follow: the module that would read them is not there
         print(unavailable[args.command].message(args.command), file=sys.stderr)
         return UNAVAILABLE_EXIT
-    if rest:  # as parse_args would
-        parser.error("unrecognized arguments: " + " ".join(rest))
+    if rest:  # as parse_args would (a subcommand's own parser words its errors)
+        (getattr(args, "_serve_parser", None) or parser).error("unrecognized arguments: " + " ".join(rest))
     if not args.command:
         parser.print_help()
         return 2

@@ -162,7 +162,10 @@ class Stack:
 
 def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | None = None,
                 play_args: list[str] = (), frontend_args: list[str] = (), timeout: float = 240.0,
-                frontend_env: dict[str, str] | None = None, model_dir: Path = MODEL_DIR) -> Stack:
+                frontend_env: dict[str, str] | None = None, model_dir: Path = MODEL_DIR,
+                vocab_size: int | None = VOCAB_SIZE) -> Stack:
+    """A real frontend and `vllm-vcr play` joined to it; play gets `--vocab-size vocab_size` unless
+    that is None (then its vocabulary comes from `play_args`: MODEL, or the range every vocabulary has)."""
     workdir = _new_workdir(version)
     st = Stack(version, free_port(), free_port(), free_port(), workdir, engine_count=engine_count,
                model_dir=model_dir)
@@ -186,7 +189,7 @@ def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | 
     penv["PYTHONUNBUFFERED"] = "1"
     play_cmd = [sys.executable, "-m", "vllm_vcr", "play",
                 "--handshake-address", f"tcp://127.0.0.1:{st.rpc_port}",
-                "--engine-count", str(engine_count), "--vocab-size", str(VOCAB_SIZE),
+                "--engine-count", str(engine_count), *(["--vocab-size", str(vocab_size)] if vocab_size else []),
                 "--control-address", f"127.0.0.1:{st.control_port}", *play_args]
     st.play = _spawn("vllm-vcr play", play_cmd, penv, workdir / "play.log", cwd=REPO)
 

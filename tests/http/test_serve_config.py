@@ -146,13 +146,14 @@ def test_config_file_is_honoured_and_the_command_line_wins(serve_process, tmp_pa
 
 
 def test_help_shows_defaults():
-    r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--help"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--help=all"], capture_output=True, text=True,
                        timeout=30)
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    for shown in ("--port PORT (default: 8000)", "--stream-interval STREAM_INTERVAL", "(default: 1)",
+    for shown in ("--port PORT TCP port (default: 8000)", "--stream-interval STREAM_INTERVAL", "(default: 1)",
                   "--scheduling-policy {fcfs,priority} (default: fcfs)", "(default: ['*'])"):
         assert shown in text, shown
+    assert "(default: None)" not in text
 
 
 def test_vllm_vcr_log_governs_uvicorn(serve_process):

@@ -48,7 +48,7 @@ def test_vllm_command_line_accepted_and_sigterm_exits_0(serve_harness, tmp_path)
          "--dtype", "bfloat16", "--enforce-eager", "--trust-remote-code", "--kv-cache-dtype", "fp8",
          "--no-enable-prefix-caching", "--disable-log-requests", "--enable-chunked-prefill",
          "--max-model-len", "8k", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--block-size", "16",
-         "--swap-space", "4", "--download-dir", "/models", "--load-format", "safetensors",
+         "--cpu-offload-gb", "4", "--download-dir", "/models", "--load-format", "safetensors",
          "--enable-prompt-tokens-details", "--uvicorn-log-level", "warning", "--disable-log-stats",
          "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json", "--seed", "0",
          "--generation-config", "vllm", "-q", "fp8", "--inter-token-latency", "1"],

@@ -283,6 +283,11 @@ class AsyncEngine:
                 col.fail(err)
 
     @property
+    def num_unfinished_requests(self) -> int:
+        """Requests handed to an engine and not yet ended, all engines (vLLM's admission count)."""
+        return sum(self._load)
+
+    @property
     def tasks(self) -> list[asyncio.Task]:
         """The engines' loop tasks, one per engine once started (in engine order)."""
         return list(self._tasks)

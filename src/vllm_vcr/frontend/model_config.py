@@ -168,3 +168,25 @@ def max_model_len_for(requested: int | None, model_dir: Path | None, default: in
         return resolve_max_model_len(config, requested, disable_sliding_window=disable_sliding_window)
     except ModelConfigError as e:
         raise ModelConfigError(f"--max-model-len: {e}") from None
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8": 1, "fp8": 1}
+
+
+def kv_bytes_per_token(config: dict[str, Any], kv_cache_dtype: str | None = None) -> int | None:
+    """Bytes one token's keys and values take in a full-attention KV cache: 2 x layers x KV heads
+    x head size x element size (the element from --kv-cache-dtype, else the model's dtype).
+    None when config.json lacks the shapes."""
+    c = text_config(config)
+    try:
+        layers = int(c["num_hidden_layers"])
+        heads = int(c.get("num_attention_heads") or 0)
+        kv_heads = int(c.get("num_key_value_heads") or heads)
+        head_dim = int(c.get("head_dim") or (int(c["hidden_size"]) // heads))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    dtype = kv_cache_dtype if kv_cache_dtype and kv_cache_dtype != "auto" else str(
+        c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype") or "bfloat16")
+    size = 1 if dtype.startswith("fp8") else _DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)
+    total = 2 * layers * kv_heads * head_dim * size
+    return total if total > 0 else None

@@ -441,3 +441,17 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Tokenizer:
     except Exception as e:  # the tokenizers library raises plain Exception subclasses
         raise TokenizerError(f"cannot load tokenizer from {source}: {e}") from None
     return Tokenizer(hf, spec, config, source)
+
+
+def ordinary_vocab_size(tok: Tokenizer) -> int:
+    """The range random output ids are drawn from, [0, this): below the first special token when
+    the specials sit at the end of the vocabulary (the embedded tokenizer says exactly which ids
+    are whole characters), else the whole vocabulary (its textless ids are skipped by the draw:
+    Tokenizer.random_text_avoid)."""
+    if tok.random_vocab_size:
+        return tok.random_vocab_size
+    specials = sorted(tok.special_ids)
+    if specials and specials[0] > 0 and specials == list(range(specials[0], specials[0] + len(specials))) \
+            and specials[-1] == tok.vocab_size - 1:
+        return specials[0]
+    return tok.vocab_size

@@ -33,6 +33,8 @@ logger = logging.getLogger("vllm_vcr.http")
 # The vLLM release whose OpenAI API this frontend reproduces (bodies, chunks, errors, /version).
 VLLM_API_VERSION = "0.32.0"
 encode = msgspec.json.encode
+QUEUE_OVERFLOW_MESSAGE = ("The engine is currently busy and cannot accept new requests. "
+                          "Please try again later or on a different instance.")
 
 
 @dataclass
@@ -71,6 +73,8 @@ class ServeSettings:
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     stream_interval: int = 1
+    max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: admission limit (vLLM's 503 beyond)
+    data_parallel_rank: int = 0  # --data-parallel-rank: the first engine's index in /metrics
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
     worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
 
@@ -241,6 +245,18 @@ class ServingBase:
         if hdr:
             return hdr.decode("latin-1")
         return body_id or random_hex(16)  # vLLM 0.32: 16 hex digits
+
+    def admit(self, n: int) -> None:
+        """--max-num-queued-reqs: vLLM's check_admission before a response starts; a request that
+        would take the unfinished requests (n counts n) past the limit gets vLLM's 503."""
+        limit = self.settings.max_num_queued_reqs
+        if limit is None:
+            return
+        if getattr(self.engine, "num_unfinished_requests", 0) + n > limit:
+            record = getattr(self.metrics, "record_admission_rejection", None)
+            if record is not None:
+                record("max_num_queued_reqs")
+            raise HTTPError(503, QUEUE_OVERFLOW_MESSAGE, "Service Unavailable")
 
     def check_token_ids(self, ids: list[int]) -> None:
         if ids:

@@ -289,6 +289,7 @@ class ChatServing(ServingBase):
             echo_text = last or ""
         if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
             await plan_engine_outputs(plan, self.tokenizer, req.seed, engine_reqs)
+        self.admit(len(engine_reqs))
         metrics_arrival(self.metrics, ctx, engine_reqs, req.n, rid)
         try:
             if req.stream:

@@ -137,6 +137,7 @@ class CompletionServing(ServingBase):
             return
         if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
             await plan.plan(self.tokenizer, req.seed, engine_reqs)
+        self.admit(len(engine_reqs))
         metrics_arrival(self.metrics, ctx, engine_reqs, n, rid)
         try:
             if req.stream:

@@ -262,6 +262,7 @@ class PoolingServing(ServingBase):
             pooling_params={"task": self.config.task}, arrival_time=time.time(), lora_request=lora,
             cache_salt=req.cache_salt, data_parallel_rank=dp_rank, priority=int(req.priority),
             external_req_id=rid) for i, ids in enumerate(prompts)]
+        self.admit(len(engine_reqs))
         metrics_arrival(self.metrics, ctx, engine_reqs, 1, rid)
         states = [_Done() for _ in engine_reqs]
         try:

@@ -45,6 +45,8 @@ def _load_metrics(settings: ServeSettings) -> Any:
                            block_size=settings.block_size, num_gpu_blocks=settings.num_gpu_blocks,
                            max_model_len=settings.max_model_len, enable_prefix_caching=settings.enable_prefix_caching,
                            worker_type=settings.worker_type)
+    if settings.data_parallel_rank:
+        metrics.first_engine = settings.data_parallel_rank
     if door.http_series:  # vLLM's registry is prometheus_client's default one: these come with it
         from ..vllm.http_metrics import HttpMetrics, register_process_collectors
 

@@ -4,6 +4,7 @@ under a dest with this prefix, and start-up reports them in one log line."""
 from __future__ import annotations
 
 import argparse
+import json
 
 IGNORED_DEST_PREFIX = "ignored__"
 
@@ -14,5 +15,7 @@ def ignored_flags(args: argparse.Namespace) -> list[str]:
     for key, value in sorted(vars(args).items()):
         if key.startswith(IGNORED_DEST_PREFIX):
             flag = "--" + key[len(IGNORED_DEST_PREFIX):].replace("_", "-")
+            if isinstance(value, (dict, list)):
+                value = json.dumps(value, separators=(",", ":"))
             out.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag}={value}")
     return out

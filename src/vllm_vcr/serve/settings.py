@@ -12,8 +12,8 @@ from pathlib import Path
 from ..engine.config import ConfigError, EngineArgs
 from ..engine_cli import engine_args_from_cli
 from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
-from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer
-from ..frontend.tools.calls import ToolSettings
+from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer, ordinary_vocab_size
+from ..frontend.tools.calls import TOOL_CALL_PARSERS, ToolSettings
 from ..http.serving_base import VLLM_API_VERSION, ServeSettings
 from .ignored_flags import ignored_flags
 
@@ -83,18 +83,6 @@ def _chat_template_source(value: str | None) -> str | None:
                        f"{e.strerror or e}") from None
 
 
-def _ordinary_vocab_size(tok: Tokenizer) -> int:
-    """Random tokens are drawn below the first special token when the specials sit at the end
-    (the embedded tokenizer says exactly which ids are whole characters)."""
-    if tok.random_vocab_size:
-        return tok.random_vocab_size
-    specials = sorted(tok.special_ids)
-    if specials and specials[0] > 0 and specials == list(range(specials[0], specials[0] + len(specials))) \
-            and specials[-1] == tok.vocab_size - 1:
-        return specials[0]
-    return tok.vocab_size
-
-
 def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, EngineArgs, Tokenizer, int, list[str]]:
     """Validate everything the command line says; CLIError names the flag."""
     model = args.model_opt or args.model_tag
@@ -125,15 +113,16 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         engine_count = args.data_parallel_size
     if engine_count < 1:
         raise CLIError(f"--engine-count must be >= 1, got {engine_count}")
-    if getattr(args, "ignored__disable_log_requests", False):
-        args.log_requests = False
+    if getattr(args, "enable_log_requests", None) is not None:  # vLLM's name of --log-requests
+        args.log_requests = bool(args.enable_log_requests)
+    _check_ranges(args)
     eos = tok.eos_token_id
     try:
         engine_args = engine_args_from_cli(
             args,
             advertised_max_model_len=max_model_len,
             model_name=names[0],
-            vocab_size=_ordinary_vocab_size(tok),
+            vocab_size=ordinary_vocab_size(tok),
             eos_token_id=eos,
         )
     except ConfigError as e:
@@ -147,6 +136,7 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         engine_args.enable_chunked_prefill = bool(args.enable_chunked_prefill)
     if getattr(args, "prefix_caching_hash_algo", None) is not None:
         engine_args.prefix_caching_hash_algo = args.prefix_caching_hash_algo
+    _kv_cache_from_bytes(args, engine_args, model_dir)
     # zero-latency bursts only where they are invisible: SSE events of N tokens anyway
     engine_args.max_burst = max(1, int(getattr(args, "stream_interval", 1) or 1))
     try:
@@ -196,8 +186,47 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
         allowed_headers=list(getattr(args, "allowed_headers", None) or ["*"]),
         allow_credentials=bool(getattr(args, "allow_credentials", False)),
         stream_interval=int(getattr(args, "stream_interval", 1) or 1),
+        max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
+        data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
+
+
+# vLLM's types accept any int for these; values the simulator cannot run with fail here, naming the flag
+_AT_LEAST = {"port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1, "stream_interval": 1,
+             "renderer_num_workers": 1, "max_num_queued_reqs": 0, "data_parallel_rank": 0, "data_parallel_size": 1,
+             "kv_cache_memory_bytes": 1}
+
+
+def _check_ranges(args: argparse.Namespace) -> None:
+    for dest, lo in _AT_LEAST.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < lo:
+            raise CLIError(f"--{dest.replace('_', '-')}: must be >= {lo}, got {value}")
+    if getattr(args, "port", 0) > 65535:
+        raise CLIError(f"--port: must be in [0, 65535], got {args.port}")
+
+
+def _kv_cache_from_bytes(args: argparse.Namespace, engine_args: EngineArgs, model_dir: Path | None) -> None:
+    """--kv-cache-memory-bytes: the KV cache holds bytes / (block size x KV bytes per token) blocks,
+    the bytes per token from the model's config.json (else --kv-bytes-per-token); as in vLLM,
+    --num-gpu-blocks-override wins."""
+    total = getattr(args, "kv_cache_memory_bytes", None)
+    if total is None or getattr(args, "num_gpu_blocks_override", None) is not None:
+        return
+    from ..frontend.model_config import kv_bytes_per_token, read_hf_config
+
+    config = read_hf_config(model_dir) if model_dir is not None else None
+    dtype = getattr(args, "kv_cache_dtype", None) or getattr(args, "ignored__kv_cache_dtype", None)
+    per_token = (kv_bytes_per_token(config, dtype) if config else None) or engine_args.kv_bytes_per_token
+    per_block = per_token * engine_args.tokens_per_block
+    blocks = total // per_block
+    if blocks < 1:
+        raise CLIError(f"--kv-cache-memory-bytes {total} holds no KV block of {per_block} bytes "
+                       f"({engine_args.tokens_per_block} tokens x {per_token} bytes)")
+    engine_args.kv_cache_size = blocks
+    logger.info("KV cache: %d blocks of %d tokens from --kv-cache-memory-bytes %d (%d bytes per token)",
+                blocks, engine_args.tokens_per_block, total, per_token)
 
 
 def _tool_settings(args: argparse.Namespace) -> ToolSettings:
@@ -205,6 +234,9 @@ def _tool_settings(args: argparse.Namespace) -> ToolSettings:
     parser = getattr(args, "tool_call_parser", None)
     if enable and parser is None:
         raise CLIError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        raise CLIError(f"--tool-call-parser: invalid tool call parser: {parser} (vllm-vcr simulates "
+                       f"{', '.join(TOOL_CALL_PARSERS)})")
     return ToolSettings(parser, enable, getattr(args, "auto_tool_call_probability", 1.0))
 
 

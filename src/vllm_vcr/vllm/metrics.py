@@ -305,6 +305,7 @@ class FrontendMetrics:
     GET_IGNORES_ACCEPT = True
     http: Any = None  # the http_* series (http_metrics.HttpMetrics), when serve counts them
     tool_parser_invocations: dict[tuple[str, str, str], int] | None = None
+    first_engine = 0  # the `engine` label of engine 0 (serve --data-parallel-rank R: R, R+1, ...)
 
     def __init__(self, model_name: str, engine_count: int = 1, registry: CollectorRegistry | None = None, *,
                  block_size: int = 16, num_gpu_blocks: int | None = None, max_model_len: int = 4096,
@@ -614,7 +615,7 @@ class FrontendMetrics:
         """Yield the prometheus metric families (used by the registered collector)."""
         name = self.model_name
         created = self._created
-        eng_labels = [(name, str(i)) for i in range(len(self._engines))]
+        eng_labels = [(name, str(self.first_engine + i)) for i in range(len(self._engines))]
         engines = list(zip(eng_labels, self._engines))
 
         def gauge(metric, doc, getter, extra_label=None, extra_values=()):
@@ -703,7 +704,7 @@ class FrontendMetrics:
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=[*self._cache_info.keys(), "engine"])
         for i in range(len(self._engines)):
-            info.add_metric([*self._cache_info.values(), str(i)], 1.0)
+            info.add_metric([*self._cache_info.values(), str(self.first_engine + i)], 1.0)
         yield info
 
 

@@ -6,6 +6,9 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from .. import event_loop
 from ..engine.config import ConfigError, EngineArgs
@@ -21,6 +24,9 @@ DEFAULT_HANDSHAKE = "tcp://127.0.0.1:29550"
 # vLLM frontend merges every step's output it finds queued when it gets round to reading: at
 # latency 0, steps 2 ms apart let a frontend that is not overloaded send one token per SSE event.
 DEFAULT_MIN_STEP_TIME_MS = 2.0
+# Without MODEL (or --vocab-size) output ids come from [1000, 2000): ids every real vocabulary has as
+# ordinary text tokens (past the specials and byte pieces at the start), as Dynamo's mocker draws.
+SAFE_TOKEN_RANGE = (1000, 2000)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -37,11 +43,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "play",
         help="be the engine of a real vLLM frontend (engine-core ZMQ protocol)",
+        usage="%(prog)s [MODEL] [options]",
         description=(
             "Connect to a vLLM frontend started with external engines, e.g. "
             "`vllm serve MODEL --data-parallel-size-local 0 --data-parallel-address 127.0.0.1 "
-            "--data-parallel-rpc-port 29550`, and serve its requests from simulated engines."),
+            "--data-parallel-rpc-port 29550`, and serve its requests from simulated engines "
+            "(as `vllm serve MODEL --headless` would)."),
     )
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the served model's directory: output ids are drawn from its vocabulary (config.json, "
+                        "tokenizer files), never its special tokens or EOS, and structured outputs follow its "
+                        "tokenizer. Without it (and without --vocab-size) ids come from 1000-1999, which every "
+                        "vocabulary has")
     w = p.add_argument_group("frontend connection")
     w.add_argument("--handshake-address", default=os.environ.get("MOCK_HANDSHAKE_ADDRESS", DEFAULT_HANDSHAKE),
                    help="the frontend's handshake socket, tcp://HOST:PORT (its --data-parallel-address "
@@ -78,11 +91,70 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def play_engine_args(args: argparse.Namespace, advertised_max_model_len: int) -> EngineArgs:
+class ModelError(ValueError):
+    """MODEL (or --tokenizer) cannot be read: the message names it."""
+
+
+@dataclass
+class Vocabulary:
+    """What output ids may be: [0, vocab_size) without `textless_ids`; EOS as the engine's end token."""
+
+    vocab_size: int
+    eos_token_id: int | None
+    textless_ids: frozenset[int]
+    tokenizer: Any = None  # the model's Tokenizer, when it has tokenizer files
+    source: str = ""
+
+
+def model_vocabulary(model: str | None, tokenizer_dir: str | None, vocab_size: int | None) -> Vocabulary:
+    """The vocabulary of MODEL's directory (its tokenizer files, else config.json's vocab_size and
+    token ids), of --tokenizer, else SAFE_TOKEN_RANGE; --vocab-size overrides the size."""
+    from ..frontend.model_config import read_hf_config
+    from ..frontend.tokenizer import TokenizerError, load_tokenizer, ordinary_vocab_size
+
+    for value, name in ((tokenizer_dir, "--tokenizer"), (model, "MODEL")):
+        if not value:
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            raise ModelError(f"{name}: {value!r} does not exist (play reads the model directory, never downloads)")
+        if path.is_dir() and (path / "tokenizer.json").is_file() or path.name == "tokenizer.json":
+            try:
+                tok = load_tokenizer(path)
+            except (TokenizerError, OSError) as e:
+                raise ModelError(f"{name}: {e}") from None
+            size = vocab_size or ordinary_vocab_size(tok)
+            return Vocabulary(size, tok.eos_token_id, tok.random_text_avoid(size), tok, f"{name} {value}")
+        try:
+            config = read_hf_config(path) if path.is_dir() else None
+        except ValueError as e:
+            raise ModelError(f"{name}: {e}") from None
+        if config and config.get("vocab_size"):
+            ids = [config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
+            flat = {int(i) for v in ids for i in (v if isinstance(v, list) else [v]) if isinstance(i, int)}
+            eos = config.get("eos_token_id")
+            eos = eos[0] if isinstance(eos, list) and eos else eos if isinstance(eos, int) else None
+            return Vocabulary(vocab_size or int(config["vocab_size"]), eos, frozenset(flat),
+                              source=f"{name} {value}/config.json")
+        if name == "MODEL":
+            raise ModelError(f"MODEL: {value!r} has neither tokenizer.json nor config.json")
+    if vocab_size:
+        return Vocabulary(vocab_size, None, frozenset(), source="--vocab-size")
+    low, high = SAFE_TOKEN_RANGE
+    return Vocabulary(high, None, frozenset(range(low)), source="")
+
+
+def play_engine_args(args: argparse.Namespace, advertised_max_model_len: int,
+                     vocabulary: Vocabulary | None = None) -> EngineArgs:
     """The engines' arguments from play's flags (ConfigError names a bad flag)."""
-    return engine_args_from_cli(args, advertised_max_model_len=advertised_max_model_len, engine_id=args.engine_id,
-                                min_step_time=args.min_step_time / 1000.0,
-                                **({"model_name": args.model_name} if args.model_name else {}))
+    extra: dict[str, Any] = {"model_name": args.model_name} if args.model_name else {}
+    if vocabulary is not None:
+        extra.update(vocab_size=vocabulary.vocab_size, eos_token_id=vocabulary.eos_token_id)
+    eargs = engine_args_from_cli(args, advertised_max_model_len=advertised_max_model_len, engine_id=args.engine_id,
+                                 min_step_time=args.min_step_time / 1000.0, **extra)
+    if vocabulary is not None:
+        eargs.vocab_size = vocabulary.vocab_size  # (not --vocab-size alone: MODEL's size, or the safe range)
+    return eargs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,7 +173,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     advertised = args.max_model_len if args.max_model_len > 0 else UNLIMITED_MODEL_LEN
     try:
-        eargs = play_engine_args(args, advertised)
+        vocabulary = model_vocabulary(args.model_tag, args.tokenizer, args.vocab_size)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if vocabulary.source:
+        log.info("output token ids from [0, %d) of %s (EOS %s, %d ids skipped: specials and byte pieces)",
+                 vocabulary.vocab_size, vocabulary.source, vocabulary.eos_token_id, len(vocabulary.textless_ids))
+    else:
+        log.info("no MODEL or --vocab-size: output token ids are drawn from %d-%d, ids every vocabulary has "
+                 "(give the served model's directory as MODEL to draw from its vocabulary)",
+                 SAFE_TOKEN_RANGE[0], SAFE_TOKEN_RANGE[1] - 1)
+    if not args.model_name and args.model_tag:
+        args.model_name = args.model_tag
+    try:
+        eargs = play_engine_args(args, advertised, vocabulary)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,20 +208,15 @@ def run(args: argparse.Namespace) -> int:
         max_loras=args.max_loras,
     )
     factory = None
-    if args.tokenizer:
+    if vocabulary.tokenizer is not None:  # MODEL's or --tokenizer's: structured outputs honoured
         from ..frontend.structured.engine_source import constrained_token_source
-        from ..frontend.tokenizer import TokenizerError, load_tokenizer
 
-        try:
-            factory = constrained_token_source(load_tokenizer(args.tokenizer), eargs.vocab_size)
-        except (TokenizerError, OSError) as e:
-            print(f"error: --tokenizer: {e}", file=sys.stderr)
-            return 2
+        factory = constrained_token_source(vocabulary.tokenizer, eargs.vocab_size)
     server = PlayServer(eargs, handshake_address=args.handshake_address, engine_count=args.engine_count,
                         ready=ready, handshake_timeout=args.handshake_timeout,
                         control_address=args.control_address,
                         control_token=getattr(args, "control_token", None), kv_events=kv_events, pd_args=args,
-                        token_source_factory=factory)
+                        token_source_factory=factory, textless_ids=vocabulary.textless_ids)
     tune_for_serving()
     try:
         return event_loop.run(server.run())

@@ -386,9 +386,10 @@ class PlayServer:
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
                  control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
-                 token_source_factory: Any = None):
+                 token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset()):
         self.args = args
         self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
+        self.textless_ids = textless_ids  # ids random output skips (MODEL's specials, or below the safe range)
         self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
         self.pd_args = pd_args  # the parsed CLI: P/D side channel and bootstrap settings
         self.address = handshake_address
@@ -533,7 +534,7 @@ class PlayServer:
                 eargs.engine_id = self._ready_info(b.rank).instance_id
                 b.attach_core(EngineCore(eargs, engine_index=b.rank, clock=RealClock(), output_sink=b.sink,
                                          token_source_factory=self.token_source_factory, on_idle=collect_while_idle,
-                                         **self.engine_inputs))
+                                         textless_ids=self.textless_ids, **self.engine_inputs))
                 if self.publishers:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
         except Exception:

@@ -24,6 +24,10 @@ _EMPTY_PARAMS = {"type": "object", "properties": {}}
 _USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
+# the --tool-call-parser formats simulated tool calls are written in and parsed from
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic")
+
+
 @dataclass(frozen=True)
 class ToolSettings:
     """--enable-auto-tool-choice, --tool-call-parser and how often "auto" calls a tool."""
