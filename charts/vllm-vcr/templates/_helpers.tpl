@@ -30,6 +30,11 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .role }}
 {{- end }}
 
+{{/* the engine type, checked: vllm or sglang */}}
+{{- define "vllm-vcr.engineType" -}}
+{{- if has .Values.engineType (list "vllm" "sglang") }}{{ .Values.engineType }}{{ else }}{{ fail (printf "engineType must be vllm or sglang, got %q" (toString .Values.engineType)) }}{{ end }}
+{{- end }}
+
 {{- define "vllm-vcr.image" -}}
 {{ printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
 {{- end }}
@@ -58,6 +63,8 @@ app.kubernetes.io/component: {{ .role }}
   value: {{ $role.port | quote }}
 - name: MOCK_PD_ROLE
   value: {{ ternary "both" .role (eq .role "aggregated") | quote }}
+- name: MOCK_ENGINE_TYPE
+  value: {{ include "vllm-vcr.engineType" $root | quote }}
 - name: MOCK_CONTROL_PORT
   value: {{ ternary (toString $root.Values.control.port) "off" $root.Values.control.enabled | quote }}
 {{- range $env, $key := dict "MOCK_TTFT_MS" "timeToFirstTokenMs" "MOCK_TTFT_STDDEV_MS" "timeToFirstTokenStdDevMs" "MOCK_ITL_MS" "interTokenLatencyMs" "MOCK_ITL_STDDEV_MS" "interTokenLatencyStdDevMs" "MOCK_PREFILL_OVERHEAD_MS" "prefillOverheadMs" "MOCK_PREFILL_TIME_PER_TOKEN_MS" "prefillTimePerTokenMs" "MOCK_PREFILL_TIME_STDDEV_MS" "prefillTimeStdDevMs" "MOCK_TIME_FACTOR_UNDER_LOAD" "timeFactorUnderLoad" "MOCK_MAX_NUM_SEQS" "maxNumSeqs" "MOCK_MAX_NUM_BATCHED_TOKENS" "maxNumBatchedTokens" "MOCK_MAX_MODEL_LEN" "maxModelLen" "MOCK_LONG_PREFILL_TOKEN_THRESHOLD" "longPrefillTokenThreshold" "MOCK_SCHEDULING_POLICY" "schedulingPolicy" "MOCK_KV_CACHE_SIZE" "kvCacheSize" "MOCK_TOKENS_PER_BLOCK" "blockSize" "MOCK_FAILURE_INJECTION_RATE" "failureInjectionRate" "MOCK_FAILURE_TYPES" "failureTypes" "MOCK_SEED" "seed" "MOCK_TIME_SCALE" "timeScale" "MOCK_SHUTDOWN_TIMEOUT" "shutdownTimeoutSeconds" "MOCK_ENGINE_COUNT" "dataParallelSize" }}
