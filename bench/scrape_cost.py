@@ -12,7 +12,7 @@ percentiles (ms), requests and tokens served, and the scrapes' own latency.
 usage:
   bench/scrape_cost.py [--workers 2] [--concurrency 8] [--osl 64] [--ttft-ms 50] [--itl-ms 20]
                        [--period 0.05] [--duration 240] [--segment 30] [--engine-type vllm]
-                       [--out result.json]
+                       [--no-parse] [--out result.json]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Arms:
 
     def __init__(self):
         self.scraping = False
-        self.data = {arm: {"ttft": [], "itl": [], "requests": 0, "tokens": 0, "seconds": 0.0} for arm in ("off", "on")}
+        self.data = {arm: {"ttft": [], "itl": [], "requests": 0, "tokens": 0, "seconds": 0.0, "server_cpu_s": 0.0} for arm in ("off", "on")}
         self.scrape_ms: list[float] = []
         self.scrape_errors = 0
 
@@ -110,7 +110,17 @@ async def stream_loop(client: httpx.AsyncClient, url: str, args, arms: Arms, sto
         a["tokens"] += tokens
 
 
-def scraper_process(urls: list[str], period: float, engine_type: str, scraping, stop, results) -> None:
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of the worker processes (from /proc)."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def scraper_process(urls: list[str], period: float, engine_type: str, parse: bool, scraping, stop,
+                    results) -> None:
     """A separate process, as the picker is: every `period` s, while `scraping` is set, GET every
     worker's /metrics and parse it like the picker (Prometheus text). Scrape latencies (ms) and
     errors go to `results` at the end."""
@@ -123,7 +133,9 @@ def scraper_process(urls: list[str], period: float, engine_type: str, scraping, 
         t0 = time.perf_counter()
         try:
             text = (await client.get(url + "/metrics")).text
-            if not any(f.name.startswith(prefix) for f in text_string_to_metric_families(text)):
+            if parse and not any(f.name.startswith(prefix) for f in text_string_to_metric_families(text)):
+                errors += 1
+            elif not parse and prefix not in text:
                 errors += 1
         except httpx.HTTPError:
             errors += 1
@@ -158,15 +170,16 @@ async def run(args) -> dict:
             ctx = multiprocessing.get_context("spawn")
             scraping, scraper_stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
             scraper = ctx.Process(target=scraper_process, daemon=True,
-                                  args=(urls, args.period, args.engine_type, scraping, scraper_stop, results))
+                                  args=(urls, args.period, args.engine_type, args.parse, scraping, scraper_stop, results))
             scraper.start()
             await asyncio.sleep(args.warmup)
             arms.data = Arms().data  # drop the warm-up
             start = time.perf_counter()
             while time.perf_counter() - start < args.duration:
-                seg = time.perf_counter()
+                seg, cpu0 = time.perf_counter(), cpu_seconds([p.pid for p in procs])
                 await asyncio.sleep(min(args.segment, args.duration - (seg - start)))
                 arms.arm()["seconds"] += time.perf_counter() - seg
+                arms.arm()["server_cpu_s"] += cpu_seconds([p.pid for p in procs]) - cpu0
                 arms.scraping = not arms.scraping
                 (scraping.set if arms.scraping else scraping.clear)()
             stop.set()
@@ -182,6 +195,8 @@ async def run(args) -> dict:
                 **{f"ttft_p{q}_ms": round(pct(a["ttft"], q), 2) for q in (50, 90, 99)},
                 **{f"itl_p{q}_ms": round(pct(a["itl"], q), 2) for q in (50, 90, 99)},
                 "itl_mean_ms": round(statistics.fmean(a["itl"]), 3) if a["itl"] else None,
+                "server_cpu_pct_per_worker": round(100 * a["server_cpu_s"] / a["seconds"] / args.workers, 1)
+                if a["seconds"] else None,
             }
         out["scrapes"] = {"count": len(arms.scrape_ms), "errors": arms.scrape_errors,
                           "p50_ms": round(pct(arms.scrape_ms, 50), 2), "p99_ms": round(pct(arms.scrape_ms, 99), 2),
@@ -209,6 +224,9 @@ def main() -> None:
     ap.add_argument("--segment", type=float, default=30, help="seconds per phase before switching")
     ap.add_argument("--warmup", type=float, default=5)
     ap.add_argument("--engine-type", choices=("vllm", "sglang"), default="vllm")
+    ap.add_argument("--no-parse", dest="parse", action="store_false",
+                    help="fetch /metrics without parsing it: on a small machine the Python parser's CPU "
+                         "(~25 ms a scrape) competes with the workers; the picker parses in Go elsewhere")
     ap.add_argument("--out")
     args = ap.parse_args()
     result = asyncio.run(run(args))
@@ -219,7 +237,8 @@ def main() -> None:
     off, on = result["arms"]["off"], result["arms"]["on"]
     print(f"TTFT p50/p99 off {off['ttft_p50_ms']}/{off['ttft_p99_ms']} ms, on {on['ttft_p50_ms']}/{on['ttft_p99_ms']} ms; "
           f"ITL p50/p99 off {off['itl_p50_ms']}/{off['itl_p99_ms']} ms, on {on['itl_p50_ms']}/{on['itl_p99_ms']} ms; "
-          f"{result['scrapes']['count']} scrapes, p50 {result['scrapes']['p50_ms']} ms", file=sys.stderr)
+          f"{result['scrapes']['count']} scrapes, p50 {result['scrapes']['p50_ms']} ms; server CPU/worker "
+          f"off {off['server_cpu_pct_per_worker']} %, on {on['server_cpu_pct_per_worker']} %", file=sys.stderr)
 
 
 if __name__ == "__main__":
