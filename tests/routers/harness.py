@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_vcr.testing.waits import free_port, scaled, wait_http_ok, wait_until
+from vllm_vcr.testing.waits import free_port, scaled, wait_http_ok
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
@@ -27,6 +27,11 @@ SMG = VENV / "bin" / "smg"
 MODEL = "vllm-vcr/sim"
 BLOCK = 16  # serve's default --block-size; vllm-router's --kv-event-block-size default
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+FREE = "<free-port>"  # in a worker's or router's args: a free port, picked again on every (re)start
+
+
+def _ports(args) -> list[str]:
+    return [str(free_port()) if a == FREE else a for a in args]
 
 
 def missing_reason() -> str | None:
@@ -125,43 +130,60 @@ class Fleet:
         self.procs: list[Proc] = []
 
     def worker(self, *args: str, kv_events: bool = False, env: dict[str, str] | None = None) -> Worker:
+        n = sum(isinstance(p, Worker) for p in self.procs)
+        w = Worker(f"worker-{n}", None, self.workdir / f"worker-{n}.log")  # type: ignore[arg-type]
+        w.spec = (args, kv_events, env)
+        self._spawn_worker(w)
+        self.procs.append(w)
+        return w
+
+    def _spawn_worker(self, w: Worker) -> None:
+        args, kv_events, env = w.spec
         port, control = free_port(), free_port()
         cmd = [sys.executable, "-m", "vllm_vcr", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--control-address", f"127.0.0.1:{control}", *args]
-        kv_endpoint = None
+               "--control-address", f"127.0.0.1:{control}", *_ports(args)]
+        w.kv_endpoint = None
         if kv_events:
             pub = free_port()
             # vLLM binds a PUB endpoint only when its host is a wildcard; the router connects to loopback
             cmd += ["--kv-events-config", f'{{"enable_kv_cache_events": true, "endpoint": "tcp://*:{pub}"}}']
-            kv_endpoint = f"tcp://127.0.0.1:{pub}"
-        n = sum(isinstance(p, Worker) for p in self.procs)
-        p = _spawn(f"worker-{n}", cmd, self.workdir / f"worker-{n}.log", env)
-        w = Worker(p.name, p.popen, p.log_path)
-        w.url, w.control, w.kv_endpoint = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control}", kv_endpoint
-        self.procs.append(w)
-        return w
+            w.kv_endpoint = f"tcp://127.0.0.1:{pub}"
+        w.popen = _spawn(w.name, cmd, w.log_path, env).popen
+        w.url, w.control = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{control}"
 
     def ready(self, *workers: Worker) -> None:
         for w in workers:
-            try:
-                wait_http_ok(w.url + "/health", 60, w.exited)
-            except TimeoutError as e:
-                raise TimeoutError(f"{w.name} not ready: {e}\n{w.log()[-3000:]}") from None
+            for attempt in range(3):
+                try:
+                    wait_http_ok(w.url + "/health", 60, w.exited)
+                    break
+                except RuntimeError as e:
+                    # a free port taken by another process before ours bound it: new ports, again
+                    if "already in use" not in str(e) or attempt == 2:
+                        raise
+                    self._spawn_worker(w)
+                except TimeoutError as e:
+                    raise TimeoutError(f"{w.name} not ready: {e}\n{w.log()[-3000:]}") from None
 
     def router(self, binary: Path, *args: str, ready_path: str = "/health") -> "Router":
-        port = free_port()
         name = binary.name
-        cmd = [str(binary), *args, "--host", "127.0.0.1", "--port", str(port)]
         n = sum(isinstance(p, Router) for p in self.procs)
-        p = _spawn(name, cmd, self.workdir / f"{name}-{n}.log")
-        r = Router(p.name, p.popen, p.log_path)
-        r.url = f"http://127.0.0.1:{port}"
-        self.procs.append(r)
-        try:
-            wait_http_ok(r.url + ready_path, 60, r.exited)
-        except TimeoutError as e:
-            raise TimeoutError(f"{name} not ready: {e}\n{r.log()[-3000:]}") from None
-        return r
+        for attempt in range(3):
+            port = free_port()
+            cmd = [str(binary), *_ports(args), "--host", "127.0.0.1", "--port", str(port)]
+            p = _spawn(name, cmd, self.workdir / f"{name}-{n}.log")
+            r = Router(p.name, p.popen, p.log_path)
+            r.url = f"http://127.0.0.1:{port}"
+            self.procs.append(r)
+            try:
+                wait_http_ok(r.url + ready_path, 60, r.exited)
+                return r
+            except RuntimeError as e:
+                if "in use" not in str(e) or attempt == 2:
+                    raise
+            except TimeoutError as e:
+                raise TimeoutError(f"{name} not ready: {e}\n{r.log()[-3000:]}") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         for p in reversed(self.procs):
@@ -181,7 +203,3 @@ class Router(Proc):
 
     def lines(self, needle: str) -> list[str]:
         return [line for line in self.log().splitlines() if needle in line]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    return wait_until(predicate, timeout, what)

@@ -9,7 +9,7 @@ import pytest
 
 from vllm_vcr.testing.waits import free_port, wait_until
 
-from .harness import SMG
+from .harness import FREE, SMG
 
 pytestmark = pytest.mark.routers
 
@@ -17,7 +17,7 @@ SGLANG = ("--engine-type", "sglang", "--time-to-first-token", "0", "--inter-toke
 
 
 def smg(fleet, *args: str):
-    return fleet.router(SMG, "launch", *args, "--prometheus-port", str(free_port()),
+    return fleet.router(SMG, "launch", *args, "--prometheus-port", FREE,
                         "--prometheus-host", "127.0.0.1", "--log-level", "debug", ready_path="/readiness")
 
 
@@ -81,7 +81,7 @@ def test_smg_sglang_pd_bootstrap_flow(fleet):
     boot = free_port()
     kv = ("--kv-bytes-per-token", "100000", "--kv-transfer-bandwidth", "10", "--kv-cache-size", "256")
     prefill = fleet.worker(*SGLANG, "--worker-type", "prefill", "--bootstrap-port", str(boot),
-                           "--side-channel-port", str(free_port()), *kv)
+                           "--side-channel-port", FREE, *kv)
     decode = fleet.worker(*SGLANG, "--worker-type", "decode", *kv)
     fleet.ready(prefill, decode)
     r = smg(fleet, "--pd-disaggregation", "--prefill", prefill.url, str(boot), "--decode", decode.url,

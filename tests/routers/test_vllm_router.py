@@ -11,7 +11,7 @@ import pytest
 
 from vllm_vcr.testing.waits import scaled, wait_until
 
-from .harness import BLOCK, MODEL, VLLM_ROUTER
+from .harness import BLOCK, FREE, MODEL, VLLM_ROUTER
 
 pytestmark = pytest.mark.routers
 
@@ -25,12 +25,7 @@ def words(seed: str, n: int = 40) -> str:
 def router(fleet, workers=(), policy: str | None = None, *args: str):
     urls = ["--worker-urls", *(w.url for w in workers)] if workers else []
     pol = ["--policy", policy] if policy else []
-    return fleet.router(VLLM_ROUTER, *urls, *pol, "--prometheus-port", str(_port()), "--log-level", "debug", *args)
-
-
-def _port() -> int:
-    from vllm_vcr.testing.waits import free_port
-    return free_port()
+    return fleet.router(VLLM_ROUTER, *urls, *pol, "--prometheus-port", FREE, "--log-level", "debug", *args)
 
 
 def test_round_robin_serves_every_worker(fleet):
@@ -128,10 +123,8 @@ def test_power_of_two_sends_work_to_the_idle_worker(fleet):
 
 
 def test_vllm_pd_disaggregation_prefill_then_decode_and_the_prefill_frees_its_kv(fleet, tmp_path):
-    from vllm_vcr.testing.waits import free_port
-
     kv = ("--kv-bytes-per-token", "100000", "--kv-transfer-bandwidth", "10", "--kv-cache-size", "256")
-    prefill = fleet.worker(*FAST, "--worker-type", "prefill", "--side-channel-port", str(free_port()), *kv)
+    prefill = fleet.worker(*FAST, "--worker-type", "prefill", "--side-channel-port", FREE, *kv)
     decode = fleet.worker("--time-to-first-token", "0", "--inter-token-latency", "2", "--worker-type", "decode", *kv)
     fleet.ready(prefill, decode)
     r = router(fleet, (), "round_robin", "--vllm-pd-disaggregation", "--prefill", prefill.url,
