@@ -98,3 +98,51 @@ def test_smg_sglang_pd_bootstrap_flow(fleet):
     chat = r.chat("a chat through the bootstrap flow", max_tokens=3)
     assert chat.status_code == 200, chat.text
     assert prefill.served() == 4 and decode.served() == 4
+
+
+def healthy(r) -> dict[str, bool]:
+    """smg's own view (GET /workers): worker URL -> is_healthy."""
+    return {w["url"]: w["is_healthy"] for w in httpx.get(r.url + "/workers", timeout=10).json()["workers"]}
+
+
+def test_smg_circuit_breaker_opens_and_half_opens_after_recovery(fleet):
+    workers = [fleet.worker(*SGLANG) for _ in range(2)]
+    fleet.ready(*workers)
+    timeout_s = 2
+    r = smg(fleet, "--worker-urls", *(w.url for w in workers), "--policy", "round_robin",
+            "--cb-failure-threshold", "2", "--cb-success-threshold", "1", "--cb-timeout-duration-secs",
+            str(timeout_s), "--cb-window-duration-secs", "60", "--retry-max-retries", "4",
+            "--retry-initial-backoff-ms", "1", "--retry-max-backoff-ms", "5")
+    ready_workers(r, 2)
+    bad, good = workers
+    bad.faults([{"action": "http_error", "error": "unavailable"}])  # every request, until deleted
+    wait_until(lambda: r.complete("trip").status_code == 200 and bad.requests_seen() >= 2, 20,
+               "two failures on the bad worker")
+    seen = bad.requests_seen()
+    for i in range(6):
+        assert r.complete(f"open {i}").status_code == 200
+    assert bad.requests_seen() == seen, "the breaker did not open: the failing worker still gets requests"
+    bad.faults(None)
+    before = bad.stats()["requests_completed"]
+    wait_until(lambda: r.complete("probe").status_code == 200 and bad.stats()["requests_completed"] > before,
+               timeout_s + 20, "the breaker to half-open and let a request through", interval=0.2)
+    for i in range(4):
+        assert r.complete(f"closed {i}").status_code == 200
+    assert bad.stats()["requests_completed"] >= before + 2, "the breaker did not close after the trial"
+
+
+def test_smg_health_checks_drop_a_dead_worker(fleet):
+    workers = [fleet.worker(*SGLANG) for _ in range(2)]
+    fleet.ready(*workers)
+    r = smg(fleet, "--worker-urls", *(w.url for w in workers), "--policy", "round_robin",
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+            "--health-check-timeout-secs", "2")
+    ready_workers(r, 2)
+    dead, alive = workers
+    assert healthy(r) == {dead.url: True, alive.url: True}
+    dead.stop()
+    wait_until(lambda: healthy(r).get(dead.url) is False, 20, "smg to mark the stopped worker unhealthy",
+               interval=0.2)
+    for i in range(4):
+        assert r.complete(f"after {i}").status_code == 200
+    assert alive.stats()["requests_completed"] == 4
