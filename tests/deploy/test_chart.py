@@ -33,6 +33,8 @@ VALUE_SETS = {
     "llm-d": example("llm-d"),
     "disaggregated": example("disaggregated"),
     "replay": example("replay"),
+    "inference-extension": example("inference-extension"),
+    "sglang": {"engineType": "sglang", "inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}},
     "everything-off": {"control": {"enabled": False}, "engine": {"logRequests": True, "extraArgs": ["--mode", "echo"]},
                        "roles": {"aggregated": {"env": [{"name": "MOCK_SEED", "value": "9"}],
                                                 "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}}},
@@ -180,7 +182,41 @@ def test_every_engine_knob_in_values_reaches_the_engine():
         assert getattr(args, attr) == value, key
 
 
+def test_every_engine_pod_is_labelled_with_its_engine_type():
+    """The endpoint picker chooses the metric names it scrapes by the pod's llm-d.ai/engine-type."""
+    for engine_type in ("vllm", "sglang"):
+        for mode in ("aggregated", "disaggregated"):
+            for deployment in kinds(render({"engineType": engine_type, "mode": mode}), "Deployment"):
+                if deployment["metadata"]["name"].endswith("pd-proxy"):
+                    continue
+                labels = deployment["spec"]["template"]["metadata"]["labels"]
+                assert labels["llm-d.ai/engine-type"] == engine_type
+                assert _engine_args(deployment).engine_type == engine_type
+    (deployment,) = kinds(render({}), "Deployment")  # the default is vLLM
+    assert deployment["spec"]["template"]["metadata"]["labels"]["llm-d.ai/engine-type"] == "vllm"
+
+
+def test_inference_extension_example_matches_the_endpoint_picker_values():
+    """deploy/inference-extension/epp-values.yaml (the inferencepool chart's values) selects exactly
+    the pods charts/vllm-vcr/examples/inference-extension.yaml makes, on their port, with their
+    engine type."""
+    epp = yaml.safe_load((ROOT / "deploy" / "inference-extension" / "epp-values.yaml").read_text())
+    docs = render(example("inference-extension"))
+    (deployment,) = kinds(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    pool = epp["inferencePool"]
+    assert pool["modelServers"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert {t["number"] for t in pool["targetPorts"]} <= ports
+    assert pool["modelServerType"] == pod["metadata"]["labels"]["llm-d.ai/engine-type"] == "vllm"
+    assert _engine_args(deployment).block_size == 16
+    assert epp["inferenceExtension"]["metricsDataSource"]["path"] == "/metrics"
+    assert epp["inferenceExtension"]["flags"]["refresh-metrics-interval"] == "50ms"
+
+
 def test_bad_values_fail_with_a_message():
+    with pytest.raises(helm.HelmError, match="engineType must be vllm or sglang"):
+        render({"engineType": "trtllm"})
     with pytest.raises(helm.HelmError, match="mode must be aggregated or disaggregated"):
         render({"mode": "both"})
     with pytest.raises(helm.HelmError, match="endpointPicker.name"):

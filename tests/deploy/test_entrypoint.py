@@ -36,6 +36,7 @@ SAMPLE = {
     "MOCK_SIDE_CHANNEL_PORT": ("5700", "side_channel_port", 5700),
     "MOCK_SHUTDOWN_TIMEOUT": ("25", "shutdown_timeout", 25.0),
     "MOCK_ENGINE_COUNT": ("4", "engine_count", 4),
+    "MOCK_ENGINE_TYPE": ("sglang", "engine_type", "sglang"),
     "MOCK_SEED": ("7", "seed", 7),
     "MOCK_TIME_SCALE": ("10", "time_scale", 10.0),
     "MOCK_RESPONSE_REPLAY_TRACE": ("/tables/r.jsonl", "response_replay_trace", "/tables/r.jsonl"),

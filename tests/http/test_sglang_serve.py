@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import httpx
 import openai
 import pytest
+
+from vllm_vcr.testing.waits import free_port, wait_until
 
 
 @pytest.fixture
@@ -91,3 +94,46 @@ def test_vllm_engine_has_no_sglang_routes(serve_process):
     sp = serve_process("--inter-token-latency", "0")
     assert httpx.post(sp.url + "/generate", json={"text": "x"}).status_code == 404
     assert "vllm:num_requests_running" in httpx.get(sp.url + "/metrics").text
+
+
+def test_models_are_owned_by_sglang(sglang):
+    """Routers (smg) tell an SGLang worker from a vLLM one by the model cards' owner."""
+    cards = httpx.get(sglang.url + "/v1/models", timeout=10).json()["data"]
+    assert {c["owned_by"] for c in cards} == {"sglang"}
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_sglang_bootstrap_fields_run_the_handoff(serve_process, route):
+    """SGLang's P/D: the router sends one request to the prefill and the decode worker at once with
+    top-level bootstrap_host/port/room; the decode side joins the prefill's bootstrap room, pulls,
+    and the prefill side frees the blocks it held. Without the fields the request is a plain one."""
+    boot = free_port()
+    common = ("--engine-type", "sglang", "--time-to-first-token", "0", "--inter-token-latency", "0")
+    prefill = serve_process(*common, "--worker-type", "prefill", "--bootstrap-port", str(boot),
+                            "--side-channel-port", str(free_port()))
+    decode = serve_process(*common, "--worker-type", "decode")
+    text = " ".join(["omega"] * 60)
+    fields = {"bootstrap_host": "127.0.0.1", "bootstrap_port": boot, "bootstrap_room": 2**63 - 7}
+    if route == "/generate":
+        body = {"text": text, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}, **fields}
+    elif route == "/v1/completions":
+        body = {"model": "vllm-vcr/sim", "prompt": text, "max_tokens": 4, "ignore_eos": True, **fields}
+    else:
+        body = {"model": "vllm-vcr/sim", "messages": [{"role": "user", "content": text}], "max_tokens": 4,
+                "ignore_eos": True, **fields}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        d = pool.submit(httpx.post, decode.url + route, json=body, timeout=30)
+        p = pool.submit(httpx.post, prefill.url + route, json=body, timeout=30)
+        assert p.result().status_code == 200, p.result().text
+        assert d.result().status_code == 200, d.result().text
+
+    def kv_free() -> bool:
+        m = httpx.get(prefill.url + "/metrics", timeout=10).text
+        return "sglang:token_usage{" in m and any(
+            line.startswith("sglang:token_usage{") and float(line.rsplit(" ", 1)[1]) == 0.0 for line in m.splitlines())
+
+    wait_until(kv_free, 10, "the prefill worker to free its held blocks after the decode side's pull")
+    # a decode-side request that names a room nobody prefills waits for it: the fields are honoured
+    lonely = {**body, "bootstrap_room": 99}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(decode.url + route, json=lonely, timeout=1.5)

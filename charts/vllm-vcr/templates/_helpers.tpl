@@ -30,6 +30,11 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .role }}
 {{- end }}
 
+{{/* the engine type, checked: vllm or sglang */}}
+{{- define "vllm-vcr.engineType" -}}
+{{- if has .Values.engineType (list "vllm" "sglang") }}{{ .Values.engineType }}{{ else }}{{ fail (printf "engineType must be vllm or sglang, got %q" (toString .Values.engineType)) }}{{ end }}
+{{- end }}
+
 {{- define "vllm-vcr.image" -}}
 {{ printf "%s:%s" .Values.image.repository (toString .Values.image.tag) }}
 {{- end }}
@@ -58,6 +63,8 @@ app.kubernetes.io/component: {{ .role }}
   value: {{ $role.port | quote }}
 - name: MOCK_PD_ROLE
   value: {{ ternary "both" .role (eq .role "aggregated") | quote }}
+- name: MOCK_ENGINE_TYPE
+  value: {{ include "vllm-vcr.engineType" $root | quote }}
 - name: MOCK_CONTROL_PORT
   value: {{ ternary (toString $root.Values.control.port) "off" $root.Values.control.enabled | quote }}
 {{- if and $root.Values.control.enabled $root.Values.control.expose }}

@@ -71,6 +71,7 @@ ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("MOCK_SIDE_CHANNEL_PORT", "--side-channel-port", meaning="KV side-channel base port"),
     EnvFlag("MOCK_SHUTDOWN_TIMEOUT", "--shutdown-timeout", meaning="seconds to drain on SIGTERM (ours)"),
     EnvFlag("MOCK_ENGINE_COUNT", "--engine-count", meaning="DP ranks in this process (ours)"),
+    EnvFlag("MOCK_ENGINE_TYPE", "--engine-type", meaning="vllm or sglang: metric names, routes (ours)"),
     EnvFlag("MOCK_SEED", "--seed", meaning="base seed (ours)"),
     EnvFlag("MOCK_TIME_SCALE", "--time-scale", meaning="divide every delay by this (ours)"),
     EnvFlag("MOCK_RESPONSE_REPLAY_TRACE", "--response-replay-trace", meaning="replay table JSONL (ours)"),

@@ -52,6 +52,19 @@ def output_replay_header(headers: dict[bytes, bytes]) -> str | None:
     return raw.decode("latin-1").strip() or None
 
 
+def sglang_handoff(fields: Any) -> dict[str, Any] | None:
+    """SGLang's P/D request fields as the handoff metadata of `kv_transfer_params`, or None.
+
+    An SGLang router (smg, sgl-model-gateway) sends the same request to a prefill and a decode
+    worker at once, adding top-level `bootstrap_host`, `bootstrap_port` (the prefill worker's
+    bootstrap server) and `bootstrap_room` (a random u64 naming the transfer). The room is the
+    handoff's id. Without a host, a port or a room it is a plain request, as SGLang serves it."""
+    host, port, room = fields.get("bootstrap_host"), fields.get("bootstrap_port"), fields.get("bootstrap_room")
+    if host is None or port is None or room is None:
+        return None
+    return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room, "handoff_id": f"room-{room}"}
+
+
 def build_engine_request(
     *,
     internal_id: str,
@@ -67,7 +80,10 @@ def build_engine_request(
     replay_id: str | None = None,
     lora_request: Any = None,
     arrival_time: float | None = None,
+    sglang_bootstrap: bool = False,
 ) -> EngineCoreRequest:
+    """`sglang_bootstrap`: the worker simulates SGLang, whose requests may carry its P/D fields
+    (`sglang_handoff`)."""
     eos = tokenizer.eos_token_id
     stop_ids = list(req.stop_token_ids or [])
     all_stop = list(stop_ids)
@@ -76,6 +92,8 @@ def build_engine_request(
     extra = dict(req.vllm_xargs) if req.vllm_xargs else {}
     if req.kv_transfer_params:
         extra["kv_transfer_params"] = req.kv_transfer_params
+    elif sglang_bootstrap and (handoff := sglang_handoff(req.model_extra or {})) is not None:
+        extra["kv_transfer_params"] = handoff
     if replay_id is not None:
         extra.setdefault("output_replay_id", replay_id)  # vllm_xargs wins over the header
     logit_bias, allowed_token_ids = token_choice_params(req, tokenizer.vocab_size)

@@ -280,7 +280,7 @@ class ChatServing(ServingBase):
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id, lora_request=self.lora_request(req.model),
-                arrival_time=ctx.arrival))
+                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang"))
         role = (self.settings.response_role if req.add_generation_prompt or not req.messages
                 else req.messages[-1].get("role", "assistant"))
         echo_text = ""

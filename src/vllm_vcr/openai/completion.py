@@ -131,7 +131,7 @@ class CompletionServing(ServingBase):
                     max_tokens=limits[pi], seed=None if req.seed is None else req.seed + j,
                     logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id, lora_request=self.lora_request(req.model),
-                arrival_time=ctx.arrival))
+                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang"))
         if echo_only:
             await self._echo_only(ctx, req, rid, created, model, prompts)
             return

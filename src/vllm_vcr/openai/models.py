@@ -30,7 +30,9 @@ class ModelsServing:
                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
                 "organization": "*", "group": None, "is_blocking": False}
-        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": root,
+        # SGLang's cards say "sglang": routers (smg) tell the engine type by it
+        owner = "sglang" if s.engine_type == "sglang" else "vllm"
+        data = [{"id": name, "object": "model", "created": now, "owned_by": owner, "root": root,
                  "parent": None, "max_model_len": s.max_model_len, "permission": [perm]}
                 for name in s.served_model_names]
         if s.lora_adapters is not None:

@@ -17,6 +17,7 @@ import msgspec
 
 from ..engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from ..frontend.errors import HTTPError
+from ..frontend.generation import sglang_handoff
 from ..http.sse import DONE, SSEWriter, send_bytes
 
 
@@ -37,6 +38,10 @@ class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=False)
     sampling_params: SGLangSamplingParams = msgspec.field(default_factory=SGLangSamplingParams)
     stream: bool = False
     rid: str | None = None
+    # P/D: the prefill worker's bootstrap server and the transfer's room (frontend.generation.sglang_handoff)
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
 
 
 _decode_generate = msgspec.json.Decoder(GenerateRequest).decode
@@ -80,12 +85,14 @@ class SGLangServing:
         sp = req.sampling_params
         eos = self.app.tokenizer.eos_token_id
         stop_ids = list(sp.stop_token_ids or [])
+        handoff = sglang_handoff({"bootstrap_host": req.bootstrap_host, "bootstrap_port": req.bootstrap_port,
+                                  "bootstrap_room": req.bootstrap_room})
         return EngineCoreRequest(
             request_id=rid, prompt_token_ids=ids, arrival_time=time.time(), external_req_id=rid,
             sampling_params=SamplingParams(
                 temperature=sp.temperature, top_p=sp.top_p, top_k=max(sp.top_k, 0), ignore_eos=sp.ignore_eos,
                 max_tokens=sp.max_new_tokens, min_tokens=sp.min_new_tokens, stop_token_ids=stop_ids or None,
-                output_kind=1, eos_token_id=eos,
+                output_kind=1, eos_token_id=eos, extra_args={"kv_transfer_params": handoff} if handoff else None,
                 all_stop_token_ids=stop_ids + ([eos] if eos is not None and not sp.ignore_eos else [])))
 
     async def generate(self, ctx: Any) -> None:
