@@ -74,9 +74,10 @@ class SGLangFrontendMetrics(FrontendMetrics):
                     sum(e.kv_usage for e in engines) / max(len(engines), 1))
         # the KV pool's shape, as SGLang's scheduler exports it (an info gauge: value 1, the facts in
         # labels); the Inference Extension's endpoint picker reads page_size / num_pages from it
+        sched_labels, sched_lv = by_collector[SCHEDULER]
         info = GaugeMetricFamily("sglang:cache_config_info", "Information of the KV cache configuration.",
-                                 labels=[*labels, "page_size", "num_pages"])
-        info.add_metric([*lv, self._cache_info["block_size"], self._cache_info["num_gpu_blocks"]], 1.0)
+                                 labels=[*sched_labels, "page_size", "num_pages"])
+        info.add_metric([*sched_lv, self._cache_info["block_size"], self._cache_info["num_gpu_blocks"]], 1.0)
         yield info
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hits / queries if queries else 0.0)
         yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.", total("prompt_tokens"))
