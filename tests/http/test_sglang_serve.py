@@ -73,6 +73,8 @@ def test_metric_labels_are_sglangs(serve_process, serve_harness, worker_type, en
     tokenizer = {"model_name": "vllm-vcr/sim", "engine_type": engine_type}
     for name, fam in sglang.items():
         want = scheduler if name.removesuffix("_created") in SCHEDULER_SERIES else tokenizer
+        if name == "sglang:cache_config_info":  # the scheduler's KV pool: its shape in labels
+            want = {**scheduler, "page_size": "16", "num_pages": "1024"}
         for sample in fam.samples:
             labels = {k: v for k, v in sample.labels.items() if k != "le"}
             assert labels == want, (name, sample)
