@@ -201,6 +201,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
           help="CORS: JSON list of allowed headers")
     g.add("--allow-credentials", action=argparse.BooleanOptionalAction, default=False,
           help="CORS: allow credentials")
+    add_transport_args(_Group(p, "gRPC engine API and TLS (vLLM's --grpc and --ssl-* flags)"))
     from ..faults.cli_args import add_fault_arguments
 
     add_fault_arguments(p)
@@ -224,6 +225,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     global _PARSER
     _PARSER = p
     return p
+
+
+def add_transport_args(g: _Group) -> None:
+    """How serve listens: vLLM's gRPC server instead of HTTP (--grpc)."""
+    g.add("--grpc", action="store_true",
+          help="serve the VllmEngine gRPC service (smg-grpc-proto) on --port instead of the HTTP API, "
+               "as `vllm serve --grpc`")
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic")

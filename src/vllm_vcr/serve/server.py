@@ -140,6 +140,12 @@ class _ServeCommand:
             if not await self.wait_loading():
                 return self.exit_code
             await self.warm_up()
+            if self.grpc is not None:
+                try:
+                    await self.serve_grpc_until_signal()
+                finally:
+                    await self.drain()
+                return self.exit_code
             server = self.build_server()
             try:
                 await self.serve_until_signal(server)
@@ -166,6 +172,16 @@ class _ServeCommand:
     def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
         """Claim the port at once, so a clash is reported before anything starts."""
         self.host = self.args.host or "0.0.0.0"
+        self.grpc = None
+        if getattr(self.args, "grpc", False):  # vLLM: the gRPC server on --port instead of HTTP
+            from ..grpc.server import GrpcServer
+
+            try:
+                self.grpc = GrpcServer(self.host, self.args.port)
+            except OSError as e:
+                raise CLIError(f"--host/--port: {e}") from None
+            stack.push_async_callback(self.grpc.stop, 0)
+            return
         if self.sock is None:
             try:
                 self.sock = bind_listener(self.host, self.args.port, f"{self.host}:{self.args.port}")
@@ -194,6 +210,7 @@ class _ServeCommand:
             publishers = attach_kv_events(self.engine.engines, self.kv_config)
         except OSError as e:  # the publisher's endpoint cannot be bound
             raise CLIError(f"--kv-events-config: {e}") from None
+        self.kv_publishers = publishers
         for pub in publishers:
             stack.callback(pub.close)
 
@@ -296,14 +313,53 @@ class _ServeCommand:
     async def serve_until_signal(self, server: _Server) -> None:
         await server.serve(sockets=[self.sock])
 
-    def log_ready(self) -> None:
+    async def serve_grpc_until_signal(self) -> None:
+        """`--grpc`: the VllmEngine service on --port until SIGINT/SIGTERM; then the engine drains
+        (as after HTTP's first signal) while the server lets open calls finish."""
+        from ..grpc.servicer import VllmEngineService
+
+        self.stopping = []
+        publishers = getattr(self, "kv_publishers", [])
+        service = VllmEngineService(
+            self.engine, self.tokenizer, self.settings,
+            model_path=self.args.model_opt or self.args.model_tag or self.settings.model_name,
+            max_num_seqs=self.engine_args.config.max_num_seqs,
+            kv_endpoints=[(p.data_parallel_rank, p.endpoint) for p in publishers if getattr(p, "endpoint", None)],
+            kv_topic=self.kv_config.topic if self.kv_config is not None else "", pooling=self.extensions.pooling)
+        self.grpc.add(service, self.engine)
+        await self.grpc.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                logger.info("received %s again: aborting all requests now", sig.name)
+                self.abort_drain()
+                return
+            logger.info("received %s: shutting down", sig.name)
+            self.grpc.health.shutting_down = True
+            stop.set()
+            self.begin_drain()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            self.log_ready(f"grpc://{self.host}:{self.grpc.port}")
+            await stop.wait()
+            await self.grpc.stop(max(float(self.engine_args.shutdown_timeout), 0.0) + 5.0)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def log_ready(self, where: str | None = None) -> None:
         if self.ignored:
             logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
         s, tok = self.settings, self.tokenizer
         logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
-                    "listening on http://%s:%d (ready in %.0f ms)",
+                    "listening on %s (ready in %.0f ms)",
                     ", ".join(s.served_model_names), tok.source, tok.vocab_size, self.engine_count,
-                    s.max_model_len, self.host, self.sock.getsockname()[1], (time.perf_counter() - self.t0) * 1000)
+                    s.max_model_len, where or f"http://{self.host}:{self.sock.getsockname()[1]}",
+                    (time.perf_counter() - self.t0) * 1000)
 
     async def drain(self) -> None:
         """Finish the engines' shutdown: the drain a signal started, or one with the default timeout."""
