@@ -228,10 +228,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_transport_args(g: _Group) -> None:
-    """How serve listens: vLLM's gRPC server instead of HTTP (--grpc)."""
+    """How serve listens: vLLM's gRPC server instead of HTTP (--grpc), HTTPS (--ssl-*)."""
     g.add("--grpc", action="store_true",
           help="serve the VllmEngine gRPC service (smg-grpc-proto) on --port instead of the HTTP API, "
                "as `vllm serve --grpc`")
+    g.add("--ssl-keyfile", default=None, help="HTTPS: the server's private key (PEM)")
+    g.add("--ssl-certfile", default=None, help="HTTPS: the server's certificate chain (PEM)")
+    g.add("--ssl-ca-certs", default=None, help="HTTPS: CA certificates to verify client certificates with")
+    g.add("--ssl-cert-reqs", type=int, default=0,
+          help="HTTPS: whether a client certificate is required (the ssl module's CERT_NONE=0, "
+               "CERT_OPTIONAL=1, CERT_REQUIRED=2)")
+    g.add("--ssl-ciphers", default=None, help="HTTPS: the cipher suites to offer (OpenSSL cipher list)")
+    g.add("--enable-ssl-refresh", dest=_IGN + "enable_ssl_refresh", action="store_true", default=argparse.SUPPRESS,
+          help="accepted and ignored: the certificate files are read once, at start-up")
 
 
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic")

@@ -98,7 +98,7 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=[])
         if self.started and sockets:
             factory = protocol_factory(self)
-            self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
+            self.servers = [BurstAcceptor(sock, factory, ssl=self.config.ssl) for sock in sockets]
         if self.started and self._on_ready is not None:
             self._on_ready()  # "ready" only once connections are taken
 
@@ -158,6 +158,7 @@ class _ServeCommand:
         (self.settings, self.engine_args, self.tokenizer, self.engine_count,
          self.ignored) = build_settings_and_args(self.args)
         self.kv_config = _kv_events_config(self.args)
+        self.tls = _tls_options(self.args)
         self.faults = _fault_controller(self.args, self.settings)
         from .extensions import ServeExtensions  # LoRA, sleep, operator routes, pooling
 
@@ -282,6 +283,7 @@ class _ServeCommand:
             timeout_graceful_shutdown=max(float(self.engine_args.shutdown_timeout), 0.0) + 5.0,
             backlog=BACKLOG,
             proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
+            **self.tls,  # --ssl-*: HTTPS, as vLLM hands them to uvicorn
         )
         self.stopping: list[asyncio.Task] = []
         return _Server(config, self.begin_drain, self.log_ready, self.abort_drain)
@@ -358,7 +360,8 @@ class _ServeCommand:
         logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
                     "listening on %s (ready in %.0f ms)",
                     ", ".join(s.served_model_names), tok.source, tok.vocab_size, self.engine_count,
-                    s.max_model_len, where or f"http://{self.host}:{self.sock.getsockname()[1]}",
+                    s.max_model_len,
+                    where or f"{'https' if self.tls else 'http'}://{self.host}:{self.sock.getsockname()[1]}",
                     (time.perf_counter() - self.t0) * 1000)
 
     async def drain(self) -> None:
@@ -385,6 +388,35 @@ def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> Faul
         raise CLIError(str(e)) from None
     return FaultController(rates, model=settings.model_name, max_model_len=settings.max_model_len,
                            seed=getattr(args, "seed", None))
+
+
+def _tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--ssl-keyfile/--ssl-certfile/--ssl-ca-certs/--ssl-cert-reqs/--ssl-ciphers as uvicorn.Config
+    options (vLLM passes them to uvicorn the same way); {} without a key or certificate. The
+    context is built once here, so a missing file or a bad cipher list is a CLI error before the
+    port opens."""
+    keyfile, certfile = getattr(args, "ssl_keyfile", None), getattr(args, "ssl_certfile", None)
+    if not keyfile and not certfile:
+        return {}
+    if not certfile:
+        raise CLIError("--ssl-certfile: required with --ssl-keyfile")
+    if args.ssl_cert_reqs not in (0, 1, 2):
+        raise CLIError(f"--ssl-cert-reqs: must be 0 (none), 1 (optional) or 2 (required), got {args.ssl_cert_reqs}")
+    import ssl
+
+    from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
+
+    options = {"ssl_keyfile": keyfile, "ssl_certfile": certfile, "ssl_ca_certs": args.ssl_ca_certs,
+               "ssl_cert_reqs": args.ssl_cert_reqs, "ssl_ciphers": args.ssl_ciphers}
+    try:
+        create_ssl_context(certfile, keyfile, None, SSL_PROTOCOL_VERSION, args.ssl_cert_reqs, args.ssl_ca_certs,
+                           args.ssl_ciphers)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        flag = "--ssl-ciphers" if "cipher" in str(e).lower() else (
+            "--ssl-ca-certs" if args.ssl_ca_certs and isinstance(e, OSError) and e.filename == args.ssl_ca_certs
+            else "--ssl-keyfile/--ssl-certfile")
+        raise CLIError(f"{flag}: {getattr(e, 'strerror', None) or e}") from None
+    return options
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:
