@@ -330,3 +330,11 @@ async def test_generate_with_a_bad_json_schema_is_invalid_argument(stub):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await collect(stub.Generate(pb.GenerateRequest(request_id="js", text="x", sampling_params=sp)))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_image_health_check_of_a_grpc_server(server):
+    from vllm_vcr.deploy import healthcheck
+
+    assert healthcheck.serve_transport(["vllm-vcr", "serve", "--grpc", "--port=9"], {}) == ("grpc", "9")
+    assert healthcheck.main(["serve"], words=["vllm-vcr", "serve", "--grpc", "--port", str(server.port)]) == 0
+    assert healthcheck.main(["serve"], words=["vllm-vcr", "serve", "--grpc", "--port", str(free_port())]) == 1

@@ -126,3 +126,16 @@ def test_bad_tls_flags_are_one_line_naming_the_flag(tmp_path, args, flag):
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0] and "error" in lines[0], out.stderr
+
+
+def test_the_image_health_check_asks_over_https(tmp_path, monkeypatch):
+    from vllm_vcr.deploy import healthcheck
+
+    key, cert, _, _ = make_cert(tmp_path, "server")
+    proc = start(tmp_path, "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), verify=cert)
+    try:
+        words = ["vllm-vcr", "serve", "--port", str(proc.port), "--ssl-keyfile", str(key), "--ssl-certfile", str(cert)]
+        assert healthcheck.main(["serve"], words=words) == 0
+        assert healthcheck.main(["serve"], words=[w for w in words if "ssl" not in w and w not in (str(key), str(cert))]) == 1
+    finally:
+        assert proc.stop() == 0
