@@ -248,6 +248,9 @@ async def test_flush_cache_and_its_bad_timeout(stub):
 async def test_profile_calls(stub):
     started = await stub.StartProfile(common_pb2.StartProfileRequest())
     assert started.success and started.message == "Start profiling succeeded"
+    with pytest.raises(grpc.aio.AioRpcError) as again:
+        await stub.StartProfile(common_pb2.StartProfileRequest())
+    assert again.value.code() == grpc.StatusCode.INTERNAL and "already active" in again.value.details()
     stopped = await stub.StopProfile(common_pb2.StopProfileRequest())
     assert stopped.success and stopped.message == "Stop profiling succeeded"
     with pytest.raises(grpc.aio.AioRpcError) as e:

@@ -400,7 +400,11 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
                 f"StartProfile options {', '.join(named)} cannot be set per request on this engine: its "
                 "profiler's directory and options are its launch configuration; send a start with no options")
             return None
-        self._profiling = True  # no torch profiler here: the start is acknowledged, as a profiler that records nothing
+        if self._profiling:  # vLLM's ProfilerAlreadyActiveError, which the servicer reports as a failed start
+            await context.abort(grpc.StatusCode.INTERNAL, "Start profiling failed: A profiling session is already "
+                                "active. Call /stop_profile before starting another session.")
+            return None
+        self._profiling = True  # no torch profiler here: the session is tracked, nothing is recorded
         return common_pb2.ProfileResponse(success=True, message="Start profiling succeeded")
 
     async def StopProfile(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
