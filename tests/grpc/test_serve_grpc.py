@@ -341,3 +341,12 @@ def test_the_image_health_check_of_a_grpc_server(server):
     assert healthcheck.serve_transport(["vllm-vcr", "serve", "--grpc", "--port=9"], {}) == ("grpc", "9")
     assert healthcheck.main(["serve"], words=["vllm-vcr", "serve", "--grpc", "--port", str(server.port)]) == 0
     assert healthcheck.main(["serve"], words=["vllm-vcr", "serve", "--grpc", "--port", str(free_port())]) == 1
+
+
+async def test_generate_stop_token_id(stub):
+    # every token id is a stop token: the first generated one ends the request, as matched_token_id
+    vocab = (await stub.GetModelInfo(pb.GetModelInfoRequest())).vocab_size
+    (reply,) = await collect(stub.Generate(gen("st", [1, 2], max_tokens=5, stop_token_ids=list(range(vocab)))))
+    done = reply.complete
+    assert done.finish_reason == "stop" and done.WhichOneof("matched_stop") == "matched_token_id"
+    assert list(done.output_ids) == [done.matched_token_id]
