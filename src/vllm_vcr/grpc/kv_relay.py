@@ -3,9 +3,9 @@ as smg-grpc-proto KvEventBatch messages, one stream over every DP rank's publish
 servicer relays them: block hashes as the proto's signed 64-bit identity (an integer hash's 64-bit
 pattern, a raw digest's last eight bytes), each store's blocks cut from its flattened token ids.
 
-A subscriber gets the batches published from its subscription on (live events). With a replay
-endpoint configured, `start_sequence_number` > 0 first replays the publisher's buffered batches
-from that sequence (rank 0), as the ZMQ replay socket answers them.
+A subscriber gets the batches published from its subscription on (live events); a
+`start_sequence_number` skips the batches numbered below it (the publisher's replay buffer is
+not read).
 """
 
 from __future__ import annotations

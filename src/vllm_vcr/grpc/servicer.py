@@ -99,14 +99,12 @@ async def _until(source: Any, aborted: asyncio.Event) -> AsyncIterator[Any]:
     """The outputs of `source` until `aborted` is set (then _Aborted)."""
     it = source.__aiter__()
     waiter = asyncio.ensure_future(aborted.wait())
+    nxt: asyncio.Future | None = None
     try:
         while True:
             nxt = asyncio.ensure_future(it.__anext__())
             await asyncio.wait((nxt, waiter), return_when=asyncio.FIRST_COMPLETED)
             if not nxt.done():
-                nxt.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                    await nxt
                 raise _Aborted
             try:
                 out = nxt.result()
@@ -115,6 +113,12 @@ async def _until(source: Any, aborted: asyncio.Event) -> AsyncIterator[Any]:
             yield out
     finally:
         waiter.cancel()
+        # an abort, or the caller cancelled (the client went away) while an output was awaited: the
+        # pending read ends first, so that closing the source afterwards aborts the engine request
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            with contextlib.suppress(BaseException):
+                await nxt
 
 
 class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
