@@ -118,3 +118,28 @@ def test_random_ids_drawn_ahead_on_admission_are_the_ids_drawn_with_the_first_to
     got = ahead.take(1) + ahead.take(100) + [ahead.next_token(0) for _ in range(30)]
     assert got == late.take(131)
     assert not avoid & set(got)
+
+
+def test_stop_ids_covering_the_vocabulary_end_at_the_first_token():
+    """Nothing is left for a random draw that avoids every stop id: the first token stops the
+    request (as any token a model picked would), instead of the draw searching forever."""
+    import asyncio
+
+    from vllm_vcr.engine.async_engine import AsyncEngine
+    from vllm_vcr.engine.config import EngineArgs
+    from vllm_vcr.engine.types import EngineCoreRequest, FinishReason, SamplingParams
+
+    async def run():
+        engine = AsyncEngine(EngineArgs(vocab_size=40))
+        await engine.start()
+        try:
+            sp = SamplingParams(max_tokens=5, stop_token_ids=list(range(40)), output_kind=2)
+            outs = [o async for o in engine.generate(EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2],
+                                                                       sampling_params=sp, arrival_time=0.0))]
+        finally:
+            await engine.stop(0)
+        return outs[-1]
+
+    last = asyncio.run(run())
+    assert last.finish_reason == FinishReason.STOP and len(last.new_token_ids) == 1
+    assert last.stop_reason == last.new_token_ids[0]

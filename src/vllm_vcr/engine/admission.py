@@ -370,8 +370,15 @@ class Admission:
                 src = BiasedTokens(rng, args.vocab_size, self._avoided(self.avoid_tokens, req), req.min_tokens,
                                    sp.logit_bias, sp.allowed_token_ids)
             else:
-                src = RandomTokens(rng, args.vocab_size, self._avoided(self.random_avoid, req))
-                src.draw_ahead()
+                avoid = self._avoided(self.random_avoid, req)
+                if len(avoid) >= args.vocab_size and avoid.issuperset(range(args.vocab_size)):
+                    # every id ends the request (stop_token_ids cover the vocabulary): a model's first
+                    # token does; a RandomTokens would find nothing to draw
+                    src = ScriptedTokens([int(rng.random() * args.vocab_size)], RandomTokens(rng, args.vocab_size,
+                                                                                               frozenset()))
+                else:
+                    src = RandomTokens(rng, args.vocab_size, avoid)
+                    src.draw_ahead()
         if self.reasoning is not None:
             src = ReasoningTokens(src, self.reasoning, req.max_tokens)
         return src

@@ -31,6 +31,21 @@ from .tools.calls import (
 from .tools.formats import ToolCallFormat, get_format
 
 
+def plan_constraint_output(engine_request: Any, constraint: Constraint, seed: int | None, tokenizer: Any) -> None:
+    """A token-in request's constraint: the engine emits the ids of an instance of it (then EOS).
+    An instance that cannot be generated leaves the request unconstrained."""
+    from .planned_output import attach_planned_ids
+
+    try:
+        text = instance_text(constraint, secrets.randbits(32) if seed is None else seed)
+    except InstanceError:
+        return
+    if text is not None:
+        eos = tokenizer.eos_token_id
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        attach_planned_ids(engine_request, ids + ([eos] if eos is not None else []))
+
+
 def instance_text(constraint: Constraint, seed: int) -> str | None:
     """Text satisfying the constraint (InstanceError when none can be generated)."""
     kind = constraint.kind

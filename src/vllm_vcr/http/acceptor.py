@@ -40,6 +40,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger("vllm_vcr.http")
 
@@ -125,8 +126,9 @@ class BurstAcceptor:
     """Stands in for the asyncio Server uvicorn would create on `sock` (it only needs `close()`)."""
 
     def __init__(self, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol],
-                 batch: int = 512) -> None:
+                 batch: int = 512, ssl: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._ssl = ssl  # an ssl.SSLContext: every connection is TLS (a failed handshake is logged)
         self._sock = sock
         self._factory = protocol_factory
         self._batch = batch
@@ -168,7 +170,7 @@ class BurstAcceptor:
             conn.setblocking(False)
             if tcp:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = self._loop.create_task(self._loop.connect_accepted_socket(self._factory, conn))
+            task = self._loop.create_task(self._loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl))
             self._tasks.add(task)
             task.add_done_callback(self._connected)
 

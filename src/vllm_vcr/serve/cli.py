@@ -84,6 +84,14 @@ HONOURED: dict[str, Honoured] = {
     "--allowed-methods": Honoured("CORS: JSON list of allowed methods"),
     "--allowed-headers": Honoured("CORS: JSON list of allowed headers"),
     "--allow-credentials": Honoured("CORS: allow credentials"),
+    "--grpc": Honoured("serve the VllmEngine gRPC service (smg-grpc-proto) on --port instead of the HTTP API "
+                       "(docs/grpc.md)"),
+    "--ssl-keyfile": Honoured("HTTPS: the server's private key (PEM)"),
+    "--ssl-certfile": Honoured("HTTPS: the server's certificate chain (PEM)"),
+    "--ssl-ca-certs": Honoured("HTTPS: CA certificates to verify client certificates with"),
+    "--ssl-cert-reqs": Honoured("HTTPS: whether a client certificate is required (the ssl module's CERT_NONE=0, "
+                                "CERT_OPTIONAL=1, CERT_REQUIRED=2)"),
+    "--ssl-ciphers": Honoured("HTTPS: the cipher suites to offer (OpenSSL cipher list)"),
 }
 # What `serve --help` shows first (then the list of groups).
 FIRST_SCREEN = ("--host", "--port", "--model", "--served-model-name", "--api-key", "--max-model-len",

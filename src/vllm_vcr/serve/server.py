@@ -98,7 +98,7 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=[])
         if self.started and sockets:
             factory = protocol_factory(self)
-            self.servers = [BurstAcceptor(sock, factory) for sock in sockets]
+            self.servers = [BurstAcceptor(sock, factory, ssl=self.config.ssl) for sock in sockets]
         if self.started and self._on_ready is not None:
             self._on_ready()  # "ready" only once connections are taken
 
@@ -140,6 +140,12 @@ class _ServeCommand:
             if not await self.wait_loading():
                 return self.exit_code
             await self.warm_up()
+            if self.grpc is not None:
+                try:
+                    await self.serve_grpc_until_signal()
+                finally:
+                    await self.drain()
+                return self.exit_code
             server = self.build_server()
             try:
                 await self.serve_until_signal(server)
@@ -152,6 +158,7 @@ class _ServeCommand:
         (self.settings, self.engine_args, self.tokenizer, self.engine_count,
          self.ignored) = build_settings_and_args(self.args)
         self.kv_config = _kv_events_config(self.args)
+        self.tls = _tls_options(self.args)
         self.faults = _fault_controller(self.args, self.settings)
         from .extensions import ServeExtensions  # LoRA, sleep, operator routes, pooling
 
@@ -166,6 +173,16 @@ class _ServeCommand:
     def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
         """Claim the port at once, so a clash is reported before anything starts."""
         self.host = self.args.host or "0.0.0.0"
+        self.grpc = None
+        if getattr(self.args, "grpc", False):  # vLLM: the gRPC server on --port instead of HTTP
+            from ..grpc.server import GrpcServer
+
+            try:
+                self.grpc = GrpcServer(self.host, self.args.port)
+            except OSError as e:
+                raise CLIError(f"--host/--port: {e}") from None
+            stack.push_async_callback(self.grpc.stop, 0)
+            return
         if self.sock is None:
             try:
                 self.sock = bind_listener(self.host, self.args.port, f"{self.host}:{self.args.port}")
@@ -194,6 +211,7 @@ class _ServeCommand:
             publishers = attach_kv_events(self.engine.engines, self.kv_config)
         except OSError as e:  # the publisher's endpoint cannot be bound
             raise CLIError(f"--kv-events-config: {e}") from None
+        self.kv_publishers = publishers
         for pub in publishers:
             stack.callback(pub.close)
         self.extensions.kv_event_sources = {  # what each engine tells vLLM's frontend in its handshake
@@ -269,6 +287,7 @@ class _ServeCommand:
             timeout_graceful_shutdown=max(float(self.engine_args.shutdown_timeout), 0.0) + 5.0,
             backlog=BACKLOG,
             proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
+            **self.tls,  # --ssl-*: HTTPS, as vLLM hands them to uvicorn
         )
         self.stopping: list[asyncio.Task] = []
         return _Server(config, self.begin_drain, self.log_ready, self.abort_drain)
@@ -304,14 +323,54 @@ class _ServeCommand:
     async def serve_until_signal(self, server: _Server) -> None:
         await server.serve(sockets=[self.sock])
 
-    def log_ready(self) -> None:
+    async def serve_grpc_until_signal(self) -> None:
+        """`--grpc`: the VllmEngine service on --port until SIGINT/SIGTERM; then the engine drains
+        (as after HTTP's first signal) while the server lets open calls finish."""
+        from ..grpc.servicer import VllmEngineService
+
+        self.stopping = []
+        publishers = getattr(self, "kv_publishers", [])
+        service = VllmEngineService(
+            self.engine, self.tokenizer, self.settings,
+            model_path=self.args.model_opt or self.args.model_tag or self.settings.model_name,
+            max_num_seqs=self.engine_args.config.max_num_seqs,
+            kv_endpoints=[(p.data_parallel_rank, p.endpoint) for p in publishers if getattr(p, "endpoint", None)],
+            kv_topic=self.kv_config.topic if self.kv_config is not None else "", pooling=self.extensions.pooling)
+        self.grpc.add(service, self.engine)
+        await self.grpc.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                logger.info("received %s again: aborting all requests now", sig.name)
+                self.abort_drain()
+                return
+            logger.info("received %s: shutting down", sig.name)
+            self.grpc.health.shutting_down = True
+            stop.set()
+            self.begin_drain()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            self.log_ready(f"grpc://{self.host}:{self.grpc.port}")
+            await stop.wait()
+            await self.grpc.stop(max(float(self.engine_args.shutdown_timeout), 0.0) + 5.0)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def log_ready(self, where: str | None = None) -> None:
         if self.ignored:
             logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
         s, tok = self.settings, self.tokenizer
         logger.info("vllm-vcr serve: model %s, tokenizer %s (vocab %d), %d engine(s), max_model_len %d, "
-                    "listening on http://%s:%d (ready in %.0f ms)",
+                    "listening on %s (ready in %.0f ms)",
                     ", ".join(s.served_model_names), tok.source, tok.vocab_size, self.engine_count,
-                    s.max_model_len, self.host, self.sock.getsockname()[1], (time.perf_counter() - self.t0) * 1000)
+                    s.max_model_len,
+                    where or f"{'https' if self.tls else 'http'}://{self.host}:{self.sock.getsockname()[1]}",
+                    (time.perf_counter() - self.t0) * 1000)
 
     async def drain(self) -> None:
         """Finish the engines' shutdown: the drain a signal started, or one with the default timeout."""
@@ -337,6 +396,35 @@ def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> Faul
         raise CLIError(str(e)) from None
     return FaultController(rates, model=settings.model_name, max_model_len=settings.max_model_len,
                            seed=getattr(args, "seed", None))
+
+
+def _tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--ssl-keyfile/--ssl-certfile/--ssl-ca-certs/--ssl-cert-reqs/--ssl-ciphers as uvicorn.Config
+    options (vLLM passes them to uvicorn the same way); {} without a key or certificate. The
+    context is built once here, so a missing file or a bad cipher list is a CLI error before the
+    port opens."""
+    keyfile, certfile = getattr(args, "ssl_keyfile", None), getattr(args, "ssl_certfile", None)
+    if not keyfile and not certfile:
+        return {}
+    if not certfile:
+        raise CLIError("--ssl-certfile: required with --ssl-keyfile")
+    if args.ssl_cert_reqs not in (0, 1, 2):
+        raise CLIError(f"--ssl-cert-reqs: must be 0 (none), 1 (optional) or 2 (required), got {args.ssl_cert_reqs}")
+    import ssl
+
+    from uvicorn.config import SSL_PROTOCOL_VERSION, create_ssl_context
+
+    options = {"ssl_keyfile": keyfile, "ssl_certfile": certfile, "ssl_ca_certs": args.ssl_ca_certs,
+               "ssl_cert_reqs": args.ssl_cert_reqs, "ssl_ciphers": args.ssl_ciphers}
+    try:
+        create_ssl_context(certfile, keyfile, None, SSL_PROTOCOL_VERSION, args.ssl_cert_reqs, args.ssl_ca_certs,
+                           args.ssl_ciphers)
+    except (OSError, ssl.SSLError, ValueError) as e:
+        flag = "--ssl-ciphers" if "cipher" in str(e).lower() else (
+            "--ssl-ca-certs" if args.ssl_ca_certs and isinstance(e, OSError) and e.filename == args.ssl_ca_certs
+            else "--ssl-keyfile/--ssl-certfile")
+        raise CLIError(f"{flag}: {getattr(e, 'strerror', None) or e}") from None
+    return options
 
 
 def _kv_events_config(args: argparse.Namespace) -> Any:

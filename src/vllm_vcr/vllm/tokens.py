@@ -9,21 +9,18 @@ sampling params is honoured like chat's: the engine emits ids whose text satisfi
 
 from __future__ import annotations
 
-import secrets
 import time
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ..frontend.chat_outputs import instance_text
+from ..frontend.chat_outputs import plan_constraint_output
 from ..frontend.errors import HTTPError
 from ..frontend.generation import OutputStream, SequenceState, build_engine_request, parse_dp_rank, random_hex
-from ..frontend.planned_output import attach_planned_ids
 from ..frontend.protocol import StreamOptions, _Base, stop_list
 from ..frontend.request_checks import check_prompt_tokens, check_sampling
 from ..frontend.structured.constraints import request_constraint
-from ..frontend.structured.instances import InstanceError
 from ..http.serving_base import RequestContext, ServingBase, encode, parse_request
 from ..http.sse import DONE, SSEWriter, send_bytes
 
@@ -88,22 +85,12 @@ class TokensServing(ServingBase):
                                       seed=None if seed is None else seed + j, logprobs=logprobs,
                                       stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank)
             if constraint is not None:
-                self._plan(er, constraint, None if seed is None else seed + j)
+                plan_constraint_output(er, constraint, None if seed is None else seed + j, self.tokenizer)
             engine_reqs.append(er)
         if req.stream:
             await self._stream(ctx, req, rid, states, engine_reqs)
         else:
             await self._full(ctx, req, rid, model, states, engine_reqs)
-
-    def _plan(self, er: Any, constraint: Any, seed: int | None) -> None:
-        try:
-            text = instance_text(constraint, secrets.randbits(32) if seed is None else seed)
-        except InstanceError:
-            return
-        if text is not None:
-            eos = self.tokenizer.eos_token_id
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            attach_planned_ids(er, ids + ([eos] if eos is not None else []))
 
     def _choice(self, i: int, st: SequenceState, text_mode: bool, ids: list[int], finish: str | None,
                 text: str | None) -> dict[str, Any]:
