@@ -63,6 +63,7 @@ def run_hosts(shards: list[list[WorkerPlan]], ports_file: str | None = None) -> 
                 raise
         workers = sum(len(s) for s in shards)
         ready = _wait_ready(children)
+        failed = next((c for c in children if c.poll() is not None), None) if ready is None else None
         if ready is not None:
             if ports_file:
                 write_ports_file(ports_file, ready)
@@ -75,7 +76,14 @@ def run_hosts(shards: list[list[WorkerPlan]], ports_file: str | None = None) -> 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return max(codes) if codes else 0
+    if failed is not None:  # the fleet's status is the failure's, not that of the hosts stopped for it
+        return _status(failed.returncode)
+    # a host the signal reached before it could handle it (still starting) ended by it, as asked
+    return max((0 if -code in (signal.SIGTERM, signal.SIGINT) else _status(code) for code in codes), default=0)
+
+
+def _status(code: int) -> int:
+    return code if code >= 0 else 128 - code
 
 
 def _wait_ready(children: list[subprocess.Popen]) -> list[dict] | None:
@@ -111,4 +119,4 @@ def _wait(child: subprocess.Popen) -> int:
             continue
     if child.stdout is not None:
         child.stdout.close()
-    return code if code >= 0 else 128 - code
+    return code
