@@ -191,6 +191,7 @@ def test_a_worker_that_cannot_start_stops_the_fleet_with_one_line(fleet, tmp_pat
     (["--workers", "3", "--base-port", "65534"], "--base-port: 65534 + 3 workers runs past port 65535"),
     (["--workers", "2", "--max-num-seqs", "0"], "--max-num-seqs"),
     (["--workers", "2", "--kv-events-base-port", "0"], "--kv-events-base-port: 0 is not a base port"),
+    (["--workers", "5", "--control-base-port", "8001"], "--control-base-port: 8001 + 5 workers overlaps"),
 ])
 def test_bad_fleet_command_lines_exit_2(args, message, capsys):
     from vllm_vcr.cli import main

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,7 @@ def load_worker_groups(path: str) -> list[dict[str, Any]]:
 
 
 def plan_workers(fleet: argparse.Namespace, groups: list[dict[str, Any]] | None,
-                 parser: argparse.ArgumentParser | None = None) -> list[WorkerPlan]:
+                 parser: argparse.ArgumentParser | None = None, env: Any = None) -> list[WorkerPlan]:
     """One WorkerPlan per worker: the command line's serve flags, each group's flags over them,
     and the ports the fleet assigns. Raises PlanError (naming the flag or entry)."""
     from ..serve.config_file import mapping_args
@@ -112,7 +113,7 @@ def plan_workers(fleet: argparse.Namespace, groups: list[dict[str, Any]] | None,
             elif ns.model_tag is None:
                 ns.model_tag = fleet.model_tag
             plans.append(WorkerPlan(index, name, ns))
-    _assign_ports(fleet, plans)
+    _assign_ports(fleet, plans, os.environ if env is None else env)
     return plans
 
 
@@ -145,7 +146,14 @@ def _engines(ns: argparse.Namespace) -> int:
     return int(dp) if dp is not None and count == 1 else count
 
 
-def _assign_ports(fleet: argparse.Namespace, plans: list[WorkerPlan]) -> None:
+def _where(plan: WorkerPlan, env: Any) -> str:
+    """The KV-event topic's middle part: <pod ip>:<port>, as llm-d's router subscribes (serve's
+    entrypoint default), else the worker's name."""
+    pod_ip = env.get("POD_IP")
+    return f"{pod_ip}:{plan.args.port}" if pod_ip else plan.name
+
+
+def _assign_ports(fleet: argparse.Namespace, plans: list[WorkerPlan], env: Any) -> None:
     kv_next, fpm_next = fleet.kv_events_base_port, fleet.fpm_base_port
     for value, flag in ((kv_next, "--kv-events-base-port"), (fpm_next, "--fpm-base-port")):
         if value == 0:
@@ -170,7 +178,7 @@ def _assign_ports(fleet: argparse.Namespace, plans: list[WorkerPlan]) -> None:
                 raise PlanError(f"--kv-events-base-port: {fleet.kv_events_base_port} runs past port {MAX_PORT}")
             ns.kv_events_config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                               "endpoint": f"tcp://*:{kv_next}",
-                                              "topic": f"kv@{plan.name}@{ns.model_tag or ''}"})
+                                              "topic": f"kv@{_where(plan, env)}@{ns.model_tag or ''}"})
             kv_next += engines
         if fpm_next is not None and ns.forward_pass_metrics_port is None:
             if fpm_next + engines - 1 > MAX_PORT:
@@ -180,6 +188,10 @@ def _assign_ports(fleet: argparse.Namespace, plans: list[WorkerPlan]) -> None:
     ports = [p.args.port for p in plans if p.args.port]
     if len(set(ports)) != len(ports):
         raise PlanError("--base-port: two workers would share a port")
+    if fleet.control_base_port and fleet.base_port and set(ports) & {
+            fleet.control_base_port + p.index for p in plans}:
+        raise PlanError(f"--control-base-port: {fleet.control_base_port} + {len(plans)} workers overlaps the "
+                        f"workers' ports from --base-port {fleet.base_port}")
 
 
 def shard(plans: list[WorkerPlan], processes: int) -> list[list[WorkerPlan]]:
@@ -192,8 +204,6 @@ def shard(plans: list[WorkerPlan], processes: int) -> list[list[WorkerPlan]]:
 def write_ports_file(path: str, workers: list[dict[str, Any]]) -> None:
     """The ready fleet's workers (name, index, port, control_port, pid) as JSON, by index; written
     whole (to a temporary name, then renamed), so a reader never sees half of it."""
-    import os
-
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"workers": sorted(workers, key=lambda w: w["index"])}, f, indent=1)
