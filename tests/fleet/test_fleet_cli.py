@@ -286,3 +286,84 @@ def test_idle_workers_hold_no_timer_of_their_own():
     few, many = _timers_when_idle(2), _timers_when_idle(8)
     assert few[1] == 4 and many[1] == 16
     assert many[0] == few[0] <= 3, (few, many)
+
+
+def test_sigterm_while_workers_load_stops_every_process(fleet):
+    """--startup-time: the workers are still loading (nothing listens yet) when SIGTERM comes; every
+    host process stops them and the fleet exits 0 without waiting for the loading to end."""
+    f = fleet("--workers", "4", "--processes", "2", "--startup-time", "600")
+    wait_until(lambda: f.log().count("simulating model loading") == 4, scaled(60), "four workers loading")
+    f.proc.send_signal(signal.SIGTERM)
+    assert f.proc.wait(scaled(30)) == 0, f.log()
+    assert not f.ports_file.exists()
+    assert "Traceback" not in f.log()
+
+
+def _free_range(n: int) -> int:
+    """A base port whose n ports are free now on 127.0.0.1 and on all interfaces."""
+    import socket
+
+    from vllm_vcr.testing.waits import free_port
+
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def test_each_worker_publishes_its_own_kv_events_and_forward_pass_metrics(fleet):
+    import msgspec
+    import zmq
+
+    from vllm_vcr.fpm import decode
+    from vllm_vcr.kv_events.events import decode_batch
+
+    kv, fpm = _free_range(3), _free_range(3)
+    f = fleet("--workers", "3", "--processes", "2", "--kv-events-base-port", str(kv), "--fpm-base-port", str(fpm),
+              "--inter-token-latency", "2", "--block-size", "16")
+    workers = f.wait_ready()
+    ctx = zmq.Context()
+    fpm_sub, kv_sub = ctx.socket(zmq.SUB), ctx.socket(zmq.SUB)
+    for sock, port in ((fpm_sub, fpm + 2), (kv_sub, kv + 2)):
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        assert fpm_sub.poll(int(scaled(10) * 1000)), "no idle heartbeat from worker 2's forward-pass metrics"
+        assert decode(fpm_sub.recv_multipart()[2]).step == 0
+        url = f"http://127.0.0.1:{workers[2]['port']}/v1/completions"
+        topic = None
+        for i in range(20):  # until the KV subscription has joined (ZMQ's slow joiner): a new prefix each time
+            httpx.post(url, json={"model": MODEL, "prompt": f"{i} " + "a long shared story " * 20, "max_tokens": 2},
+                       timeout=30).raise_for_status()
+            if kv_sub.poll(500):
+                topic, _seq, payload = kv_sub.recv_multipart()
+                break
+        assert topic == b"kv@worker-2@" + MODEL.encode()
+        assert decode_batch(payload).events
+        steps = []
+        while fpm_sub.poll(int(scaled(5) * 1000)):  # the records of the steps, then an idle heartbeat again
+            rec = decode(fpm_sub.recv_multipart()[2])
+            if rec.step:
+                steps.append(rec)
+            elif steps:
+                break
+        assert steps and msgspec.to_builtins(steps[0])["worker_id"]
+    finally:
+        fpm_sub.close()
+        kv_sub.close()
+        ctx.term()
+    assert f.stop() == 0

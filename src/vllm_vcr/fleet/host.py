@@ -64,6 +64,11 @@ class FleetHost:
 
     async def run(self) -> int:
         t0 = time.perf_counter()
+        levels = {p.args.uvicorn_log_level for p in self.plans} - {None}
+        if len(levels) == 1:  # before any server starts (the control APIs start before the workers' own)
+            from uvicorn.config import LOG_LEVELS
+
+            logging.getLogger("uvicorn.error").setLevel(LOG_LEVELS[levels.pop()])
         loop = asyncio.get_running_loop()
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -75,7 +80,8 @@ class FleetHost:
                           for cmd, p in zip(self.commands, self.plans)]
             failed = await self._wait_ready()
             if failed is not None:
-                self.handle_signal(signal.SIGTERM)
+                if not self.signals:  # (a signal has stopped them already)
+                    self.handle_signal(signal.SIGTERM)
             else:
                 gc.freeze()  # the workers' start-up heap stays out of every later collection
                 logger.info("%d workers ready in %.2f s (ports %s)", len(self.commands), time.perf_counter() - t0,

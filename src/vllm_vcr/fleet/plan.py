@@ -100,7 +100,7 @@ def plan_workers(fleet: argparse.Namespace, groups: list[dict[str, Any]] | None,
             if name in names:
                 raise PlanError(f"--workers-config: two workers are named {name!r}")
             names.add(name)
-            ns = copy.copy(base)
+            ns = copy.deepcopy(base)  # (no list of one worker's flags is another's)
             try:
                 ns = parser.parse_args(argv, namespace=ns)
             except PlanError as e:
@@ -146,6 +146,14 @@ def _engines(ns: argparse.Namespace) -> int:
     return int(dp) if dp is not None and count == 1 else count
 
 
+def _model(ns: argparse.Namespace) -> str:
+    """The model a worker's KV events name: its first served name, else MODEL, else serve's default."""
+    from ..frontend.tokenizer import DEFAULT_MODEL_NAME
+
+    names = ns.served_model_name or [ns.model_opt or ns.model_tag or DEFAULT_MODEL_NAME]
+    return names[0]
+
+
 def _where(plan: WorkerPlan, env: Any) -> str:
     """The KV-event topic's middle part: <pod ip>:<port>, as llm-d's router subscribes (serve's
     entrypoint default), else the worker's name."""
@@ -178,7 +186,7 @@ def _assign_ports(fleet: argparse.Namespace, plans: list[WorkerPlan], env: Any) 
                 raise PlanError(f"--kv-events-base-port: {fleet.kv_events_base_port} runs past port {MAX_PORT}")
             ns.kv_events_config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                               "endpoint": f"tcp://*:{kv_next}",
-                                              "topic": f"kv@{_where(plan, env)}@{ns.model_tag or ''}"})
+                                              "topic": f"kv@{_where(plan, env)}@{_model(ns)}"})
             kv_next += engines
         if fpm_next is not None and ns.forward_pass_metrics_port is None:
             if fpm_next + engines - 1 > MAX_PORT:

@@ -63,7 +63,8 @@ def run_hosts(shards: list[list[WorkerPlan]], ports_file: str | None = None) -> 
                 raise
         workers = sum(len(s) for s in shards)
         ready = _wait_ready(children)
-        failed = next((c for c in children if c.poll() is not None), None) if ready is None else None
+        failed = next((c for c in children if c.poll() is not None), None) \
+            if ready is None and not forwarded else None
         if ready is not None:
             if ports_file:
                 write_ports_file(ports_file, ready)
