@@ -24,14 +24,14 @@ MODEL = "vllm-vcr/sim"
 
 
 class Fleet:
-    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, preexec_fn=None):
         self.ports_file = tmp_path / "ports.json"
         self.log_path = tmp_path / "fleet.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_vcr", "fleet", "--host", "127.0.0.1", "--base-port", "0",
              "--ports-file", str(self.ports_file), *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env(env))
+            stdout=self._log, stderr=subprocess.STDOUT, env=subprocess_env(env), preexec_fn=preexec_fn)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -61,8 +61,8 @@ class Fleet:
 def fleet(tmp_path):
     started: list[Fleet] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> Fleet:
-        f = Fleet(tmp_path, *args, env=env)
+    def start(*args: str, env: dict[str, str] | None = None, preexec_fn=None) -> Fleet:
+        f = Fleet(tmp_path, *args, env=env, preexec_fn=preexec_fn)
         started.append(f)
         return f
 
@@ -367,3 +367,21 @@ def test_each_worker_publishes_its_own_kv_events_and_forward_pass_metrics(fleet)
         kv_sub.close()
         ctx.term()
     assert f.stop() == 0
+
+
+def test_an_open_file_limit_too_low_for_the_workers_stops_the_fleet(fleet):
+    """A host process whose hard open-file limit cannot hold its workers says so and the fleet exits 2."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 200
+    if hard != resource.RLIM_INFINITY and hard < low:
+        pytest.skip("hard limit already below the test's")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, low))
+
+    f = fleet("--workers", "60", "--processes", "2", "--control-base-port", "0", preexec_fn=limit)
+    assert f.proc.wait(scaled(120)) == 2, f.log()
+    assert not f.ports_file.exists()
+    assert re.search(r"open-file limit 200 is below the ~\d+ that 30 workers need in one process", f.log())

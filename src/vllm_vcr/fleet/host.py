@@ -149,11 +149,38 @@ def _port_ranges(ports: list[int]) -> str:
     return ",".join(out)
 
 
+# descriptors a worker holds while idle besides its listening sockets (the engine's wake-up pipe,
+# a control server's, spare for a few client connections)
+FDS_PER_WORKER = 4
+FDS_FOR_THE_PROCESS = 64  # interpreter, tokenizer files, ZMQ context, the parent's pipes
+
+
+def descriptors_needed(plans: list[WorkerPlan]) -> int:
+    """Open files M idle workers need: API and control sockets, one per engine for KV events and for
+    forward-pass metrics, and a margin; client connections come on top."""
+    total = FDS_FOR_THE_PROCESS
+    for p in plans:
+        ns = p.args
+        engines = max(int(getattr(ns, "engine_count", 1) or 1), int(getattr(ns, "data_parallel_size", None) or 1))
+        total += FDS_PER_WORKER + (1 if ns.control_address else 0)
+        total += engines * ((2 if ns.kv_events_config or ns.enable_kv_cache_events else 0)
+                            + (1 if ns.forward_pass_metrics_port is not None else 0))
+    return total
+
+
 def run_host(plans: list[WorkerPlan], on_ready: Any = None) -> int:
     """Host `plans` in this process until a signal (the CLI's fleet with one process, or a child)."""
+    import resource
+
     from .. import event_loop
 
-    prepare_process()
+    prepare_process()  # raises the soft open-file limit as far as the hard one allows
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = descriptors_needed(plans)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        logger.error("open-file limit %d is below the ~%d that %d workers need in one process: raise it "
+                     "(`ulimit -n`, the hard limit too) or use more --processes", soft, need, len(plans))
+        return 2
     return event_loop.run(FleetHost(plans, on_ready=on_ready).run())
 
 
