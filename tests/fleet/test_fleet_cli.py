@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -115,7 +114,7 @@ def test_twenty_workers_in_two_processes_answer_count_and_drain(fleet):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{w['port']}/v1", api_key="x", max_retries=0,
                                timeout=scaled(60))
         try:
-            chunks = list(client.completions.create(model=MODEL, prompt="drain me", max_tokens=40, stream=True,
+            chunks = list(client.completions.create(model=MODEL, prompt="drain me", max_tokens=100, stream=True,
                                                     extra_body={"ignore_eos": True}))
             outcomes[w["name"]] = (chunks[-1].choices[0].finish_reason if chunks[-1].choices else
                                    chunks[-2].choices[0].finish_reason)

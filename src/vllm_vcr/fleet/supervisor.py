@@ -12,7 +12,6 @@ import ctypes
 import ctypes.util
 import json
 import logging
-import os
 import pickle
 import selectors
 import signal
