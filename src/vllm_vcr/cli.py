@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "replay-arrivals": "vllm_vcr.replay.cli",
     "pd-proxy": "vllm_vcr.pd.cli",
     "simulate": "vllm_vcr.simulate.cli",
+    "fleet": "vllm_vcr.fleet.cli",
 }
 
 # top-level module -> the optional extra that installs it (pyproject.toml [project.optional-dependencies];

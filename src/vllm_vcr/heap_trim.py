@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -67,8 +68,40 @@ async def trim_after_busy_periods(cores: Callable[[], Sequence[_Core]], poll_s: 
             trimmed = True
 
 
+class _SharedTrimmer:
+    """The one trimmer of an event loop, over the engines of every server in it (a fleet hosts
+    many in one process: one poll a second in all, not one per server)."""
+
+    def __init__(self) -> None:
+        self.sources: list[Callable[[], Sequence[_Core]]] = []
+        self.task: asyncio.Task | None = None
+
+    def cores(self) -> list[_Core]:
+        return [c for source in self.sources for c in source()]
+
+    def add(self, source: Callable[[], Sequence[_Core]]) -> None:
+        self.sources.append(source)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(trim_after_busy_periods(self.cores), name="heap-trim")
+
+    def remove(self, source: Callable[[], Sequence[_Core]]) -> None:
+        self.sources.remove(source)
+        if not self.sources and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+
+_TRIMMERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedTrimmer] = weakref.WeakKeyDictionary()
+
+
 def start_idle_trimming(stack: contextlib.AsyncExitStack, cores: Callable[[], Sequence[_Core]]) -> None:
-    """Run the trimmer until `stack` closes (nothing where the C library cannot trim)."""
-    if _MALLOC_TRIM is not None:
-        task = asyncio.get_running_loop().create_task(trim_after_busy_periods(cores), name="heap-trim")
-        stack.callback(task.cancel)
+    """Trim while `stack` is open (nothing where the C library cannot trim); the servers of one
+    event loop share one trimmer."""
+    if _MALLOC_TRIM is None:
+        return
+    loop = asyncio.get_running_loop()
+    trimmer = _TRIMMERS.get(loop)
+    if trimmer is None:
+        trimmer = _TRIMMERS[loop] = _SharedTrimmer()
+    trimmer.add(cores)
+    stack.callback(trimmer.remove, cores)

@@ -28,6 +28,7 @@ def example(name: str) -> dict:
     return yaml.safe_load((CHART / "examples" / f"{name}.yaml").read_text())
 
 
+FLEET_WORKERS = "- name: fast\n  count: 3\n- name: sg\n  engine-type: sglang\n  time-to-first-token: 50\n"
 VALUE_SETS = {
     "defaults": {},
     "llm-d": example("llm-d"),
@@ -41,6 +42,9 @@ VALUE_SETS = {
     "control-exposed": {"control": {"expose": True, "token": {"secretName": "sim-control", "secretKey": "tok"}}},
     "kv-events-bind": {"kvEvents": {"enabled": True}, "engine": {"dataParallelSize": 4}, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
                        "replay": {"configMap": {"name": "my-traces"}, "latencyTrace": "cap.jsonl.gz"}},
+    "fleet": {"fleet": {"enabled": True, "workers": 40, "processes": 2}, "kvEvents": {"enabled": True},
+              "engine": {"interTokenLatencyMs": 20}},
+    "fleet-config": {"fleet": {"enabled": True, "workersConfig": FLEET_WORKERS}},
 }
 # CRDs: kubernetes-validate has only the built-in kinds, so these are checked by the fields they must have
 CRD_REQUIRED = {
@@ -88,7 +92,7 @@ def test_every_manifest_matches_the_kubernetes_schema(rendered):
 
 def _container_env(container: dict) -> dict[str, str]:
     """The env a pod sees: fieldRefs resolved, $(VAR) expanded from earlier variables (as kubelet does)."""
-    fields = {"metadata.name": POD_NAME, "status.podIP": POD_IP}
+    fields = {"metadata.name": POD_NAME, "status.podIP": POD_IP, "metadata.namespace": "default"}
     env: dict[str, str] = {}
     for item in container.get("env", []):
         if "valueFrom" in item and "secretKeyRef" in item["valueFrom"]:
@@ -113,6 +117,9 @@ def test_every_engine_pod_starts_with_the_values(rendered):
         if deployment["metadata"]["name"].endswith("pd-proxy"):
             continue
         args = _engine_args(deployment)  # raises SystemExit on a flag the CLI rejects
+        if name.startswith("fleet"):
+            assert args.command == "fleet"
+            continue
         assert args.command == "serve"
         assert args.side_channel_host == POD_IP
 
@@ -248,3 +255,33 @@ def test_the_control_api_stays_in_the_pod_unless_exposed():
     assert env["MOCK_CONTROL_PORT"] == "off" and "MOCK_CONTROL_HOST" not in env and "MOCK_CONTROL_TOKEN" not in env
     assert "control" not in ports and "control" not in service
 
+
+
+def test_a_fleet_per_pod():
+    """fleet.enabled: each pod runs `vllm-vcr fleet`; worker i on 8000 + i, its control API on
+    18000 + i, its KV events on 5556 + i; the pod's name and namespace reach the identity headers."""
+    from vllm_vcr.fleet.cli import _check_fleet_flags
+    from vllm_vcr.fleet.plan import plan_workers
+
+    docs = render(VALUE_SETS["fleet"])
+    (deployment,) = kinds(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = _container_env(container)
+    assert (env["POD_NAME"], env["POD_NAMESPACE"]) == (POD_NAME, "default")
+    args = _engine_args(deployment)
+    assert (args.workers, args.processes, args.base_port, args.inter_token_latency) == (40, 2, 8000, 20.0)
+    assert [p["containerPort"] for p in container["ports"] if 8000 <= p["containerPort"] < 8100] == list(range(8000, 8040))
+    _check_fleet_flags(args)
+    plans = plan_workers(args, None, env=env)
+    assert [p.args.port for p in plans] == list(range(8000, 8040))
+    assert plans[3].args.control_address == "127.0.0.1:18003"
+    assert '"endpoint": "tcp://*:5559"' in plans[3].args.kv_events_config
+
+    docs = render(VALUE_SETS["fleet-config"])
+    (deployment,) = kinds(docs, "Deployment")
+    (cm,) = [d for d in kinds(docs, "ConfigMap") if d["metadata"]["name"].endswith("-fleet")]
+    assert cm["data"]["workers.yaml"] == FLEET_WORKERS
+    args = _engine_args(deployment)
+    assert args.workers is None and args.workers_config == "/etc/vllm-vcr/fleet/workers.yaml"
+    mounts = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "fleet", "mountPath": "/etc/vllm-vcr/fleet", "readOnly": True} in mounts

@@ -47,6 +47,9 @@ SAMPLE = {
     "MOCK_LOG_REQUESTS": ("1", "log_requests", True),
     "MOCK_ENGINE_ID": ("engine-a", "engine_id", "engine-a"),
     "MOCK_HANDSHAKE_ADDRESS": ("tcp://10.0.0.9:5570", "handshake_address", "tcp://10.0.0.9:5570"),
+    "MOCK_FLEET_WORKERS": ("12", "workers", 12),
+    "MOCK_FLEET_PROCESSES": ("3", "processes", 3),
+    "MOCK_FLEET_CONFIG": ("/etc/fleet/workers.yaml", "workers_config", "/etc/fleet/workers.yaml"),
 }
 
 
@@ -168,3 +171,23 @@ def test_the_control_token_stays_out_of_the_command_line_and_the_health_check_se
     assert healthcheck.main(["play"]) == 1  # without the token: 401
     monkeypatch.setenv("MOCK_CONTROL_TOKEN", "s3cret-token")
     assert healthcheck.main(["play"]) == 0
+
+
+def test_fleet_takes_serve_variables_and_numbers_its_ports():
+    env = {"MODEL": "acme/m", "VLLM_PORT": "9000", "MOCK_CONTROL_PORT": "8001", "POD_IP": "10.1.2.3",
+           "MOCK_PD_ROLE": "both", "MOCK_ITL_MS": "7", "MOCK_FLEET_WORKERS": "50", "MOCK_ENABLE_KV_EVENTS": "1",
+           "MOCK_KV_EVENTS_ENDPOINT": "tcp://*:5556", "MOCK_ENGINE_ID": "not-for-a-fleet"}
+    args = parse(build_argv(["fleet"], env))
+    assert (args.command, args.model_tag, args.host, args.base_port, args.workers) == (
+        "fleet", "acme/m", "0.0.0.0", 9000, 50)
+    assert (args.control_base_port, args.control_host, args.kv_events_base_port) == (8001, "127.0.0.1", 5556)
+    assert args.inter_token_latency == 7.0 and args.port is None and args.control_address is None
+    from vllm_vcr.fleet.cli import _check_fleet_flags
+    from vllm_vcr.fleet.plan import plan_workers
+
+    _check_fleet_flags(args)
+    plans = plan_workers(args, None, env=env)
+    assert [p.args.port for p in plans[:2]] == [9000, 9001] and plans[-1].args.control_address == "127.0.0.1:8050"
+    assert json.loads(plans[1].args.kv_events_config)["topic"] == "kv@10.1.2.3:9001@acme/m"
+    with pytest.raises(EntrypointError, match="MOCK_KV_EVENTS_ENDPOINT"):
+        build_argv(["fleet"], {**env, "MOCK_KV_EVENTS_ENDPOINT": "tcp://epp:5557"})

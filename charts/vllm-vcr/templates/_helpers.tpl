@@ -57,6 +57,8 @@ app.kubernetes.io/component: {{ .role }}
   valueFrom: {fieldRef: {fieldPath: metadata.name}}
 - name: POD_IP
   valueFrom: {fieldRef: {fieldPath: status.podIP}}
+- name: POD_NAMESPACE
+  valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
 - name: MODEL
   value: {{ $root.Values.model | quote }}
 - name: VLLM_PORT
@@ -66,7 +68,8 @@ app.kubernetes.io/component: {{ .role }}
 - name: MOCK_ENGINE_TYPE
   value: {{ include "vllm-vcr.engineType" $root | quote }}
 - name: MOCK_CONTROL_PORT
-  value: {{ ternary (toString $root.Values.control.port) "off" $root.Values.control.enabled | quote }}
+  {{- $controlPort := ternary $root.Values.fleet.controlBasePort $root.Values.control.port $root.Values.fleet.enabled }}
+  value: {{ ternary (toString $controlPort) "off" $root.Values.control.enabled | quote }}
 {{- if and $root.Values.control.enabled $root.Values.control.expose }}
 - name: MOCK_CONTROL_HOST
   value: "0.0.0.0"
@@ -110,6 +113,23 @@ app.kubernetes.io/component: {{ .role }}
 {{- end }}
 - name: MOCK_REPLAY_MATCH
   value: {{ .replayMatch | quote }}
+{{- end }}
+{{- with $root.Values.fleet }}
+{{- if .enabled }}
+{{- if ne $root.Values.mode "aggregated" }}{{ fail "fleet.enabled needs mode: aggregated" }}{{ end }}
+{{- if not .workersConfig }}
+- name: MOCK_FLEET_WORKERS
+  value: {{ .workers | toString | quote }}
+{{- end }}
+{{- if .processes }}
+- name: MOCK_FLEET_PROCESSES
+  value: {{ .processes | toString | quote }}
+{{- end }}
+{{- if .workersConfig }}
+- name: MOCK_FLEET_CONFIG
+  value: "/etc/vllm-vcr/fleet/workers.yaml"
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with $role.env }}
 {{ toYaml . }}

@@ -31,6 +31,7 @@ from ..engine.config import ConfigError, EngineConfig
 from ..engine.core import EngineDeadError, LatencyTraceActive
 from ..listen_socket import bind_listener
 from ..log_filter import LogFilterError
+from ..server_ticks import EventServer
 from .schema import (
     STATS_FIELDS,
     ControlError,
@@ -409,7 +410,7 @@ def build_control_app(
     return app
 
 
-class _EmbeddedServer(uvicorn.Server):
+class _EmbeddedServer(EventServer):
     @contextlib.contextmanager
     def capture_signals(self):
         # The owning command (serve/play) handles SIGINT/SIGTERM and stops us; uvicorn must not

@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 
 from ..engine_cli import control_address_from_env
 
-SERVE, PLAY = "serve", "play"
+SERVE, PLAY, FLEET = "serve", "play", "fleet"
 BOTH = (SERVE, PLAY)
 DEFAULT_KV_EVENTS_ENDPOINT = "tcp://*:5556"  # the Rust image's default (its binary says 5557)
 DEFAULT_HANDSHAKE_PORT = 29550
@@ -82,6 +82,9 @@ ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("MOCK_LOG_REQUESTS", "--log-requests", switch=True, meaning="1: log every request"),
     EnvFlag("MOCK_ENGINE_ID", "--engine-id", (PLAY,), meaning="instance id (POD_NAME wins)"),
     EnvFlag("MOCK_HANDSHAKE_ADDRESS", "--handshake-address", (PLAY,), meaning="frontend handshake (ours)"),
+    EnvFlag("MOCK_FLEET_WORKERS", "--workers", (FLEET,), meaning="fleet: workers in the pod (ours)"),
+    EnvFlag("MOCK_FLEET_PROCESSES", "--processes", (FLEET,), meaning="fleet: host processes (ours)"),
+    EnvFlag("MOCK_FLEET_CONFIG", "--workers-config", (FLEET,), meaning="fleet: YAML file of workers (ours)"),
 )
 
 # The Rust image's KV-transfer knobs: no counterpart in this engine's KV link model.
@@ -145,9 +148,36 @@ def kv_events_config(env: Mapping[str, str]) -> str | None:
                        "topic": topic})
 
 
+def _fleet_flags(env: Mapping[str, str]) -> list[str]:
+    """A fleet in the pod: worker i on VLLM_PORT + i, its control API on MOCK_CONTROL_PORT + i, its
+    KV events on the endpoint's port + i (each worker publishes its own topic)."""
+    out = ["--base-port", default_port(env)]
+    port = _get(env, "MOCK_CONTROL_PORT")
+    if port is not None and port.lower() != "off":
+        if not (port.isdigit() and 0 < int(port) < 65536):
+            raise EntrypointError(f"MOCK_CONTROL_PORT must be a port number or 'off', got {port!r}")
+        out += ["--control-base-port", port, "--control-host", _get(env, "MOCK_CONTROL_HOST") or "127.0.0.1"]
+    if _truthy(env.get("MOCK_ENABLE_KV_EVENTS", "0")):
+        endpoint = _get(env, "MOCK_KV_EVENTS_ENDPOINT") or DEFAULT_KV_EVENTS_ENDPOINT
+        host, _, kv_port = endpoint.rpartition(":")
+        if not (host.endswith("*") and kv_port.isdigit()):
+            raise EntrypointError(f"MOCK_KV_EVENTS_ENDPOINT: a fleet binds one port per worker, so it must be "
+                                  f"tcp://*:PORT, got {endpoint!r}")
+        out += ["--kv-events-base-port", kv_port]
+    return out
+
+
 def _derived_flags(command: str, env: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     model = _get(env, "MODEL")
+    if command == FLEET:
+        if model:
+            out.append(model)
+        out += ["--host", _get(env, "VLLM_HOST") or "0.0.0.0", *_fleet_flags(env)]
+        max_len = _get(env, "MOCK_MAX_MODEL_LEN")
+        if max_len and max_len != "0":
+            out += ["--max-model-len", max_len]
+        return out
     if command == SERVE:
         if model:
             out.append(model)
@@ -184,12 +214,14 @@ def build_argv(args: list[str], env: Mapping[str, str], warn: Callable[[str], No
     command = args[0] if args and not args[0].startswith("-") else SERVE
     rest = args[1:] if args and not args[0].startswith("-") else list(args)
     argv = [command]
-    if command in BOTH:
+    if command in BOTH or command == FLEET:
         argv += _derived_flags(command, env)
         overridden = {"MOCK_ENGINE_ID"} if _get(env, "POD_NAME") else set()  # POD_NAME is the engine id
+        # a fleet's workers take serve's flags
+        takes = (SERVE, FLEET) if command == FLEET else (command,)
         for item in ENV_FLAGS:
             value = _get(env, item.env)
-            if value is not None and command in item.commands and item.env not in overridden:
+            if value is not None and any(c in item.commands for c in takes) and item.env not in overridden:
                 argv += item.argv(value)
         for name, why in UNSUPPORTED.items():
             if _get(env, name) is not None:

@@ -35,6 +35,11 @@ def config_file_args(path: str, has_flag: Any) -> list[str]:
         return []
     if not isinstance(config, dict):
         raise ConfigFileError(f"The config file at {path} must be a mapping of flag names to values")
+    return mapping_args(config, has_flag)
+
+
+def mapping_args(config: dict, has_flag: Any) -> list[str]:
+    """The flags a mapping of `key: value` stands for (the rules above)."""
     out: list[str] = []
     for key, value in config.items():
         flag = "--" + str(key)

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,6 +52,7 @@ from .app import build_app  # noqa: E402
 from .loading import simulate_loading  # noqa: E402
 from .settings import CLIError, build_settings_and_args  # noqa: E402
 from .warmup import warm_up  # noqa: E402
+from ..server_ticks import EventServer  # noqa: E402
 
 logger = logging.getLogger("vllm_vcr.serve")
 
@@ -62,14 +64,17 @@ BACKLOG = 2048
 FORCE_EXIT_GRACE = 1.0
 
 
-class _Server(uvicorn.Server):
+class _Server(EventServer):
     """uvicorn, with our own signal handling: the first signal starts the engine shutdown
     (drain up to --shutdown-timeout, then abort) next to uvicorn's; a second one (SIGTERM or
     SIGINT) aborts every request in flight and stops waiting for connections, as `play` does.
-    No signal is re-raised, so the process exits 0."""
+    No signal is re-raised, so the process exits 0. Without `own_signals` (many servers in one
+    process: a fleet) the process's owner calls `handle_exit` instead."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None, on_force_exit: Any = None):
+    def __init__(self, config: uvicorn.Config, on_exit: Any, on_ready: Any = None, on_force_exit: Any = None,
+                 own_signals: bool = True):
         super().__init__(config)
+        self._own_signals = own_signals
         self._on_exit = on_exit
         self._on_ready = on_ready
         self._on_force_exit = on_force_exit
@@ -78,6 +83,9 @@ class _Server(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self):
+        if not self._own_signals:
+            yield
+            return
         loop = asyncio.get_running_loop()
         sigs = (signal.SIGINT, signal.SIGTERM)
         installed = []
@@ -106,11 +114,13 @@ class _Server(uvicorn.Server):
         name = signal.Signals(sig).name if sig else "exit"
         if not self._exit_started:
             self._exit_started = True
-            logger.info("received %s: shutting down", name)
+            # (a fleet's host says it once for all its workers)
+            logger.log(logging.INFO if self._own_signals else logging.DEBUG, "received %s: shutting down", name)
             self._on_exit()
         elif not self._force_started:
             self._force_started = True
-            logger.info("received %s again: aborting all requests now", name)
+            logger.log(logging.INFO if self._own_signals else logging.DEBUG,
+                       "received %s again: aborting all requests now", name)
             if self._on_force_exit is not None:
                 self._on_force_exit()
             # the aborted streams end on their own; a connection that does not is not waited for long
@@ -118,14 +128,46 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+@dataclass
+class Hosting:
+    """How a server is hosted: alone in its process (serve), or one of many workers in one event
+    loop (fleet), which share tokenizers and leave signals to the process's owner."""
+
+    own_signals: bool = True
+    # (tokenizer source, chat template, renderer threads) -> Tokenizer, shared by the servers of a process
+    tokenizers: dict | None = None
+    # extra response headers (name, value): the pod's and worker's identity
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    log_ready: bool = True
+    # tokenizers warmed up already (ids): first-use work is the process's, done once per tokenizer
+    warmed: set | None = None
+
+
+def identity_headers(env: Any, worker: str | None = None) -> list[tuple[str, str]]:
+    """The headers naming who answered: POD_NAME / POD_NAMESPACE as llm-d-inference-sim sets
+    them (x-inference-pod, x-inference-namespace), and a fleet's worker name."""
+    out = []
+    if env.get("POD_NAME"):
+        out.append(("x-inference-pod", env["POD_NAME"]))
+    if env.get("POD_NAMESPACE"):
+        out.append(("x-inference-namespace", env["POD_NAMESPACE"]))
+    if worker is not None:
+        out.append(("x-inference-worker", worker))
+    return out
+
+
 class _ServeCommand:
     """One run of `vllm-vcr serve`; the phases in the order `run` calls them."""
 
-    def __init__(self, args: argparse.Namespace, sock: socket.socket | None) -> None:
+    def __init__(self, args: argparse.Namespace, sock: socket.socket | None, hosting: Hosting | None = None) -> None:
         self.args = args
         self.sock = sock
+        self.hosting = hosting if hosting is not None else Hosting(headers=identity_headers(os.environ))
         self.t0 = time.perf_counter()
         self.exit_code = 0
+        self.server: _Server | None = None
+        self.control: Any = None  # the control API's server, when it runs
+        self.ready = asyncio.Event()  # set once the port takes connections
 
     async def run(self) -> int:
         self.load()
@@ -146,7 +188,7 @@ class _ServeCommand:
                 finally:
                     await self.drain()
                 return self.exit_code
-            server = self.build_server()
+            server = self.server = self.build_server()
             try:
                 await self.serve_until_signal(server)
             finally:
@@ -156,7 +198,7 @@ class _ServeCommand:
     def load(self) -> None:
         """Flags, tokenizer, chat template, engine arguments: every CLIError before any socket."""
         (self.settings, self.engine_args, self.tokenizer, self.engine_count,
-         self.ignored) = build_settings_and_args(self.args)
+         self.ignored) = build_settings_and_args(self.args, tokenizers=self.hosting.tokenizers)
         self.kv_config = _kv_events_config(self.args)
         self.tls = _tls_options(self.args)
         self.faults = _fault_controller(self.args, self.settings)
@@ -256,6 +298,7 @@ class _ServeCommand:
         except (OSError, ValueError, RuntimeError) as e:  # bad address, port taken, server failed
             raise CLIError(f"--control-address: {e}") from None
         stack.push_async_callback(control.stop)
+        self.control = control
         from ..control.loras import add_lora_route
 
         add_lora_route(control.app, self.extensions.lora_report)
@@ -288,9 +331,10 @@ class _ServeCommand:
             backlog=BACKLOG,
             proxy_headers=False,  # no X-Forwarded-* rewriting: one middleware less per request
             **self.tls,  # --ssl-*: HTTPS, as vLLM hands them to uvicorn
+            headers=list(self.hosting.headers),
         )
         self.stopping: list[asyncio.Task] = []
-        return _Server(config, self.begin_drain, self.log_ready, self.abort_drain)
+        return _Server(config, self.begin_drain, self.log_ready, self.abort_drain, own_signals=self.hosting.own_signals)
 
     def begin_drain(self) -> None:
         # the first signal: drain/abort the engines while uvicorn stops accepting and waits for open streams
@@ -305,7 +349,7 @@ class _ServeCommand:
         it is over; False when the process must end instead (a loading failure: exit 1; a signal: 0)."""
         if not (self.engine_args.startup_time > 0 or self.engine_args.startup_failure):
             return True
-        stopped = await simulate_loading(self.engine, self.engine_args.startup_time)
+        stopped = await simulate_loading(self.engine, self.engine_args.startup_time, self.hosting.own_signals)
         if stopped is None:
             return True
         self.exit_code = stopped
@@ -313,6 +357,11 @@ class _ServeCommand:
 
     async def warm_up(self) -> None:
         """First-use work done before the port listens (warmup.py): nothing of it is counted."""
+        warmed = self.hosting.warmed
+        if warmed is not None:
+            if id(self.tokenizer) in warmed:
+                return
+            warmed.add(id(self.tokenizer))
         took = await warm_up(self.engine_args, self.tokenizer, self.settings)
         logger.info("warmed up in %.0f ms", took * 1000)
         if self.settings.trust_request_chat_template:  # request templates render in worker processes
@@ -362,6 +411,9 @@ class _ServeCommand:
                 loop.remove_signal_handler(sig)
 
     def log_ready(self, where: str | None = None) -> None:
+        self.ready.set()
+        if not self.hosting.log_ready:
+            return
         if self.ignored:
             logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
         s, tok = self.settings, self.tokenizer
@@ -382,6 +434,9 @@ class _ServeCommand:
 async def serve(args: argparse.Namespace, *, sock: socket.socket | None = None) -> int:
     """Run `vllm-vcr serve` in the current event loop until a signal (or `should_exit`)."""
     return await _ServeCommand(args, sock).run()
+
+
+ServeCommand = _ServeCommand  # one server of a fleet (fleet/host.py) is one serve command, hosted
 
 
 def _close_quietly(sock: socket.socket) -> None:
@@ -443,8 +498,14 @@ def _kv_events_config(args: argparse.Namespace) -> Any:
 SWITCH_INTERVAL_S = 0.001
 
 
-def run_server(args: argparse.Namespace) -> int:
+def prepare_process() -> None:
+    """What a serving process sets once, for all the servers it will host: open-file limit,
+    garbage collector, the interpreter's switch interval."""
     prepare_for_many_connections()
     tune_for_serving()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    prepare_process()
     return event_loop.run(serve(args))

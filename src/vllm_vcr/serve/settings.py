@@ -83,8 +83,24 @@ def _chat_template_source(value: str | None) -> str | None:
                        f"{e.strerror or e}") from None
 
 
-def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, EngineArgs, Tokenizer, int, list[str]]:
-    """Validate everything the command line says; CLIError names the flag."""
+def _tokenizer(model: str | None, tokenizer: str | None, template: str | None, workers: int) -> Tokenizer:
+    tok = resolve_tokenizer(model, tokenizer)
+    tok.use_worker_threads(workers)
+    if template is not None:
+        from ..frontend.chat_template import ChatTemplate, ChatTemplateError
+
+        try:
+            tok.chat_template = ChatTemplate(template)
+        except ChatTemplateError as e:
+            raise CLIError(f"--chat-template: {e}") from None
+    return tok
+
+
+def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = None,
+                            ) -> tuple[ServeSettings, EngineArgs, Tokenizer, int, list[str]]:
+    """Validate everything the command line says; CLIError names the flag. `tokenizers` (a dict
+    the caller keeps) shares one tokenizer, its caches and chat template among the servers of a
+    process that load the same files with the same template."""
     model = args.model_opt or args.model_tag
     if args.model_opt and args.model_tag and args.model_opt != args.model_tag:
         raise CLIError(f"MODEL {args.model_tag!r} and --model {args.model_opt!r} disagree")
@@ -98,16 +114,15 @@ def build_settings_and_args(args: argparse.Namespace) -> tuple[ServeSettings, En
     except ModelConfigError as e:
         raise CLIError(str(e)) from None
     args.max_model_len = max_model_len  # the engine's arrival check uses it too
-    tok = resolve_tokenizer(str(model_dir) if model_dir is not None else model, args.tokenizer)
-    tok.use_worker_threads(int(getattr(args, "renderer_num_workers", 1) or 1))
+    source = str(model_dir) if model_dir is not None else model
     template = _chat_template_source(args.chat_template)
-    if template is not None:
-        from ..frontend.chat_template import ChatTemplate, ChatTemplateError
-
-        try:
-            tok.chat_template = ChatTemplate(template)
-        except ChatTemplateError as e:
-            raise CLIError(f"--chat-template: {e}") from None
+    workers = int(getattr(args, "renderer_num_workers", 1) or 1)
+    key = (source, args.tokenizer, template, workers)
+    tok = tokenizers.get(key) if tokenizers is not None else None
+    if tok is None:
+        tok = _tokenizer(source, args.tokenizer, template, workers)
+        if tokenizers is not None:
+            tokenizers[key] = tok
     engine_count = args.engine_count
     if args.data_parallel_size is not None and engine_count == 1:
         engine_count = args.data_parallel_size

@@ -1,0 +1,1 @@
+"""`vllm-vcr fleet`: many mock workers in a few processes."""
