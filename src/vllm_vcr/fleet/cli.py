@@ -21,17 +21,6 @@ from ..cli_types import port_number, positive_int
 DEFAULT_BASE_PORT = 8000
 
 
-class _Here:
-    """serve/cli.py's `add_parser(subparsers)` called with this puts serve's flags on the fleet's
-    parser: one table of serve flags, read by both commands."""
-
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
-
-    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return self.parser
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "fleet", help="run many mock workers (each a `serve`) in a few processes",
@@ -62,9 +51,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="worker i publishes forward-pass metrics from FPM_BASE_PORT + its offset (one port per engine)")
     g.add_argument("--ports-file", default=None, metavar="FILE.json",
                    help="once every worker listens, write their names, ports and control ports here (JSON)")
-    from ..serve.cli import add_parser as add_serve_parser
+    from ..serve.cli import add_arguments as add_serve_arguments
 
-    add_serve_parser(_Here(p))  # serve's flags, for every worker
+    add_serve_arguments(p)  # serve's flags, for every worker: one table, read by both commands
     p.set_defaults(_fleet_parser=p, port=None)
     return p
 
@@ -104,6 +93,12 @@ def _check_fleet_flags(args: argparse.Namespace) -> None:
         raise PlanError("--port: a fleet numbers its workers' ports from --base-port")
     if args.config is not None:
         raise PlanError("--config: a fleet reads its workers from --workers-config")
+    from ..serve.settings import CLIError, check_ranges
+
+    try:
+        check_ranges(args)  # serve's own range checks, before any host process starts
+    except CLIError as e:
+        raise PlanError(str(e)) from None
     # serve's --control-address (or MOCK_CONTROL_ADDRESS) would be one address for all: a fleet
     # gives each worker its own with --control-base-port, or sets it per worker in the YAML file
     args.control_address_for_all = None

@@ -123,6 +123,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "Accepts every option of `vllm serve` (0.32, 0.33); those that only concern GPUs or "
                     "model weights are accepted and ignored.",
         first_screen=FIRST_SCREEN)
+    add_arguments(p)
+    global _PARSER
+    _PARSER = p
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """serve's arguments (MODEL, its own flags, every `vllm serve` option) on `p`: serve's parser,
+    or `fleet`'s, whose workers take the same flags."""
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="model name, or a local directory with tokenizer.json (served under this name)")
     add_engine_args(p)
@@ -143,9 +152,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         if action.help is None and action.option_strings and action.default is not None:
             action.help = "(default: %(default)s)"
     p.set_defaults(_serve_parser=p)
-    global _PARSER
-    _PARSER = p
-    return p
 
 
 _PARSER: argparse.ArgumentParser | None = None

@@ -130,7 +130,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         raise CLIError(f"--engine-count must be >= 1, got {engine_count}")
     if getattr(args, "enable_log_requests", None) is not None:  # vLLM's name of --log-requests
         args.log_requests = bool(args.enable_log_requests)
-    _check_ranges(args)
+    check_ranges(args)
     eos = tok.eos_token_id
     try:
         engine_args = engine_args_from_cli(
@@ -213,12 +213,13 @@ _AT_LEAST = {"port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_s
              "kv_cache_memory_bytes": 1}
 
 
-def _check_ranges(args: argparse.Namespace) -> None:
+def check_ranges(args: argparse.Namespace) -> None:
+    """Values vLLM's types accept and the simulator cannot run with: CLIError naming the flag."""
     for dest, lo in _AT_LEAST.items():
         value = getattr(args, dest, None)
         if value is not None and value < lo:
             raise CLIError(f"--{dest.replace('_', '-')}: must be >= {lo}, got {value}")
-    if getattr(args, "port", 0) > 65535:
+    if (getattr(args, "port", 0) or 0) > 65535:
         raise CLIError(f"--port: must be in [0, 65535], got {args.port}")
 
 
