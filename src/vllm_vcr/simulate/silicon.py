@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
-from ..perf.catalog import package_root, resolve_model
+from ..perf.catalog import bundled_models, package_root, resolve_model
+from ..perf.checkpoint import kv_cache_directive
 from ..perf.errors import PerfModelError
 from ..perf.qk_norm import bundled_config
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
@@ -117,12 +118,38 @@ class SiliconRow:
         """Whether the row's engine overlapped its host work with the GPU (silicon_harness.py)."""
         return async_scheduling(self.server, self.backend_version)
 
+    @property
+    def checkpoint(self) -> str:
+        """The checkpoint the row's server loaded, where the estimator bundles its config: an
+        `nvfp4` row of a model whose own checkpoint is not NVFP4 served NVIDIA's ModelOpt
+        checkpoint (`nvidia/<name>-NVFP4`; InferenceX's `*_fp4` scripts name it)."""
+        if self.precision_label == "nvfp4":
+            nvidia = f"nvidia/{self.family}-NVFP4"
+            if nvidia in bundled_models():
+                return nvidia
+        return self.model
+
+    @property
+    def kv_cache_quant(self) -> str:
+        """The KV cache dtype the row's server ran: `--kv-cache-dtype fp8` when its script passed it,
+        else vLLM's `auto`: the checkpoint's own directive (perf/checkpoint.py) from vLLM 0.13 on
+        (an unknown version is taken as a current one), the model's dtype before."""
+        if self.server.kv_cache_fp8:
+            return "fp8"
+        v = re.match(r"(\d+)\.(\d+)", self.backend_version or "")
+        if v is None or (int(v.group(1)), int(v.group(2))) >= (0, 13):
+            return kv_cache_directive(self.checkpoint) or "bfloat16"
+        return "bfloat16"
+
     def target(self, host: HostTime | None = None) -> AicTarget:
         h = host or HostTime()
+        kv = self.kv_cache_quant  # None where it is what `auto` resolves to (one estimator spec per identity)
+        if kv == "bfloat16" and not kv_cache_directive(resolve_model(self.model)[0]):
+            kv = None
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
                          gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
-                         kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
+                         kv_cache_quant=kv,
                          step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
                          async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
                          qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us,
@@ -332,7 +359,7 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
             "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
             "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8, "async_scheduling": row.async_scheduling,
+            "max_num_seqs": seqs, "kv_cache_fp8": row.kv_cache_quant == "fp8", "async_scheduling": row.async_scheduling,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 
