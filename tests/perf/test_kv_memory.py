@@ -86,3 +86,25 @@ def test_kimi_at_tp4_on_b200_holds_the_kv_its_measured_runs_needed():
                                max_num_batched_tokens=8192, max_num_seqs=64)
     assert cap.bytes_per_token == (512 + 64) * 61  # the compressed latent, one byte each
     assert cap.tokens > 64 * (1024 + 0.8 * 8192)
+
+
+def test_kimis_own_int4_checkpoint_is_priced_as_int4_experts_and_bf16_gemms():
+    from vllm_vcr.simulate.silicon import supported, vllm_agg_rows
+
+    rows = [r for r in vllm_agg_rows() if r.precision_label == "int4_wo"]
+    assert rows and {(r.gemm_quant, r.moe_quant) for r in rows} == {(None, "int4_wo")}
+    assert supported(rows[0]) is None  # the estimator has no int4 GEMM tables; the checkpoint has no int4 GEMMs
+    nvfp4 = [r for r in vllm_agg_rows() if r.model == "moonshotai/Kimi-K2.5" and r.precision_label == "nvfp4"]
+    assert {(r.gemm_quant, r.moe_quant) for r in nvfp4} == {("nvfp4", "nvfp4")}  # NVIDIA's checkpoint
+
+
+def test_int4_experts_carry_their_group_scales():
+    from vllm_vcr.perf.aic import AicTarget
+    from vllm_vcr.perf.kv_sizing import weights_correction
+
+    t = AicTarget(model="moonshotai/Kimi-K2.5", gpu="h200_sxm", tensor_parallel_size=8, gemm_quant=None,
+                  moe_quant="int4_wo").resolved()
+    moe = 61 * 1.0
+    delta = weights_correction(t, {"context_embedding": 0.0, "context_moe": moe})
+    dense = 3 * 7168 * 18432 * (1.0 / (384 * 3 * 7168 * 2048 / 8)) / 8
+    assert delta == pytest.approx(-(1.0 - dense) + 60 * (2 / 32) / 0.5)

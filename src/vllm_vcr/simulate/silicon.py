@@ -205,6 +205,11 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     experts as MXFP4 weights with BF16 activations, whatever precision label the sample gives:
     the estimator's `w4a16_mxfp4` MoE tables and BF16 GEMMs.
 
+    Int4 weight-only compressed-tensors checkpoints that leave attention and the dense and shared
+    MLPs out of their quantisation (Kimi-K2.5: `ignore` lists `self_attn`, `shared_experts` and
+    the dense `mlp` projections) run only the routed experts in int4: the estimator's `int4_wo`
+    MoE tables and BF16 GEMMs, not int4 GEMMs the checkpoint does not have.
+
     The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
     deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
     (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
@@ -212,9 +217,12 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
     `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
     concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
-    qcfg = _checkpoint_config(row.model).get("quantization_config") or {}
+    served = _checkpoint_config(row.checkpoint)
+    qcfg = served.get("quantization_config") or (served.get("text_config") or {}).get("quantization_config") or {}
     if qcfg.get("quant_method") == "mxfp4":
         return replace(row, gemm_quant=None, moe_quant="w4a16_mxfp4")
+    if _int4_experts_only(qcfg):
+        return replace(row, gemm_quant=None, moe_quant="int4_wo")
     cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
     if "weight_block_size" not in (cfg.get("quantization_config") or {}):
         return row
@@ -222,6 +230,16 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     if width // (row.moe_tp or row.tp) % _FP8_BLOCK:
         return row
     return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
+
+
+def _int4_experts_only(qcfg: dict) -> bool:
+    """A compressed-tensors checkpoint of 4-bit integer weights that keeps its attention unquantised."""
+    if qcfg.get("quant_method") != "compressed-tensors":
+        return False
+    groups = list((qcfg.get("config_groups") or {}).values())
+    int4 = bool(groups) and all((g.get("weights") or {}).get("num_bits") == 4
+                                and (g.get("weights") or {}).get("type") == "int" for g in groups)
+    return int4 and any("self_attn" in str(i) for i in qcfg.get("ignore") or [])
 
 
 def _as_deployed(row: SiliconRow) -> SiliconRow:
