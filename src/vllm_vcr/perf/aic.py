@@ -16,6 +16,7 @@ from typing import Any
 
 from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
+from .checkpoint import kv_cache_directive
 from .errors import PerfModelError
 from .qk_norm import bundled_config, qk_norm_ms
 from .spec_cache import load_or_compile
@@ -54,7 +55,7 @@ class AicTarget:
     moe_ep_size: int | None = None
     gemm_quant: str | None = None  # None: from the model's config (or its name's suffix)
     moe_quant: str | None = None
-    kv_cache_quant: str | None = None
+    kv_cache_quant: str | None = None  # None: vLLM's `auto` (the checkpoint's directive, else the model dtype)
     step_overhead_ms: float = DEFAULT_STEP_OVERHEAD_MS
     per_seq_overhead_ms: float = DEFAULT_PER_SEQ_OVERHEAD_MS
     async_scheduling: bool = False  # vLLM's --async-scheduling: host time overlaps the GPU's
@@ -74,11 +75,13 @@ class AicTarget:
         return cls(**d)
 
     def resolved(self) -> "AicTarget":
-        """The bundled model name, with a quantisation its served name implies, and an MoE model's
+        """The bundled model name, with a quantisation its served name implies, the KV cache dtype
+        its checkpoint asks for under `--kv-cache-dtype auto` (perf/checkpoint.py), and an MoE model's
         expert layout as vLLM lays it out from `-tp N` (and `-dp D`) alone: the experts sharded
         over all TP x DP GPUs, or, with `--enable-expert-parallel`, spread whole over them."""
         model, quant = resolve_model(self.model)
-        t = replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant)
+        t = replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant,
+                    kv_cache_quant=self.kv_cache_quant or kv_cache_directive(model))
         width = t.tensor_parallel_size * t.attention_dp_size
         if width > 1 and is_moe(model):
             tp, ep = t.moe_tp_size, t.moe_ep_size

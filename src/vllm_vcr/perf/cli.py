@@ -126,8 +126,12 @@ def _served_name(ns: argparse.Namespace) -> str:
 
 
 def _kv_dtype(ns: argparse.Namespace) -> str | None:
+    """`--kv-cache-dtype`: fp8*, the model's 16-bit dtype when named, else None (`auto`: the
+    checkpoint's directive, else the model dtype; perf/checkpoint.py)."""
     v = _vllm_flag(ns, "kv_cache_dtype", str)
-    return "fp8" if v and v.startswith("fp8") else None
+    if v and v.startswith("fp8"):
+        return "fp8"
+    return "bfloat16" if v in ("bfloat16", "float16", "half") else None
 
 
 def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
-from ..perf.catalog import package_root, resolve_model
+from ..perf.catalog import bundled_models, package_root, resolve_model
+from ..perf.checkpoint import kv_cache_directive
 from ..perf.errors import PerfModelError
 from ..perf.qk_norm import bundled_config
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
@@ -117,12 +118,38 @@ class SiliconRow:
         """Whether the row's engine overlapped its host work with the GPU (silicon_harness.py)."""
         return async_scheduling(self.server, self.backend_version)
 
+    @property
+    def checkpoint(self) -> str:
+        """The checkpoint the row's server loaded, where the estimator bundles its config: an
+        `nvfp4` row of a model whose own checkpoint is not NVFP4 served NVIDIA's ModelOpt
+        checkpoint (`nvidia/<name>-NVFP4`; InferenceX's `*_fp4` scripts name it)."""
+        if self.precision_label == "nvfp4":
+            nvidia = f"nvidia/{self.family}-NVFP4"
+            if nvidia in bundled_models():
+                return nvidia
+        return self.model
+
+    @property
+    def kv_cache_quant(self) -> str:
+        """The KV cache dtype the row's server ran: `--kv-cache-dtype fp8` when its script passed it,
+        else vLLM's `auto`: the checkpoint's own directive (perf/checkpoint.py) from vLLM 0.13 on
+        (an unknown version is taken as a current one), the model's dtype before."""
+        if self.server.kv_cache_fp8:
+            return "fp8"
+        v = re.match(r"(\d+)\.(\d+)", self.backend_version or "")
+        if v is None or (int(v.group(1)), int(v.group(2))) >= (0, 13):
+            return kv_cache_directive(self.checkpoint) or "bfloat16"
+        return "bfloat16"
+
     def target(self, host: HostTime | None = None) -> AicTarget:
         h = host or HostTime()
+        kv = self.kv_cache_quant  # None where it is what `auto` resolves to (one estimator spec per identity)
+        if kv == "bfloat16" and not kv_cache_directive(resolve_model(self.model)[0]):
+            kv = None
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
                          gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
-                         kv_cache_quant="fp8" if self.server.kv_cache_fp8 else None,
+                         kv_cache_quant=kv,
                          step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
                          async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
                          qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us,
@@ -178,6 +205,11 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     experts as MXFP4 weights with BF16 activations, whatever precision label the sample gives:
     the estimator's `w4a16_mxfp4` MoE tables and BF16 GEMMs.
 
+    Int4 weight-only compressed-tensors checkpoints that leave attention and the dense and shared
+    MLPs out of their quantisation (Kimi-K2.5: `ignore` lists `self_attn`, `shared_experts` and
+    the dense `mlp` projections) run only the routed experts in int4: the estimator's `int4_wo`
+    MoE tables and BF16 GEMMs, not int4 GEMMs the checkpoint does not have.
+
     The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
     deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
     (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
@@ -185,9 +217,12 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
     `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
     concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
-    qcfg = _checkpoint_config(row.model).get("quantization_config") or {}
+    served = _checkpoint_config(row.checkpoint)
+    qcfg = served.get("quantization_config") or (served.get("text_config") or {}).get("quantization_config") or {}
     if qcfg.get("quant_method") == "mxfp4":
         return replace(row, gemm_quant=None, moe_quant="w4a16_mxfp4")
+    if _int4_experts_only(qcfg):
+        return replace(row, gemm_quant=None, moe_quant="int4_wo")
     cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
     if "weight_block_size" not in (cfg.get("quantization_config") or {}):
         return row
@@ -195,6 +230,16 @@ def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
     if width // (row.moe_tp or row.tp) % _FP8_BLOCK:
         return row
     return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
+
+
+def _int4_experts_only(qcfg: dict) -> bool:
+    """A compressed-tensors checkpoint of 4-bit integer weights that keeps its attention unquantised."""
+    if qcfg.get("quant_method") != "compressed-tensors":
+        return False
+    groups = list((qcfg.get("config_groups") or {}).values())
+    int4 = bool(groups) and all((g.get("weights") or {}).get("num_bits") == 4
+                                and (g.get("weights") or {}).get("type") == "int" for g in groups)
+    return int4 and any("self_attn" in str(i) for i in qcfg.get("ignore") or [])
 
 
 def _as_deployed(row: SiliconRow) -> SiliconRow:
@@ -332,7 +377,7 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
             "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
             "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs, "kv_cache_fp8": server.kv_cache_fp8, "async_scheduling": row.async_scheduling,
+            "max_num_seqs": seqs, "kv_cache_fp8": row.kv_cache_quant == "fp8", "async_scheduling": row.async_scheduling,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 
