@@ -74,7 +74,9 @@ def _start_sim(tmp_path_factory, extra_args: list[str] = (), extra_env: dict[str
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory):
+def sim(tmp_path_factory, vllm_version):
+    # one serve per vLLM version, as each has its own real stack: series that appear on first use
+    # (sleep-mode operations) must not carry over from the other version's tests
     st = _start_sim(tmp_path_factory, FRONTEND_FLAGS)
     yield st
     st["proc"].stop()
