@@ -292,7 +292,10 @@ class Admission:
         seed = sp.seed
         if seed is None and sp.temperature is not None and sp.temperature < GREEDY_EPS:
             seed = hash((args.seed, tuple(req.prompt_token_ids)))  # greedy: same prompt, same tokens
-        rng_seed = seed if seed is not None else f"{args.seed}/{self.engine_index}/{req.request_id}"
+        # (bytes: random.Random(s) seeds from s.encode(); surrogatepass keeps an id no frontend
+        # should let through from killing the engine loop)
+        rng_seed = seed if seed is not None else \
+            f"{args.seed}/{self.engine_index}/{req.request_id}".encode("utf-8", "surrogatepass")
         pacing = self._latency().pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                         len(self._scheduler.running), self.latency_rng)
         plan = req.plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -99,6 +100,22 @@ class RequestContext:
         self.finishing = False
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(body: bytes, data: Any) -> UnicodeEncodeError | None:
+    """A `\\udXXX` escape that is not half of a pair (valid JSON, not Unicode): no string with it
+    can be encoded, logged or sent back, so the body is refused before anything reads it. Only a
+    body that has such an escape at all is walked."""
+    if _SURROGATE_ESCAPE.search(body) is None:
+        return None
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e
+    return None
+
+
 def raw_request_json(body: bytes, decode_error: Callable[[json.JSONDecodeError], HTTPError]) -> Any:
     """A body as a vLLM handler that reads `await raw_request.json()` itself sees it: any JSON
     value (its own checks follow); a JSONDecodeError becomes the handler's own error
@@ -106,13 +123,17 @@ def raw_request_json(body: bytes, decode_error: Callable[[json.JSONDecodeError],
     ValueError (invalid UTF-8) 400 BadRequestError, a RecursionError (nesting deeper than the
     parser's stack) the catch-all's 500, each with the exception's text."""
     try:
-        return json.loads(body)
+        data = json.loads(body)
     except json.JSONDecodeError as e:
         raise decode_error(e) from None
     except ValueError as e:
         raise HTTPError(400, str(e), "BadRequestError") from None
     except RecursionError as e:
         raise HTTPError(500, str(e), "InternalServerError") from None
+    bad = lone_surrogate(body, data)
+    if bad is not None:
+        raise HTTPError(400, str(bad), "BadRequestError") from None
+    return data
 
 
 def parse_request(body: bytes, model: type[BaseModel]) -> Any:
@@ -131,6 +152,8 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
         raise json_decode_error(body) from None
     if not isinstance(data, dict):
         raise not_an_object(data)
+    if lone_surrogate(body, data) is not None:  # as bytes that are not UTF-8
+        raise unparsable_body()
     try:
         return model.model_validate(data, from_attributes=True)
     except RecursionError:
