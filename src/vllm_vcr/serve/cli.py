@@ -75,7 +75,8 @@ HONOURED: dict[str, Honoured] = {
     "--uvicorn-log-level": Honoured("uvicorn's log level; default: VLLM_VCR_LOG / RUST_LOG decide (target "
                                     "`uvicorn`), as for every other logger", default=None),
     "--log-level": Honoured("log level of the whole process (same as VLLM_VCR_LOG=<level>)"),
-    "--enable-log-requests": Honoured("log each request's arrival and finish (same as --log-requests)"),
+    "--enable-log-requests": Honoured("log each request's arrival and finish (same as --log-requests); not given: "
+                                      "--log-requests / MOCK_LOG_REQUESTS decide", default=None),
     "--stream-interval": Honoured("tokens per streamed SSE event: 1 sends every token as its own event (merging "
                                   "only when the client lags), N > 1 up to N tokens per event"),
     "--renderer-num-workers": Honoured("threads that tokenize long new prompts off the event loop"),
