@@ -148,10 +148,17 @@ def test_grammar_inside_a_structural_tag_is_compiled_off_the_loop(server):
     grammar = "root ::= r0\n" + "".join(f'r{i} ::= "a" r{i + 1}\n' for i in range(5_000)) + 'r5000 ::= "b"\n'
     out = bomb(server, "/v1/chat/completions", {"messages": MSGS, "max_tokens": 5, "response_format": {
         "type": "structural_tag", "format": {"type": "grammar", "grammar": grammar}}})
-    err = out.error(400)
-    # the grammar's rules refused by the compiler, or (a loaded machine) the compile budget spent first
-    assert err["message"].startswith("Invalid structural tag specification: ") or \
-        "compilation timed out after" in err["message"], err["message"]
+    # the point is where the work runs: the loop keeps answering and nothing is kept. What the
+    # request gets depends on the machine's speed: a 400 when the compile budget is spent first (or
+    # the compiler refuses the rules), else its 5,001-deep derivation is beyond the sampler and the
+    # answer is free text, as for any constraint the generator cannot sample
+    if out.response.status_code == 400:
+        err = out.error(400)
+        assert err["message"].startswith("Invalid structural tag specification: ") or \
+            "timed out after" in err["message"], err["message"]
+    else:
+        assert out.response.status_code == 200, out.response.text[:300]
+        assert out.response.json()["choices"][0]["finish_reason"] in ("length", "stop")
     check_bounded(out)
 
 
