@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_vcr.testing.waits import free_port, scaled, wait_http_ok
+from vllm_vcr.testing.waits import free_port, scaled, wait_http_ok, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
@@ -203,3 +203,22 @@ class Router(Proc):
 
     def lines(self, needle: str) -> list[str]:
         return [line for line in self.log().splitlines() if needle in line]
+
+
+def check_breaker_opens_and_recovers(r, bad, timeout_s: float) -> None:
+    """`bad` fails every request: after two failures the router's breaker sends it nothing; once
+    it recovers, the breaker half-opens after `timeout_s`, a trial reaches it, and it closes."""
+    bad.faults([{"action": "http_error", "error": "unavailable"}])  # every request, until deleted
+    wait_until(lambda: r.complete("trip").status_code == 200 and bad.requests_seen() >= 2, 20,
+               "two failures on the bad worker")
+    seen = bad.requests_seen()
+    for i in range(6):
+        assert r.complete(f"open {i}").status_code == 200
+    assert bad.requests_seen() == seen, "the breaker did not open: the failing worker still gets requests"
+    bad.faults(None)
+    before = bad.stats()["requests_completed"]
+    wait_until(lambda: r.complete("probe").status_code == 200 and bad.stats()["requests_completed"] > before,
+               timeout_s + 20, "the breaker to half-open and let a request through", interval=0.2)
+    for i in range(4):
+        assert r.complete(f"closed {i}").status_code == 200
+    assert bad.stats()["requests_completed"] >= before + 2, "the breaker did not close after the trial"

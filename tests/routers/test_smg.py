@@ -9,7 +9,7 @@ import pytest
 
 from vllm_vcr.testing.waits import free_port, wait_until
 
-from .harness import FREE, SMG
+from .harness import check_breaker_opens_and_recovers, FREE, SMG
 
 pytestmark = pytest.mark.routers
 
@@ -115,20 +115,7 @@ def test_smg_circuit_breaker_opens_and_half_opens_after_recovery(fleet):
             "--retry-initial-backoff-ms", "1", "--retry-max-backoff-ms", "5")
     ready_workers(r, 2)
     bad, good = workers
-    bad.faults([{"action": "http_error", "error": "unavailable"}])  # every request, until deleted
-    wait_until(lambda: r.complete("trip").status_code == 200 and bad.requests_seen() >= 2, 20,
-               "two failures on the bad worker")
-    seen = bad.requests_seen()
-    for i in range(6):
-        assert r.complete(f"open {i}").status_code == 200
-    assert bad.requests_seen() == seen, "the breaker did not open: the failing worker still gets requests"
-    bad.faults(None)
-    before = bad.stats()["requests_completed"]
-    wait_until(lambda: r.complete("probe").status_code == 200 and bad.stats()["requests_completed"] > before,
-               timeout_s + 20, "the breaker to half-open and let a request through", interval=0.2)
-    for i in range(4):
-        assert r.complete(f"closed {i}").status_code == 200
-    assert bad.stats()["requests_completed"] >= before + 2, "the breaker did not close after the trial"
+    check_breaker_opens_and_recovers(r, bad, timeout_s)
 
 
 def test_smg_health_checks_drop_a_dead_worker(fleet):

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_vcr.testing.waits import scaled, wait_until
 
-from .harness import BLOCK, FREE, MODEL, VLLM_ROUTER
+from .harness import check_breaker_opens_and_recovers, BLOCK, FREE, MODEL, VLLM_ROUTER
 
 pytestmark = pytest.mark.routers
 
@@ -168,21 +168,7 @@ def test_circuit_breaker_opens_on_a_failing_worker_and_half_opens_after_recovery
         "--cb-window-duration-secs", "60", "--retry-max-retries", "3", "--retry-initial-backoff-ms", "1",
         "--retry-max-backoff-ms", "5"))
     bad, good = workers
-    bad.faults([{"action": "http_error", "error": "unavailable"}])  # every request, until deleted
-    wait_until(lambda: r.complete("trip").status_code == 200 and bad.requests_seen() >= 2, 20,
-               "two failures on the bad worker")
-    seen = bad.requests_seen()
-    for i in range(6):
-        assert r.complete(f"open {i}").status_code == 200
-    assert bad.requests_seen() == seen, "the breaker did not open: the failing worker still gets requests"
-    bad.faults(None)
-    bad_before = bad.stats()["requests_completed"]
-    # after the open timeout the breaker half-opens: a trial request reaches the recovered worker
-    wait_until(lambda: r.complete("probe").status_code == 200 and bad.stats()["requests_completed"] > bad_before,
-               timeout_s + 20, "the breaker to half-open and let a request through", interval=0.2)
-    for i in range(4):
-        assert r.complete(f"closed {i}").status_code == 200
-    assert bad.stats()["requests_completed"] >= bad_before + 2, "the breaker did not close after the trial"
+    check_breaker_opens_and_recovers(r, bad, timeout_s)
 
 
 def healthy(r) -> dict[str, bool]:
