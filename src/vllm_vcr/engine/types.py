@@ -187,17 +187,30 @@ class PrefixCacheStats(msgspec.Struct, kw_only=True):
     preempted_requests: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    hits_by_source: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class SchedulerStats(msgspec.Struct, kw_only=True):
+    """Every field of vLLM's SchedulerStats (0.32 and 0.33 alike): the Rust frontend requires them all."""
+
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     num_skipped_waiting_reqs: int = 0
+    num_kv_fetch_reqs_by_stage: dict[str, int] = msgspec.field(default_factory=dict)
     step_counter: int = 0
     current_wave: int = 0
     kv_cache_usage: float = 0.0
+    iteration_details: Any = None
     prefix_cache_stats: PrefixCacheStats = msgspec.field(default_factory=PrefixCacheStats)
+    connector_prefix_cache_stats: Any = None
+    kv_cache_eviction_events: list[Any] = msgspec.field(default_factory=list)
     spec_decoding_stats: Any = None
+    kv_connector_stats: Any = None
+    ec_connector_stats: Any = None
+    waiting_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
+    running_lora_adapters: dict[str, int] = msgspec.field(default_factory=dict)
+    cudagraph_stats: Any = None
+    perf_stats: Any = None
     num_preemptions: int = 0  # our own addition: preemptions during this report window
 
 

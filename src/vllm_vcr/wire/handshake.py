@@ -42,8 +42,7 @@ class ReadyInfo:
     dtype: str = "bfloat16"
     vllm_version: str = "0.33.0"
     instance_id: str = ""
-    supports_lora: bool = True
-    max_loras: int = 0
+    max_loras: int = 0  # a real engine reports LoRA support exactly when it has LoRA slots
     enable_sleep_mode: bool = True
     kv_events_config: dict[str, Any] | None = None  # this rank's publisher config (GET /kv_event_sources)
 
@@ -89,7 +88,7 @@ def ready_payload(info: ReadyInfo, rank: int, addresses: dict[str, Any]) -> dict
         "max_num_seqs": info.max_num_seqs,
         "max_num_batched_tokens": info.max_num_batched_tokens,
         "instance_id": info.instance_id or f"vllm-vcr-{uuid.uuid4().hex[:8]}",
-        "supports_lora": info.supports_lora,
+        "supports_lora": info.max_loras > 0,  # vLLM's Rust frontend refuses any other pairing
         "max_loras": info.max_loras,
         # optional ones a real engine sends (they feed vllm:cache_config_info)
         "mamba_block_size": None,
