@@ -8,6 +8,8 @@ with the reason otherwise.
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from vllm_vcr.testing.waits import free_port, scaled, wait_until
 
 from ..conformance import peers
-from .harness import FREE, VLLM_ROUTER
+from .harness import BLOCK, FREE, VLLM_ROUTER
 
 pytestmark = pytest.mark.routers
 
@@ -30,11 +32,14 @@ def grpc_stacks():
     stacks = []
     try:
         for _ in range(2):
-            port = free_port()
+            port, pub = free_port(), free_port()
+            # KV events on a wildcard PUB endpoint: the Rust frontend reports it to the router
+            # (Control.GetKvEventSources), which subscribes on loopback
+            kv = f'{{"enable_kv_cache_events": true, "endpoint": "tcp://*:{pub}"}}'
             st = peers.start_stack(VERSION, frontend_env={"VLLM_USE_RUST_FRONTEND": "1"},
                                    frontend_args=["--grpc-port", str(port)], vocab_size=None,
                                    play_args=[str(peers.MODEL_DIR), "--time-to-first-token", "20",
-                                              "--inter-token-latency", "5"])
+                                              "--inter-token-latency", "5", "--kv-events-config", kv])
             st.extra["grpc"] = f"grpc://127.0.0.1:{port}"
             stacks.append(st)
         yield stacks
@@ -87,3 +92,36 @@ def test_a_client_that_leaves_aborts_the_request_in_the_engine(fleet, grpc_stack
                        timeout=8, what="the engine to drop the abandoned request")
     assert stats["requests_aborted"] - before["requests_aborted"] == 1, stats
     assert stats["requests_completed"] == before["requests_completed"], stats
+
+
+def test_kv_aware_over_grpc_credits_the_prefix_our_engine_cached(fleet, grpc_stacks):
+    """The router finds each engine's KV event stream through the frontend's gRPC control service,
+    and routes a prefix warmed on one engine to that engine with exactly its cached blocks credited."""
+    a, b = grpc_stacks
+    r = fleet.router(VLLM_ROUTER, "--worker-urls", a.extra["grpc"], b.extra["grpc"], "--policy", "kv_aware",
+                     "--prometheus-port", FREE, "--log-level", "debug")
+    wait_until(lambda: len(r.lines("spawned subscriber")) == 2, 30, "the router to subscribe to both engines")
+    prompt = " ".join(["kappa lambda mu"] * 40)
+    messages = [{"role": "user", "content": prompt}]
+    warm = httpx.post(b.base_url + "/v1/chat/completions", timeout=scaled(30),
+                      json={"model": b.model, "messages": messages, "max_tokens": 1}).json()
+    cached = warm["usage"]["prompt_tokens"] // BLOCK * BLOCK
+
+    def credited() -> list[int]:
+        return [int(m.group(1)) for line in r.lines("KV prefix decision")
+                if (m := re.search(r"credited_prefix_tokens=(\d+)", line))]
+
+    def routed_with_credit() -> bool:
+        resp = httpx.post(r.url + "/v1/chat/completions", timeout=scaled(30),
+                          json={"model": a.model, "messages": messages, "max_tokens": 1})
+        assert resp.status_code == 200, resp.text
+        return credited()[-1] > 0
+
+    wait_until(routed_with_credit, 20, "vllm-router to credit the prefix from our KV events", interval=0.2)
+    assert credited()[-1] == cached
+    # once the router knows the blocks, the prefix goes to the engine holding them
+    known = [received(a), received(b)]
+    for _ in range(3):
+        assert routed_with_credit()
+    assert credited()[-3:] == [cached] * 3
+    assert [received(a) - known[0], received(b) - known[1]] == [0, 3]

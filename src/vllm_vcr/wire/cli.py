@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "and --data-parallel-rpc-port) or ipc://PATH (default %(default)s)")
     w.add_argument("--handshake-timeout", type=float, default=300.0,
                    help="seconds to wait for the frontend's answer to HELLO (default %(default)s)")
-    w.add_argument("--engine-id", default=os.environ.get("MOCK_ENGINE_ID", "mock-engine-0"),
-                   help="instance_id reported to the frontend (rank i > 0 gets '-i' appended)")
+    w.add_argument("--engine-id", default=os.environ.get("MOCK_ENGINE_ID") or uuid.uuid4().hex[:5],
+                   help="instance_id reported to the frontend (rank i > 0 gets '-i' appended); default: "
+                        "5 random hex digits, as vLLM's, so routers tell engines apart")
     w.add_argument("--vllm-version", default="0.33.0",
                    help="vllm_version in the ready payload (informational; default %(default)s)")
     w.add_argument("--tokenizer", default=None,
