@@ -384,3 +384,36 @@ def test_an_open_file_limit_too_low_for_the_workers_stops_the_fleet(fleet):
     assert f.proc.wait(scaled(120)) == 2, f.log()
     assert not f.ports_file.exists()
     assert re.search(r"open-file limit 200 is below the ~\d+ that 30 workers need in one process", f.log())
+
+
+def test_a_thousand_workers_start_and_every_one_answers(fleet):
+    """The scale the fleet is for: 1,000 workers through the real CLI, each answering a completion
+    on its own port and counting it on its own control API; SIGTERM then stops every process."""
+    import asyncio
+
+    f = fleet("--workers", "1000", "--control-base-port", "0", "--time-to-first-token", "0",
+              "--inter-token-latency", "0")
+    workers = f.wait_ready(timeout=240)
+    assert len(workers) == 1000 and len({w["port"] for w in workers}) == 1000
+
+    async def check_all() -> list[str]:
+        bad: list[str] = []
+        gate = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(timeout=scaled(60), limits=httpx.Limits(max_connections=64)) as c:
+            async def one(w: dict) -> None:
+                async with gate:
+                    r = await c.post(f"http://127.0.0.1:{w['port']}/v1/completions",
+                                     json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+                    if r.status_code != 200 or r.headers.get("x-inference-worker-index") != str(w["index"]):
+                        bad.append(f"{w['name']}: {r.status_code} {r.text[:200]}")
+                        return
+                    s = (await c.get(f"http://127.0.0.1:{w['control_port']}/stats")).json()
+                    if s["requests_completed"] != 1:
+                        bad.append(f"{w['name']}: stats {s}")
+
+            await asyncio.gather(*(one(w) for w in workers))
+        return bad
+
+    assert asyncio.run(check_all()) == []
+    assert f.stop() == 0, f.log()[-3000:]
+    assert "Traceback" not in f.log()
