@@ -442,3 +442,9 @@ class AsyncEngine:
     async def call_all(self, fn: Callable[[EngineCore], Any]) -> list[Any]:
         """Run fn on every engine between two of its steps, in engine order."""
         return [await core.call(fn) for core in self.engines]
+
+
+# The output collectors, shared with the engine-core client of a multi-process serve
+# (wire/client.py): one way of handing outputs to readers whatever carries them.
+Collector = _Collector
+PushQueue = _PushQueue
