@@ -496,10 +496,13 @@ class MultiProcessServe:
         if self.ignored:
             logger.info("ignoring vLLM flags that mean nothing here: %s", " ".join(self.ignored))
         s = self.settings
-        logger.info("vllm-vcr serve: model %s, %d API server(s), %d engine core process(es), max_model_len %d, "
-                    "listening on http://%s:%d (ready in %.0f ms)", ", ".join(s.served_model_names),
-                    self.api_server_count, self.engine_count, s.max_model_len, self.host, self.port,
-                    (time.perf_counter() - self.t0) * 1000)
+        def pids(kind: str) -> str:
+            return " ".join(str(c.proc.pid) for c in self.children if c.kind == kind)
+
+        logger.info("vllm-vcr serve: model %s, %d API server(s) (pids %s), %d engine core process(es) (pids %s), "
+                    "max_model_len %d, listening on http://%s:%d (ready in %.0f ms)", ", ".join(s.served_model_names),
+                    self.api_server_count, pids("API server"), self.engine_count, pids("engine core"),
+                    s.max_model_len, self.host, self.port, (time.perf_counter() - self.t0) * 1000)
 
 
 class _Failed(Exception):

@@ -191,8 +191,12 @@ class EngineCoreClient:
                 return
             buf = frames[0].buffer
             if len(frames) == 1 and buf == ENGINE_CORE_DEAD:
-                log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s", self.client_index,
-                        "the engine cores have stopped" if self._stopping else "an engine core is dead")
+                if self._collectors or self._stopping:  # (else the engines stopped with nothing of ours in flight)
+                    log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s",
+                            self.client_index, "the engine cores have stopped" if self._stopping else
+                            f"an engine core is dead; failing {len(self._collectors)} request(s)")
+                else:
+                    log.info("API server %d: the engine cores have stopped", self.client_index)
                 self._engine_dead()
                 return
             try:
