@@ -25,9 +25,10 @@ HEADER = "x-vllm-vcr-api-server"
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
-def start(tmp_path: Path, name: str, *args: str) -> ServeProcess:
+def start(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
     control = free_port()
-    sp = ServeProcess(["--control-address", f"127.0.0.1:{control}", *args], log_path=tmp_path / f"{name}.log")
+    sp = ServeProcess(["--control-address", f"127.0.0.1:{control}", *args], log_path=tmp_path / f"{name}.log",
+                      env=env)
     sp.control = f"http://127.0.0.1:{control}"
     sp.wait_ready(120)
     wait_until(lambda: READY.search(sp.log()), 60, "every process to report ready")
@@ -64,9 +65,10 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 @pytest.fixture(scope="module")
 def fleet_of_processes(tmp_path_factory):
-    """2 API servers, 2 engine cores (data parallel), a control API."""
+    """2 API servers, 2 engine cores (data parallel), a control API, vLLM's dev-mode routes."""
     sp = start(tmp_path_factory.mktemp("api-servers"), "serve", "--api-server-count", "2",
-               "--data-parallel-size", "2", "--time-to-first-token", "5", "--inter-token-latency", "2")
+               "--data-parallel-size", "2", "--time-to-first-token", "5", "--inter-token-latency", "2",
+               env={"VLLM_SERVER_DEV_MODE": "1"})
     yield sp
     assert sp.stop(timeout=30) == 0, sp.log()
 
@@ -136,6 +138,17 @@ def test_control_api_fans_out_patches(fleet_of_processes):
     assert httpx.get(sp.control + "/nope", timeout=30).status_code == 404
     r = httpx.patch(sp.control + "/config", json={"max_num_seqs": 128}, timeout=30)
     assert r.json()["max_num_seqs"] == 128
+
+
+def test_engine_operations_go_over_the_wire(fleet_of_processes):
+    sp = fleet_of_processes
+    for _ in range(4):  # whichever API server answers, every engine core resets
+        r = httpx.post(sp.url + "/reset_prefix_cache", timeout=30)
+        assert r.status_code == 200 and r.json() == {"success": True}
+    # what needs the engine object in the API server's process says so (and the server goes on)
+    r = httpx.post(sp.url + "/pause", timeout=30)
+    assert r.status_code == 500 and "--api-server-count > 1" in r.json()["error"]["message"]
+    assert httpx.get(sp.url + "/health", timeout=30).status_code == 200
 
 
 def test_sigterm_drains_every_process(tmp_path):

@@ -10,14 +10,15 @@ ZMQ identity is its data-parallel rank, two bytes little-endian). Requests go ou
 
 `EngineCoreClient` has the interface the frontend already uses for the in-process engine
 (engine/async_engine.py's AsyncEngine: `generate`, `push`, output listeners, the unfinished
-count, `is_running`), and reuses its output collectors, so one code path renders responses
-whatever the process layout. What needs an engine object in this process (`call_all`) is
-refused with an error the endpoints turn into a 500.
+count, `is_running`, `reset_prefix_cache` as a utility call), and reuses its output collectors, so
+one code path renders responses whatever the process layout. What needs an engine object in this
+process (`engines`, `call_all`) is refused with an HTTP 500 that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -30,14 +31,19 @@ from ..engine.async_engine import Collector, DataParallelRankError, OutputListen
 from ..engine.core import EngineDeadError
 from ..engine.types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from ..frontend.errors import ENGINE_DEAD_MESSAGE
-from .codec import ABORT, ADD, ENGINE_CORE_DEAD, EXT_RAW_VIEW
+from ..frontend.errors import HTTPError
+from .codec import ABORT, ADD, ENGINE_CORE_DEAD, EXT_RAW_VIEW, UTILITY
 from .handshake import identity_for
 
 log = logging.getLogger("vllm_vcr.wire.client")
 
 
-class NotInThisProcess(RuntimeError):
-    """An operation that needs the engine object itself (it lives in another process)."""
+NOT_IN_THIS_PROCESS = ("not available with --api-server-count > 1: the engines run in their own process(es) "
+                       "(docs/api-servers.md)")
+
+
+class UtilityError(RuntimeError):
+    """An engine answered a utility call with a failure message."""
 
 
 def _ext_hook(code: int, data: memoryview) -> Any:
@@ -56,7 +62,6 @@ class EngineCoreClient:
         self.engine_count = engine_count
         self.client_index = client_index
         self.ready_timeout = ready_timeout
-        self.engines: list[Any] = []  # no engine object lives here (what serve reads for in-process services)
         self._collectors: dict[str, tuple[int, Collector]] = {}
         self._push_queue = PushQueue()
         self._load = [0] * engine_count
@@ -74,6 +79,8 @@ class EngineCoreClient:
         self.startup_error: str | None = None
         self._on_dead: list[Callable[[], None]] = []
         self._stopping = False
+        self._calls: dict[int, asyncio.Future] = {}  # utility call id -> its answer
+        self._call_ids = itertools.count(1)
         self.ready_payloads: dict[int, dict[str, Any]] = {}  # rank -> what the engine announced itself with
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -171,9 +178,31 @@ class EngineCoreClient:
         """Every token arrives in an engine batch here, so token observers are never needed."""
         self._listeners.append(listener)
 
+    @property
+    def engines(self) -> list[Any]:
+        """The engine objects: none in this process (what acts on them directly answers a 500)."""
+        raise HTTPError(500, NOT_IN_THIS_PROCESS, "InternalServerError")
+
     async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
-        raise NotInThisProcess("not available with --api-server-count > 1: the engines run in their own "
-                               "process(es); use the control API")
+        raise HTTPError(500, NOT_IN_THIS_PROCESS, "InternalServerError")
+
+    async def utility(self, method: str, *args: Any) -> list[Any]:
+        """vLLM's utility call (engine-core protocol): `method` on every engine, in rank order."""
+        if self.dead is not None:
+            raise self.dead
+        loop = asyncio.get_running_loop()
+        calls = []
+        for ident in self._identities:
+            call_id = next(self._call_ids)
+            fut = self._calls[call_id] = loop.create_future()
+            calls.append(fut)
+            body = self._encoder.encode([self.client_index, call_id, method, list(args)])
+            self._input.send_multipart((ident, UTILITY, body))
+        return [await fut for fut in calls]
+
+    async def reset_prefix_cache(self) -> list[bool]:
+        """AsyncEngine.reset_prefix_cache, over the wire."""
+        return [r is not False for r in await self.utility("reset_prefix_cache")]
 
     # --- outputs -------------------------------------------------------------------------------
     async def _read_outputs(self) -> None:
@@ -207,6 +236,8 @@ class EngineCoreClient:
             self._deliver(outs)
 
     def _deliver(self, outs: EngineCoreOutputs) -> None:
+        if outs.utility_output is not None:
+            self._answer(outs.utility_output)
         idx = outs.engine_index
         for listener in self._listeners:
             listener(idx, outs)
@@ -216,12 +247,25 @@ class EngineCoreClient:
             if entry is not None:
                 entry[1].put(o)
 
+    def _answer(self, u: Any) -> None:
+        fut = self._calls.pop(u.call_id, None)
+        if fut is None or fut.done():
+            return
+        if u.failure_message is not None:
+            fut.set_exception(UtilityError(u.failure_message))
+        else:
+            fut.set_result(u.result[1] if isinstance(u.result, (list, tuple)) and len(u.result) > 1 else None)
+
     def _engine_dead(self) -> None:
         if self.dead is not None:
             return
         self.dead = EngineDeadError(ENGINE_DEAD_MESSAGE)
         for _, col in list(self._collectors.values()):
             col.fail(self.dead)
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(self.dead)
+        self._calls.clear()
         self._ready.set()
         for cb in self._on_dead:
             try:
