@@ -22,7 +22,6 @@ from vllm_vcr.testing.waits import free_port, wait_until
 
 MODEL = "vllm-vcr/sim"
 HEADER = "x-vllm-vcr-api-server"
-ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
 def start(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
@@ -175,7 +174,9 @@ def test_sigterm_drains_every_process(tmp_path):
     sp.stop()
 
 
-def test_killing_the_engine_core_fails_requests_as_vllm(tmp_path):
+def test_killing_the_engine_core_stops_the_server_as_vllm(tmp_path):
+    """vLLM 0.32 with --api-server-count 2 whose EngineCore gets SIGKILL: the parent sees the
+    process gone, SIGTERMs the API servers, which drop what is in flight, and exits 1."""
     sp = start(tmp_path, "kill", "--api-server-count", "2", "--time-to-first-token", "10",
                "--inter-token-latency", "50")
     api, engines = pids(sp)
@@ -184,9 +185,9 @@ def test_killing_the_engine_core_fails_requests_as_vllm(tmp_path):
     def non_streaming() -> None:
         try:
             with client(sp, timeout=scaled(60)) as c:
-                c.completions.create(model=MODEL, prompt="x", max_tokens=500)
-        except openai.APIStatusError as e:
-            results["plain"] = (e.status_code, e.body)
+                results["plain"] = c.completions.create(model=MODEL, prompt="x", max_tokens=500)
+        except Exception as e:  # noqa: BLE001 - what the client gets is the point
+            results["plain"] = e
 
     def streaming() -> None:
         got = []
@@ -194,8 +195,9 @@ def test_killing_the_engine_core_fails_requests_as_vllm(tmp_path):
             with client(sp, timeout=scaled(60)) as c:
                 for ch in c.completions.create(model=MODEL, prompt="x", max_tokens=500, stream=True):
                     got.append(ch)
-        except openai.APIError as e:
-            results["stream"] = (len(got), e.message)
+            results["stream"] = (len(got), None)
+        except Exception as e:  # noqa: BLE001
+            results["stream"] = (len(got), e)
 
     threads = [threading.Thread(target=non_streaming), threading.Thread(target=streaming)]
     for t in threads:
@@ -205,15 +207,17 @@ def test_killing_the_engine_core_fails_requests_as_vllm(tmp_path):
     psutil.Process(engines[0]).kill()
     for t in threads:
         t.join(scaled(60))
-    # vLLM's EngineDeadError: a 500 with its message; a stream that had begun ends with it as an error event
-    assert results["plain"][0] == 500
-    assert results["plain"][1]["message"] == ENGINE_DEAD
-    assert results["stream"][0] > 0 and results["stream"][1] == ENGINE_DEAD
-    # ... and, as vLLM's, the API servers shut down and the server exits with an error
+    # no answer from the engine: uvicorn's graceful-shutdown wait ends, the requests are cut
+    # (a response not begun gets uvicorn's bare 500, a stream stops short of its end)
+    plain = results["plain"]
+    assert isinstance(plain, openai.APIConnectionError) or (
+        isinstance(plain, openai.APIStatusError) and plain.status_code == 500), plain
+    got, error = results["stream"]
+    assert got > 0 and error is not None, results["stream"]
     assert sp.proc.wait(scaled(60)) == 1
     for pid in api:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert "engine core 0" in sp.log() and "died" in sp.log()
+    assert re.search(r"engine core 0 \(pid \d+\) died with exit code -9", sp.log())
     sp.stop()
 
 

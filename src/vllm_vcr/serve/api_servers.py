@@ -16,10 +16,11 @@ directory (vllm/metrics_multiproc.py); --control-address is served by the parent
 to the engine-core processes (control/fanout.py); KV events come from the engine-core processes.
 
 Signals: the first SIGTERM/SIGINT is passed on to every child (the engines drain with
---shutdown-timeout, the API servers let open responses finish), a second one aborts. An engine
-core that dies: the parent tells every API server (ENGINE_CORE_DEAD on its output socket), their
-requests in flight and new ones fail as vLLM's do (500, /health 503), the API servers shut down,
-and the parent exits 1. An API server that dies takes the others down too (exit 1).
+--shutdown-timeout, the API servers let open responses finish), a second one aborts. A child that
+dies takes the others down and the parent exits 1, as vLLM's parent does: an engine core that
+fails in its loop first sends ENGINE_CORE_DEAD (the API servers' requests then fail with vLLM's
+EngineDeadError 500); one that is killed outright says nothing, and the API servers are stopped
+with SIGTERM, dropping what is in flight.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _api_server_main(args: argparse.Namespace, sock: socket.socket, index: int, 
 
     prepare_process()
     try:
-        rc = event_loop.run(_ApiServer.make(args, sock, index, engine_count, layout, report).run())
+        rc = event_loop.run(_api_server_class()(args, sock, index, engine_count, layout, report).run())
     except CLIError as e:
         logger.error("API server %d: %s", index, e)
         rc = 2
@@ -221,12 +222,6 @@ def _api_server_class():
                 self.shared_metrics.close()
 
     return ApiServer
-
-
-class _ApiServer:
-    @staticmethod
-    def make(*a: Any) -> Any:
-        return _api_server_class()(*a)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -396,19 +391,6 @@ class MultiProcessServe:
         self.signal_children()
         self.wake.set()
 
-    def tell_engine_dead(self, layout: Layout) -> None:
-        """ENGINE_CORE_DEAD on every API server's output socket: what a dying engine would send."""
-        from ..wire.codec import ENGINE_CORE_DEAD
-
-        ctx = zmq.Context.instance()
-        for address in layout.outputs:
-            s = ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 1000)
-            s.connect(address)
-            with contextlib.suppress(zmq.ZMQError):
-                s.send(ENGINE_CORE_DEAD, zmq.NOBLOCK)
-            s.close()
-
     async def supervise(self, layout: Layout) -> None:
         loop = asyncio.get_running_loop()
         for c in self.children:
@@ -427,13 +409,10 @@ class MultiProcessServe:
             self.failed = True
             self.exit_code = 1
             logger.error("%s died with exit code %s", dead.name, dead.proc.exitcode)
-            if dead.kind == "engine core":
-                # the API servers fail what is in flight and shut down (vLLM's EngineDeadError)
-                self.tell_engine_dead(layout)
-                self.signal_children(kinds=("engine core",))
-                loop.call_later(5.0, self.signal_children)
-            else:
-                self.signal_children()
+            # vLLM's run_multi_api_server: any process gone takes the others down (SIGTERM, then SIGKILL).
+            # An engine core that could say so has told the API servers (ENGINE_CORE_DEAD: their
+            # requests fail with EngineDeadError); one killed outright leaves them to be stopped
+            self.signal_children()
             timeout = float(self.engine_args.shutdown_timeout) + EXIT_GRACE
             loop.call_later(timeout, self.signal_children, signal.SIGKILL)
 

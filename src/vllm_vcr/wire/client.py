@@ -38,6 +38,9 @@ from .handshake import identity_for
 log = logging.getLogger("vllm_vcr.wire.client")
 
 
+# s beyond --shutdown-timeout that a stopping API server waits for its requests (past uvicorn's
+# graceful-shutdown wait, which is --shutdown-timeout + 5 s: its connections are closed by then)
+STOP_GRACE = 6.0
 NOT_IN_THIS_PROCESS = ("not available with --api-server-count > 1: the engines run in their own process(es) "
                        "(docs/api-servers.md)")
 
@@ -131,10 +134,17 @@ class EngineCoreClient:
 
     async def stop(self, timeout: float | None = None) -> None:
         """The engines drain or abort on their own (their process got the signal): wait until every
-        request of this API server has ended, or the engines are gone."""
+        request of this API server has ended, or the engines are gone, or (an engine killed
+        outright answers nothing) STOP_GRACE after --shutdown-timeout; what is left then fails."""
         self._stopping = True
-        while self._collectors and self.dead is None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(getattr(self.args, "shutdown_timeout", 0.0) or 0.0) + STOP_GRACE
+        while self._collectors and self.dead is None and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        if self._collectors and self.dead is None:
+            log.warning("API server %d: %d request(s) unanswered by the engine cores; giving up on them",
+                        self.client_index, len(self._collectors))
+            self._engine_dead()
 
     def close(self) -> None:
         if self._reader is not None:
