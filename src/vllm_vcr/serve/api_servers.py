@@ -391,7 +391,7 @@ class MultiProcessServe:
         self.signal_children()
         self.wake.set()
 
-    async def supervise(self, layout: Layout) -> None:
+    async def supervise(self) -> None:
         loop = asyncio.get_running_loop()
         for c in self.children:
             loop.add_reader(c.proc.sentinel, self.wake.set)
@@ -434,7 +434,7 @@ class MultiProcessServe:
                 self.exit_code = 1
                 self.failed = True
                 self.signal_children()
-            await self.supervise(layout)
+            await self.supervise()
         finally:
             _close_quietly(sock)
             for c in self.children:
