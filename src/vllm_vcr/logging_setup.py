@@ -121,6 +121,17 @@ def apply_log_filter(spec: str) -> str:
     return flt.to_string()
 
 
+# vLLM's --log-level names -> the filter's levels
+_LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warn", "INFO": "info", "DEBUG": "debug",
+               "NOTSET": "trace"}
+
+
+def apply_log_level(level: str | None) -> None:
+    """vLLM's --log-level: the level of every logger (VLLM_VCR_LOG=<level>)."""
+    if level and reloadable_logging_installed():
+        apply_log_filter(_LOG_LEVELS[level])
+
+
 def current_log_filter() -> str | None:
     return _levels.current.to_string() if _levels.current else None
 

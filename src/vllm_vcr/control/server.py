@@ -472,7 +472,7 @@ async def start_control_server(
     `token` (--control-token): every request must carry it as `Authorization: Bearer <token>`.
     Raises ControlAddressError for a malformed address and OSError when it cannot bind.
     """
-    host, port = parse_address(address)
+    parse_address(address)  # a malformed address fails before anything is built
     token = token or None
     if log_control == "auto":
         from ..logging_setup import reloadable_logging_installed
@@ -480,6 +480,12 @@ async def start_control_server(
         log_control = _auto_log_control if reloadable_logging_installed() else None
     app = build_control_app(engines, log_control, call_timeout=call_timeout, faults=faults,  # type: ignore[arg-type]
                             token=token)
+    return await serve_control_app(app, address, token)
+
+
+async def serve_control_app(app: Starlette, address: str, token: str | None) -> ControlServer:
+    """Serve a control API app on `address` (HOST:PORT, port 0: any) in the running event loop."""
+    host, port = parse_address(address)
     try:
         sock = bind_listener(host, port, f"--control-address {address}")
     except socket.gaierror as e:

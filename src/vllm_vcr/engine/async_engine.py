@@ -442,3 +442,13 @@ class AsyncEngine:
     async def call_all(self, fn: Callable[[EngineCore], Any]) -> list[Any]:
         """Run fn on every engine between two of its steps, in engine order."""
         return [await core.call(fn) for core in self.engines]
+
+    async def reset_prefix_cache(self) -> list[bool]:
+        """Every engine's prefix cache reset (an engine with requests in flight refuses: False)."""
+        return [r is not False for r in await self.call_all(lambda core: core.reset_prefix_cache())]
+
+
+# The output collectors, shared with the engine-core client of a multi-process serve
+# (wire/client.py): one way of handing outputs to readers whatever carries them.
+Collector = _Collector
+PushQueue = _PushQueue

@@ -179,3 +179,6 @@ def json_decode_error(body: bytes) -> HTTPError:
 # The streaming and non-streaming bodies for an engine-side failure (finish_reason ERROR).
 INTERNAL_ERROR_BODY = error_body("Internal server error", "InternalServerError", 500)
 STREAM_INTERNAL_ERROR = b"data: " + INTERNAL_ERROR_BODY + b"\n\n"
+# ... and for an engine that is gone (vLLM's EngineDeadError: its message, a 500)
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+STREAM_ENGINE_DEAD = b"data: " + error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", 500) + b"\n\n"

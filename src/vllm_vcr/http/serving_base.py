@@ -13,6 +13,7 @@ import msgspec
 from pydantic import BaseModel, ValidationError
 
 from ..frontend.errors import (
+    ENGINE_DEAD_MESSAGE,
     INTERNAL_ERROR_BODY,
     HTTPError,
     json_decode_error,
@@ -323,6 +324,8 @@ def engine_failure(e: BaseException) -> HTTPError:
     """The HTTP error for an engine that is gone; a failed (simulated) start-up says why."""
     if type(e).__name__ == "EngineStartupError":
         return HTTPError(500, f"Engine start-up failed: {e}", "InternalServerError")
+    if type(e).__name__ == "EngineDeadError":
+        return HTTPError(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
     return HTTPError(500, "Internal server error", "InternalServerError")
 
 

@@ -28,7 +28,7 @@ import msgspec
 
 from ..engine.request import DECLINED, TAKEN, TAKEN_WAKE
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
-from ..frontend.errors import STREAM_INTERNAL_ERROR
+from ..frontend.errors import STREAM_ENGINE_DEAD, STREAM_INTERNAL_ERROR
 from ..frontend.generation import OutputStream
 from .serving_base import ENGINE_GONE, RequestContext, encode
 from .sse import DONE, SSEWriter
@@ -189,7 +189,7 @@ class ChoiceStream:
 
     def closing(self) -> bytes:
         if self.error:
-            return self.tail + STREAM_INTERNAL_ERROR + DONE
+            return self.tail + (STREAM_ENGINE_DEAD if self.error == "engine dead" else STREAM_INTERNAL_ERROR) + DONE
         return self.tail + self.usage_chunk() + DONE
 
     def feed_full(self, out: EngineCoreOutput) -> bytes:
@@ -256,7 +256,7 @@ async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[En
     except Exception as e:
         if type(e).__name__ not in ENGINE_GONE:
             raise
-        renderer.error = True
+        renderer.error = "engine dead" if type(e).__name__ == "EngineDeadError" else True
     ctx.finishing = True
     await w.close(renderer.closing())
 

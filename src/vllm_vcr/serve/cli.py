@@ -50,6 +50,9 @@ HONOURED: dict[str, Honoured] = {
     "--num-gpu-blocks-override": Honoured("KV cache size in blocks (overrides --kv-cache-size)"),
     "--tokenizer": Honoured("local HF tokenizer directory (never downloaded)"),
     "--data-parallel-size": Honoured("engines in this process (same as --engine-count)"),
+    "--api-server-count": Honoured("N >= 2: N API server processes sharing --port in front of one engine-core "
+                                   "process per data-parallel rank, as vLLM (docs/api-servers.md); default 1: "
+                                   "the engines run in the API server's process"),
     "--data-parallel-rank": Honoured("this server is rank R of an external data-parallel deployment: its engine "
                                      "reports engine index R (the `engine` label of /metrics, KV events)"),
     "--enable-prefix-caching": Honoured("prefix caching in the simulated KV cache (default on)"),
@@ -176,27 +179,23 @@ def expand_argv(argv: list[str]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .server import run_server
+    from ..logging_setup import apply_log_level
     from .settings import CLIError
 
     try:
-        _apply_log_level(getattr(args, "log_level", None))
+        apply_log_level(getattr(args, "log_level", None))
+        count = getattr(args, "api_server_count", None)
+        if count is not None and count < 1:
+            raise CLIError(f"--api-server-count: must be >= 1, got {count}")
+        if count is not None and count > 1:  # vLLM's process shape (api_servers.py)
+            from .api_servers import run_api_servers
+
+            return run_api_servers(args)
+        from .server import run_server
+
         return run_server(args)
     except CLIError as e:
         parser = getattr(args, "_serve_parser", None)
         prog = parser.prog if parser is not None else "vllm-vcr serve"
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-
-
-_LOG_LEVELS = {"CRITICAL": "error", "ERROR": "error", "WARNING": "warn", "INFO": "info", "DEBUG": "debug",
-               "NOTSET": "trace"}
-
-
-def _apply_log_level(level: str | None) -> None:
-    """vLLM's --log-level: the level of every logger (VLLM_VCR_LOG=<level>)."""
-    if level:
-        from ..logging_setup import apply_log_filter, reloadable_logging_installed
-
-        if reloadable_logging_installed():
-            apply_log_filter(_LOG_LEVELS[level])

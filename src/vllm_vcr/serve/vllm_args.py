@@ -57,7 +57,6 @@ OPTION_REASONS: dict[str, str] = {
     "--kv-cache-dtype": "used only by --perf-model aic (fp8 halves the KV bytes)",
     "--async-scheduling": "used only by --perf-model aic (host time overlapped with the GPU's)",
     "--headless": "serve always runs its API server (`vllm-vcr play` is the headless engine)",
-    "--api-server-count": "one API server process serves every engine",
     "--uds": "serve listens on TCP only",
     "--middleware": "no user Python code is imported",
     "--max-logprobs": "logprobs requests are checked against vLLM 0.32's default of 20",

@@ -133,7 +133,7 @@ class SGLangServing:
         await send_bytes(ctx.send, 503, b"")
 
     async def flush_cache(self, ctx: Any) -> None:
-        done = await self.app.engine.call_all(lambda core: core.reset_prefix_cache())
+        done = await self.app.engine.reset_prefix_cache()
         if all(done):
             await send_bytes(ctx.send, 200, b"Cache flushed.\nPlease check backend logs for more details. (When "
                              b"there are running or waiting requests, the operation will not be performed.)\n",

@@ -102,8 +102,8 @@ class Management:
     async def reset_prefix_cache(self, ctx: RequestContext) -> None:
         _bool_query(ctx, "reset_running_requests", False)
         _bool_query(ctx, "reset_external", False)
-        results = await self.app.engine.call_all(lambda core: core.reset_prefix_cache())
-        await send_bytes(ctx.send, 200, encode({"success": all(r is not False for r in results)}))
+        results = await self.app.engine.reset_prefix_cache()
+        await send_bytes(ctx.send, 200, encode({"success": all(results)}))
 
     async def reset_nothing(self, ctx: RequestContext) -> None:
         """/reset_mm_cache and /reset_encoder_cache: no multimodal or encoder cache here (vLLM: 200, no body)."""

@@ -386,8 +386,16 @@ class PlayServer:
                  ready: ReadyInfo, handshake_timeout: float = 300.0, control_address: str | None = None,
                  control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
-                 token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset()):
+                 token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
+                 first_rank: int = 0, data_parallel_size: int | None = None):
         self.args = args
+        # this process's engines are DP ranks first_rank.. of data_parallel_size (one process per
+        # rank behind `serve --api-server-count`; all ranks in one process for `play`)
+        self.first_rank = first_rank
+        self.data_parallel_size = data_parallel_size or first_rank + engine_count
+        self.control: Any = None  # the control API's server, once it runs
+        # called once the engines serve (after the handshake): a parent process learns that it can go on
+        self.on_serving: Callable[[PlayServer], None] | None = None
         self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
         self.textless_ids = textless_ids  # ids random output skips (MODEL's specials, or below the safe range)
         self.engine_inputs: dict[str, Any] = {}  # built from the trace flags before the handshake
@@ -437,6 +445,8 @@ class PlayServer:
                 self.create_engines()
                 await self.start_pd_services(stack)
                 core_tasks, io_tasks = await self.start_serving()
+                if self.on_serving is not None:
+                    self.on_serving(self)
                 start_idle_trimming(stack, lambda: self.engines.engines)
                 rc = await self.serve_until_signal(core_tasks)
                 await self.drain(core_tasks, io_tasks)
@@ -464,14 +474,15 @@ class PlayServer:
         """Until the engines exist the control API answers "no engine"."""
         if not self.control_address:
             return
-        control = await start_control_server(self.engines, self.control_address, token=self.control_token)
+        control = self.control = await start_control_server(self.engines, self.control_address,
+                                                            token=self.control_token)
         stack.push_async_callback(_stop_quietly, control.stop, "the control API")
         log.info("control API on %s", self.control_address)
 
     def start_kv_publishers(self, stack: contextlib.AsyncExitStack) -> None:
         if self.kv_events is None or not self.kv_events.active:
             return
-        for rank in range(self.engine_count):
+        for rank in self.ranks:
             pub = create_publisher(self.kv_events, data_parallel_rank=rank)
             stack.callback(pub.close)
             self.publishers.append(pub)
@@ -487,13 +498,17 @@ class PlayServer:
         stack.callback(close)
         return ctx
 
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.engine_count)
+
     def _ready_info(self, rank: int) -> ReadyInfo:
         info = copy.copy(self.ready)
         base = info.instance_id or self.args.engine_id
         info.instance_id = base if rank == 0 else f"{base}-{rank}"
-        info.data_parallel_size = self.engine_count
+        info.data_parallel_size = self.data_parallel_size
         if self.publishers:
-            cfg = self.publishers[rank].publisher_config
+            cfg = self.publishers[rank - self.first_rank].publisher_config
             info.kv_events_config = cfg.to_dict() if cfg is not None else None
         return info
 
@@ -502,7 +517,7 @@ class PlayServer:
         load_time = self.args.startup_time / self.args.time_scale
         hs = asyncio.gather(*(handshake(ctx, self.address, r, self._ready_info(r), timeout=self.handshake_timeout,
                                         load_time=load_time, load_failure=self.args.startup_failure)
-                              for r in range(self.engine_count)), return_exceptions=True)
+                              for r in self.ranks), return_exceptions=True)
         stop_wait = asyncio.ensure_future(self._stop.wait())
         done, _ = await asyncio.wait({hs, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if hs not in done:
@@ -536,7 +551,7 @@ class PlayServer:
                                          token_source_factory=self.token_source_factory, on_idle=collect_while_idle,
                                          textless_ids=self.textless_ids, **self.engine_inputs))
                 if self.publishers:
-                    b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank].publish)
+                    b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank - self.first_rank].publish)
         except Exception:
             log.exception("could not build the engines")
             self._fail_start()

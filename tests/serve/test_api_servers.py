@@ -1,0 +1,232 @@
+"""`serve --api-server-count N`: N API server processes in front of one engine-core process per
+data-parallel rank, started through the real CLI and driven with the openai SDK."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import ServeProcess, scaled, subprocess_env
+from vllm_vcr.testing.waits import free_port, wait_until
+
+MODEL = "vllm-vcr/sim"
+HEADER = "x-vllm-vcr-api-server"
+
+
+def start(tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None) -> ServeProcess:
+    control = free_port()
+    sp = ServeProcess(["--control-address", f"127.0.0.1:{control}", *args], log_path=tmp_path / f"{name}.log",
+                      env=env)
+    sp.control = f"http://127.0.0.1:{control}"
+    sp.wait_ready(120)
+    wait_until(lambda: READY.search(sp.log()), 60, "every process to report ready")
+    return sp
+
+
+READY = re.compile(r"API server\(s\) \(pids ([\d ]+)\), \d+ engine core process\(es\) \(pids ([\d ]+)\)")
+
+
+def pids(sp: ServeProcess) -> tuple[list[int], list[int]]:
+    """(API server pids, engine core pids) as the ready line names them."""
+    m = READY.search(sp.log())
+    assert m, sp.log()
+    return [int(p) for p in m.group(1).split()], [int(p) for p in m.group(2).split()]
+
+
+def client(sp: ServeProcess, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=sp.url + "/v1", api_key="x", max_retries=0, **kw)
+
+
+def metrics(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, lv), v in samples.items()
+               if n == name and all(dict(lv).get(k) == want for k, want in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def fleet_of_processes(tmp_path_factory):
+    """2 API servers, 2 engine cores (data parallel), a control API, vLLM's dev-mode routes."""
+    sp = start(tmp_path_factory.mktemp("api-servers"), "serve", "--api-server-count", "2",
+               "--data-parallel-size", "2", "--time-to-first-token", "5", "--inter-token-latency", "2",
+               env={"VLLM_SERVER_DEV_MODE": "1"})
+    yield sp
+    assert sp.stop(timeout=30) == 0, sp.log()
+
+
+def test_every_api_server_answers_and_the_counts_add_up(fleet_of_processes):
+    sp = fleet_of_processes
+    httpx.post(sp.control + "/stats/reset", timeout=30).raise_for_status()
+    before = metrics(sp.url)
+    seen: dict[str, int] = {}
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def one(_: int) -> None:
+        with client(sp) as c:  # a connection of its own: the processes race for it
+            raw = c.completions.with_raw_response.create(model=MODEL, prompt="hello", max_tokens=3)
+            body = raw.parse()
+        with lock:
+            seen[raw.headers[HEADER]] = seen.get(raw.headers[HEADER], 0) + 1
+            ids.append(body.id)
+        assert body.choices[0].finish_reason == "length"
+
+    sent = 0
+    with ThreadPoolExecutor(8) as pool:
+        while len(seen) < 2 and sent < 400:
+            list(pool.map(one, range(sent, sent + 16)))
+            sent += 16
+    assert set(seen) == {"0", "1"}, seen
+
+    with client(sp) as c:  # one code path renders every response: streams too
+        chunks = list(c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    sent += 1
+
+    assert len(set(ids)) == len(ids)  # request ids unique across the API servers
+
+    # /stats through the one control address: the sum over both engine-core processes
+    stats = httpx.get(sp.control + "/stats", timeout=30).json()
+    assert stats["requests_received"] == stats["requests_completed"] == sent, stats
+    config = httpx.get(sp.control + "/config", timeout=30).json()
+    assert config["inter_token_latency"] == 2
+
+    # /metrics, whichever API server answers: counters summed over the processes, as vLLM's multiprocess registry
+    def added_up() -> bool:
+        after = metrics(sp.url)
+        done = total(after, "vllm:request_success_total") - total(before, "vllm:request_success_total")
+        http = (total(after, "http_requests_total", handler="/v1/completions")
+                - total(before, "http_requests_total", handler="/v1/completions"))
+        return done == sent and http == sent - 1
+
+    for _ in range(4):  # every scrape (both API servers answer some) shows all of it
+        wait_until(added_up, 30, "/metrics to count every request")
+    after = metrics(sp.url)
+    engines = {dict(lv)["engine"] for (n, lv), v in after.items() if n == "vllm:request_success_total" and v}
+    assert engines == {"0", "1"}  # both data-parallel ranks served
+    tokens = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
+    assert tokens == 3 * (sent - 1) + 4
+    assert not [n for n, _ in after if n.endswith("_created") or n.startswith("process_")]
+
+
+def test_control_api_fans_out_patches(fleet_of_processes):
+    sp = fleet_of_processes
+    r = httpx.patch(sp.control + "/config", json={"max_num_seqs": 64}, timeout=30)
+    assert r.status_code == 200 and r.json()["max_num_seqs"] == 64
+    r = httpx.patch(sp.control + "/config", json={"failure_injection_rate": 2}, timeout=30)
+    assert r.status_code == 400 and "error" in r.json()
+    assert httpx.get(sp.control + "/nope", timeout=30).status_code == 404
+    r = httpx.patch(sp.control + "/config", json={"max_num_seqs": 128}, timeout=30)
+    assert r.json()["max_num_seqs"] == 128
+
+
+def test_engine_operations_go_over_the_wire(fleet_of_processes):
+    sp = fleet_of_processes
+    for _ in range(4):  # whichever API server answers, every engine core resets
+        r = httpx.post(sp.url + "/reset_prefix_cache", timeout=30)
+        assert r.status_code == 200 and r.json() == {"success": True}
+    # what needs the engine object in the API server's process says so (and the server goes on)
+    r = httpx.post(sp.url + "/pause", timeout=30)
+    assert r.status_code == 500 and "--api-server-count > 1" in r.json()["error"]["message"]
+    assert httpx.get(sp.url + "/health", timeout=30).status_code == 200
+
+
+def test_sigterm_drains_every_process(tmp_path):
+    sp = start(tmp_path, "drain", "--api-server-count", "2", "--shutdown-timeout", "60",
+               "--time-to-first-token", "10", "--inter-token-latency", "20")
+    api, engines = pids(sp)
+    result: dict = {}
+
+    def stream() -> None:
+        with client(sp, timeout=scaled(60)) as c:
+            chunks = list(c.completions.create(model=MODEL, prompt="x", max_tokens=40, stream=True))
+        result["finish"] = chunks[-1].choices[0].finish_reason
+        result["text"] = "".join(ch.choices[0].text for ch in chunks)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+    sp.proc.send_signal(signal.SIGTERM)
+    t.join(scaled(60))
+    assert result.get("finish") == "length"  # drained, not cut
+    assert sp.proc.wait(scaled(60)) == 0
+    for pid in api + engines:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    sp.stop()
+
+
+def test_killing_the_engine_core_stops_the_server_as_vllm(tmp_path):
+    """vLLM 0.32 with --api-server-count 2 whose EngineCore gets SIGKILL: the parent sees the
+    process gone, SIGTERMs the API servers, which drop what is in flight, and exits 1."""
+    sp = start(tmp_path, "kill", "--api-server-count", "2", "--time-to-first-token", "10",
+               "--inter-token-latency", "50")
+    api, engines = pids(sp)
+    results: dict = {}
+
+    def non_streaming() -> None:
+        try:
+            with client(sp, timeout=scaled(60)) as c:
+                results["plain"] = c.completions.create(model=MODEL, prompt="x", max_tokens=500)
+        except Exception as e:  # noqa: BLE001 - what the client gets is the point
+            results["plain"] = e
+
+    def streaming() -> None:
+        got = []
+        try:
+            with client(sp, timeout=scaled(60)) as c:
+                for ch in c.completions.create(model=MODEL, prompt="x", max_tokens=500, stream=True):
+                    got.append(ch)
+            results["stream"] = (len(got), None)
+        except Exception as e:  # noqa: BLE001
+            results["stream"] = (len(got), e)
+
+    threads = [threading.Thread(target=non_streaming), threading.Thread(target=streaming)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 2, 30,
+               "both requests to run")
+    psutil.Process(engines[0]).kill()
+    for t in threads:
+        t.join(scaled(60))
+    # no answer from the engine: uvicorn's graceful-shutdown wait ends, the requests are cut
+    # (a response not begun gets uvicorn's bare 500, a stream stops short of its end)
+    plain = results["plain"]
+    assert isinstance(plain, openai.APIConnectionError) or (
+        isinstance(plain, openai.APIStatusError) and plain.status_code == 500), plain
+    got, error = results["stream"]
+    assert got > 0 and error is not None, results["stream"]
+    assert sp.proc.wait(scaled(60)) == 1
+    for pid in api:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert re.search(r"engine core 0 \(pid \d+\) died with exit code -9", sp.log())
+    sp.stop()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--api-server-count", "0"], "--api-server-count: must be >= 1"),
+    (["--api-server-count", "2", "--grpc"], "--api-server-count"),
+])
+def test_bad_api_server_count_is_one_line(args, message):
+    r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()), *args],
+                       capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
