@@ -16,6 +16,8 @@
 
 Servers (all on 127.0.0.1, each started in its own process group and killed with it):
   vllm-vcr          `python -m vllm_vcr serve ...` from this checkout
+  vllm-vcr-api2     the same with `--api-server-count 2`: two API server processes and an
+                    engine-core process (CPU counted over the whole process tree)
   dynamo            ai-dynamo frontend + mocker (file discovery, tcp request plane, no etcd/NATS)
   guidellm          `guidellm mock-server`
   null              bench/null_sse_server.py: pre-built chunks on deadlines, nothing else: the
@@ -124,8 +126,10 @@ class Server:
         self.procs.clear()
 
 
-# `serve` as the peers stream (one token per SSE event), and with 16 tokens per event
-VCR_VARIANTS = {"vllm-vcr": [], "vllm-vcr-si16": ["--stream-interval", "16"]}
+# `serve` as the peers stream (one token per SSE event), with 16 tokens per event, and in vLLM's
+# process shape with two API server processes in front of an engine-core process
+VCR_VARIANTS = {"vllm-vcr": [], "vllm-vcr-si16": ["--stream-interval", "16"],
+                "vllm-vcr-api2": ["--api-server-count", "2"]}
 
 
 def start_vllm_vcr(port: int, run_dir: Path, *, ttft_ms: float, itl_ms: float, model_dir: Path,
@@ -537,6 +541,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="vllm-vcr,vllm-vcr-si16,dynamo,guidellm,null",
                     help="vllm-vcr-si16: vllm-vcr with --stream-interval 16 (what batching tokens per event buys); "
+                         "vllm-vcr-api2: vllm-vcr with --api-server-count 2; "
                          "null: bench/null_sse_server.py, the floor; uvicorn-floor: bench/asgi_floor_server.py, "
                          "the floor behind uvicorn's request path")
     ap.add_argument("--workloads", default="w1,w2",
