@@ -15,7 +15,7 @@
 #
 # Cached: the base rootfs (tarball + podman image, ~75 s the first time), the dependency
 # wheelhouse (keyed on the requirements and the Python version) and podman's layer for the
-# dependencies, so a second run only rebuilds vllm-vcr's own wheel layer (a few seconds).
+# dependencies, so a second run only redoes vllm-vcr's wheel and the final root file system (~1 min).
 # Needs root for apt-get/debootstrap the first time; installs podman, debootstrap and runc if absent.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -166,6 +166,9 @@ main() {
   if [[ -n $previous && $previous != $(podman image inspect --format '{{.Id}}' "$TAG") ]]; then
     podman rmi "$previous" >/dev/null 2>&1 || true
   fi
+  # the build stage's last image is no one's parent once the final stage copied from it: without
+  # this every build would leave one (~300 MB) behind; the cached dependency layer has children
+  podman image prune -f --filter label=io.github.vllm-vcr.stage=build >/dev/null 2>&1 || true
   log "built $TAG: $(podman image inspect --format '{{.Size}}' "$TAG" | numfmt --to=iec) "\
 "(base $(podman image inspect --format '{{.Size}}' "$base" | numfmt --to=iec))"
 }
