@@ -5,14 +5,17 @@
 #
 # usage: scripts/build-image.sh [--tag TAG] [--base IMAGE] [--prepare] [--check]
 #   --tag TAG     image name (default localhost/vllm-vcr:dev)
-#   --base IMAGE  build FROM this image instead of the debootstrap base (pip may then use the index)
+#   --base IMAGE  build FROM this image instead of the debootstrap base (pip may then use the index);
+#                 without root for debootstrap the script takes docker.io/library/python:3.12-slim
 #   --prepare     only install the tools and make the base image (the slow, cached part)
 #   --check       only report whether podman can run a container here (exit 0 yes, 1 no + reason)
+#   --context     only stage the build context (no podman needed) and print its directory, for
+#                 `docker build -f Containerfile "$(scripts/build-image.sh --context)"`
 # env:   VLLM_VCR_IMAGE_CACHE (default $HOME/.cache/vllm-vcr/image): rootfs tarball and wheelhouse
 #
 # Cached: the base rootfs (tarball + podman image, ~75 s the first time), the dependency
 # wheelhouse (keyed on the requirements and the Python version) and podman's layer for the
-# dependencies, so a second run only rebuilds vllm-vcr's own wheel layer (a few seconds).
+# dependencies, so a second run only redoes vllm-vcr's wheel and the final root file system (~1 min).
 # Needs root for apt-get/debootstrap the first time; installs podman, debootstrap and runc if absent.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -20,21 +23,31 @@ shopt -s inherit_errexit
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${VLLM_VCR_IMAGE_CACHE:-$HOME/.cache/vllm-vcr/image}
 TAG=localhost/vllm-vcr:dev
-BASE_TAG=localhost/vllm-vcr-base:bookworm
+BASE_TAG=localhost/vllm-vcr-base:bookworm-build
 BASE=""
 CHECK=0
 PREPARE=0
+CONTEXT=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --tag) TAG=$2; shift 2 ;;
     --base) BASE=$2; shift 2 ;;
     --check) CHECK=1; shift ;;
     --prepare) PREPARE=1; shift ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    --context) CONTEXT=1; shift ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) echo "build-image.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-export CONTAINERS_CONF=$HERE/deploy/containers.conf
+# Inside an unprivileged CI container without systemd (this project's CI) podman needs
+# deploy/containers.conf (no ulimits, cgroupfs, runc); a desktop or CI runner with systemd keeps its
+# own configuration. An explicit CONTAINERS_CONF wins.
+SANDBOX_CONF=0
+if [[ -z ${CONTAINERS_CONF:-} && ! -d /run/systemd/system ]]; then
+  export CONTAINERS_CONF=$HERE/deploy/containers.conf
+  SANDBOX_CONF=1
+fi
+REGISTRY_BASE=docker.io/library/python:3.12-slim
 log() { echo "[build-image] $*" >&2; }
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.build.lock"
@@ -42,11 +55,20 @@ flock 9
 
 install_tools() {
   local missing=()
+  local can_apt=0
+  [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && can_apt=1
   command -v podman >/dev/null || missing+=(podman)
-  command -v runc >/dev/null || missing+=(runc)
-  [[ -n $BASE ]] || command -v debootstrap >/dev/null || missing+=(debootstrap)
+  [[ $SANDBOX_CONF -eq 0 ]] || command -v runc >/dev/null || missing+=(runc)
+  if [[ -z $BASE ]] && ! podman image exists "$BASE_TAG" 2>/dev/null && ! command -v debootstrap >/dev/null; then
+    if [[ $can_apt -eq 1 ]]; then
+      missing+=(debootstrap)
+    else  # a desktop: no root for debootstrap, but a registry
+      log "no debootstrap (needs root + apt): building FROM $REGISTRY_BASE, dependencies from PyPI"
+      BASE=$REGISTRY_BASE
+    fi
+  fi
   [[ ${#missing[@]} -eq 0 ]] && return 0
-  if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null; then
+  if [[ $can_apt -eq 0 ]]; then
     echo "podman unavailable: ${missing[*]} missing and cannot apt-get install them (needs root + apt)" >&2
     return 1
   fi
@@ -66,12 +88,13 @@ podman_works() {
 
 build_base() {
   podman image exists "$BASE_TAG" && return 0
-  local tarball=$CACHE/base-bookworm.tar
+  local tarball=$CACHE/base-bookworm-build.tar
   if [[ ! -s $tarball ]]; then
     local rootfs=$CACHE/rootfs.tmp
     rm -rf "$rootfs"
-    log "debootstrap bookworm (minbase + python3) into $rootfs"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" \
+    # the build stage's base; binutils: strip. The image itself is a FROM scratch copy of what runs.
+    log "debootstrap bookworm (minbase + python3, binutils) into $rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,binutils bookworm "$rootfs" \
       >"$CACHE/debootstrap.log" 2>&1 || { tail -20 "$CACHE/debootstrap.log" >&2; return 1; }
     # what a container never needs: downloaded .debs, package lists, docs, man pages, locales
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
@@ -86,7 +109,8 @@ build_base() {
 # context/dist: the vllm-vcr wheel + requirements.txt; context/wheels: the dependencies' wheels
 stage_context() {
   local ctx=$CACHE/context py
-  rm -rf "$ctx/dist" && mkdir -p "$ctx/dist" "$ctx/wheels"
+  rm -rf "$ctx/dist" "$ctx/image" && mkdir -p "$ctx/dist" "$ctx/wheels" "$ctx/image"
+  cp "$HERE/deploy/image/slim.py" "$ctx/image/"
   py=${PYTHON:-python3}
   "$py" - "$HERE/pyproject.toml" >"$ctx/dist/requirements.txt" <<'EOF'
 import sys, tomllib
@@ -119,6 +143,11 @@ EOF
 }
 
 main() {
+  if [[ $CONTEXT -eq 1 ]]; then  # for docker build: FROM the registry's Python, dependencies from PyPI
+    BASE=${BASE:-$REGISTRY_BASE}
+    stage_context
+    return
+  fi
   install_tools || return 1
   [[ -n $BASE ]] || build_base
   if [[ $CHECK -eq 1 ]]; then podman_works; return; fi
@@ -137,6 +166,9 @@ main() {
   if [[ -n $previous && $previous != $(podman image inspect --format '{{.Id}}' "$TAG") ]]; then
     podman rmi "$previous" >/dev/null 2>&1 || true
   fi
+  # the build stage's last image is no one's parent once the final stage copied from it: without
+  # this every build would leave one (~300 MB) behind; the cached dependency layer has children
+  podman image prune -f --filter label=io.github.vllm-vcr.stage=build >/dev/null 2>&1 || true
   log "built $TAG: $(podman image inspect --format '{{.Size}}' "$TAG" | numfmt --to=iec) "\
 "(base $(podman image inspect --format '{{.Size}}' "$base" | numfmt --to=iec))"
 }

@@ -2,7 +2,8 @@
 
 One container per test module (host network, free ports): /health, a streaming chat with the
 openai SDK, the control API on the port MOCK_CONTROL_PORT names, the MOCK_* mapping visible in
-GET /config, the health check, a non-root user, and a SIGTERM that lets the running stream end.
+GET /config, the health check, a non-root user, HTTPS with a mounted certificate, a SIGTERM that
+lets the running stream end, and the image's size (under 200 MB).
 Skipped with the reason where podman cannot run containers (`VLLM_VCR_IMAGE=0` skips it too).
 """
 
@@ -23,13 +24,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, free_port, scaled, wait_http_ok
+from tests.conftest import ROOT, free_port, scaled, wait_http_ok, wait_until
 
 pytestmark = pytest.mark.image
 
 TAG = "localhost/vllm-vcr:test"
 BUILD = ROOT / "scripts" / "build-image.sh"
-PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(ROOT / "deploy" / "containers.conf")}
+# as scripts/build-image.sh: the project's podman configuration where there is no systemd (CI containers)
+PODMAN_ENV = dict(os.environ)
+if "CONTAINERS_CONF" not in PODMAN_ENV and not Path("/run/systemd/system").is_dir():
+    PODMAN_ENV["CONTAINERS_CONF"] = str(ROOT / "deploy" / "containers.conf")
 MODEL = "acme/mock-7b"
 
 
@@ -53,7 +57,7 @@ def image() -> str:
 
 
 class Container:
-    def __init__(self, image: str, env: dict[str, str]):
+    def __init__(self, image: str, env: dict[str, str], *, volumes: tuple[str, ...] = (), args: tuple[str, ...] = ()):
         self.name = f"vllm-vcr-test-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         self.control_port = free_port()
@@ -61,8 +65,9 @@ class Container:
         flags = [f"--env={k}={v}" for k, v in env.items()]
         # --network host: this machine kind has no container networking to rely on; --read-only
         # as the chart's readOnlyRootFilesystem (podman mounts a tmpfs on /tmp, the chart an emptyDir)
-        _podman("run", "-d", "--network", "host", "--read-only", "--name", self.name, *flags, image,
-                "serve", "--host", "127.0.0.1")
+        mounts = [f"--volume={v}" for v in volumes]
+        _podman("run", "-d", "--network", "host", "--read-only", "--name", self.name, *flags, *mounts, image,
+                "serve", "--host", "127.0.0.1", *args)
         self.url = f"http://127.0.0.1:{self.port}"
         self.control = f"http://127.0.0.1:{self.control_port}"
 
@@ -99,6 +104,8 @@ def container(image):
 
 def test_image_metadata(image):
     inspect = json.loads(_podman("image", "inspect", image).stdout)[0]
+    # docs/deploy.md: under 200 MB as podman and Docker count it (the layers, uncompressed)
+    assert inspect["Size"] < 200_000_000, f"the image is {inspect['Size'] / 1e6:.1f} MB"
     config = inspect["Config"]
     env = dict(item.split("=", 1) for item in config["Env"])
     assert env["MOCK_CONTROL_PORT"] == "8001"  # the control API on 127.0.0.1:8001 by default
@@ -152,6 +159,48 @@ def test_tokens_pass_through_the_environment_and_stay_out_of_the_logs(image):
         assert httpx.get(c.url + "/v1/models", timeout=5).status_code == 401
         assert httpx.get(c.url + "/v1/models", headers={"authorization": "Bearer api-s3cret"}, timeout=5).is_success
         assert "s3cret" not in c.logs()  # the entrypoint's command line and the server's own log lines
+        health = _podman("healthcheck", "run", c.name, check=False)
+        assert health.returncode == 0, health.stdout + health.stderr
+    finally:
+        c.remove()
+
+
+def test_https_with_the_openai_sdk(image, tmp_path):
+    """docs/deploy.md's HTTPS recipe: a certificate mounted read-only, vLLM's --ssl-keyfile and
+    --ssl-certfile after `serve`; the openai SDK trusts only that certificate; the health check
+    follows the server to HTTPS."""
+    import ssl
+
+    import openai
+
+    from tests.http.test_serve_tls import make_cert
+
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    key, cert, _, _ = make_cert(tls, "server")
+    key.chmod(0o644)  # the image's user (uid 10001) reads it
+    tls.chmod(0o755)
+    c = Container(image, {"MODEL": MODEL}, volumes=(f"{tls}:/tls:ro",),
+                  args=("--ssl-keyfile", f"/tls/{key.name}", "--ssl-certfile", f"/tls/{cert.name}"))
+    try:
+        trusted = httpx.Client(verify=ssl.create_default_context(cafile=str(cert)), timeout=scaled(30))
+        base = f"https://127.0.0.1:{c.port}"
+
+        def up() -> bool:
+            assert c.running(), c.logs()
+            try:
+                return trusted.get(base + "/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 60, "the container to answer over HTTPS", interval=0.2)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", http_client=trusted)
+        chat = client.chat.completions.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert chat.usage.completion_tokens == 5
+        stream = client.completions.create(model=MODEL, prompt="hi", max_tokens=4, stream=True)
+        assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].text) >= 1
+        with pytest.raises(openai.APIConnectionError):  # a client without the certificate refuses it
+            openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0).models.list()
         health = _podman("healthcheck", "run", c.name, check=False)
         assert health.returncode == 0, health.stdout + health.stderr
     finally:

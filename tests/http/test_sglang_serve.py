@@ -92,9 +92,30 @@ def test_router_routes_and_openai(sglang):
     assert out.usage.completion_tokens <= 2
 
 
+def test_server_info_reports_the_engine_config(serve_process):
+    """SGLang's /get_server_info (and the newer /model_info that SMG asks first):
+    the running window and KV capacity come from the engine's flags, as SGLang's server args and
+    scheduler info report them; SMG's P/D admission reads max_running_requests."""
+    sp = serve_process("--engine-type", "sglang", "--worker-type", "decode", "--max-num-seqs", "7",
+                       "--kv-cache-size", "300", "--block-size", "32", "--max-model-len", "2048",
+                       "--max-num-batched-tokens", "512", "--engine-count", "2")
+    with httpx.Client(base_url=sp.url, timeout=30) as c:
+        info = c.get("/get_server_info").json()
+        assert c.get("/model_info").json() == c.get("/get_model_info").json()
+    assert info["max_running_requests"] == 7
+    assert info["max_total_num_tokens"] == info["max_total_tokens"] == 300 * 32
+    assert info["page_size"] == 32 and info["context_length"] == 2048 and info["max_req_input_len"] == 2047
+    assert info["max_prefill_tokens"] == 512 and info["dp_size"] == 2
+    assert info["disaggregation_mode"] == "decode" and info["served_model_name"] == "vllm-vcr/sim"
+    states = info["internal_states"]
+    assert [s["dp_rank"] for s in states] == [0, 1]
+    assert all(s["memory_usage"]["token_capacity"] == 300 * 32 and s["num_running_reqs"] == 0 for s in states)
+
+
 def test_vllm_engine_has_no_sglang_routes(serve_process):
     sp = serve_process("--inter-token-latency", "0")
     assert httpx.post(sp.url + "/generate", json={"text": "x"}).status_code == 404
+    assert httpx.get(sp.url + "/get_server_info").status_code == 404
     assert "vllm:num_requests_running" in httpx.get(sp.url + "/metrics").text
 
 

@@ -82,7 +82,7 @@ def test_smg_sglang_pd_bootstrap_flow(fleet):
     kv = ("--kv-bytes-per-token", "100000", "--kv-transfer-bandwidth", "10", "--kv-cache-size", "256")
     prefill = fleet.worker(*SGLANG, "--worker-type", "prefill", "--bootstrap-port", str(boot),
                            "--side-channel-port", FREE, *kv)
-    decode = fleet.worker(*SGLANG, "--worker-type", "decode", *kv)
+    decode = fleet.worker(*SGLANG, "--worker-type", "decode", "--max-num-seqs", "24", *kv)
     fleet.ready(prefill, decode)
     r = smg(fleet, "--pd-disaggregation", "--prefill", prefill.url, str(boot), "--decode", decode.url,
             "--policy", "round_robin")
@@ -98,6 +98,12 @@ def test_smg_sglang_pd_bootstrap_flow(fleet):
     chat = r.chat("a chat through the bootstrap flow", max_tokens=3)
     assert chat.status_code == 200, chat.text
     assert prefill.served() == 4 and decode.served() == 4
+    # smg's P/D admission gate reads the decode worker's running window from /server_info
+    # (SGLang's max_running_requests = --max-num-seqs): without it the gate is off for the worker
+    log = r.log()
+    assert f'running window worker="{decode.url}" window=24' in log, \
+        [line for line in log.splitlines() if "admission" in line.lower()]
+    assert "'/model_info' returned 404" not in log  # (/server_info is vLLM's dev-mode route: smg falls back)
 
 
 def healthy(r) -> dict[str, bool]:

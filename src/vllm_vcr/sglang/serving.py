@@ -5,6 +5,12 @@ SGLang router (sgl-model-gateway, Dynamo's SGLang frontend) talks to.
   `{"text", "output_ids", "meta_info"}`; streamed, every SSE event carries the text and ids so far
   (SGLang's default, non-incremental stream output), then `data: [DONE]`.
 * `GET /get_model_info`, `GET /health_generate` (a one-token generation), `POST|GET /flush_cache`.
+* `GET /get_server_info` and `GET /model_info` (the name newer SGLang and SMG use for
+  `/get_model_info`; `/server_info` is vLLM's dev-mode route here, so SMG falls back to the old name):
+  SGLang's server arguments that mean something here, its scheduler info and a per-rank internal
+  state, from the engine's configuration: `max_running_requests` is `--max-num-seqs` (SMG's P/D
+  admission bounds in-flight requests to a decode worker by it), `max_total_num_tokens` is the KV
+  cache in tokens, `page_size` the block size, `disaggregation_mode` the worker type.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from .. import __version__
 from ..engine.types import EngineCoreRequest, FinishReason, SamplingParams
 from ..frontend.errors import HTTPError
 from ..frontend.generation import sglang_handoff
@@ -117,6 +124,32 @@ class SGLangServing:
             "model_path": s.model_name, "tokenizer_path": s.model_name, "is_generation": True,
             "preferred_sampling_params": None, "weight_version": "default", "has_image_understanding": False,
             "has_audio_understanding": False, "model_type": None, "architectures": None}))
+
+    async def server_info(self, ctx: Any) -> None:
+        """SGLang's `/get_server_info`: `{**server_args, **scheduler_info, "internal_states": [per DP
+        rank], "version"}`, with the server arguments this engine has a value for."""
+        s, args = self.app.settings, self.app.engine.args
+        cfg = args.config
+        capacity = args.kv_cache_size * args.tokens_per_block  # per rank, as SGLang's scheduler reports it
+
+        def state(core: Any) -> dict[str, Any]:
+            return {"num_running_reqs": len(core.scheduler.running), "num_waiting_reqs": len(core.scheduler.waiting),
+                    "token_usage": core.block_pool.usage()}
+
+        ranks = await self.app.engine.call_all(state)
+        mode = s.worker_type if s.worker_type in ("prefill", "decode") else "null"
+        await send_bytes(ctx.send, 200, _encode({
+            "model_path": s.model_root or s.model_name, "tokenizer_path": s.model_root or s.model_name,
+            "served_model_name": s.model_name, "context_length": s.max_model_len, "is_embedding": False,
+            "tp_size": 1, "pp_size": 1, "dp_size": s.engine_count, "page_size": args.tokens_per_block,
+            "max_running_requests": cfg.max_num_seqs, "max_total_tokens": capacity,
+            "max_prefill_tokens": cfg.max_num_batched_tokens, "chunked_prefill_size": cfg.max_num_batched_tokens,
+            "schedule_policy": s.scheduling_policy, "disaggregation_mode": mode, "weight_version": "default",
+            # the scheduler's info
+            "max_total_num_tokens": capacity, "max_req_input_len": max(min(s.max_model_len, capacity) - 1, 1),
+            "internal_states": [{"dp_rank": i, **r, "effective_max_running_requests_per_dp": cfg.max_num_seqs,
+                                 "memory_usage": {"token_capacity": capacity}} for i, r in enumerate(ranks)],
+            "version": __version__}))
 
     async def health_generate(self, ctx: Any) -> None:
         """Healthy when the engine produces a token (SGLang sends a one-token request)."""
