@@ -100,3 +100,32 @@ def test_async_scheduling_shortens_the_tpot_of_a_closed_loop_by_the_hidden_host_
     # a Llama-3.1-8B decode step on an H100 (~7 ms) is longer than the 3 ms of host time: all but
     # the exposed 0.5 ms of it hides behind the GPU
     assert sync - overlapped == pytest.approx(2.5, abs=0.3)
+
+
+@needs_aic
+def test_under_async_scheduling_a_request_arriving_mid_step_joins_the_step_after_next():
+    """vLLM schedules step n+1 before it reads the requests that arrived during step n
+    (`step_with_batch_queue`): a request arriving while decodes run waits one more step for its
+    prefill than without async scheduling; the steps themselves are as long either way."""
+    from vllm_vcr.perf.aic import AicTarget
+    from vllm_vcr.simulate.runner import simulate
+    from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
+
+    def run(asynchronous: bool) -> tuple[float, float]:
+        target = AicTarget(LLAMA_8B, "h100_sxm", step_overhead_ms=0.0, per_seq_overhead_ms=0.0,
+                           async_scheduling=asynchronous, async_exposed_ms=0.0, frontend_ms=0.0,
+                           frontend_ms_per_1k_tokens=0.0, frontend_ms_per_request=0.0).resolved().to_dict()
+        args = EngineArgs(config=EngineConfig(max_num_seqs=64, max_num_batched_tokens=8192), perf_model=target,
+                          kv_cache_size=20000, advertised_max_model_len=1024).validate()
+        wl = SyntheticWorkload(num_requests=96, isl=LengthDist("fixed", 256), osl=LengthDist("uniform", 32, 96),
+                               arrival="closed", concurrency=16, seed=3)
+        later = [r for r in simulate(args, wl, concurrency=16).done if int(r.request_id.rsplit("-", 1)[1]) >= 16]
+        ttft = sum((r.first - r.arrival) * 1e3 for r in later) / len(later)
+        tpot = sum((r.end - r.first) * 1e3 / (r.num_out - 1) for r in later) / len(later)
+        return ttft, tpot
+
+    (sync_ttft, sync_tpot), (async_ttft, async_tpot) = run(False), run(True)
+    assert async_tpot == pytest.approx(sync_tpot, rel=0.05)
+    # each later request arrives when another one ends, mid-run of the others' decodes: one more
+    # decode step (~7 ms for 16 sequences of a Llama-3.1-8B on an H100) before its prefill
+    assert 0.6 * sync_tpot < async_ttft - sync_ttft < 1.4 * sync_tpot

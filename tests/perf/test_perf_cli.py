@@ -141,6 +141,33 @@ def test_an_moe_model_starts_with_tp_alone_as_vllm_lays_out_its_experts(command)
 
 
 @needs_aic
+@pytest.mark.parametrize("command", ["serve", "simulate"])
+def test_a_block_fp8_moe_model_starts_with_tp_8_alone(command):
+    """vLLM (from its block-shape refinement) shards a [128, 128]-block FP8 checkpoint's experts
+    over 8 ranks even where a rank's width (Qwen3-235B-A22B: 1536 / 8 = 192) is not a whole
+    block; the estimator has no tables at that block, so its per-tensor FP8 ones price it (as the
+    validation's rows of that layout are priced), and `-tp 8` alone starts."""
+    from vllm_vcr.perf.aic import AicTarget, compile_target
+    from vllm_vcr.perf.cli import perf_target
+
+    parser, _ = build_parser()
+    ns = parser.parse_args([command, "Qwen/Qwen3-235B-A22B-FP8", "--perf-model", "aic", "-tp", "8",
+                            "--gpu", "h200_sxm"])
+    target = AicTarget.from_dict(perf_target(ns)).resolved()
+    assert (target.moe_tp_size, target.gemm_quant, target.moe_quant) == (8, "fp8", "fp8")
+    assert compile_target(target).decode_step_latency(8, 1024, 2) > 0
+    # where a rank holds whole blocks, the block-scaled tables price it on Hopper
+    tp4 = AicTarget("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", tensor_parallel_size=4).resolved()
+    assert (tp4.gemm_quant, tp4.moe_quant) == ("fp8_block", "fp8_block")
+    b200 = AicTarget("MiniMaxAI/MiniMax-M2.5", "b200_sxm", tensor_parallel_size=4).resolved()
+    assert (b200.gemm_quant, b200.moe_quant) == ("fp8", "fp8_block")  # Blackwell: per-tensor GEMM tables
+    oss = AicTarget("openai/gpt-oss-120b", "h200_sxm", tensor_parallel_size=8).resolved()
+    assert (oss.gemm_quant, oss.moe_quant) == (None, "w4a16_mxfp4")
+    given = AicTarget("Qwen/Qwen3-235B-A22B-FP8", "h200_sxm", tensor_parallel_size=4, gemm_quant="fp8").resolved()
+    assert given.gemm_quant == "fp8" and given.moe_quant is None  # a quantisation given is kept
+
+
+@needs_aic
 def test_the_frontend_time_is_part_of_the_model_serve_runs():
     from vllm_vcr.perf.aic import DEFAULT_FRONTEND_MS, DEFAULT_FRONTEND_MS_PER_1K_TOKENS
 

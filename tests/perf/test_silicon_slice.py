@@ -92,8 +92,11 @@ def test_what_the_estimator_cannot_price_says_why():
     from vllm_vcr.simulate.silicon import supported
 
     minimax = next(r for r in _rows().values() if r.model == "MiniMaxAI/MiniMax-M2.5" and r.gpu == "b300_sxm"
-                   and r.gemm_quant == "fp8")
-    assert "MoE data missing" in supported(minimax)  # no FP8 MoE table for its expert shape on B300
+                   and r.precision_label == "fp8")
+    # its block-scaled experts are priced from the block-scaled MoE tables, its GEMMs per tensor
+    assert (minimax.gemm_quant, minimax.moe_quant) == ("fp8", "fp8_block") and supported(minimax) is None
+    per_tensor = replace(minimax, moe_quant="fp8")
+    assert "MoE data missing" in supported(per_tensor)  # no per-tensor FP8 MoE table for its shape on B300
 
 
 def _row(**kw):

@@ -529,7 +529,9 @@ class EngineCore(EngineControls):
             if self.timed.arriving:
                 self.timed.release(now, self.scheduler, self.requests)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
-            scheduled = self.timed.gate.schedule(self.scheduler, now, bool(pulled))
+            # (the step runs anyway when KV pulls complete or cohort decodes are due)
+            scheduled = self.timed.gate.schedule(self.scheduler, now,
+                                                 bool(pulled) or bool(self.cohort and self.cohort.members))
             if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
                 for req, n, kind in scheduled:
                     if kind == TRANSFER:

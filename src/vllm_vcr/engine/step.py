@@ -13,6 +13,9 @@ Aborts during a step drop the request from the batch; a pause moves the step's e
 paused time; KV pulls that complete mid-step join the next step. A model with a frontend delay
 (`LatencyModel.frontend_delay`: the API server's work before the engine core sees a request)
 holds each new request out of the scheduler until then (`TimedSteps.hold`, first in first out).
+A model that schedules ahead (`LatencyModel.schedules_ahead`, vLLM's async scheduling: the next
+step is scheduled while this one runs) keeps a request the core receives mid-step out of the
+next step too: it joins the step after.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from .kv_transfer import KVTransfer
 
 logger = logging.getLogger("vllm_vcr.engine")
+_INSTANT = 1e-9  # seconds: "just after" a step's start (hidden while `until > now`)
 MAX_BURST = 8  # zero-latency decode steps run as one (see Bursts.size)
 
 
@@ -74,6 +78,7 @@ class TimedSteps:
 
     def __init__(self, latency: Callable[[], LatencyModel], seed: int, engine_index: int) -> None:
         self.rng = random.Random(f"steps/{seed}/{engine_index}")
+        self.latency = latency
         self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
         self.in_flight: StepInFlight | None = None
         self.last_end: float | None = None
@@ -88,10 +93,16 @@ class TimedSteps:
     def release(self, now: float, sched: Scheduler, live: dict[str, Request]) -> None:
         """The held requests due by `now` join the scheduler's queue (aborted ones are gone)."""
         arriving = self.arriving
+        # Released at the start of a step that follows another back to back, a request reached the
+        # core while that one ran (the ones due earlier were released when it started): under
+        # async scheduling this step was scheduled before then.
+        ahead = self.last_end == now and self.latency().schedules_ahead
         while arriving and arriving[0][0] <= now:
             req = arriving.popleft()[1]
             if live.get(req.request_id) is req:
                 sched.add_waiting(req)
+                if ahead:
+                    self.gate.hide(req.request_id, now)
 
     def drop(self, req: Request) -> bool:
         """Forget a held request (aborted before the engine saw it); False: it was not held."""
@@ -110,7 +121,10 @@ class TimedSteps:
 
     def on_arrival(self, request_id: str, now: float) -> None:
         if self.in_flight is not None:  # a request arriving mid-step waits for the input path
-            self.gate.on_arrival(request_id, now)
+            if self.latency().schedules_ahead:  # the next step is already scheduled: the one after
+                self.gate.hide(request_id, self.in_flight.end)
+            else:
+                self.gate.on_arrival(request_id, now)
 
     def shift(self, delta: float) -> None:
         """The engine was paused for `delta` seconds: the step in flight ends that much later."""
@@ -139,12 +153,18 @@ class InputGate:
         if t > now:
             self.hidden[request_id] = t
 
+    def hide(self, request_id: str, step_start: float) -> None:
+        """Keep the request out of the step that starts at `step_start` (it may join the next one)."""
+        t = max(step_start + _INSTANT, self._last_visible)
+        self._last_visible = t
+        self.hidden[request_id] = t
+
     def shift(self, delta: float) -> None:
         if self.hidden:
             self.hidden = {rid: t + delta for rid, t in self.hidden.items()}
             self._last_visible += delta
 
-    def schedule(self, sched: Scheduler, now: float, pulled: bool) -> Scheduled:
+    def schedule(self, sched: Scheduler, now: float, runs_anyway: bool) -> Scheduled:
         """The scheduler's batch without the requests the engine has not seen yet, unless they
         are all the work there is (then they are scheduled at once: at an idle engine the step's
         duration holds the input path)."""
@@ -160,7 +180,7 @@ class InputGate:
             scheduled = sched.schedule(now)
         finally:
             sched.waiting.extend(hidden)
-        if scheduled or pulled:
+        if scheduled or runs_anyway:
             return scheduled
         return sched.schedule(now)
 

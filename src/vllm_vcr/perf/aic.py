@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
-from .checkpoint import kv_cache_directive
+from .checkpoint import checkpoint_kernels, kv_cache_directive
 from .errors import PerfModelError
 from .qk_norm import bundled_config, qk_norm_ms
 from .spec_cache import load_or_compile
@@ -26,19 +26,19 @@ logger = logging.getLogger(__name__)
 # Host time per step not in the kernel data, and the part of a step async scheduling cannot
 # overlap with the GPU; fitted on the training split of the silicon validation
 # (bench/silicon_validation.py --fit), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 0.7
+DEFAULT_STEP_OVERHEAD_MS = 0.8
 DEFAULT_PER_SEQ_OVERHEAD_MS = 0.066
 DEFAULT_ASYNC_EXPOSED_MS = 0.3
 # GPU time of the attention's QK norm, which the estimator does not price (perf/qk_norm.py): per
 # QK-normed layer, and per all-reduce of a norm that spans the TP ranks; fitted the same way.
-DEFAULT_QK_NORM_US = 16.0
-DEFAULT_QK_NORM_ALLREDUCE_US = 15.0
+DEFAULT_QK_NORM_US = 12.0
+DEFAULT_QK_NORM_ALLREDUCE_US = 20.0
 # The deployment's API server before the engine core sees a request (engine/latency/aic.py
 # `frontend_delay`): fixed, per 1000 prompt tokens (tokenising), per request already in flight
 # (the server's work for the streams it serves); fitted the same way.
-DEFAULT_FRONTEND_MS = 4.0
+DEFAULT_FRONTEND_MS = 0.0
 DEFAULT_FRONTEND_MS_PER_1K_TOKENS = 9.5
-DEFAULT_FRONTEND_MS_PER_REQUEST = 0.5
+DEFAULT_FRONTEND_MS_PER_REQUEST = 0.4
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,11 @@ class AicTarget:
 
     def resolved(self) -> "AicTarget":
         """The bundled model name, with a quantisation its served name implies, the KV cache dtype
-        its checkpoint asks for under `--kv-cache-dtype auto` (perf/checkpoint.py), and an MoE model's
+        its checkpoint asks for under `--kv-cache-dtype auto` (perf/checkpoint.py), an MoE model's
         expert layout as vLLM lays it out from `-tp N` (and `-dp D`) alone: the experts sharded
-        over all TP x DP GPUs, or, with `--enable-expert-parallel`, spread whole over them."""
+        over all TP x DP GPUs, or, with `--enable-expert-parallel`, spread whole over them; and,
+        without a quantisation given, the kernels its checkpoint runs at that layout
+        (perf/checkpoint.py `checkpoint_kernels`: the same the validation's rows are priced with)."""
         model, quant = resolve_model(self.model)
         t = replace(self, model=model, gemm_quant=self.gemm_quant or quant, moe_quant=self.moe_quant or quant,
                     kv_cache_quant=self.kv_cache_quant or kv_cache_directive(model))
@@ -92,6 +94,10 @@ class AicTarget:
             elif ep is None:
                 ep = max(width // tp, 1)
             t = replace(t, moe_tp_size=tp, moe_ep_size=ep)
+        if self.gemm_quant is None and self.moe_quant is None and quant is None:
+            kernels = checkpoint_kernels(model, t.gpu, t.moe_tp_size or t.tensor_parallel_size)
+            if kernels is not None:
+                t = replace(t, gemm_quant=kernels[0], moe_quant=kernels[1])
         return t
 
     def compile_kwargs(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import bundled_models, package_root, resolve_model
-from ..perf.checkpoint import kv_cache_directive
+from ..perf.checkpoint import checkpoint_kernels, kv_cache_directive
 from ..perf.errors import PerfModelError
 from ..perf.qk_norm import bundled_config
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
@@ -190,56 +190,26 @@ def vllm_agg_rows(path: str | None = None) -> Iterator[SiliconRow]:
 _BENCH_CONCURRENCY = re.compile(r"silicon_concurrency=(\d+)")
 
 
-_FP8_BLOCK = 128  # the weight block of block-scaled FP8 checkpoints (weight_block_size [128, 128])
-_HOPPER = ("h100_sxm", "h200_sxm")
-
-
-def _checkpoint_config(model: str) -> dict:
-    return bundled_config(resolve_model(model)[0])
-
-
 def _checkpoint_precision(row: SiliconRow) -> SiliconRow:
-    """The kernels of the checkpoint the row served, where the sample's label says otherwise.
+    """The kernels of the checkpoint the row served, where the sample's label says otherwise
+    (perf/checkpoint.py `checkpoint_kernels`, the same `serve`, `play` and `simulate` price a
+    checkpoint with when no quantisation is given).
 
-    MXFP4 checkpoints (gpt-oss: `quant_method: mxfp4`, attention and router in BF16) run the
-    experts as MXFP4 weights with BF16 activations, whatever precision label the sample gives:
-    the estimator's `w4a16_mxfp4` MoE tables and BF16 GEMMs.
-
-    Int4 weight-only compressed-tensors checkpoints that leave attention and the dense and shared
-    MLPs out of their quantisation (Kimi-K2.5: `ignore` lists `self_attn`, `shared_experts` and
-    the dense `mlp` projections) run only the routed experts in int4: the estimator's `int4_wo`
-    MoE tables and BF16 GEMMs, not int4 GEMMs the checkpoint does not have.
-
-    The FP8 kernels of the checkpoint the row served. The sample says `fp8` for every FP8
-    deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints
-    (`weight_block_size` [128, 128]), which vLLM runs through block-scaled GEMM and MoE kernels:
-    the estimator's `fp8_block` tables, where vLLM can shard the experts that way (each
-    rank's MoE width a multiple of the block). On Hopper only: on Blackwell the estimator's
-    `fp8_block` tables price MiniMax-M2.5 2-4x slower than it was measured at every
-    concurrency (its per-tensor tables come within ~10 %), so there they stand in."""
-    served = _checkpoint_config(row.checkpoint)
-    qcfg = served.get("quantization_config") or (served.get("text_config") or {}).get("quantization_config") or {}
-    if qcfg.get("quant_method") == "mxfp4":
-        return replace(row, gemm_quant=None, moe_quant="w4a16_mxfp4")
-    if _int4_experts_only(qcfg):
-        return replace(row, gemm_quant=None, moe_quant="int4_wo")
-    cfg = _checkpoint_config(row.model) if row.gemm_quant == "fp8" and row.gpu in _HOPPER else {}
-    if "weight_block_size" not in (cfg.get("quantization_config") or {}):
+    MXFP4 checkpoints (gpt-oss) and int4 experts-only ones (Kimi-K2.5) run what their config
+    says, whatever precision label the sample gives. The sample says `fp8` for every FP8
+    deployment, but Qwen3-235B-A22B-FP8 and MiniMax-M2.5 are block-scaled FP8 checkpoints, which
+    vLLM runs through block-scaled GEMM and MoE kernels: the estimator's `fp8_block` tables where
+    vLLM can shard the experts that way (on Blackwell its `fp8_block` GEMM tables price
+    MiniMax-M2.5 3-4x slower than it was measured: there the per-tensor GEMM tables stand in)."""
+    kernels = checkpoint_kernels(row.checkpoint, row.gpu, row.moe_tp or row.tp)
+    if kernels is not None and kernels[1] in ("w4a16_mxfp4", "int4_wo"):
+        return replace(row, gemm_quant=kernels[0], moe_quant=kernels[1])
+    if row.gemm_quant != "fp8":
         return row
-    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
-    if width // (row.moe_tp or row.tp) % _FP8_BLOCK:
+    kernels = checkpoint_kernels(row.model, row.gpu, row.moe_tp or row.tp)
+    if kernels is None or kernels[1] != "fp8_block":
         return row
-    return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
-
-
-def _int4_experts_only(qcfg: dict) -> bool:
-    """A compressed-tensors checkpoint of 4-bit integer weights that keeps its attention unquantised."""
-    if qcfg.get("quant_method") != "compressed-tensors":
-        return False
-    groups = list((qcfg.get("config_groups") or {}).values())
-    int4 = bool(groups) and all((g.get("weights") or {}).get("num_bits") == 4
-                                and (g.get("weights") or {}).get("type") == "int" for g in groups)
-    return int4 and any("self_attn" in str(i) for i in qcfg.get("ignore") or [])
+    return replace(row, gemm_quant=kernels[0], moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
 
 
 def _as_deployed(row: SiliconRow) -> SiliconRow:

@@ -20,7 +20,10 @@ input preparation, sampling, output processing. Without async scheduling the hos
 take turns, so a step lasts their sum. With vLLM's async scheduling (`--async-scheduling`, on
 by default from vLLM 0.14) the host schedules and prepares step n+1 while step n runs on the
 GPU, so a step lasts max(GPU time, host time) plus the part that cannot overlap
-(`async_exposed_ms`: handing step n's sampled tokens back to step n+1's inputs).
+(`async_exposed_ms`: handing step n's sampled tokens back to step n+1's inputs); and since step
+n+1 is scheduled before step n's outputs are processed (and new requests read: vLLM's
+`step_with_batch_queue`), a request reaching the engine core during step n waits for step n+1
+to end and is prefilled in step n+2 (`schedules_ahead`, engine/step.py).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class AicStepLatency(LatencyModel):
         self.per_seq_overhead_ms = per_seq_overhead_ms
         self.async_scheduling = async_scheduling
         self.async_exposed_ms = async_exposed_ms
+        self.schedules_ahead = async_scheduling
         self._scale = 1e-3 / time_scale
 
     def step_ms(self, batch: StepBatch) -> float:

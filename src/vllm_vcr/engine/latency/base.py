@@ -96,6 +96,9 @@ class LatencyModel:
 
     is_knob = False  # the latency knobs of the config drive it (the control API may patch them)
     times_steps = False  # True: `step_duration` times every step and `pacing` is zero
+    # True: the engine schedules step n+1 while step n runs (vLLM's async scheduling), so a request
+    # the engine core receives during step n joins step n+2 at the earliest (engine/step.py)
+    schedules_ahead = False
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
                rng: random.Random) -> RequestPacing:
