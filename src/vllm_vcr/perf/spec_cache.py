@@ -109,7 +109,7 @@ def _write(path: Path, data: bytes) -> None:
 
 
 _PRICE_QUERIES = ("decode_step_latency", "mixed_step_breakdown")
-PRICES_MAX = 50_000  # answers kept per identity (~2 MB; a file past this keeps what it has)
+PRICES_MAX = 10_000  # answers kept per query and identity (~1.3 MB in all, ~50 ms to read; a full file keeps them)
 
 
 class KeptPrices:
