@@ -152,6 +152,8 @@ class KeptPrices:
         return self._ask("mixed_step_breakdown", args)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # (own state not set yet: a copy being made)
+            raise AttributeError(name)
         return getattr(self.handle, name)
 
     def save(self) -> None:
