@@ -63,7 +63,8 @@ print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_request
 def _engine_args() -> tuple[EngineArgs, float]:
     t0 = time.perf_counter()
     target = AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm").resolved()
-    compile_target(target)
+    handle = compile_target(target)
+    getattr(handle, "handle", None)  # kept price answers: load the estimator now, not in a timed run
     compile_s = time.perf_counter() - t0
     cap = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
                                max_num_seqs=1024)

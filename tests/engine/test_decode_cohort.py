@@ -59,6 +59,12 @@ def _run(monkeypatch, args, workload_kw, engines, router, timing_only):
     return sim, per_request
 
 
+def _free_queues(sim) -> list[list[int]]:
+    """Every engine's free block ids in eviction order at the end: the same on both paths when every
+    block was taken and freed in the same order."""
+    return [core.block_pool.free_queue() for core in sim.cores]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 40), isl=st.sampled_from(["uniform:1:120", "lognormal:60:40", "8"]),
@@ -77,6 +83,7 @@ def test_timing_only_decodes_change_nothing_but_the_outputs(monkeypatch, n, isl,
     assert got == expected
     assert fast.timeline.preemptions == plain.timeline.preemptions
     assert fast.timeline.steps == plain.timeline.steps
+    assert _free_queues(fast) == _free_queues(plain)
     assert len(got) == n
 
 
@@ -88,6 +95,7 @@ def test_kv_pressure_preempts_members_and_their_resume_finds_their_blocks(monkey
     fast, got = _run(monkeypatch, args, wl, 1, "round_robin", True)
     assert sum(plain.timeline.preemptions) > 0
     assert got == expected and fast.timeline.preemptions == plain.timeline.preemptions
+    assert _free_queues(fast) == _free_queues(plain)
     assert all(v[4] == 72 for v in got.values())
 
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_vcr.engine.latency.aic import StepPricer
 from vllm_vcr.perf import aic
 from vllm_vcr.perf.kv_sizing import estimate_kv_capacity
+from vllm_vcr.perf.spec_cache import KeptPrices
 
 from .conftest import LLAMA_8B, needs_aic
 
@@ -89,3 +92,43 @@ def test_the_kv_estimate_is_kept_exactly_and_a_foreign_file_is_ignored(cache, mo
     assert _kv() == computed
     path.write_text("{not json")
     assert _kv() == computed and json.loads(path.read_text())["result"]["total_kv_size_tokens"] == computed.tokens
+
+
+def _save_kept() -> None:
+    """What the process does at exit: the handle's new price answers written back."""
+    handle = aic.compile_target(aic.AicTarget(LLAMA_8B, "h100_sxm"))
+    if isinstance(handle, KeptPrices):
+        handle.save()
+
+
+def test_kept_price_answers_are_the_estimators_and_a_warm_process_loads_no_estimator(cache, monkeypatch):
+    monkeypatch.setenv("VLLM_VCR_PERF_CACHE", "0")
+    computed = _prices(_fresh_handle())
+    monkeypatch.delenv("VLLM_VCR_PERF_CACHE")
+    first = _fresh_handle()  # nothing kept yet: the estimator is loaded at once
+    assert isinstance(first, KeptPrices) and first._handle is not None
+    assert _prices(first) == computed
+    _save_kept()
+    (path,) = cache.glob("*.json")
+    warm = _fresh_handle()
+    assert _prices(warm) == computed
+    assert warm._handle is None  # every answer was kept: no kernel table was loaded
+    assert warm.decode_step_latency(3, 4321, 2) == StepPricer(first.handle)._price(3, 4321)  # a new one loads it
+    assert warm._handle is not None
+    path.write_text("{not json")  # a damaged file: the estimator is loaded and answers
+    assert _prices(_fresh_handle()) == computed
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 512), st.integers(1, 20000), st.integers(1, 8), st.integers(0, 8192),
+                          st.integers(0, 8192)), min_size=1, max_size=20))
+def test_kept_prices_equal_the_estimators_for_any_step(cache, rows):
+    """Hostile compositions (zero decodes, one-token chunks, long contexts), asked twice: once
+    cold (the estimator answers and the answers are written), once from the kept file."""
+    rows = [(d, ctx, p, tokens, prefix) if tokens else (max(d, 1), ctx) for d, ctx, p, tokens, prefix in rows]
+    cold_pricer = StepPricer(_fresh_handle())
+    cold = [cold_pricer._price(*r) for r in rows]
+    _save_kept()
+    warm = _fresh_handle()
+    assert [StepPricer(warm)._price(*r) for r in rows] == cold
+    assert warm._handle is None

@@ -586,7 +586,7 @@ class EngineCore(EngineControls):
             return 0
         steps, now, end, pressure = cohort.run_alone(batch.end, horizon, self.kv.pool,
                                                      self.scheduler.engine_policy.on_step,
-                                                     self.latency.step_duration, timed.rng, self.admission)
+                                                     self.latency, timed.rng, self.admission)
         if pressure:  # the next step preempts: the plain way
             self._end_fast_run(now, steps - 1)
             timed.in_flight = None

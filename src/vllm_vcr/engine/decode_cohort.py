@@ -29,7 +29,7 @@ from bisect import insort
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .block_pool import BlockPool
-from .latency import StepBatch
+from .latency import AicStepLatency, StepBatch
 from .output import OutputProcessor
 from .request import Request, RequestStatus
 from .scheduler import Scheduler
@@ -96,6 +96,10 @@ class DecodeCohort:
         self._gen = 0
         self._prepared = -1  # the cohort step whose block allocations are done
         self.on_tokens: TokensListener | None = None
+        # run_alone's step prices by (decodes, context), for a model whose step time is a function of
+        # the composition alone (no draw from the rng), and only for that model object
+        self._prices: dict[tuple[int, int], float] = {}
+        self._priced_by: object = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -214,13 +218,14 @@ class DecodeCohort:
         return done
 
     def run_alone(self, end: float, horizon: float, pool: BlockPool, on_step: Callable[[], None],
-                  step_duration: Callable[[StepBatch, random.Random], float], rng: random.Random,
-                  lora: LoRACharge) -> tuple[int, float, float, bool]:
+                  latency: LatencyModel, rng: random.Random, lora: LoRACharge) -> tuple[int, float, float, bool]:
         """The cohort's steps when nothing else runs (its engine knows no input arrives before
         `horizon`: the offline simulator), the first one starting at `end`, while they end before
         `horizon`, stopping before a step that samples a last token. Each step is what the plain
-        loop would do (advance, block boundaries, a priced step: `on_step`, `step_duration` with
-        `rng`, `lora`'s loading time), without its generic scheduling. Returns (the steps that
+        loop would do (advance, block boundaries, a priced step: `on_step`, `latency.step_duration`
+        with `rng`, `lora`'s loading time), without its generic scheduling. Cohorts in step repeat
+        compositions (a closed loop's batches finish and refill alike), so with the perf model, whose
+        step time is a function of the composition alone, a composition is priced once. Returns (the steps that
         ended, when the last of them ended, when the step they started ends, KV pressure): under
         KV pressure the last step's blocks did not all fit and it started no step (the plain
         step preempts)."""
@@ -231,25 +236,50 @@ class DecodeCohort:
             return 0, end, end, False
         buckets, block_size = self._buckets, self.block_size
         step_ends, base = self.step_ends, self._tokens_minus_join
-        step, now, steps = self.step, end, 0
+        first, step, now, steps = self.step, self.step, end, 0
+        # nothing else takes or frees a block in these steps, so the blocks the members crossing a
+        # boundary get (in step order, each step's in decode order) are taken in one call at the
+        # end: the same blocks the free queue would give one step at a time
+        free, wanted, pressure = pool.num_free_blocks, 0, False
+        step_duration = latency.step_duration
+        prices = None
+        if type(latency) is AicStepLatency:  # (exactly: a subclass may draw)
+            if self._priced_by is not latency or len(self._prices) > 1 << 16:  # (a new model: a config patch)
+                self._prices, self._priced_by = {}, latency
+            prices = self._prices
         while end < horizon and step <= last_step:
             step += 1  # cohort step `step` ended at `end` (no member finishes here)
             step_ends.append(end)
             now = end
             steps += 1
             due = buckets[step % block_size]
-            if due:  # members crossing a block boundary get their block, in decode order
-                if len(due) > pool.num_free_blocks:  # KV pressure: the plain step preempts
-                    self.step = step
-                    return steps, now, end, True
-                for slot, block in zip(due, pool.allocate(len(due))):
-                    slot[2].blocks.append(block)
+            if due:
+                if wanted + len(due) > free:  # KV pressure: the plain step preempts
+                    pressure = True
+                    break
+                wanted += len(due)
             on_step()
             # = compose() + extend() of a step of the cohort's decodes alone
-            composition = tuple.__new__(StepBatch, (n, 0, 0, 0, base + n * step, False, 0, 0, (), ()))
-            end = now + max(step_duration(composition, rng), 0.0)
+            context = base + n * step
+            if prices is None:
+                composition = tuple.__new__(StepBatch, (n, 0, 0, 0, context, False, 0, 0, (), ()))
+                end = now + max(step_duration(composition, rng), 0.0)
+            else:
+                duration = prices.get((n, context))
+                if duration is None:
+                    composition = tuple.__new__(StepBatch, (n, 0, 0, 0, context, False, 0, 0, (), ()))
+                    duration = prices[n, context] = max(step_duration(composition, rng), 0.0)
+                end = now + duration
             if lora.lora_time:
                 end += lora.take_lora_time()
+        if wanted:
+            blocks = iter(pool.allocate(wanted))
+            for s in range(first + 1, step + 1 - pressure):
+                for slot in buckets[s % block_size]:
+                    slot[2].blocks.append(next(blocks))
+        if pressure:
+            self.step = step
+            return steps, now, end, True
         if steps:
             self.step = self._prepared = step
         return steps, now, end, False

@@ -19,7 +19,7 @@ from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .checkpoint import checkpoint_kernels, kv_cache_directive
 from .errors import PerfModelError
 from .qk_norm import bundled_config, qk_norm_ms
-from .spec_cache import load_or_compile
+from .spec_cache import kept_prices, load_or_compile
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,11 @@ def _target_key(t: AicTarget) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _compiled(key: str) -> Any:
+    # the price answers kept for this identity, the estimator loaded at the first one never asked
+    return kept_prices(key, lambda: _load(key))
+
+
+def _load(key: str) -> Any:
     t = AicTarget.from_dict(json.loads(key))
     import_aic()
     check_gpu(t.gpu, t.backend)

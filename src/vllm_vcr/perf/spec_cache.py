@@ -8,10 +8,17 @@ under a millisecond) and a small dict. Both are kept under `$VLLM_VCR_CACHE_DIR`
 the inputs, the aiconfigurator-core version and the data paths it reads, hashed.
 `VLLM_VCR_PERF_CACHE=0` turns the cache off. A file that cannot be read or loaded is computed
 afresh (and rewritten); one that cannot be written is skipped: the cache only ever saves time.
+
+Loading a spec is cheap, but the estimator's first queries load its kernel tables (~0.5 CPU s).
+So the answers to the two queries a step's price is made of (`decode_step_latency`,
+`mixed_step_breakdown`) are kept too, per identity (`KeptPrices`): a later process asks the
+estimator only what no earlier one asked, and loads it only then. Its answers are a pure
+function of the spec and the query, so a kept answer is the answer.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.metadata
 import json
@@ -99,3 +106,97 @@ def _write(path: Path, data: bytes) -> None:
             raise
     except OSError as e:
         logger.debug("perf spec cache: cannot write %s (%s)", path, e)
+
+
+_PRICE_QUERIES = ("decode_step_latency", "mixed_step_breakdown")
+PRICES_MAX = 10_000  # answers kept per query and identity (~1.3 MB in all, ~50 ms to read; a full file keeps them)
+
+
+class KeptPrices:
+    """An estimator handle whose price queries are answered from the answers kept for its identity
+    (see the module's docstring), the handle loaded by `load` at the first query that was never
+    asked; anything else is the handle's. New answers are written back at exit (`save`)."""
+
+    def __init__(self, path: Path, load: Callable[[], Any], kept: dict[str, dict], handle: Any = None) -> None:
+        self._path = path
+        self._load = load
+        self._handle = handle
+        self._kept = kept  # query name -> {args tuple: answer}
+        self._new = 0
+        self._saving = False
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = self._load()
+        return self._handle
+
+    def _ask(self, query: str, args: tuple) -> Any:
+        answers = self._kept[query]
+        v = answers.get(args)
+        if v is None:
+            v = getattr(self.handle, query)(*args)
+            if isinstance(v, list):
+                v = tuple(v)
+            answers[args] = v
+            self._new += 1
+            if not self._saving:
+                self._saving = True
+                atexit.register(self.save)
+        return v
+
+    def decode_step_latency(self, *args: Any) -> float:
+        return self._ask("decode_step_latency", args)
+
+    def mixed_step_breakdown(self, *args: Any) -> tuple:
+        return self._ask("mixed_step_breakdown", args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # (own state not set yet: a copy being made)
+            raise AttributeError(name)
+        return getattr(self.handle, name)
+
+    def save(self) -> None:
+        """Write the kept answers with the new ones (merged with what another process wrote meanwhile)."""
+        if not self._new:
+            return
+        self._new = 0
+        merged = _read_prices(self._path)
+        for q in _PRICE_QUERIES:
+            room = PRICES_MAX - len(merged[q])
+            for args, v in self._kept[q].items():
+                if room <= 0:
+                    break
+                if args not in merged[q]:
+                    merged[q][args] = v
+                    room -= 1
+        data = {q: [[*args, v] for args, v in merged[q].items()] for q in _PRICE_QUERIES}
+        _write(self._path, json.dumps(data, separators=(",", ":")).encode())
+
+
+def _read_prices(path: Path) -> dict[str, dict]:
+    """The answers kept in `path` ({} each when it is missing or unreadable)."""
+    out: dict[str, dict] = {q: {} for q in _PRICE_QUERIES}
+    try:
+        data = json.loads(path.read_bytes())
+        for q in _PRICE_QUERIES:
+            answers = out[q]
+            for row in data.get(q, ()):
+                *args, v = row
+                answers[tuple(args)] = tuple(v) if isinstance(v, list) else float(v)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {q: {} for q in _PRICE_QUERIES}
+    return out
+
+
+def kept_prices(target_key: str, load: Callable[[], Any]) -> Any:
+    """The estimator for `target_key` behind its kept price answers. With none kept (or the cache
+    off) the handle is loaded now (so a target it cannot price fails here, not at a step)."""
+    root = cache_dir()
+    if root is None:
+        return load()
+    path = root / f"{spec_key('prices', target_key)}.json"
+    kept = _read_prices(path)
+    if any(kept.values()):
+        return KeptPrices(path, load, kept)
+    return KeptPrices(path, load, kept, handle=load())

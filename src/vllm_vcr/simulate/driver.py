@@ -34,6 +34,7 @@ from .router import Router
 from .workload import SimRequest
 
 START = 1000.0  # the virtual clock's origin (seconds); reported times are relative to it
+_FINISH_NAMES: dict = {}  # finish reason -> its name in the report ("length", "stop", ...)
 
 
 @dataclass(slots=True)
@@ -174,8 +175,11 @@ class Simulation:
 
     def _finish(self, rec: RequestRecord, t: float, reason) -> None:
         rec.end = t
-        name = getattr(reason, "name", None)
-        rec.finish = (str(reason) if name is None else name).lower()
+        finish = _FINISH_NAMES.get(reason)
+        if finish is None:
+            name = getattr(reason, "name", None)
+            finish = _FINISH_NAMES[reason] = (str(reason) if name is None else name).lower()
+        rec.finish = finish
         del self.records[rec.request_id]
         self.done.append(rec)
         self.router.on_finish(rec.engine, rec.prompt_len, rec.max_tokens)
