@@ -19,7 +19,7 @@ from ..frontend.generation import (
 )
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many
 from ..frontend.planned_output import attach_planned_ids
-from ..frontend.prompt_cache import PromptCache, plain_key, template_is_pure
+from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
     check_conversation,
@@ -34,6 +34,7 @@ from ..frontend.request_checks import (
     check_token_choice,
     check_truncation,
     effective_max_tokens,
+    OFFLOAD_BIAS_ENTRIES,
     effective_prompt_logprobs,
     is_greedy,
     truncate_prompt,
@@ -103,6 +104,10 @@ def _nonempty(ids: list[int]) -> list[int]:
 
 
 class ChatServing(ServingBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prepared = BodyCache()  # body bytes -> (_prepared_owner(), _run's arguments): `_repeatable`
+
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
         """render_prompt, with vLLM's refusal of request templates; a template from the request
@@ -225,13 +230,41 @@ class ChatServing(ServingBase):
 
     async def handle(self, ctx: RequestContext) -> None:
         try:
+            hit = self._prepared.get(ctx.body)
+            if hit is not None and hit[0] == self._prepared_owner():
+                await self._run(ctx, *hit[1], None, True)
+                return
             req: ChatCompletionRequest = await parse_request_async(ctx.body, ChatCompletionRequest,
                                                                    self.tokenizer.vocab_size)
-            await self._handle(ctx, req)
+            await self._handle(ctx, req, ctx.body)
         except RequestValueError as e:
             raise as_http_error(e) from None
 
-    async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
+    def _prepared_owner(self) -> tuple:
+        """What a prepared request depends on besides its body: the tokenizer, its template and the
+        context length (the prompt cache's owner)."""
+        tok = self.tokenizer
+        return (tok, tok.chat_template, self.settings.max_model_len)
+
+    async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest, body: bytes | None = None) -> None:
+        await self._run(ctx, req, *await self._prepare(req), body)
+
+    def _repeatable(self, req: ChatCompletionRequest, body: bytes, plan: ChatOutputPlan | None) -> bool:
+        """Whether `_prepare` gives the same answer for every request with these body bytes, and
+        `_run` only reads what it gave: no output plan (tools, response formats), the server's own
+        template when its render depends on the conversation only (PromptCache's rule), a model
+        name that cannot come and go (a LoRA adapter can), a token choice small enough to be
+        checked in place (a large one is rewritten), no KV transfer (its parameters go to the
+        engine as they are)."""
+        return (plan is None and req.chat_template is None and not req.chat_template_kwargs
+                and req.tools is None and not req.continue_final_message and not req.kv_transfer_params
+                and (not req.model or req.model in self._names)
+                and self._prompt_cache() is not None and len(body) <= self._prepared.max_body
+                and len(req.logit_bias or ()) + len(req.allowed_token_ids or ()) <= OFFLOAD_BIAS_ENTRIES)
+
+    async def _prepare(self, req: ChatCompletionRequest) -> tuple:
+        """What a request's checks, template and tokenizer make of it, before anything of its own
+        (ids, headers, time): (model, prompt ids, output limit, logprobs, output plan)."""
         top = req.top_logprobs
         plan = await ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
@@ -262,9 +295,22 @@ class ChatServing(ServingBase):
             check_logprobs_limit(want_lp)
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, top), self.tokenizer.vocab_size)
         check_prompt_logprobs_budget(effective_prompt_logprobs(req, top), len(prompt_ids), self.tokenizer.vocab_size)
+        return model, tuple(prompt_ids), limit, want_lp, plan
+
+    async def _run(self, ctx: RequestContext, req: ChatCompletionRequest, model: str, prompt_tuple: tuple[int, ...],
+                   limit: int, want_lp: int | None, plan: ChatOutputPlan | None, body: bytes | None,
+                   repeated: bool = False) -> None:
+        """The request's own part: its headers, ids and time, the engine requests, the response.
+        `repeated`: prepared before, from the same body bytes, and its token choice checked then.
+        Else `body` (the bytes it was parsed from, if any) is kept for the next request with the
+        same bytes when `_repeatable`."""
+        prompt_ids = list(prompt_tuple)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
-        await check_token_choice(req, self.tokenizer.vocab_size)
+        if not repeated:
+            await check_token_choice(req, self.tokenizer.vocab_size)
+            if body is not None and self._repeatable(req, body, plan):
+                self._prepared.put(body, (self._prepared_owner(), (req, model, prompt_tuple, limit, want_lp, plan)))
 
         rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
         created = int(time.time())
