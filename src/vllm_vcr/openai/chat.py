@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.types import EngineCoreOutput, EngineCoreRequest
+import msgspec
+
+from ..engine.types import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from ..frontend.chat_outputs import ChatOutputPlan
 from ..frontend.chat_template import ChatTemplateError, check_request_template, render_isolated
 from ..frontend.errors import bad_request
@@ -232,7 +234,7 @@ class ChatServing(ServingBase):
         try:
             hit = self._prepared.get(ctx.body)
             if hit is not None and hit[0] == self._prepared_owner():
-                await self._run(ctx, *hit[1], None, True)
+                await self._run(ctx, *hit[1], None, hit[2])
                 return
             req: ChatCompletionRequest = await parse_request_async(ctx.body, ChatCompletionRequest,
                                                                    self.tokenizer.vocab_size)
@@ -299,18 +301,25 @@ class ChatServing(ServingBase):
 
     async def _run(self, ctx: RequestContext, req: ChatCompletionRequest, model: str, prompt_tuple: tuple[int, ...],
                    limit: int, want_lp: int | None, plan: ChatOutputPlan | None, body: bytes | None,
-                   repeated: bool = False) -> None:
+                   repeated: list[SamplingParams | None] | None = None) -> None:
         """The request's own part: its headers, ids and time, the engine requests, the response.
-        `repeated`: prepared before, from the same body bytes, and its token choice checked then.
-        Else `body` (the bytes it was parsed from, if any) is kept for the next request with the
-        same bytes when `_repeatable`."""
+        `repeated`: prepared before, from the same body bytes, and its token choice checked then
+        (it holds the sampling parameters that request's one choice got, unless a header made
+        them its own). Else `body` (the bytes it was parsed from, if any) is kept for the next
+        request with the same bytes when `_repeatable`."""
         prompt_ids = list(prompt_tuple)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
-        if not repeated:
+        if repeated is None:
             await check_token_choice(req, self.tokenizer.vocab_size)
             if body is not None and self._repeatable(req, body, plan):
-                self._prepared.put(body, (self._prepared_owner(), (req, model, prompt_tuple, limit, want_lp, plan)))
+                repeated = [None]
+                self._prepared.put(body, (self._prepared_owner(), (req, model, prompt_tuple, limit, want_lp, plan),
+                                          repeated))
+                body = None
+        # the sampling parameters are the body's alone (as a copy) without X-Output-Replay-Id
+        kept = repeated is not None and replay_id is None and req.n == 1
+        sp = repeated[0] if kept else None
 
         rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
         created = int(time.time())
@@ -326,7 +335,10 @@ class ChatServing(ServingBase):
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id, lora_request=self.lora_request(req.model),
-                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang"))
+                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang",
+                sampling_params=None if sp is None else msgspec.structs.replace(sp)))
+        if kept and sp is None:
+            repeated[0] = msgspec.structs.replace(engine_reqs[0].sampling_params)
         role = (self.settings.response_role if req.add_generation_prompt or not req.messages
                 else req.messages[-1].get("role", "assistant"))
         echo_text = ""
@@ -451,8 +463,12 @@ class ChatStream(ChoiceStream):
         total = len(states)
         self.rti = bool(req.return_token_ids)
         self.template = tpl = ChunkTemplate(CHAT_CHUNK, rid, created, model, settings.system_fingerprint)
-        self.head_idx = [tpl.choice(i) + b',"delta":' for i in range(total)]
-        self.heads = [head + b'{"content":' for head in self.head_idx]
+        if total == 1:  # (no comprehensions' frames for the usual case)
+            head = tpl.choice(0) + b',"delta":'
+            self.head_idx, self.heads = [head], [head + b'{"content":']
+        else:
+            self.head_idx = [tpl.choice(i) + b',"delta":' for i in range(total)]
+            self.heads = [head + b'{"content":' for head in self.head_idx]
         self.include_usage, self.continuous = include_usage_flags(req, settings.force_include_usage)
         self.think = settings.reasoning_ids is not None
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one
