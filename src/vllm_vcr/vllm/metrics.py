@@ -188,10 +188,6 @@ class _Engine:
         self.success = [0] * len(FINISH_REASONS)
         for attr, _, _, fam in _HISTOGRAMS:
             setattr(self, "h_" + attr, Histogram(token_buckets if fam == "tokens" else fam))
-        # what every finished request observes, in FrontendMetrics._finish's order
-        self.finish_histograms = tuple((h.counts, h.bounds, h) for h in (
-            self.h_e2e, self.h_queue, self.h_prefill, self.h_inference, self.h_decode, self.h_num_preemptions,
-            self.h_prefill_kv_computed, self.h_prompt_tokens, self.h_generation_tokens, self.h_tpot))
 
 
 class TakenTokens:
@@ -569,17 +565,21 @@ class FrontendMetrics:
     def _finish(self, eng: _Engine, r: _Req, reason: int, now: float) -> None:
         if 0 <= reason < len(eng.success):
             eng.success[reason] += 1
-        first, last, scheduled = r.first_ts, r.last_ts, r.scheduled_ts
-        decode = last - first
+        queued = r.scheduled_ts - r.queued_ts
+        prefill = r.first_ts - r.scheduled_ts
+        decode = r.last_ts - r.first_ts
+        inference = r.last_ts - r.scheduled_ts
+        eng.h_e2e.observe(now - r.arrival)
+        eng.h_queue.observe(queued)
+        eng.h_prefill.observe(prefill)
+        eng.h_inference.observe(inference)
+        eng.h_decode.observe(decode)
+        eng.h_num_preemptions.observe(r.num_preempt)
         prompt_len = r.prompt_len or 0
-        num_gen = r.num_gen
-        # Histogram.observe of each, inline (this runs once per request)
-        for (counts, bounds, h), v in zip(eng.finish_histograms, (
-                now - r.arrival, scheduled - r.queued_ts, first - scheduled, last - scheduled, decode,
-                r.num_preempt, prompt_len - max(r.num_cached, 0), prompt_len, num_gen,
-                decode / (num_gen - 1) if num_gen > 1 else 0)):
-            counts[bisect_left(bounds, v)] += 1
-            h.total += v
+        eng.h_prefill_kv_computed.observe(prompt_len - max(r.num_cached, 0))
+        eng.h_prompt_tokens.observe(prompt_len)
+        eng.h_generation_tokens.observe(r.num_gen)
+        eng.h_tpot.observe(decode / (r.num_gen - 1) if r.num_gen > 1 else 0)
         if r.max_tokens:
             eng.h_params_max_tokens.observe(r.max_tokens)
         # n and the longest child's length are observed once per parent request
