@@ -3,7 +3,9 @@ tokenizer (openai/chat.py keeps what they made of the bytes): its answer must be
 path gives. A real `serve` (echo mode: the output follows from the prompt alone) gets each
 hostile body twice with the same X-Request-Id; the first goes the full path, the second the
 repeated one (or the full path again when the first failed: failures are never kept); both
-answers must be the same bytes, error bodies and streams alike (less `created`, the clock's).
+answers must be the same: the same bytes for a whole answer or an error (less `created`, the
+clock's), the same text, finishes, ids, logprobs and usage for a stream (whose chunking follows
+the engine's timing).
 A third time the body differs by one byte of JSON whitespace: the full path again, same answer.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from tests.http.conftest import FAST, MODEL, _start
@@ -63,17 +65,67 @@ fields = {
     "chat_template_kwargs": st.sampled_from([None, {}, {"x": 1}]), "vllm_xargs": st.sampled_from([None, {"a": 1}]),
     "priority": small_ints, "unknown_field": anything,
 }
-bodies = st.fixed_dictionaries({"messages": st.lists(message, max_size=3) | anything},
-                               optional=fields)
+hostile_bodies = st.fixed_dictionaries({"messages": st.lists(message, max_size=3) | anything}, optional=fields)
+# requests that pass (mostly): what the repeated path is for
+text = hostile.filter(lambda t: "\ud800" not in t and len(t) < 40)
+valid_bodies = st.fixed_dictionaries(
+    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
+                                                 "content": text}), min_size=1, max_size=3)},
+    optional={"model": st.sampled_from([MODEL, "other-name"]), "max_tokens": st.integers(1, 12),
+              "max_completion_tokens": st.integers(1, 12), "temperature": st.sampled_from([0, 0.7, 1]),
+              "stream": st.booleans(), "stop": text | st.lists(text, max_size=2), "n": st.sampled_from([1, 2]),
+              "seed": st.integers(0, 9), "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 2),
+              "request_id": text, "return_token_ids": st.booleans(), "echo": st.booleans(),
+              "add_generation_prompt": st.booleans(), "include_stop_str_in_output": st.booleans(),
+              "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans(),
+                                                                    "continuous_usage_stats": st.booleans()}),
+              "logprobs": st.just(True), "top_logprobs": st.integers(0, 3), "stop_token_ids": st.lists(
+                  st.integers(0, 50), max_size=2), "logit_bias": st.dictionaries(st.sampled_from(["1", "7"]),
+                                                                                 st.sampled_from([1, -100]),
+                                                                                 max_size=1)})
+bodies = valid_bodies | valid_bodies | hostile_bodies
 
 
-def answer(client: httpx.Client, raw: bytes, rid: str) -> tuple[int, str, bytes]:
+def merged(stream: bytes) -> Any:
+    """A stream as what must agree however its tokens fell into chunks (back-to-back engine steps
+    reach a lagging reader merged): per choice its role, text, finish, token ids and logprobs,
+    the chunks' heads, the final usage, errors, the [DONE] count."""
+    heads, choices, usage, errors, done = set(), {}, None, [], 0
+    for line in stream.split(b"\n"):
+        if not line.startswith(b"data: "):
+            assert not line, line
+            continue
+        if line == b"data: [DONE]":
+            done += 1
+            continue
+        e = json.loads(line[6:])
+        if "error" in e:
+            errors.append(e)
+            continue
+        heads.add((e["id"], e["object"], e["model"], e.get("system_fingerprint")))
+        if not e["choices"] and e.get("usage"):
+            usage = e["usage"]
+        for c in e["choices"]:
+            acc = choices.setdefault(c["index"], {"role": None, "content": "", "finish": None, "ids": [], "lp": []})
+            delta = c.get("delta") or {}
+            acc["role"] = delta.get("role") or acc["role"]
+            acc["content"] += delta.get("content") or ""
+            if c.get("finish_reason") is not None:
+                acc["finish"] = (c["finish_reason"], c.get("stop_reason"))
+            acc["ids"] += c.get("token_ids") or []
+            acc["lp"] += (c.get("logprobs") or {}).get("content") or []
+    return sorted(heads, key=repr), choices, usage, errors, done
+
+
+def answer(client: httpx.Client, raw: bytes, rid: str) -> tuple[int, str, Any]:
     r = client.post("/v1/chat/completions", content=raw,
                     headers={"content-type": "application/json", "x-request-id": rid})
-    return r.status_code, r.headers.get("content-type", ""), re.sub(rb'"created":\d+', b'"created":0', r.content)
+    kind = r.headers.get("content-type", "")
+    content = re.sub(rb'"created":\d+', b'"created":0', r.content)
+    return r.status_code, kind, merged(content) if kind.startswith("text/event-stream") else content
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=bodies, indent=st.sampled_from([None, 1]))
 @example(body={"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 3,
                "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
@@ -85,6 +137,7 @@ def test_a_repeated_body_gets_the_full_paths_answer(client: httpx.Client, body: 
                                                     indent: int | None) -> None:
     raw = json.dumps(body, indent=indent).encode()
     first = answer(client, raw, "req-fixed")
+    event(f"HTTP {first[0]}")
     second = answer(client, raw, "req-fixed")
     assert second == first
     spaced = raw[:1] + b" " + raw[1:]  # other bytes, the same request: the full path again
