@@ -10,7 +10,7 @@ admission, response start/end) dominates at this shape.
 Instructions (valgrind; box-independent) at W2's request shape, per request:
 
     PYTHONPATH=src python bench/per_request_cpu.py --w2-shape --distinct-prompts 512 --requests 1000 \
-        --repeat 3 --callgrind /tmp/cg
+        --repeat 3 --callgrind /tmp/cg [--server uvicorn-floor]
 
 `--ttft/--itl` with `--max-tokens 101` give a stream's whole count, but at a concurrency valgrind
 can keep up with (C 8) how many loop turns and merged outputs a pass takes follows the box's load:
@@ -106,6 +106,9 @@ def main() -> None:
     ap.add_argument("--callgrind", metavar="DIR",
                     help="run the server under valgrind's callgrind and report instructions per request "
                          "(counters zeroed after the warm-up, dumped after each run; box-independent)")
+    ap.add_argument("--server", choices=("serve", "uvicorn-floor"), default="serve",
+                    help="uvicorn-floor: bench/asgi_floor_server.py (uvicorn's own request path, chunks sent at "
+                         "once), the reference a request's count compares with")
     a = ap.parse_args()
     model_dir = Path(a.model_dir)
     port = free_port()
@@ -113,6 +116,8 @@ def main() -> None:
            "--host", "127.0.0.1", "--port", str(port), "--time-to-first-token", a.ttft,
            "--inter-token-latency", a.itl, "--max-num-seqs", "2048", "--kv-cache-size", "65536",
            "--no-log-requests"]
+    if a.server == "uvicorn-floor":
+        cmd = [sys.executable, str(Path(__file__).with_name("asgi_floor_server.py")), "--port", str(port)]
     if a.callgrind:
         Path(a.callgrind).mkdir(parents=True, exist_ok=True)
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={a.callgrind}/callgrind.out.%p", *cmd]

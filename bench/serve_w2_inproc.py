@@ -46,7 +46,7 @@ from vllm_vcr.engine.block_hash import ContentHasher
 from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.gc_tuning import tune_for_serving
-from vllm_vcr.http.acceptor import ON_DISCONNECT
+from vllm_vcr.http.uvicorn_internals import ON_DISCONNECT
 from vllm_vcr.serve.app import build_app
 from vllm_vcr.http.serving_base import ServeSettings
 from vllm_vcr.frontend.tokenizer import load_tokenizer

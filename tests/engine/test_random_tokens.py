@@ -26,3 +26,35 @@ def test_the_batched_draw_gives_the_plain_formulas_ids(seed, vocab, count, avoid
             batch[j] = t
         expected += batch
     assert ids == expected[:count]
+
+
+def _plain_ids(seed: int, vocab: int, avoid: set[int], count: int) -> list[int]:
+    rng, expected = random.Random(seed), []
+    while len(expected) < count:
+        batch = [int(rng.random() * vocab) for _ in range(RandomTokens.DRAW_BATCH)]
+        for j, t in enumerate(batch):
+            while t in avoid:
+                t = int(rng.random() * vocab)
+            batch[j] = t
+        expected += batch
+    return expected[:count]
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), vocab=st.one_of(st.integers(51, 80), st.integers(1, 2**31 - 1)),
+       needed=st.integers(-1, 130), avoid=st.sets(st.integers(0, 50), max_size=12),
+       takes=st.lists(st.integers(1, 70), min_size=1, max_size=5), one_by_one=st.booleans())
+def test_ids_drawn_ahead_for_a_short_request_are_the_plain_formulas_ids(seed, vocab, needed, avoid, takes,
+                                                                       one_by_one):
+    """Admission draws only as many numbers as a short request can take (when none of them is
+    avoided): whatever it is told, and however many ids are taken after, in whatever steps, the
+    ids are the plain formula's, draw for draw."""
+    if vocab <= 50:
+        avoid = set()
+    src = RandomTokens(random.Random(seed), vocab, frozenset(avoid))
+    src.draw_ahead(needed)
+    src.draw_ahead(needed)  # a second call draws nothing more
+    got: list[int] = []
+    for k in takes:
+        got += [src.next_token(0) for _ in range(k)] if one_by_one else src.take(k)
+    assert got == _plain_ids(seed, vocab, avoid, sum(takes))

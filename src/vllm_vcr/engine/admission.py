@@ -381,7 +381,7 @@ class Admission:
                                                                                                frozenset()))
                 else:
                     src = RandomTokens(rng, args.vocab_size, avoid)
-                    src.draw_ahead()
+                    src.draw_ahead(req.max_tokens)  # (the ids are the same whatever it is told)
         if self.reasoning is not None:
             src = ReasoningTokens(src, self.reasoning, req.max_tokens)
         return src

@@ -44,11 +44,25 @@ class RandomTokens:
         """The next k ids (the same ids k calls of next_token would give)."""
         return list(islice(self.ids, k))
 
-    def draw_ahead(self) -> None:
+    def draw_ahead(self, needed: int = DRAW_BATCH) -> None:
         """Draw the first batch now (on admission) instead of with the first token: under a burst
-        every first token is due at about the same time, and the ids do not depend on when."""
+        every first token is due at about the same time, and the ids do not depend on when.
+        `needed`: how many ids the request can take at most. Fewer than a batch are drawn when
+        none of them is avoided; the rest of the batch is drawn if it is ever reached, and the
+        ids are the same either way (a short request draws a few numbers, not 64)."""
         if not self._ahead:
-            self._ahead.append(_draw(self._rng, self._vocab, self._avoid, self.DRAW_BATCH))
+            n = self.DRAW_BATCH
+            if needed >= n:
+                self._ahead.append(_draw(self._rng, self._vocab, self._avoid, n))
+                return
+            k = max(needed, 1)
+            ids = _raw_draw(self._rng.random, self._vocab, k)
+            if self._avoid.isdisjoint(ids):
+                # the batch's first k ids (none is redrawn); its other n - k follow when reached
+                self._ahead += [n - k, ids]  # (popped from the end: ids first)
+            else:  # a redraw follows the whole batch's draws: draw it whole
+                ids += _raw_draw(self._rng.random, self._vocab, n - k)
+                self._ahead.append(_redrawn(ids, self._rng.random, self._vocab, self._avoid))
 
 
 def _random_ids(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list[list[int]]) -> Iterator[int]:
@@ -57,16 +71,30 @@ def _random_ids(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: li
     return chain.from_iterable(_draws(rng, vocab, avoid, ahead))
 
 
-def _draws(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list[list[int]]) -> Iterator[list[int]]:
+def _draws(rng: random.Random, vocab: int, avoid: frozenset[int], ahead: list) -> Iterator[list[int]]:
     while True:
-        yield ahead.pop() if ahead else _draw(rng, vocab, avoid, RandomTokens.DRAW_BATCH)
+        if not ahead:
+            yield _draw(rng, vocab, avoid, RandomTokens.DRAW_BATCH)
+            continue
+        batch = ahead.pop()
+        # an int: the rest of a batch whose first ids went ahead (RandomTokens.draw_ahead)
+        yield _draw(rng, vocab, avoid, batch) if type(batch) is int else batch
+
+
+def _raw_draw(rand, vocab: int, n: int) -> list[int]:
+    # int(rand() * vocab) for each of n draws, the loop in C (a float product is the same either
+    # way round, and vocab converts to float exactly)
+    return list(map(int, map(float(vocab).__mul__, starmap(rand, repeat((), n)))))
 
 
 def _draw(rng: random.Random, vocab: int, avoid: frozenset[int], n: int) -> list[int]:
     rand = rng.random
-    # int(rand() * vocab) for each of n draws, the loop in C (a float product is the same either
-    # way round, and vocab converts to float exactly)
-    ids = list(map(int, map(float(vocab).__mul__, starmap(rand, repeat((), n)))))
+    ids = _raw_draw(rand, vocab, n)
+    return ids if avoid.isdisjoint(ids) else _redrawn(ids, rand, vocab, avoid)
+
+
+def _redrawn(ids: list[int], rand, vocab: int, avoid: frozenset[int]) -> list[int]:
+    """A batch's avoided ids drawn again, in order, after the whole batch's draws."""
     if not avoid.isdisjoint(ids):
         for j, t in enumerate(ids):
             while t in avoid:

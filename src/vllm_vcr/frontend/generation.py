@@ -81,9 +81,29 @@ def build_engine_request(
     lora_request: Any = None,
     arrival_time: float | None = None,
     sglang_bootstrap: bool = False,
+    sampling_params: SamplingParams | None = None,
 ) -> EngineCoreRequest:
     """`sglang_bootstrap`: the worker simulates SGLang, whose requests may carry its P/D fields
-    (`sglang_handoff`)."""
+    (`sglang_handoff`). `sampling_params`: what this function made before from the same request
+    and arguments (a handler that knows them to be the same may keep them: a copy each time)."""
+    sp = sampling_params if sampling_params is not None else _sampling_params(
+        req, max_tokens, seed, logprobs, stream, tokenizer, replay_id, sglang_bootstrap)
+    return EngineCoreRequest(
+        request_id=internal_id,
+        prompt_token_ids=prompt_ids,
+        sampling_params=sp,
+        # the HTTP arrival (vLLM's arrival_time): the engine's TTFT includes our parsing and templating
+        arrival_time=time.time() if arrival_time is None else arrival_time,
+        cache_salt=req.cache_salt,
+        data_parallel_rank=dp_rank,
+        priority=int(req.priority),
+        external_req_id=external_id,
+        lora_request=lora_request,
+    )
+
+
+def _sampling_params(req: Any, max_tokens: int, seed: int | None, logprobs: int | None, stream: bool,
+                     tokenizer: Tokenizer, replay_id: str | None, sglang_bootstrap: bool) -> SamplingParams:
     eos = tokenizer.eos_token_id
     stop_ids = list(req.stop_token_ids or [])
     all_stop = list(stop_ids)
@@ -97,7 +117,7 @@ def build_engine_request(
     if replay_id is not None:
         extra.setdefault("output_replay_id", replay_id)  # vllm_xargs wins over the header
     logit_bias, allowed_token_ids = token_choice_params(req, tokenizer.vocab_size)
-    sp = SamplingParams(
+    return SamplingParams(
         n=1,
         temperature=1.0 if req.temperature is None else float(req.temperature),
         top_p=1.0 if req.top_p is None else float(req.top_p),
@@ -115,18 +135,6 @@ def build_engine_request(
         all_stop_token_ids=all_stop,
         logit_bias=logit_bias,
         allowed_token_ids=allowed_token_ids,
-    )
-    return EngineCoreRequest(
-        request_id=internal_id,
-        prompt_token_ids=prompt_ids,
-        sampling_params=sp,
-        # the HTTP arrival (vLLM's arrival_time): the engine's TTFT includes our parsing and templating
-        arrival_time=time.time() if arrival_time is None else arrival_time,
-        cache_salt=req.cache_salt,
-        data_parallel_rank=dp_rank,
-        priority=int(req.priority),
-        external_req_id=external_id,
-        lora_request=lora_request,
     )
 
 

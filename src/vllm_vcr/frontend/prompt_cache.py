@@ -61,3 +61,34 @@ class PromptCache:
         if len(self._table) >= self.max_entries:
             self._table.clear()
         self._table[key] = (text, tuple(ids))
+
+
+class BodyCache:
+    """Request body bytes -> what a handler made of them, for a request whose handling up to its
+    own ids depends on its bytes alone (the handler decides which): clients that send the same
+    bodies again (load generators cycling through a prompt set) skip parsing, checks, template
+    and tokenizer. Bounded in entries and in bytes held; cleared when full."""
+
+    def __init__(self, max_entries: int = _MAX_ENTRIES, max_body: int = _MAX_KEY_CHARS,
+                 max_bytes: int = 32 << 20) -> None:
+        self.max_entries = max_entries
+        self.max_body = max_body  # a longer body is not kept
+        self.max_bytes = max_bytes
+        self.size = 0
+        self._table: dict[bytes, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def get(self, body: bytes) -> Any:
+        return self._table.get(body)
+
+    def put(self, body: bytes, value: Any) -> None:
+        if len(body) > self.max_body:
+            return
+        if len(self._table) >= self.max_entries or self.size + len(body) > self.max_bytes:
+            self._table.clear()
+            self.size = 0
+        if body not in self._table:
+            self.size += len(body)
+        self._table[body] = value

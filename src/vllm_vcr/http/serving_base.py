@@ -117,6 +117,27 @@ def lone_surrogate(body: bytes, data: Any) -> UnicodeEncodeError | None:
     return None
 
 
+_decode_json = msgspec.json.decode
+_FAST_JSON_OPENERS = 256  # nesting no deeper than this, far from the interpreter's recursion limit
+
+
+def fast_json(body: bytes) -> Any:
+    """`json.loads(body)` for a body msgspec decodes (the same values: tests/http's hypothesis test
+    holds the two decoders to it), None for any other body: then json.loads itself decides, and
+    raises its own errors. msgspec refuses what json.loads treats its own way (a byte order mark,
+    UTF-16/32, NaN and Infinity, numbers out of a float's range, lone surrogate escapes, deep
+    nesting), so those take json.loads too, and so does a body with more than a few hundred
+    brackets: json.loads refuses deep nesting where the interpreter's stack runs out (what that
+    depth is depends on the caller's stack), msgspec at a depth of its own. msgspec decodes a
+    JSON object ~3x faster."""
+    if body.count(b"[") + body.count(b"{") > _FAST_JSON_OPENERS:
+        return None
+    try:
+        return _decode_json(body)
+    except Exception:  # (msgspec.DecodeError, RecursionError): json.loads decides
+        return None
+
+
 def raw_request_json(body: bytes, decode_error: Callable[[json.JSONDecodeError], HTTPError]) -> Any:
     """A body as a vLLM handler that reads `await raw_request.json()` itself sees it: any JSON
     value (its own checks follow); a JSONDecodeError becomes the handler's own error
@@ -145,15 +166,18 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
     if not body or body.isspace():  # (strip() would copy the body to find out)
         # FastAPI's view of an empty body: the whole body is missing
         raise validation_error([{"type": "missing", "loc": (), "msg": "Field required", "input": None}])
-    try:
-        data = json.loads(body)
-    except (RecursionError, UnicodeDecodeError):
-        raise unparsable_body() from None
-    except ValueError:
-        raise json_decode_error(body) from None
+    data = fast_json(body)
+    slow = data is None
+    if slow:
+        try:
+            data = json.loads(body)
+        except (RecursionError, UnicodeDecodeError):
+            raise unparsable_body() from None
+        except ValueError:
+            raise json_decode_error(body) from None
     if not isinstance(data, dict):
         raise not_an_object(data)
-    if lone_surrogate(body, data) is not None:  # as bytes that are not UTF-8
+    if slow and lone_surrogate(body, data) is not None:  # as bytes that are not UTF-8 (msgspec refuses them)
         raise unparsable_body()
     try:
         return model.model_validate(data, from_attributes=True)

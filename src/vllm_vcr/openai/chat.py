@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.types import EngineCoreOutput, EngineCoreRequest
+import msgspec
+
+from ..engine.types import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from ..frontend.chat_outputs import ChatOutputPlan
 from ..frontend.chat_template import ChatTemplateError, check_request_template, render_isolated
 from ..frontend.errors import bad_request
@@ -19,7 +21,7 @@ from ..frontend.generation import (
 )
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many
 from ..frontend.planned_output import attach_planned_ids
-from ..frontend.prompt_cache import PromptCache, plain_key, template_is_pure
+from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
     check_conversation,
@@ -34,6 +36,7 @@ from ..frontend.request_checks import (
     check_token_choice,
     check_truncation,
     effective_max_tokens,
+    OFFLOAD_BIAS_ENTRIES,
     effective_prompt_logprobs,
     is_greedy,
     truncate_prompt,
@@ -103,6 +106,10 @@ def _nonempty(ids: list[int]) -> list[int]:
 
 
 class ChatServing(ServingBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prepared = BodyCache()  # body bytes -> (_prepared_owner(), _run's arguments): `_repeatable`
+
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
         """render_prompt, with vLLM's refusal of request templates; a template from the request
@@ -225,13 +232,41 @@ class ChatServing(ServingBase):
 
     async def handle(self, ctx: RequestContext) -> None:
         try:
+            hit = self._prepared.get(ctx.body)
+            if hit is not None and hit[0] == self._prepared_owner():
+                await self._run(ctx, *hit[1], None, hit[2])
+                return
             req: ChatCompletionRequest = await parse_request_async(ctx.body, ChatCompletionRequest,
                                                                    self.tokenizer.vocab_size)
-            await self._handle(ctx, req)
+            await self._handle(ctx, req, ctx.body)
         except RequestValueError as e:
             raise as_http_error(e) from None
 
-    async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest) -> None:
+    def _prepared_owner(self) -> tuple:
+        """What a prepared request depends on besides its body: the tokenizer, its template and the
+        context length (the prompt cache's owner)."""
+        tok = self.tokenizer
+        return (tok, tok.chat_template, self.settings.max_model_len)
+
+    async def _handle(self, ctx: RequestContext, req: ChatCompletionRequest, body: bytes | None = None) -> None:
+        await self._run(ctx, req, *await self._prepare(req), body)
+
+    def _repeatable(self, req: ChatCompletionRequest, body: bytes, plan: ChatOutputPlan | None) -> bool:
+        """Whether `_prepare` gives the same answer for every request with these body bytes, and
+        `_run` only reads what it gave: no output plan (tools, response formats), the server's own
+        template when its render depends on the conversation only (PromptCache's rule), a model
+        name that cannot come and go (a LoRA adapter can), a token choice small enough to be
+        checked in place (a large one is rewritten), no KV transfer (its parameters go to the
+        engine as they are)."""
+        return (plan is None and req.chat_template is None and not req.chat_template_kwargs
+                and req.tools is None and not req.continue_final_message and not req.kv_transfer_params
+                and (not req.model or req.model in self._names)
+                and self._prompt_cache() is not None and len(body) <= self._prepared.max_body
+                and len(req.logit_bias or ()) + len(req.allowed_token_ids or ()) <= OFFLOAD_BIAS_ENTRIES)
+
+    async def _prepare(self, req: ChatCompletionRequest) -> tuple:
+        """What a request's checks, template and tokenizer make of it, before anything of its own
+        (ids, headers, time): (model, prompt ids, output limit, logprobs, output plan)."""
         top = req.top_logprobs
         plan = await ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
@@ -262,9 +297,29 @@ class ChatServing(ServingBase):
             check_logprobs_limit(want_lp)
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, top), self.tokenizer.vocab_size)
         check_prompt_logprobs_budget(effective_prompt_logprobs(req, top), len(prompt_ids), self.tokenizer.vocab_size)
+        return model, tuple(prompt_ids), limit, want_lp, plan
+
+    async def _run(self, ctx: RequestContext, req: ChatCompletionRequest, model: str, prompt_tuple: tuple[int, ...],
+                   limit: int, want_lp: int | None, plan: ChatOutputPlan | None, body: bytes | None,
+                   repeated: list[SamplingParams | None] | None = None) -> None:
+        """The request's own part: its headers, ids and time, the engine requests, the response.
+        `repeated`: prepared before, from the same body bytes, and its token choice checked then
+        (it holds the sampling parameters that request's one choice got, unless a header made
+        them its own). Else `body` (the bytes it was parsed from, if any) is kept for the next
+        request with the same bytes when `_repeatable`."""
+        prompt_ids = list(prompt_tuple)
         dp_rank = parse_dp_rank(ctx.headers, self.settings.engine_count)
         replay_id = output_replay_header(ctx.headers)
-        await check_token_choice(req, self.tokenizer.vocab_size)
+        if repeated is None:
+            await check_token_choice(req, self.tokenizer.vocab_size)
+            if body is not None and self._repeatable(req, body, plan):
+                repeated = [None]
+                self._prepared.put(body, (self._prepared_owner(), (req, model, prompt_tuple, limit, want_lp, plan),
+                                          repeated))
+                body = None
+        # the sampling parameters are the body's alone (as a copy) without X-Output-Replay-Id
+        kept = repeated is not None and replay_id is None and req.n == 1
+        sp = repeated[0] if kept else None
 
         rid = f"chatcmpl-{self.base_request_id(ctx, req.request_id)}"
         created = int(time.time())
@@ -280,7 +335,10 @@ class ChatServing(ServingBase):
                 max_tokens=limit, seed=None if req.seed is None else req.seed + j, logprobs=want_lp,
                 stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id, lora_request=self.lora_request(req.model),
-                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang"))
+                arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang",
+                sampling_params=None if sp is None else msgspec.structs.replace(sp)))
+        if kept and sp is None:
+            repeated[0] = msgspec.structs.replace(engine_reqs[0].sampling_params)
         role = (self.settings.response_role if req.add_generation_prompt or not req.messages
                 else req.messages[-1].get("role", "assistant"))
         echo_text = ""
@@ -405,8 +463,12 @@ class ChatStream(ChoiceStream):
         total = len(states)
         self.rti = bool(req.return_token_ids)
         self.template = tpl = ChunkTemplate(CHAT_CHUNK, rid, created, model, settings.system_fingerprint)
-        self.head_idx = [tpl.choice(i) + b',"delta":' for i in range(total)]
-        self.heads = [head + b'{"content":' for head in self.head_idx]
+        if total == 1:  # (no comprehensions' frames for the usual case)
+            head = tpl.choice(0) + b',"delta":'
+            self.head_idx, self.heads = [head], [head + b'{"content":']
+        else:
+            self.head_idx = [tpl.choice(i) + b',"delta":' for i in range(total)]
+            self.heads = [head + b'{"content":' for head in self.head_idx]
         self.include_usage, self.continuous = include_usage_flags(req, settings.force_include_usage)
         self.think = settings.reasoning_ids is not None
         # vLLM stamps the fingerprint on the last chunk: the usage chunk if there is one

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import time
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -58,6 +59,8 @@ class HttpMetrics:
         self.out_size: dict[str, list[float]] = {}
         self.highr = Histogram(HIGHR_BUCKETS, now)
         self.lowr: dict[tuple[str, str], Histogram] = {}  # (method, handler)
+        # (method, status, handler) -> the four records above that such a request adds to
+        self._entries: dict[tuple[str, int, str], tuple[list, list, list, Histogram]] = {}
         if registry is not None:
             registry.register(self)
 
@@ -70,23 +73,38 @@ class HttpMetrics:
     def observe(self, handler: str, method: str, status: int, request_size: int, response_size: int,
                 duration: float) -> None:
         """One finished request (call it only for a handler that is not `excluded`)."""
-        group = f"{str(status)[0]}xx"
-        key = (method, group, handler)
-        c = self.requests.get(key)
-        if c is None:
-            c = self.requests[key] = [0, time.time()]
+        key = (method, status, handler)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._entry(method, status, handler)
+        c, s_in, s_out, lowr = entry
         c[0] += 1
-        for table, size in ((self.in_size, request_size), (self.out_size, response_size)):
+        s_in[0] += 1
+        s_in[1] += request_size
+        s_out[0] += 1
+        s_out[1] += response_size
+        h = self.highr  # Histogram.observe, inline for both (this runs once per request)
+        h.counts[bisect_left(h.bounds, duration)] += 1
+        h.total += duration
+        lowr.counts[bisect_left(lowr.bounds, duration)] += 1
+        lowr.total += duration
+
+    def _entry(self, method: str, status: int, handler: str) -> tuple[list, list, list, Histogram]:
+        """The records a request of this method, status and handler adds to, made on first use."""
+        group = f"{str(status)[0]}xx"
+        c = self.requests.get((method, group, handler))
+        if c is None:
+            c = self.requests[(method, group, handler)] = [0, time.time()]
+        sizes = []
+        for table in (self.in_size, self.out_size):
             s = table.get(handler)
             if s is None:
                 s = table[handler] = [0, 0.0, time.time()]
-            s[0] += 1
-            s[1] += size
-        self.highr.observe(duration)
+            sizes.append(s)
         h = self.lowr.get((method, handler))
         if h is None:
             h = self.lowr[(method, handler)] = Histogram(LOWR_BUCKETS, time.time())
-        h.observe(duration)
+        return c, sizes[0], sizes[1], h
 
     # -- exposition (a prometheus_client collector) -------------------------------------------
 
