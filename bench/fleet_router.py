@@ -19,18 +19,20 @@ arrivals for DURATION seconds (or `--requests` in all), without waiting for answ
 after a warm-up that opens connections. Measured:
 
 * per worker, from its control API: requests received in the phase (min / max against the
-  expected share), and the largest `running` and `waiting` seen by a 1 s poll of every worker's
-  /stats; from every worker's /metrics before and after the phase: the mean queue time, TTFT
-  and ITL the workers saw themselves, and their share of inter-token gaps over a bucket bound
-  just above the configured ITL (the client's share over the same bound beside it);
+  expected share), and the largest `running` and `waiting` seen by polling every worker's
+  /stats (every second, or every M/100 s: ~100 polls a second on the fleet);
+* from every worker's /metrics before and after the phase: the mean queue time, TTFT and ITL
+  the workers saw themselves, and their share of inter-token gaps over the first bucket bound
+  above the configured ITL (the client's share over the same bound beside it);
 * client side: TTFT and ITL p50/p90/p99 against the configured values, how late the client sent
   (lag behind the arrival schedule), errors by kind (HTTP status or transport);
 * CPU (utime + stime from /proc) of the router, the fleet's processes and the client over the
   phase, per request; the machine's load average before and after.
 
-The fleet is started by `fleet_command()` from `serve_flags()`: the flags every worker gets. A
-dimension that changes how one worker is served (serve's `--api-server-count N`, say) is another
-list of serve flags and another loop around `run_m()`; `--serve-args` passes extra flags now.
+The fleet is started by `fleet_command()` with `serve_flags()`, the flags every worker gets;
+`run_m()` takes those flags, and each row records them. A dimension that changes how one worker
+is served (serve's `--api-server-count N`, say) is one more entry of `variants()`; `--serve-args`
+passes extra flags now.
 
 Prints a Markdown table (docs/benchmarks.md) and writes JSON with --json; --plot draws how the
 figures grow with M, with the idle figures of bench/fleet_idle.py's --json if given.
@@ -84,6 +86,11 @@ def serve_flags(a: argparse.Namespace) -> list[str]:
     """The serve flags every worker of the fleet gets."""
     return ["--time-to-first-token", str(a.ttft), "--inter-token-latency", str(a.itl),
             "--max-num-seqs", str(a.max_num_seqs), "--no-log-requests", *shlex.split(a.serve_args)]
+
+
+def variants(a: argparse.Namespace) -> list[list[str]]:
+    """The ways of serving a worker to measure, each a list of serve flags (one today)."""
+    return [serve_flags(a)]
 
 
 def fleet_command(m: int, flags: list[str], ports_file: Path) -> list[str]:
@@ -281,7 +288,7 @@ async def drive(a: argparse.Namespace, workers: list[dict], urls: list[str], pid
 
         before = await worker_stats(ctl, workers)
         hist0 = await fleet_histograms(ctl, workers)
-        poller = Poller(ctl, workers, a.poll_interval)
+        poller = Poller(ctl, workers, a.poll_interval or max(1.0, len(workers) / 100))
         mons = {k: sb.TreeCPU([p]) for k, p in pids.items()}
         load0 = os.getloadavg()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -369,10 +376,10 @@ async def drive(a: argparse.Namespace, workers: list[dict], urls: list[str], pid
     return out
 
 
-def run_m(a: argparse.Namespace, m: int, tmp: Path) -> list[dict]:
-    """Start a fleet of m workers, run each arm against it, stop it."""
+def run_m(a: argparse.Namespace, m: int, flags: list[str], tmp: Path) -> list[dict]:
+    """Start a fleet of m workers, each served with `flags`, run each arm against it, stop it."""
     ports_file = tmp / f"ports-{m}.json"
-    argv = fleet_command(m, serve_flags(a), ports_file)
+    argv = fleet_command(m, flags, ports_file)
     t0 = time.perf_counter()
     fleet, workers = start_fleet(argv, ports_file, tmp / f"fleet-{m}.log", a.start_timeout)
     rows = []
@@ -388,7 +395,7 @@ def run_m(a: argparse.Namespace, m: int, tmp: Path) -> list[dict]:
                 urls, pids = worker_urls, {"fleet": fleet.pid}
             try:
                 time.sleep(a.settle)
-                row = {"arm": arm, "workers": m, "transport": a.transport, "ttft_cfg_ms": a.ttft,
+                row = {"arm": arm, "workers": m, "serve_flags": flags, "transport": a.transport, "ttft_cfg_ms": a.ttft,
                        "itl_cfg_ms": a.itl, "osl": a.osl, "arrivals": a.arrivals, "fleet_startup_s": round(startup, 2),
                        **asyncio.run(drive(a, workers, urls, pids))}
             finally:
@@ -436,6 +443,31 @@ def report(rows: list[dict]) -> None:
               f"errors {r['errors_by_kind'] or 0}; the workers' /metrics: {r['server']}")
 
 
+def growth(rows: list[dict], idle: list[dict] | None) -> None:
+    """One line per M: the idle figures (bench/fleet_idle.py) beside the figures under load."""
+    idle_by_m = {r["workers"]: r for r in idle or () if r["what"].startswith("fleet")}
+    load = {(r["arm"], r["workers"]): r for r in rows}
+    ms = sorted(set(idle_by_m) | {m for _, m in load})
+    print("| M | idle: start-up (s) | idle: PSS per worker (MB) | idle: CPU of all (% of a core) | "
+          "load: fleet CPU µs per request (router / direct arm) | load: vllm-router CPU µs per request | "
+          "load: max running per worker | load: TTFT p99 (ms, router / direct) | load: ITL p99 (ms, router / direct) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in ms:
+        i, r, d = idle_by_m.get(m, {}), load.get(("router", m), {}), load.get(("direct", m), {})
+
+        def g(row: dict, *keys):
+            for k in keys:
+                row = row.get(k, {}) if isinstance(row, dict) else {}
+            return None if row == {} else row
+
+        print(f"| {m} | {_f(i.get('startup_s'))} | {_f(i.get('pss_per_worker_mb'))} | {_f(i.get('idle_cpu_pct'))} | "
+              f"{_f(g(r, 'cpu_us_per_request', 'fleet'))} / {_f(g(d, 'cpu_us_per_request', 'fleet'))} | "
+              f"{_f(g(r, 'cpu_us_per_request', 'router'))} | "
+              f"{_f(max(g(r, 'max_running') or 0, g(d, 'max_running') or 0) if r or d else None)} | "
+              f"{_f(g(r, 'ttft_ms', 'p99'))} / {_f(g(d, 'ttft_ms', 'p99'))} | "
+              f"{_f(g(r, 'itl_ms', 'p99'))} / {_f(g(d, 'itl_ms', 'p99'))} |")
+
+
 def plot(rows: list[dict], idle: list[dict] | None, path: str) -> None:
     """How the figures grow with M: idle memory and CPU (bench/fleet_idle.py), CPU per request under
     load and the client's TTFT/ITL p99 against the configured values."""
@@ -473,7 +505,8 @@ def plot(rows: list[dict], idle: list[dict] | None, path: str) -> None:
     a1.set_ylim(bottom=0)
     a1.legend(fontsize=8)
     a2.axhline(5, color="grey", lw=0.8, ls=":")
-    a2.set(xscale="log", xlabel="workers M", ylabel="% over the configured value", title="client TTFT / ITL p99")
+    a2.set(xscale="log", yscale="symlog", xlabel="workers M", ylabel="% over the configured value",
+           title="client TTFT / ITL p99 (dotted: 5 %)")
     a2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -499,7 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the client's HTTP: aiohttp, or stream_bench's minimal HTTP/1.1 (less CPU per event)")
     ap.add_argument("--serve-args", default="", help="more serve flags for every worker (one string)")
     ap.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (at least one per URL)")
-    ap.add_argument("--poll-interval", type=float, default=1.0, help="s between polls of every worker's /stats")
+    ap.add_argument("--poll-interval", type=float, default=None,
+                    help="s between polls of every worker's /stats (default: 1 s per 100 workers, at least 1 s)")
     ap.add_argument("--settle", type=float, default=2.0, help="s between start-up and the warm-up")
     ap.add_argument("--timeout", type=float, default=120.0, help="per request (s)")
     ap.add_argument("--start-timeout", type=float, default=180.0)
@@ -525,13 +559,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         rows = []
         with tempfile.TemporaryDirectory() as tmp:
-            for m in a.workers:
-                rows += run_m(a, m, Path(tmp))
+            for flags in variants(a):
+                for m in a.workers:
+                    rows += run_m(a, m, flags, Path(tmp))
         if a.json:
             Path(a.json).write_text(json.dumps(rows, indent=1))
     report(rows)
+    idle = json.loads(Path(a.idle_json).read_text()) if a.idle_json else None
+    if idle or len({r["workers"] for r in rows}) > 1:
+        print()
+        growth(rows, idle)
     if a.plot:
-        plot(rows, json.loads(Path(a.idle_json).read_text()) if a.idle_json else None, a.plot)
+        plot(rows, idle, a.plot)
     return 0
 
 
