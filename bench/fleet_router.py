@@ -365,7 +365,7 @@ async def drive(a: argparse.Namespace, workers: list[dict], urls: list[str], pid
         "tpot_ms": res["tpot_ms"], "e2e_ms": res["e2e_ms"],
         "ttft_off_pct": {p: _pct(res["ttft_ms"][p], a.ttft) for p in ("p50", "p90", "p99")},
         "itl_off_pct": {p: _pct(res["itl_chunk_ms"][p], a.itl) for p in ("p50", "p90", "p99")},
-        "output_tokens": res["output_tokens"],
+        "output_tokens": res["output_tokens"], "prompt_tokens_mean": res["prompt_tokens_mean"],
         "cpu_pct": {k: round(100 * v / wall, 1) for k, v in cpu.items()},
         "cpu_us_per_request": {k: round(1e6 * v / max(1, res["ok"]), 1) for k, v in cpu.items()},
         "client_cpu_pct": round(100 * client_cpu / wall, 1),
@@ -507,6 +507,7 @@ def plot(rows: list[dict], idle: list[dict] | None, path: str) -> None:
     a2.axhline(5, color="grey", lw=0.8, ls=":")
     a2.set(xscale="log", yscale="symlog", xlabel="workers M", ylabel="% over the configured value",
            title="client TTFT / ITL p99 (dotted: 5 %)")
+    a2.set_ylim(bottom=0)
     a2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
