@@ -393,16 +393,14 @@ def run_m(a: argparse.Namespace, m: int, flags: list[str], tmp: Path) -> list[di
                 urls, pids = [url], {"router": router.pid, "fleet": fleet.pid}
             else:
                 urls, pids = worker_urls, {"fleet": fleet.pid}
+            row = {"arm": arm, "workers": m, "serve_flags": flags, "transport": a.transport, "ttft_cfg_ms": a.ttft,
+                   "itl_cfg_ms": a.itl, "osl": a.osl, "arrivals": a.arrivals, "fleet_startup_s": round(startup, 2)}
             try:
                 time.sleep(a.settle)
-                row = {"arm": arm, "workers": m, "serve_flags": flags, "transport": a.transport, "ttft_cfg_ms": a.ttft,
-                       "itl_cfg_ms": a.itl, "osl": a.osl, "arrivals": a.arrivals, "fleet_startup_s": round(startup, 2),
-                       **asyncio.run(drive(a, workers, urls, pids))}
+                row.update(asyncio.run(drive(a, workers, urls, pids)))
             finally:
                 if router is not None:
-                    row_code = _stop(router)
-            if router is not None:
-                row["router_exit"] = row_code
+                    row["router_exit"] = _stop(router)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     finally:
