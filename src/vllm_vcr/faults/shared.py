@@ -10,7 +10,7 @@ creates it in the server's private directory before it starts the others.
 The first bytes of the file are mapped: a version, bumped on every write, and a flag "a fault may
 apply", so a request with nothing configured costs one byte read and no lock.
 
-    offset 0: u64 version   8: u8 may_fault   9: u8 has_gauges   16: u32 body length   64: body (pickle)
+    offset 0: u64 version   8: u8 may_fault   9: u8 has_gauges   16: u32 body length   64: body (msgpack)
 """
 
 from __future__ import annotations
@@ -19,20 +19,23 @@ import contextlib
 import fcntl
 import mmap
 import os
-import pickle
 import struct
 import time
+
+import msgspec
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .controller import FaultController
 from .rates import FaultRates
-from .rules import FaultAction, RequestInfo
+from .gauges import GaugeScript
+from .rules import FaultAction, FaultScript, RequestInfo
 
 HEADER = 64
 _VERSION = struct.Struct("<Q")
 _LENGTH = struct.Struct("<I")
 _MAY_FAULT, _HAS_GAUGES, _LENGTH_AT = 8, 9, 16
+_encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 
 class SharedFaultController(FaultController):
@@ -78,11 +81,16 @@ class SharedFaultController(FaultController):
                 if version != self._version:
                     length = _LENGTH.unpack_from(self._mm, _LENGTH_AT)[0]
                     body = os.pread(self._fd, length, HEADER)
-                    self.script, self.gauges, self.rates, self.injected = pickle.loads(body)
+                    state = _decoder.decode(body)
+                    self.script = FaultScript.from_state(state["script"])
+                    self.gauges = GaugeScript.from_state(state["gauges"])
+                    self.rates = msgspec.convert(state["rates"], FaultRates)
+                    self.injected = state["injected"]
                     self._version = version
             yield
             if write:
-                body = pickle.dumps((self.script, self.gauges, self.rates, self.injected), pickle.HIGHEST_PROTOCOL)
+                body = _encoder.encode({"script": self.script.to_state(), "gauges": self.gauges.to_state(),
+                                        "rates": msgspec.to_builtins(self.rates), "injected": self.injected})
                 os.pwrite(self._fd, body, HEADER)
                 self._version = _VERSION.unpack_from(self._mm, 0)[0] + 1
                 _LENGTH.pack_into(self._mm, _LENGTH_AT, len(body))
