@@ -351,3 +351,18 @@ def test_put_log_reaches_the_api_servers(fleet_of_processes):
     assert {server for _, server in results} == {"0", "1"}
     wait_until(lambda: access_lines() >= before + 24, 30, "the access log to be back")
     assert httpx.put(c + "/log", json={"filter": "x=bogus"}, timeout=30).status_code == 400
+
+
+def test_a_taken_control_address_is_one_line_before_any_child_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
+                            "--api-server-count", "2", "--control-address", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2
+    assert "--control-address" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "API server" not in r.stderr and "engine core" not in r.stderr
