@@ -72,8 +72,9 @@ def _metric(server: MockServer, name: str) -> float:
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
-def test_fault_scripts_gauges_and_stats_in_one_call_each():
-    with MockServer(inter_token_latency=1) as server:
+@pytest.mark.parametrize("extra_args", [[], ["--api-server-count", "2"]], ids=["one-process", "api-servers"])
+def test_fault_scripts_gauges_and_stats_in_one_call_each(extra_args):
+    with MockServer(inter_token_latency=1, extra_args=extra_args, startup_timeout=120) as server:
         script = server.set_faults({"action": "http_error", "error": "unavailable", "count": 2})
         assert [r["remaining"] for r in script["rules"]] == [2]
         with server.openai_client(max_retries=0) as client:

@@ -67,6 +67,7 @@ def fleet_of_processes(tmp_path_factory):
     """2 API servers, 2 engine cores (data parallel), a control API, vLLM's dev-mode routes."""
     sp = start(tmp_path_factory.mktemp("api-servers"), "serve", "--api-server-count", "2",
                "--data-parallel-size", "2", "--time-to-first-token", "5", "--inter-token-latency", "2",
+               "--enable-access-log",
                env={"VLLM_SERVER_DEV_MODE": "1"})
     yield sp
     assert sp.stop(timeout=30) == 0, sp.log()
@@ -230,3 +231,146 @@ def test_bad_api_server_count_is_one_line(args, message):
                        capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
     assert r.returncode == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _spread(sp: ServeProcess, n: int, **headers: str) -> list[tuple[int, str]]:
+    """`n` completions, each on a connection of its own, 8 at a time (the API servers race for
+    them): (status, which API server answered) of each."""
+    def one(_: int) -> tuple[int, str]:
+        r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                       headers=headers, timeout=scaled(60))
+        return r.status_code, r.headers[HEADER]
+
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _until_both(sp: ServeProcess, n: int, **headers: str) -> list[tuple[int, str]]:
+    """`_spread` of `n`, then more in batches of 16 until both API servers have answered (the
+    kernel hands connections to whichever process accepts first)."""
+    results = _spread(sp, n, **headers)
+    while {server for _, server in results} != {"0", "1"} and len(results) < 400:
+        results += _spread(sp, 16, **headers)
+    assert {server for _, server in results} == {"0", "1"}, results
+    return results
+
+
+def test_a_fault_script_counts_across_the_api_servers(fleet_of_processes):
+    """One script for every API server: "fail the next 30" fails 30 requests in all, not 30 per
+    process; request_index and requests_seen count every process's requests."""
+    sp = fleet_of_processes
+    c = sp.control
+    httpx.post(c + "/stats/reset", timeout=30).raise_for_status()
+    rules = [{"action": "http_error", "error": "rate_limit", "count": 30},
+             # never matches: keeps the script live, so every request is seen
+             {"match": {"header": {"x-never": "*"}}, "action": "stall", "stall_ms": 1}]
+    r = httpx.put(c + "/faults", json={"rules": rules}, timeout=30)
+    assert r.status_code == 200 and r.json()["rules"][0]["remaining"] == 30, r.text
+    # both API servers answered: had each counted its own 30, each would have failed all it served
+    results = _until_both(sp, 48)
+    failed = [server for status, server in results if status == 429]
+    assert len(failed) == 30, results
+    assert {status for status, _ in results} == {200, 429}
+    script = httpx.get(c + "/faults", timeout=30).json()
+    assert script["requests_seen"] == len(results) and len(script["rules"]) == 1, script
+    stats = httpx.get(c + "/stats", timeout=30).json()
+    assert stats["faults_injected"]["http_error"] == 30 and stats["faults_injected_total"] == 30, stats
+    assert stats["requests_received"] == len(results) - 30  # the engines saw only what was not failed
+
+    # request_index counts across the processes too: exactly indexes 3..7 fail
+    r = httpx.put(c + "/faults", json={"rules": [{"match": {"request_index": [3, 7]}, "action": "http_error",
+                                                   "error": 503}]}, timeout=30)
+    assert r.status_code == 200
+    results = _until_both(sp, 24)
+    assert sum(status == 503 for status, _ in results) == 5, results
+    assert httpx.get(c + "/faults", timeout=30).json()["requests_seen"] == len(results)
+    r = httpx.delete(c + "/faults", timeout=30)
+    assert r.json() == {"rules": [], "requests_seen": 0}
+    assert all(status == 200 for status, _ in _spread(sp, 8))
+    # a bad script is refused and nothing is installed, as with one process
+    r = httpx.put(c + "/faults", json={"rules": [{"action": "http_error", "error": "nope"}]}, timeout=30)
+    assert r.status_code == 400 and "error" in r.json()
+    assert httpx.put(c + "/faults", json={"rules": 1}, timeout=30).status_code == 422
+    assert httpx.get(c + "/faults", timeout=30).json()["rules"] == []
+
+
+def test_rates_and_gauges_reach_every_api_server(fleet_of_processes):
+    sp = fleet_of_processes
+    c = sp.control
+    r = httpx.patch(c + "/config", json={"http_error_rate": 1.0, "http_error_types": ["unavailable"]}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["http_error_rate"] == 1.0 and r.json()["inter_token_latency"] == 2
+    try:
+        results = _until_both(sp, 32)
+        assert {status for status, _ in results} == {503}
+        # a bad value changes nothing (the engine part of the same patch included)
+        r = httpx.patch(c + "/config", json={"http_error_rate": 2, "max_num_seqs": 3}, timeout=30)
+        assert r.status_code == 400 and "http_error_rate" in r.json()["error"]
+        assert httpx.get(c + "/config", timeout=30).json()["max_num_seqs"] != 3
+    finally:
+        r = httpx.patch(c + "/config", json={"http_error_rate": 0.0, "max_num_seqs": 128}, timeout=30)
+    assert r.status_code == 200 and r.json()["http_error_rate"] == 0.0 and r.json()["max_num_seqs"] == 128
+    assert all(status == 200 for status, _ in _spread(sp, 8))
+
+    # scripted gauges: /metrics shows them whichever API server answers the scrape
+    r = httpx.put(c + "/gauges", json={"vllm:num_requests_waiting": {"function": "constant", "value": 7},
+                                       "vllm:kv_cache_usage_perc": {"function": "constant", "value": 0.5}},
+                  timeout=30)
+    assert r.status_code == 200 and r.json()["vllm:num_requests_waiting"]["current"] == 7
+    answered = set()
+    for _ in range(40):
+        with httpx.Client() as h:  # a connection of its own each time
+            resp = h.get(sp.url + "/metrics", timeout=30)
+        answered.add(resp.headers[HEADER])
+        samples = {}
+        for fam in text_string_to_metric_families(resp.text):
+            for s in fam.samples:
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        waiting = [v for (n, _), v in samples.items() if n == "vllm:num_requests_waiting"]
+        usage = [v for (n, _), v in samples.items() if n == "vllm:kv_cache_usage_perc"]
+        assert waiting and set(waiting) == {7.0} and set(usage) == {0.5}, samples
+        if len(answered) == 2:
+            break
+    assert answered == {"0", "1"}
+    assert httpx.get(c + "/gauges", timeout=30).json()["vllm:kv_cache_usage_perc"]["current"] == 0.5
+    assert httpx.delete(c + "/gauges", timeout=30).json() == {}
+    assert httpx.put(c + "/gauges", json={"vllm:nope": {"function": "constant", "value": 1}},
+                     timeout=30).status_code == 400
+    wait_until(lambda: total(metrics(sp.url), "vllm:num_requests_waiting") == 0, 30, "the engines' own gauge")
+
+
+def test_put_log_reaches_the_api_servers(fleet_of_processes):
+    sp = fleet_of_processes
+    c = sp.control
+
+    def access_lines() -> int:
+        return sp.log().count('"POST /v1/completions HTTP/1.1" 200')
+
+    r = httpx.put(c + "/log", json={"filter": "info,uvicorn.access=off"}, timeout=30)
+    assert r.json() == {"filter": "uvicorn::access=off,info"}
+    try:
+        before = access_lines()
+        results = _until_both(sp, 24)
+        assert {status for status, _ in results} == {200}
+        assert access_lines() == before
+    finally:
+        r = httpx.put(c + "/log", json={"filter": "info"}, timeout=30)
+    assert r.status_code == 200
+    results = _until_both(sp, 24)
+    wait_until(lambda: access_lines() >= before + len(results), 30, "the access log to be back")
+    assert httpx.put(c + "/log", json={"filter": "x=bogus"}, timeout=30).status_code == 400
+
+
+def test_a_taken_control_address_is_one_line_before_any_child_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
+                            "--api-server-count", "2", "--control-address", f"127.0.0.1:{port}"],
+                           capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2
+    assert "--control-address" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "API server" not in r.stderr and "engine core" not in r.stderr

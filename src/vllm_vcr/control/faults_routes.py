@@ -15,7 +15,7 @@ from starlette.routing import Route
 from ..faults import RATE_FIELDS, FaultController, FaultSchemaError, FaultSpecError
 from .schema import ControlError, _decode_object
 
-__all__ = ["RATE_FIELDS", "apply_rates", "fault_routes"]
+__all__ = ["RATE_FIELDS", "apply_rates", "check_rates", "fault_routes"]
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -29,6 +29,14 @@ def _as_control_error(e: FaultSpecError) -> ControlError:
 def apply_rates(faults: FaultController, patch: dict[str, Any]) -> dict[str, Any]:
     try:
         return faults.patch_rates(patch)
+    except FaultSpecError as e:
+        raise _as_control_error(e) from None
+
+
+def check_rates(faults: FaultController, patch: dict[str, Any]) -> None:
+    """The checks of apply_rates, applying nothing."""
+    try:
+        faults.check_rates(patch)
     except FaultSpecError as e:
         raise _as_control_error(e) from None
 
@@ -51,8 +59,8 @@ def fault_routes(faults: FaultController) -> list[Route]:
             except FaultSpecError as e:
                 raise _as_control_error(e) from None
         if request.method == "DELETE":
-            faults.gauges.clear()
-        return _json(faults.gauges.describe(faults.now()))
+            faults.clear_gauges()
+        return _json(faults.describe_gauges())
 
     return [Route("/faults", faults_route, methods=["GET", "PUT", "DELETE"]),
             Route("/gauges", gauges_route, methods=["GET", "PUT", "DELETE"])]

@@ -483,14 +483,25 @@ async def start_control_server(
     return await serve_control_app(app, address, token)
 
 
-async def serve_control_app(app: Starlette, address: str, token: str | None) -> ControlServer:
-    """Serve a control API app on `address` (HOST:PORT, port 0: any) in the running event loop."""
+def listen_control(address: str) -> socket.socket:
+    """The listening socket of `address` (HOST:PORT, port 0: any): connections wait in its backlog
+    until a server takes it over."""
     host, port = parse_address(address)
     try:
         sock = bind_listener(host, port, f"--control-address {address}")
     except socket.gaierror as e:
         raise OSError(e.errno, f"cannot listen on --control-address {address}: {e.strerror or e}") from None
     sock.listen(128)
+    return sock
+
+
+async def serve_control_app(app: Starlette, address: str, token: str | None,
+                            sock: socket.socket | None = None) -> ControlServer:
+    """Serve a control API app on `address` (HOST:PORT, port 0: any) in the running event loop, or
+    on `sock` (listen_control's, claimed earlier)."""
+    host, _ = parse_address(address)
+    if sock is None:
+        sock = listen_control(address)
     actual_port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,

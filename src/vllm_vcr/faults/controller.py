@@ -76,15 +76,19 @@ class FaultController:
     def describe_script(self) -> dict[str, Any]:
         return {"rules": self.script.describe(self._clock()), "requests_seen": self.script.requests_seen}
 
-    def patch_rates(self, patch: dict[str, Any]) -> dict[str, Any]:
+    def check_rates(self, patch: dict[str, Any]) -> FaultRates:
+        """The rates `patch` would make (FaultSpecError if it cannot be applied); nothing changes."""
         merged = {**msgspec.to_builtins(self.rates), **patch}
         try:
             rates = msgspec.convert(merged, FaultRates)
         except msgspec.ValidationError as e:
             raise FaultSchemaError(f"fault fields do not match the schema: {e}") from None
-        self.rates = rates.validate()
+        return rates.validate()
+
+    def patch_rates(self, patch: dict[str, Any]) -> dict[str, Any]:
+        self.rates = FaultController.check_rates(self, patch)
         self._refresh()
-        return self.rates_dict()
+        return msgspec.to_builtins(self.rates)
 
     def rates_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self.rates)
@@ -95,6 +99,12 @@ class FaultController:
         except msgspec.ValidationError as e:
             raise FaultSchemaError(f"body does not match the gauge schema: {e}") from None
         self.gauges.set(spec, self._clock())
+        return self.gauges.describe(self._clock())
+
+    def clear_gauges(self) -> None:
+        self.gauges.clear()
+
+    def describe_gauges(self) -> dict[str, dict]:
         return self.gauges.describe(self._clock())
 
     def now(self) -> float:

@@ -95,6 +95,16 @@ class GaugeScript:
         fn, since = entry
         return fn.at(now - since)
 
+    def to_state(self) -> dict:
+        """The functions and their start times, as plain data (faults/shared.py keeps it in a file)."""
+        return {name: [msgspec.to_builtins(fn), since] for name, (fn, since) in self._funcs.items()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> GaugeScript:
+        script = cls()
+        script._funcs = {name: (msgspec.convert(fn, GaugeFunction), since) for name, (fn, since) in state.items()}
+        return script
+
     def describe(self, now: float) -> dict[str, dict]:
         return {name: {**msgspec.to_builtins(fn), "current": round(fn.at(now - since), 6)}
                 for name, (fn, since) in self._funcs.items()}

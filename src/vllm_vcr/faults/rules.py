@@ -174,6 +174,21 @@ class FaultScript:
                 return lr.rule
         return None
 
+    def to_state(self) -> dict:
+        """Everything the script is, as plain data (faults/shared.py keeps it in a file)."""
+        return {"seen": self.requests_seen,
+                "live": [[msgspec.to_builtins(lr.rule), lr.remaining, lr.deadline, lr.used] for lr in self._live]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> FaultScript:
+        script = cls([], 0.0)
+        script.requests_seen = state["seen"]
+        for rule, remaining, deadline, used in state["live"]:
+            lr = _LiveRule(msgspec.convert(rule, Rule), 0.0)
+            lr.remaining, lr.deadline, lr.used = remaining, deadline, used
+            script._live.append(lr)
+        return script
+
     def describe(self, now: float) -> list[dict]:
         out = []
         for lr in self._live:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from ..faults import RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
+from ..faults import GAUGES, RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
 from ..frontend.errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
 from .sse import DONE, send_bytes
 from .uvicorn_internals import transport_of
@@ -168,10 +168,11 @@ def install_gauges(metrics: Any, controller: FaultController) -> None:
     if metrics is None or not hasattr(metrics, "families"):
         return
     families = metrics.families
+    scripted = {*GAUGES, "vllm:num_requests_waiting_by_reason"}
 
     def with_overrides():
         for fam in families():
-            if controller.gauges:
+            if fam.name in scripted:
                 name = fam.name
                 if name == "vllm:num_requests_waiting_by_reason":
                     v = controller.gauge_value("vllm:num_requests_waiting")

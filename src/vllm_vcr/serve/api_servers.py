@@ -66,6 +66,7 @@ class Layout:
     inputs: list[str]
     outputs: list[str]
     metrics_dir: str
+    faults: str  # the HTTP faults' shared state (faults/shared.py)
 
 
 def _close_quietly(sock: socket.socket) -> None:
@@ -131,13 +132,13 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
 # API server process
 
 def _api_server_main(args: argparse.Namespace, sock: socket.socket, index: int, engine_count: int,
-                     layout: Layout, report: Connection) -> None:
+                     layout: Layout, report: Connection, commands: Connection) -> None:
     _child_setup(args)
     from .server import prepare_process
 
     prepare_process()
     try:
-        rc = event_loop.run(_api_server_class()(args, sock, index, engine_count, layout, report).run())
+        rc = event_loop.run(_api_server_class()(args, sock, index, engine_count, layout, report, commands).run())
     except CLIError as e:
         logger.error("API server %d: %s", index, e)
         rc = 2
@@ -145,6 +146,7 @@ def _api_server_main(args: argparse.Namespace, sock: socket.socket, index: int, 
 
 
 def _api_server_class():
+    from ..faults.shared import SharedFaultController
     from ..vllm.metrics_multiproc import SharedMetrics
     from ..wire.client import EngineCoreClient
     from .server import Hosting, _ServeCommand, identity_headers
@@ -152,19 +154,49 @@ def _api_server_class():
     class ApiServer(_ServeCommand):
         """serve, with the engine-core client as its engine (the engines' services run there)."""
 
-        def __init__(self, args, sock, index, engine_count, layout, report) -> None:
+        def __init__(self, args, sock, index, engine_count, layout, report, commands) -> None:
             headers = [*identity_headers(os.environ), (API_SERVER_HEADER, str(index))]
             super().__init__(args, sock, Hosting(headers=headers, log_ready=False))
             self.index = index
             self.layout = layout
             self.report = report
+            self.commands = commands
             self.dp_size = engine_count
             self.shared_metrics: SharedMetrics | None = None
+
+        def load(self) -> None:
+            super().load()
+            # the fault script, gauges, rates and counts of every API server are one state (the
+            # parent's control API serves it): "fail the next 5" fails 5 in all
+            mine, seed = self.faults, getattr(self.args, "seed", None)
+            self.faults = SharedFaultController(
+                self.layout.faults, create=False, rates=mine.rates, model=mine.model, max_model_len=mine.max_model_len,
+                seed=seed if seed is None or self.index == 0 else f"{seed}/{self.index}")
 
         def open_listener(self, stack: contextlib.AsyncExitStack) -> None:
             self.host = self.args.host or "0.0.0.0"
             self.grpc = None
             stack.callback(_close_quietly, self.sock)
+            stack.callback(self.faults.close)
+            loop = asyncio.get_running_loop()
+            loop.add_reader(self.commands.fileno(), self.on_command)
+            stack.callback(self.stop_commands)
+
+        def on_command(self) -> None:
+            """A message of the parent: {"log": filter} (PUT /log on the control API)."""
+            try:
+                msg = self.commands.recv()
+            except (EOFError, OSError):
+                self.stop_commands()
+                return
+            if "log" in msg:
+                from ..logging_setup import apply_log_filter
+
+                apply_log_filter(msg["log"])
+
+        def stop_commands(self) -> None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self.commands.fileno())
 
         def create_engines(self) -> None:
             self.engine = EngineCoreClient(self.engine_args, input_address=self.layout.inputs[self.index],
@@ -249,6 +281,9 @@ class MultiProcessServe:
         self.failed = False
         self.tmp = ""  # the private directory of the ipc sockets (and the metrics files), once made
         self.control = None
+        self.faults = None  # the API servers' shared fault state (served by the control API)
+        self.commands: list[Connection] = []  # to each API server
+        self.control_sock: socket.socket | None = None  # --control-address, claimed at start-up
 
     # --- start-up ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -263,6 +298,7 @@ class MultiProcessServe:
             raise CLIError("--api-server-count: forward-pass metrics need the engine in the API server "
                            "(--api-server-count 1)")
         self.settings, self.engine_args, self.engine_count = cmd.settings, cmd.engine_args, cmd.engine_count
+        self.initial_faults = cmd.faults
         self.textless_ids = cmd.tokenizer.random_text_avoid(self.engine_args.vocab_size)
         self.ignored = cmd.ignored
 
@@ -280,6 +316,21 @@ class MultiProcessServe:
         sock.listen(2048)
         return sock
 
+    def claim_control_address(self) -> None:
+        """--control-address is claimed before any child starts: a clash is a CLI error at once,
+        and a control call made once an API server answers waits in the backlog until the
+        control API serves (never refused), as with one process, whose control API is up before
+        its port."""
+        self.control_sock = None
+        if not self.args.control_address:
+            return
+        from ..control.server import listen_control
+
+        try:
+            self.control_sock = listen_control(self.args.control_address)
+        except (OSError, ValueError) as e:
+            raise CLIError(f"--control-address: {e}") from None
+
     def layout(self) -> Layout:
         self.tmp = tempfile.mkdtemp(prefix="vllm-vcr-")
         metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -292,8 +343,15 @@ class MultiProcessServe:
             os.makedirs(metrics_dir)
         ipc = f"ipc://{self.tmp}"
         n = self.api_server_count
-        return Layout(handshake=f"{ipc}/handshake", inputs=[f"{ipc}/in{i}" for i in range(n)],
-                      outputs=[f"{ipc}/out{i}" for i in range(n)], metrics_dir=metrics_dir)
+        layout = Layout(handshake=f"{ipc}/handshake", inputs=[f"{ipc}/in{i}" for i in range(n)],
+                        outputs=[f"{ipc}/out{i}" for i in range(n)], metrics_dir=metrics_dir,
+                        faults=os.path.join(self.tmp, "faults"))
+        from ..faults.shared import SharedFaultController
+
+        f = self.initial_faults
+        self.faults = SharedFaultController(layout.faults, create=True, rates=f.rates, model=f.model,
+                                            max_model_len=f.max_model_len)
+        return layout
 
     def start_children(self, sock: socket.socket, layout: Layout) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -308,9 +366,12 @@ class MultiProcessServe:
             p.start()
             self.children.append(_Child("engine core", rank, p))
         for i in range(self.api_server_count):
+            commands, to_child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_api_server_main, name=f"ApiServer_{i}", daemon=False,
-                            args=(child_args, sock, i, self.engine_count, layout, sender))
+                            args=(child_args, sock, i, self.engine_count, layout, sender, commands))
             p.start()
+            commands.close()
+            self.commands.append(to_child)
             self.children.append(_Child("API server", i, p))
         sock.close()  # each API server has its own copy
         sender.close()
@@ -364,9 +425,22 @@ class MultiProcessServe:
         urls = [self.control_urls[r] for r in range(self.engine_count)]
         try:
             self.control = await start_control_fanout(self.args.control_address, urls,
-                                                      getattr(self.args, "control_token", None))
+                                                      getattr(self.args, "control_token", None),
+                                                      faults=self.faults, on_log=self.apply_log_filter,
+                                                      sock=self.control_sock)
+            self.control_sock = None
         except (OSError, ValueError, RuntimeError) as e:
             raise CLIError(f"--control-address: {e}") from None
+
+    def apply_log_filter(self, spec: str) -> None:
+        """PUT /log, accepted by the engine cores: the same filter here and in every API server."""
+        from ..logging_setup import apply_log_filter, reloadable_logging_installed
+
+        if reloadable_logging_installed():
+            apply_log_filter(spec)
+        for conn in self.commands:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send({"log": spec})
 
     # --- supervision ---------------------------------------------------------------------------
     def dead_child(self) -> _Child | None:
@@ -420,6 +494,11 @@ class MultiProcessServe:
     async def run(self) -> int:
         self.load()
         sock = self.open_listener()
+        try:
+            self.claim_control_address()
+        except CLIError:
+            _close_quietly(sock)
+            raise
         loop = asyncio.get_running_loop()
         self.wake = asyncio.Event()
         try:
@@ -437,6 +516,8 @@ class MultiProcessServe:
             await self.supervise()
         finally:
             _close_quietly(sock)
+            if self.control_sock is not None:
+                _close_quietly(self.control_sock)
             for c in self.children:
                 if c.proc.exitcode is None:
                     c.proc.kill()
@@ -446,6 +527,10 @@ class MultiProcessServe:
             if self.control is not None:
                 await self.control.stop()
                 await self.control.app.state.client.aclose()
+            for conn in self.commands:
+                conn.close()
+            if self.faults is not None:
+                self.faults.close()
             if self.tmp:
                 shutil.rmtree(self.tmp, ignore_errors=True)
         if not self.failed:

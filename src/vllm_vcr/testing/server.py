@@ -10,7 +10,8 @@
 In-process (`run_in="thread"`, the default) the command line is parsed by the `vllm-vcr` parser
 and run by the coroutine the CLI runs, on an event loop of its own thread; `run_in="subprocess"`
 starts `python -m vllm_vcr serve` (process-wide state such as signals and GC tuning then stays
-out of the test process). Both listen on 127.0.0.1 and enable the control API on a second port,
+out of the test process; a server with `--api-server-count N` > 1 in `extra_args` always runs
+as a subprocess, its API servers being processes). Both listen on 127.0.0.1 and enable the control API on a second port,
 which the control methods (config, stats, fault scripts, gauges) use. `mode` is the engine's
 output mode (`random`/`echo`), a `MockServerConfig` field like any other flag.
 """
@@ -167,6 +168,8 @@ class MockServer:
         if self._runner is not None:
             raise MockServerError("already started")
         self.control_port = free_port(self.host)
+        if self.run_in == "thread" and (getattr(_parse(self.argv()), "api_server_count", None) or 1) > 1:
+            self.run_in = "subprocess"  # several API servers are processes of their own: not a thread's
         if self.run_in == "thread":
             sock = socket.create_server((self.host, self.port))
             self.port = sock.getsockname()[1]
