@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from functools import partial
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest
-from prometheus_client.openmetrics.exposition import UNDERSCORES
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.openmetrics.exposition import UNDERSCORES
 from prometheus_client.samples import Sample
 
 from ..engine.types import EngineCoreEventType, EngineCoreOutputs, FinishReason
