@@ -22,6 +22,7 @@ usage:
                        [--period 0.05] [--duration 240] [--segment 30] [--engine-type vllm]
                        [--no-parse] [--out result.json]
   bench/scrape_cost.py --in-process [--renders 2000] [--engine-type vllm] [--concurrency 8]
+  bench/scrape_cost.py --idle-gets 2000   # one idle worker: server CPU per GET /metrics, per GET /health
 """
 
 from __future__ import annotations
@@ -317,6 +318,26 @@ def in_process(args) -> dict:
     return out
 
 
+def idle_gets(args) -> dict:
+    """One idle worker, `n` sequential GET /metrics then `n` GET /health: its CPU per request."""
+    p, url = start_worker(args)
+    try:
+        out = {"config": {"engine_type": args.engine_type, "gets": args.idle_gets}}
+        with httpx.Client(timeout=10) as client:
+            for _ in range(50):
+                client.get(url + "/metrics")
+            for path in ("/metrics", "/health"):
+                c0 = cpu_seconds([p.pid])
+                for _ in range(args.idle_gets):
+                    client.get(url + path)
+                out[f"server_cpu_ms_per_get_{path.strip('/')}"] = round(
+                    (cpu_seconds([p.pid]) - c0) / args.idle_gets * 1000, 3)
+        return out
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -335,10 +356,12 @@ def main() -> None:
     ap.add_argument("--in-process", action="store_true",
                     help="measure CPU per render of /metrics in this process (no workers, no sockets)")
     ap.add_argument("--renders", type=int, default=2000, help="--in-process: renders per measurement")
+    ap.add_argument("--idle-gets", type=int, default=0,
+                    help="measure one idle worker's CPU per GET /metrics and per GET /health over N requests each")
     ap.add_argument("--out")
     args = ap.parse_args()
-    if args.in_process:
-        result = in_process(args)
+    if args.in_process or args.idle_gets:
+        result = in_process(args) if args.in_process else idle_gets(args)
         text = json.dumps(result, indent=2)
         if args.out:
             Path(args.out).write_text(text + "\n")
