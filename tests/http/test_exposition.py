@@ -30,6 +30,8 @@ from vllm_vcr.engine.types import (
     PrefixCacheStats,
     SchedulerStats,
 )
+from vllm_vcr.faults import FaultController
+from vllm_vcr.http.faults_adapter import install_gauges
 from vllm_vcr.sglang.metrics import SGLangFrontendMetrics
 from vllm_vcr.vllm import exposition
 from vllm_vcr.vllm.exposition import FamilyMemo, TextExposition, exact
@@ -226,6 +228,10 @@ update = st.one_of(
     st.tuples(st.just("http"), hostile_text, st.floats(0, 100)),
     st.tuples(st.just("first_engine"), st.integers(0, 3), st.none()),
     st.tuples(st.just("scrape_twice"), st.none(), st.none()),
+    # scripted gauges (faults): set, moved by the clock (a ramp), cleared
+    st.tuples(st.just("gauges"), st.sampled_from(["vllm:num_requests_waiting", "vllm:num_requests_running",
+                                                  "vllm:kv_cache_usage_perc"]),
+              st.one_of(st.none(), st.floats(0, 1), st.just(-0.0))),
 )
 
 
@@ -262,6 +268,12 @@ def apply(m: FrontendMetrics, op, a, b, clock: list[float]) -> None:
             m.http.observe(handler, "POST" if b > 50 else "GET", 200 if b > 10 else 404, int(b), 7, b)
     elif op == "first_engine":
         m.first_engine = a
+    elif op == "gauges":
+        faults = m.faults
+        if b is None:
+            faults.gauges.clear()
+        else:
+            faults.set_gauges({a: {"function": "ramp", "start": -0.0, "end": b, "period_s": 60}})
 
 
 def check_every_step(metrics_type, updates, model_name):
@@ -270,6 +282,8 @@ def check_every_step(metrics_type, updates, model_name):
     m.http = HttpMetrics(registry)
     m.enable_tool_parser_series()
     clock = [1000.0]
+    m.faults = FaultController(clock=lambda: clock[0])  # (a ramp moves with the test's clock)
+    install_gauges(m, m.faults)
     assert outcome(m.render_text) == reference(m)
     for op, a, b in updates:
         apply(m, op, a, b, clock)

@@ -165,23 +165,28 @@ class FaultySend:
 
 def install_gauges(metrics: Any, controller: FaultController) -> None:
     """Scripted gauges replace the engines' values in /metrics (every engine series of a gauge)."""
-    if metrics is None or not hasattr(metrics, "families"):
+    if metrics is None or not hasattr(metrics, "family_rewrite"):
         return
-    families = metrics.families
 
-    def with_overrides():
-        for fam in families():
-            if controller.gauges:
-                name = fam.name
-                if name == "vllm:num_requests_waiting_by_reason":
-                    v = controller.gauge_value("vllm:num_requests_waiting")
-                    if v is not None:
-                        fam.samples = [s._replace(value=v if s.labels.get("reason") == "capacity" else 0.0)
-                                       for s in fam.samples]
-                else:
-                    v = controller.gauge_value(name)
-                    if v is not None:
-                        fam.samples = [s._replace(value=v) for s in fam.samples]
-            yield fam
+    def source(name: str) -> str:
+        return "vllm:num_requests_waiting" if name == "vllm:num_requests_waiting_by_reason" else name
 
-    metrics.families = with_overrides
+    def key(name: str) -> Any:
+        """What the rewrite of the family `name` depends on: the scripted value now, if any."""
+        v = controller.gauge_value(source(name)) if controller.gauges else None
+        return float.hex(v) if type(v) is float else v  # (-0.0 and 0.0 are different texts)
+
+    def rewrite(fam: Any) -> Any:
+        if not controller.gauges:
+            return fam
+        v = controller.gauge_value(source(fam.name))
+        if v is None:
+            return fam
+        if fam.name == "vllm:num_requests_waiting_by_reason":
+            fam.samples = [s._replace(value=v if s.labels.get("reason") == "capacity" else 0.0) for s in fam.samples]
+        else:
+            fam.samples = [s._replace(value=v) for s in fam.samples]
+        return fam
+
+    metrics.family_rewrite_key = key
+    metrics.family_rewrite = rewrite

@@ -52,7 +52,7 @@ class SGLangFrontendMetrics(FrontendMetrics):
         """A family whose values are unchanged since the last scrape is the same object (FamilyMemo)."""
         by_collector = sglang_labels(self.model_name, self.worker_type)
         engines = self._engines
-        memo = self._memo
+        memo = self  # self.get: the memo, with the family rewrite (scripted gauges) when one is set
         created = self._created
         shape = (self.model_name, self.worker_type, len(engines), exact(created))  # in every key
 

@@ -620,13 +620,25 @@ class FrontendMetrics:
             return self._exposition.render(), content_type
         return encoder(self.registry), content_type
 
+    # (faults: scripted gauges) a rewrite of each family after it is built, and what the rewrite of
+    # the family of a given name depends on (part of its memo key); see http/faults_adapter.py
+    family_rewrite: Callable[[Any], Any] | None = None
+    family_rewrite_key: Callable[[str], Any] | None = None
+
+    def get(self, name: str, key: Any, build: Callable[[], Any]) -> Any:
+        """The family `name` through the memo (exposition.FamilyMemo.get), rewritten if a rewrite is set."""
+        rewrite = self.family_rewrite
+        if rewrite is None:
+            return self._memo.get(name, key, build)
+        return self._memo.get(name, (key, self.family_rewrite_key(name)), lambda: rewrite(build()))
+
     def families(self):
         """Yield the prometheus metric families (used by the registered collector). A family whose
         values are the same as at the last scrape is the same object (FamilyMemo), so its text is
         rendered once."""
         name = self.model_name
         created = self._created
-        memo = self._memo
+        memo = self  # self.get: the memo, with the family rewrite (scripted gauges) when one is set
         eng_labels = [(name, str(self.first_engine + i)) for i in range(len(self._engines))]
         engines = list(zip(eng_labels, self._engines))
         shape = (name, self.first_engine, len(engines), exact(created))  # in every key
