@@ -9,10 +9,20 @@ refresh interval is 50 ms) and parses it as the picker does (Prometheus text). A
 phases puts both arms under the same machine load. Reports, per arm, client-side TTFT and ITL
 percentiles (ms), requests and tokens served, and the scrapes' own latency.
 
+--in-process measures what one render of /metrics costs, without sockets or other processes: a
+worker's metrics built as `serve` builds them (same collectors, same registry), rendered N times
+by prometheus_client.generate_latest and by the renderer /metrics uses, CPU seconds per render
+(process time, so other jobs on the box barely move it) on a fresh worker, on a worker after
+load with nothing new between scrapes, and on a live one: between two renders, 50 ms of traffic
+(C streams at --itl-ms, OSL tokens, a new request for each finished one) is fed through the
+metrics hooks serve calls, as the engine would feed them.
+
 usage:
   bench/scrape_cost.py [--workers 2] [--concurrency 8] [--osl 64] [--ttft-ms 50] [--itl-ms 20]
                        [--period 0.05] [--duration 240] [--segment 30] [--engine-type vllm]
                        [--no-parse] [--out result.json]
+  bench/scrape_cost.py --in-process [--renders 2000] [--engine-type vllm] [--concurrency 8]
+  bench/scrape_cost.py --idle-gets 2000   # one idle worker: server CPU per GET /metrics, per GET /health
 """
 
 from __future__ import annotations
@@ -212,6 +222,122 @@ async def run(args) -> dict:
                 os.killpg(p.pid, signal.SIGKILL)
 
 
+class SyntheticTraffic:
+    """C closed-loop requests on a virtual clock, fed to FrontendMetrics/HttpMetrics through the
+    hooks serve calls (on_request_arrival, on_engine_outputs, HttpMetrics.observe): one engine step
+    per --itl-ms, one token per running request per step, a new request for each finished one."""
+
+    def __init__(self, metrics, args):
+        from vllm_vcr.engine.types import (EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, FinishReason,
+                                           PrefillStats, PrefixCacheStats, SchedulerStats)
+        self.t = (EngineCoreEvent, EngineCoreOutput, EngineCoreOutputs, FinishReason, PrefillStats,
+                  PrefixCacheStats, SchedulerStats)
+        self.m, self.args = metrics, args
+        self.clock = 1000.0  # virtual monotonic seconds
+        self.seq = 0
+        self.active: dict[str, int] = {}  # request id -> tokens so far
+        self.new: list[str] = []
+
+    def _arrive(self) -> None:
+        rid = f"cmpl-{self.seq}"
+        self.seq += 1
+        self.m.on_request_arrival(rid, time.time(), n=1, max_tokens=self.args.osl, num_prompt_tokens=48)
+        self.active[rid] = 0
+        self.new.append(rid)
+
+    def step(self) -> None:
+        Event, Output, Outputs, Finish, Prefill, PCS, Stats = self.t
+        while len(self.active) < self.args.concurrency:
+            self._arrive()
+        self.clock += self.args.itl_ms / 1000
+        outs, finished = [], []
+        for rid in list(self.active):
+            n = self.active[rid] = self.active[rid] + 1
+            done = n >= self.args.osl
+            kw = {}
+            if rid in self.new:
+                kw = {"events": [Event(1, self.clock - 0.05), Event(2, self.clock - 0.04)],
+                      "prefill_stats": Prefill(num_prompt_tokens=48, num_computed_tokens=32, num_cached_tokens=16,
+                                               num_local_cached_tokens=16)}
+            outs.append(Output(request_id=rid, new_token_ids=[7], finish_reason=Finish.LENGTH if done else None, **kw))
+            if done:
+                finished.append(rid)
+        self.new.clear()
+        stats = Stats(num_running_reqs=len(self.active), num_waiting_reqs=0, kv_cache_usage=0.01 * len(self.active),
+                      prefix_cache_stats=PCS(requests=1, queries=48, hits=16) if finished else PCS())
+        self.m.on_engine_outputs(0, Outputs(engine_index=0, outputs=outs, scheduler_stats=stats,
+                                            timestamp=self.clock))
+        for rid in finished:
+            del self.active[rid]
+            if self.m.http is not None:
+                self.m.http.observe("/v1/completions", "POST", 200, 180, 0, self.args.osl * self.args.itl_ms / 1000)
+
+    def advance(self, seconds: float) -> None:
+        for _ in range(max(1, round(seconds / (self.args.itl_ms / 1000)))):
+            self.step()
+
+
+def in_process(args) -> dict:
+    """CPU per /metrics render: generate_latest vs serve's renderer, fresh / after load / live."""
+    from prometheus_client import generate_latest
+
+    from vllm_vcr.http.serving_base import ServeSettings
+    from vllm_vcr.serve.app import _load_metrics
+
+    def worker():
+        return _load_metrics(ServeSettings(engine_type=args.engine_type, num_gpu_blocks=4096))
+
+    def cpu_per_render(m, render, between=None) -> tuple[float, int]:
+        spent, size = 0.0, 0
+        for _ in range(args.renders):
+            if between is not None:
+                between()
+            t0 = time.process_time()
+            body = render(m)
+            spent += time.process_time() - t0
+            size = len(body)
+        return spent / args.renders * 1e6, size
+
+    renderers = {"generate_latest": lambda m: generate_latest(m.registry), "serve": lambda m: m.render_text()}
+    out: dict = {"config": {k: getattr(args, k) for k in ("engine_type", "renders", "concurrency", "osl", "itl_ms")},
+                 "us_per_render": {}}
+    for name, render in renderers.items():
+        row = out["us_per_render"][name] = {}
+        m = worker()
+        row["fresh"], row["bytes_fresh"] = cpu_per_render(m, render)
+        traffic = SyntheticTraffic(m, args)
+        traffic.advance(600)  # ten minutes of traffic
+        row["after_load_idle"], row["bytes_loaded"] = cpu_per_render(m, render)
+        row["after_load_live"], _ = cpu_per_render(m, render, lambda: traffic.advance(args.period))
+        row["requests_served"] = traffic.seq - len(traffic.active)
+    base, new = out["us_per_render"]["generate_latest"], out["us_per_render"]["serve"]
+    out["speedup"] = {k: round(base[k] / new[k], 1) for k in ("fresh", "after_load_idle", "after_load_live")}
+    for row in out["us_per_render"].values():
+        for k in ("fresh", "after_load_idle", "after_load_live"):
+            row[k] = round(row[k], 1)
+    return out
+
+
+def idle_gets(args) -> dict:
+    """One idle worker, `n` sequential GET /metrics then `n` GET /health: its CPU per request."""
+    p, url = start_worker(args)
+    try:
+        out = {"config": {"engine_type": args.engine_type, "gets": args.idle_gets}}
+        with httpx.Client(timeout=10) as client:
+            for _ in range(50):
+                client.get(url + "/metrics")
+            for path in ("/metrics", "/health"):
+                c0 = cpu_seconds([p.pid])
+                for _ in range(args.idle_gets):
+                    client.get(url + path)
+                out[f"server_cpu_ms_per_get_{path.strip('/')}"] = round(
+                    (cpu_seconds([p.pid]) - c0) / args.idle_gets * 1000, 3)
+        return out
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(10)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -227,8 +353,20 @@ def main() -> None:
     ap.add_argument("--no-parse", dest="parse", action="store_false",
                     help="fetch /metrics without parsing it: on a small machine the Python parser's CPU "
                          "(~25 ms a scrape) competes with the workers; the picker parses in Go elsewhere")
+    ap.add_argument("--in-process", action="store_true",
+                    help="measure CPU per render of /metrics in this process (no workers, no sockets)")
+    ap.add_argument("--renders", type=int, default=2000, help="--in-process: renders per measurement")
+    ap.add_argument("--idle-gets", type=int, default=0,
+                    help="measure one idle worker's CPU per GET /metrics and per GET /health over N requests each")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.in_process or args.idle_gets:
+        result = in_process(args) if args.in_process else idle_gets(args)
+        text = json.dumps(result, indent=2)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        print(text)
+        return
     result = asyncio.run(run(args))
     text = json.dumps(result, indent=2)
     if args.out:

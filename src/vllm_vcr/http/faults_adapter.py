@@ -165,8 +165,9 @@ class FaultySend:
 
 def install_gauges(metrics: Any, controller: FaultController) -> None:
     """Scripted gauges replace the engines' values in /metrics (every engine series of a gauge)."""
-    if metrics is None or not hasattr(metrics, "families"):
+    if metrics is None or not hasattr(metrics, "family_rewrite"):
         return
+<<<<<<< HEAD
     families = metrics.families
     scripted = {*GAUGES, "vllm:num_requests_waiting_by_reason"}
 
@@ -184,5 +185,28 @@ def install_gauges(metrics: Any, controller: FaultController) -> None:
                     if v is not None:
                         fam.samples = [s._replace(value=v) for s in fam.samples]
             yield fam
+=======
 
-    metrics.families = with_overrides
+    def source(name: str) -> str:
+        return "vllm:num_requests_waiting" if name == "vllm:num_requests_waiting_by_reason" else name
+>>>>>>> metrics
+
+    def key(name: str) -> Any:
+        """What the rewrite of the family `name` depends on: the scripted value now, if any."""
+        v = controller.gauge_value(source(name)) if controller.gauges else None
+        return float.hex(v) if type(v) is float else v  # (-0.0 and 0.0 are different texts)
+
+    def rewrite(fam: Any) -> Any:
+        if not controller.gauges:
+            return fam
+        v = controller.gauge_value(source(fam.name))
+        if v is None:
+            return fam
+        if fam.name == "vllm:num_requests_waiting_by_reason":
+            fam.samples = [s._replace(value=v if s.labels.get("reason") == "capacity" else 0.0) for s in fam.samples]
+        else:
+            fam.samples = [s._replace(value=v) for s in fam.samples]
+        return fam
+
+    metrics.family_rewrite_key = key
+    metrics.family_rewrite = rewrite

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from ..vllm.exposition import exact
 from ..vllm.metrics import FINISH_REASONS, FrontendMetrics
 
 SCHEDULER, TOKENIZER = "scheduler", "tokenizer"  # which SGLang collector exports a series
@@ -48,23 +49,33 @@ class SGLangFrontendMetrics(FrontendMetrics):
     """FrontendMetrics exposed under SGLang's names."""
 
     def families(self):
+        """A family whose values are unchanged since the last scrape is the same object (FamilyMemo)."""
         by_collector = sglang_labels(self.model_name, self.worker_type)
         engines = self._engines
+        memo = self  # self.get: the memo, with the family rewrite (scripted gauges) when one is set
+        created = self._created
+        shape = (self.model_name, self.worker_type, len(engines), exact(created))  # in every key
 
         def total(attr: str) -> float:
             return sum(getattr(e, attr) for e in engines)
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:  # all the scheduler's
-            labels, lv = by_collector[SCHEDULER]
-            fam = GaugeMetricFamily(name, doc, labels=labels)
-            fam.add_metric(lv, value)
-            return fam
+            def build():
+                labels, lv = by_collector[SCHEDULER]
+                fam = GaugeMetricFamily(name, doc, labels=labels)
+                fam.add_metric(lv, value)
+                return fam
+
+            return memo.get(name, (shape, exact(value)), build)
 
         def counter(name: str, doc: str, value: float, collector: str = TOKENIZER) -> CounterMetricFamily:
-            labels, lv = by_collector[collector]
-            fam = CounterMetricFamily(name, doc, labels=labels)
-            fam.add_metric(lv, value, created=self._created)
-            return fam
+            def build():
+                labels, lv = by_collector[collector]
+                fam = CounterMetricFamily(name, doc, labels=labels)
+                fam.add_metric(lv, value, created=created)
+                return fam
+
+            return memo.get(name, (shape, exact(value)), build)
 
         queries, hits = total("prefix_queries"), total("prefix_hits")
         yield gauge("sglang:num_running_reqs", "The number of running requests.", total("running"))
@@ -72,13 +83,18 @@ class SGLangFrontendMetrics(FrontendMetrics):
                     total("waiting") + total("waiting_deferred"))
         yield gauge("sglang:token_usage", "The token usage.",
                     sum(e.kv_usage for e in engines) / max(len(engines), 1))
+
         # the KV pool's shape, as SGLang's scheduler exports it (an info gauge: value 1, the facts in
         # labels); the Inference Extension's endpoint picker reads page_size / num_pages from it
-        sched_labels, sched_lv = by_collector[SCHEDULER]
-        info = GaugeMetricFamily("sglang:cache_config_info", "Information of the KV cache configuration.",
-                                 labels=[*sched_labels, "page_size", "num_pages"])
-        info.add_metric([*sched_lv, self._cache_info["block_size"], self._cache_info["num_gpu_blocks"]], 1.0)
-        yield info
+        def info():
+            sched_labels, sched_lv = by_collector[SCHEDULER]
+            fam = GaugeMetricFamily("sglang:cache_config_info", "Information of the KV cache configuration.",
+                                    labels=[*sched_labels, "page_size", "num_pages"])
+            fam.add_metric([*sched_lv, self._cache_info["block_size"], self._cache_info["num_gpu_blocks"]], 1.0)
+            return fam
+
+        yield memo.get("sglang:cache_config_info",
+                       (shape, self._cache_info["block_size"], self._cache_info["num_gpu_blocks"]), info)
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", hits / queries if queries else 0.0)
         yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.", total("prompt_tokens"))
         yield counter("sglang:generation_tokens", "Number of generation tokens processed.",
@@ -91,7 +107,10 @@ class SGLangFrontendMetrics(FrontendMetrics):
                       sum(e.preemptions or e.preemptions_from_stats for e in engines), SCHEDULER)
         for attr, name, doc, collector in SGLANG_HISTOGRAMS:
             labels, lv = by_collector[collector]
-            yield _summed_histogram(name, doc, labels, lv, [getattr(e, "h_" + attr) for e in engines])
+            hists = [getattr(e, "h_" + attr) for e in engines]
+            yield memo.get(name, (shape, *[(exact(h.total), *h.counts) for h in hists]),
+                           lambda name=name, doc=doc, labels=labels, lv=lv, hists=hists:
+                           _summed_histogram(name, doc, labels, lv, hists))
 
 
 def _summed_histogram(name: str, doc: str, labels: list[str], lv: list[str], hists: list) -> HistogramMetricFamily:

@@ -13,7 +13,7 @@ instrumentation: per request (not per token) it counts
 `handler` is the route template (`/v1/completions`, `/v1/models/{model}`), `none` for a path no route
 matches. A handler that one of the excluded patterns finds (a regex search, so `/load` also excludes
 `/v1/load_lora_adapter`) is not counted. Values live in plain dicts; prometheus families are built only
-when /metrics is scraped.
+when /metrics is scraped, and kept while their values stay the same.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, SummaryMetricFamily
 from prometheus_client.samples import Sample
 
+from .exposition import FamilyMemo, exact
 from .metrics import Histogram
 
 __all__ = ["HttpMetrics", "register_process_collectors", "EXCLUDED_HANDLERS", "HIGHR_BUCKETS", "LOWR_BUCKETS"]
@@ -61,6 +62,7 @@ class HttpMetrics:
         self.lowr: dict[tuple[str, str], Histogram] = {}  # (method, handler)
         # (method, status, handler) -> the four records above that such a request adds to
         self._entries: dict[tuple[str, int, str], tuple[list, list, list, Histogram]] = {}
+        self._memo = FamilyMemo()
         if registry is not None:
             registry.register(self)
 
@@ -109,31 +111,52 @@ class HttpMetrics:
     # -- exposition (a prometheus_client collector) -------------------------------------------
 
     def collect(self) -> Any:
-        total = CounterMetricFamily("http_requests", "Total number of requests by method, status and handler.",
-                                    labels=["method", "status", "handler"])
-        for (method, status, handler), (n, created) in self.requests.items():
-            total.add_metric([method, status, handler], n, created=created)
-        yield total
+        """The families, each the same object as at the last scrape while its values are (FamilyMemo)."""
+        memo = self._memo
+        requests = self.requests
+
+        def total():
+            fam = CounterMetricFamily("http_requests", "Total number of requests by method, status and handler.",
+                                      labels=["method", "status", "handler"])
+            for (method, status, handler), (n, created) in requests.items():
+                fam.add_metric([method, status, handler], n, created=created)
+            return fam
+
+        yield memo.get("http_requests", tuple((k, exact(n), exact(c)) for k, (n, c) in requests.items()), total)
         for name, doc, table in (
                 ("http_request_size_bytes", "Content length of incoming requests by handler. Only value of header "
                  "is respected. Otherwise ignored. No percentile calculated. ", self.in_size),
                 ("http_response_size_bytes", "Content length of outgoing responses by handler. Only value of "
                  "header is respected. Otherwise ignored. No percentile calculated. ", self.out_size)):
-            fam = SummaryMetricFamily(name, doc, labels=["handler"])
-            for handler, (count, total_size, created) in table.items():
-                fam.add_metric([handler], count, total_size)
-                fam.samples.append(Sample(name + "_created", {"handler": handler}, created))
-            yield fam
-        name = "http_request_duration_highr_seconds"
-        fam = HistogramMetricFamily(name, "Latency with many buckets but no API specific labels. Made for more "
-                                    "accurate percentile calculations. ")
-        fam.add_metric([], self.highr.cumulative(), self.highr.total)
-        fam.samples.append(Sample(name + "_created", {}, self.highr.created))
-        yield fam
-        name = "http_request_duration_seconds"
-        fam = HistogramMetricFamily(name, "Latency with only few buckets by handler. Made to be only used if "
-                                    "aggregation by handler is important. ", labels=["method", "handler"])
-        for (method, handler), h in self.lowr.items():
-            fam.add_metric([method, handler], h.cumulative(), h.total)
-            fam.samples.append(Sample(name + "_created", {"method": method, "handler": handler}, h.created))
-        yield fam
+            def summary(name=name, doc=doc, table=table):
+                fam = SummaryMetricFamily(name, doc, labels=["handler"])
+                for handler, (count, total_size, created) in table.items():
+                    fam.add_metric([handler], count, total_size)
+                    fam.samples.append(Sample(name + "_created", {"handler": handler}, created))
+                return fam
+
+            yield memo.get(name, tuple((k, *map(exact, v)) for k, v in table.items()), summary)
+        highr = self.highr
+
+        def highr_family():
+            name = "http_request_duration_highr_seconds"
+            fam = HistogramMetricFamily(name, "Latency with many buckets but no API specific labels. Made for "
+                                        "more accurate percentile calculations. ")
+            fam.add_metric([], highr.cumulative(), highr.total)
+            fam.samples.append(Sample(name + "_created", {}, highr.created))
+            return fam
+
+        yield memo.get("highr", (exact(highr.total), exact(highr.created), *highr.counts), highr_family)
+        lowr = self.lowr
+
+        def lowr_family():
+            name = "http_request_duration_seconds"
+            fam = HistogramMetricFamily(name, "Latency with only few buckets by handler. Made to be only used if "
+                                        "aggregation by handler is important. ", labels=["method", "handler"])
+            for (method, handler), h in lowr.items():
+                fam.add_metric([method, handler], h.cumulative(), h.total)
+                fam.samples.append(Sample(name + "_created", {"method": method, "handler": handler}, h.created))
+            return fam
+
+        yield memo.get("lowr", tuple((k, exact(h.total), exact(h.created), *h.counts) for k, h in lowr.items()),
+                       lowr_family)
