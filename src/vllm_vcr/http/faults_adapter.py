@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from ..faults import GAUGES, RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
+from ..faults import RETURN_ERROR_HEADER, FaultAction, FaultController, RequestInfo
 from ..frontend.errors import INTERNAL_ERROR_BODY, STREAM_INTERNAL_ERROR
 from .sse import DONE, send_bytes
 from .uvicorn_internals import transport_of
@@ -167,38 +167,17 @@ def install_gauges(metrics: Any, controller: FaultController) -> None:
     """Scripted gauges replace the engines' values in /metrics (every engine series of a gauge)."""
     if metrics is None or not hasattr(metrics, "family_rewrite"):
         return
-<<<<<<< HEAD
-    families = metrics.families
-    scripted = {*GAUGES, "vllm:num_requests_waiting_by_reason"}
-
-    def with_overrides():
-        for fam in families():
-            if fam.name in scripted:
-                name = fam.name
-                if name == "vllm:num_requests_waiting_by_reason":
-                    v = controller.gauge_value("vllm:num_requests_waiting")
-                    if v is not None:
-                        fam.samples = [s._replace(value=v if s.labels.get("reason") == "capacity" else 0.0)
-                                       for s in fam.samples]
-                else:
-                    v = controller.gauge_value(name)
-                    if v is not None:
-                        fam.samples = [s._replace(value=v) for s in fam.samples]
-            yield fam
-=======
 
     def source(name: str) -> str:
         return "vllm:num_requests_waiting" if name == "vllm:num_requests_waiting_by_reason" else name
->>>>>>> metrics
 
     def key(name: str) -> Any:
         """What the rewrite of the family `name` depends on: the scripted value now, if any."""
-        v = controller.gauge_value(source(name)) if controller.gauges else None
+        # (gauge_value, not the local script: with several API servers the script is shared state)
+        v = controller.gauge_value(source(name))
         return float.hex(v) if type(v) is float else v  # (-0.0 and 0.0 are different texts)
 
     def rewrite(fam: Any) -> Any:
-        if not controller.gauges:
-            return fam
         v = controller.gauge_value(source(fam.name))
         if v is None:
             return fam
