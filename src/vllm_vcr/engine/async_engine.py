@@ -93,6 +93,21 @@ class DataParallelRankError(ValueError):
     pass
 
 
+def pick_engine_index(rank: int | None, load: list[int], rr: int) -> tuple[int, int]:
+    """vLLM's data-parallel balancing in the API server: the rank a request pins, else the engine
+    with the fewest unfinished requests, round robin from `rr` among equals. Returns (index, next rr)."""
+    n = len(load)
+    if rank is not None:
+        if not 0 <= rank < n:
+            raise DataParallelRankError(
+                f"data_parallel_rank {rank} is out of range [0, {n}) for data parallel size {n}")
+        return rank, rr
+    if n == 1:
+        return 0, rr
+    best = min(range(n), key=lambda i: (load[i], (i - rr) % n))
+    return best, (best + 1) % n
+
+
 class EngineStartupError(RuntimeError):
     """Simulated model loading failed; every waiting request gets this message."""
 
@@ -317,18 +332,8 @@ class AsyncEngine:
 
     # --- requests ------------------------------------------------------------------------------
     def pick_engine(self, request: EngineCoreRequest) -> int:
-        n = len(self.engines)
-        rank = request.data_parallel_rank
-        if rank is not None:
-            if not 0 <= rank < n:
-                raise DataParallelRankError(
-                    f"data_parallel_rank {rank} is out of range [0, {n}) for data parallel size {n}")
-            return rank
-        if n == 1:
-            return 0
-        best = min(range(n), key=lambda i: (self._load[i], (i - self._rr) % n))
-        self._rr = (best + 1) % n
-        return best
+        idx, self._rr = pick_engine_index(request.data_parallel_rank, self._load, self._rr)
+        return idx
 
     async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
         """Submit a request and yield its outputs; leaving early aborts it in the engine."""

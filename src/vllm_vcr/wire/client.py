@@ -27,7 +27,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from ..engine.async_engine import Collector, DataParallelRankError, OutputListener, PushQueue, TakeToken
+from ..engine.async_engine import Collector, OutputListener, PushQueue, TakeToken, pick_engine_index
 from ..engine.core import EngineDeadError
 from ..engine.types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from ..frontend.errors import ENGINE_DEAD_MESSAGE
@@ -285,18 +285,8 @@ class EngineCoreClient:
 
     # --- requests ------------------------------------------------------------------------------
     def pick_engine(self, request: EngineCoreRequest) -> int:
-        n = self.engine_count
-        rank = request.data_parallel_rank
-        if rank is not None:
-            if not 0 <= rank < n:
-                raise DataParallelRankError(
-                    f"data_parallel_rank {rank} is out of range [0, {n}) for data parallel size {n}")
-            return rank
-        if n == 1:
-            return 0
-        best = min(range(n), key=lambda i: (self._load[i], (i - self._rr) % n))
-        self._rr = (best + 1) % n
-        return best
+        idx, self._rr = pick_engine_index(request.data_parallel_rank, self._load, self._rr)
+        return idx
 
     async def generate(self, request: EngineCoreRequest) -> AsyncIterator[EngineCoreOutput]:
         """Submit a request and yield its outputs; leaving early aborts it in the engine."""
