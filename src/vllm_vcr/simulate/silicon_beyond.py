@@ -384,11 +384,16 @@ def static_any(row: SiliconRow) -> tuple[float, float]:
 def supported_any(row: SiliconRow) -> str | None:
     """None when the estimator can price the row (both sides of a disaggregated one), else why not."""
     from ..perf.errors import PerfModelError
+    from ..perf.kv_sizing import estimate_kv_capacity
 
     try:
-        if isinstance(row, DisaggRow):
-            compile_target(row.prefill_target())
-        compile_target(row.target())
+        sides = [row.prefill_target(), row.target()] if isinstance(row, DisaggRow) else [row.target()]
+        for t in sides:
+            compile_target(t)
+            if type(row) is not SiliconRow:  # the KV cache the row's server gets (may leave none)
+                budget, seqs, frac = _server_limits(row, t.resolved())
+                estimate_kv_capacity(t, block_size=16, gpu_memory_utilization=frac, max_num_batched_tokens=budget,
+                                     max_num_seqs=seqs)
         static_any(row)
     except PerfModelError as e:
         return str(e)
