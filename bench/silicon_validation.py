@@ -42,6 +42,8 @@ from vllm_vcr.perf.catalog import resolve_model  # noqa: E402
 from vllm_vcr.perf.qk_norm import bundled_config, qk_norm_layers  # noqa: E402
 from vllm_vcr.simulate.silicon import (HostTime, SiliconRow, plan_for, simulate_row, static_estimate,  # noqa: E402
                                         supported, vllm_agg_rows)
+from vllm_vcr.simulate.silicon_beyond import (ROW_KINDS, kind_label, row_from_dict, rows_of_kind,  # noqa: E402
+                                               simulate_any, static_any, supported_any)
 
 DOC = ROOT / "docs" / "fidelity.md"
 BEGIN, END = "<!-- silicon:begin -->", "<!-- silicon:end -->"
@@ -59,14 +61,15 @@ QK_ALLREDUCE_GRID = np.arange(0.0, 40.001, 5.0)  # candidate GPU times per cross
 def _job(task: tuple[dict, HostTime, int]) -> dict:
     row_d, host, max_tokens = task
     logging.disable(logging.WARNING)
-    row = SiliconRow(**row_d)
+    row = row_from_dict(row_d)  # a vLLM aggregated row, an SGLang one or a disaggregated one
     out = {"id": row.id, "host": host.__dict__}
-    why = supported(row)
+    why = supported(row) if type(row) is SiliconRow else supported_any(row)
     if why is not None:
         return {**out, "unsupported": why}
-    s_ttft, s_tpot = static_estimate(row)
+    s_ttft, s_tpot = static_estimate(row) if type(row) is SiliconRow else static_any(row)
     t0 = time.perf_counter()
-    sim = simulate_row(row, host=host, max_tokens=max_tokens)
+    sim = simulate_row(row, host=host, max_tokens=max_tokens) if type(row) is SiliconRow else \
+        simulate_any(row, host=host, max_tokens=max_tokens)
     return {**out, "static_ttft_ms": s_ttft, "static_tpot_ms": s_tpot, "sim": sim,
             "cpu_s": time.perf_counter() - t0}
 
@@ -227,6 +230,13 @@ TABLES = (  # (key, title)
 )
 
 
+def tables_for(rows: list[SiliconRow]) -> tuple:
+    """The report's tables; rows beyond aggregated vLLM (SGLang, disaggregated) first by engine type and deployment."""
+    if all(type(r) is SiliconRow for r in rows):
+        return TABLES
+    return ((kind_label, "engine type, deployment"),) + TABLES
+
+
 def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
@@ -255,7 +265,7 @@ def render(split: str, rows: list[SiliconRow], done: dict[str, dict], host: Host
            f"{host.frontend_ms:.1f} ms + {host.frontend_ms_per_1k_tokens:.1f} ms per 1000 prompt tokens + "
            f"{host.frontend_ms_per_request:.2f} ms per request in flight); *static* = the estimator's "
            f"`run_static` with batch = concurrency.", ""]
-    for key, title in TABLES:
+    for key, title in tables_for(rows):
         out += [*table(rows, done, key, title), ""]
     if unsupported:
         out += ["Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
@@ -287,8 +297,13 @@ def make_split(rows: list[SiliconRow]) -> dict:
     return out
 
 
-def load_split() -> dict[str, str]:
-    data = json.loads(SPLIT_FILE.read_text())
+def split_file(kind: str = "vllm-agg") -> Path:
+    """The frozen split of a row kind (the vLLM aggregated rows': SPLIT_FILE; the others' beside it, same rule)."""
+    return SPLIT_FILE if kind == "vllm-agg" else SPLIT_FILE.with_name(f"silicon_split_{kind}.json")
+
+
+def load_split(path: Path = SPLIT_FILE) -> dict[str, str]:
+    data = json.loads(path.read_text())
     return {g: name for name in ("train", "dev", "test") for g in data[name]}
 
 
@@ -311,6 +326,9 @@ def main() -> int:
     ap.add_argument("--split", choices=("train", "dev", "test"), default="dev",
                     help="the rows to simulate with the perf model's defaults (test: the report, once per model "
                          "version)")
+    ap.add_argument("--rows", choices=ROW_KINDS, default="vllm-agg",
+                    help="which measured rows: vLLM aggregated (default), SGLang aggregated (--engine-type sglang, "
+                         "SGLang's kernel data), or disaggregated (prefill and decode workers, the KV transfer)")
     ap.add_argument("--fit", action="store_true",
                     help="simulate the train rows with the kernels alone and fit the perf model's global terms")
     ap.add_argument("--make-split", action="store_true", help="write the frozen split (refuses to overwrite it)")
@@ -328,13 +346,14 @@ def main() -> int:
     ap.add_argument("--render-only", action="store_true", help="simulate nothing: the table from the results file")
     ap.add_argument("--write-docs", action="store_true", help="write the table into docs/fidelity.md")
     args = ap.parse_args()
-    rows, n_twins = dedupe(list(vllm_agg_rows()))
+    rows, n_twins = dedupe(rows_of_kind(args.rows))
+    frozen = split_file(args.rows)
     if args.make_split:
-        if SPLIT_FILE.exists():
-            raise SystemExit(f"{SPLIT_FILE} exists: the split is frozen")
-        SPLIT_FILE.write_text(json.dumps(make_split(rows), indent=1) + "\n")
+        if frozen.exists():
+            raise SystemExit(f"{frozen} exists: the split is frozen")
+        frozen.write_text(json.dumps(make_split(rows), indent=1) + "\n")
         return 0
-    split_of = load_split()
+    split_of = load_split(frozen)
     new = sorted({r.group for r in rows} - set(split_of))
     if new:
         raise SystemExit(f"groups not in the frozen split: {new}")
@@ -349,7 +368,8 @@ def main() -> int:
     if args.cheapest:
         mine = sorted(mine, key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
         mine = sorted(mine[: args.cheapest], key=lambda r: r.id)
-    path = Path(args.results or ROOT / "bench" / "fidelity" / f"silicon_{'fit' if args.fit else name}.jsonl")
+    kind = "" if args.rows == "vllm-agg" else f"{args.rows}_"
+    path = Path(args.results or ROOT / "bench" / "fidelity" / f"silicon_{kind}{'fit' if args.fit else name}.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[str, dict] = {}
     if path.exists():
@@ -364,13 +384,14 @@ def main() -> int:
         fitted = fit_frontend(mine, done, fit_overhead(mine, done))
         print(f"fitted on {len(mine)} train rows: {fitted}")
         return 0
-    command = f"python bench/silicon_validation.py --split {name}" + (" --write-docs" if args.write_docs else "") \
+    command = f"python bench/silicon_validation.py --split {name}" + (f" --rows {args.rows}" if kind else "") + (" --write-docs" if args.write_docs else "") \
         + (f" --sample {args.sample}" if args.sample else "") + (f" --cheapest {args.cheapest}" if args.cheapest else "") \
         + (f" --group '{args.group}'" if args.group else "")
     text = render(name, mine, done, host, command, twins, n_groups)
     print(text)
     if args.write_docs:
-        begin, end = BEGIN.replace("silicon", f"silicon:{name}"), END.replace("silicon", f"silicon:{name}")
+        tag = f"silicon:{args.rows}:{name}" if kind else f"silicon:{name}"
+        begin, end = BEGIN.replace("silicon", tag), END.replace("silicon", tag)
         doc = DOC.read_text()
         if begin not in doc:
             raise SystemExit(f"docs/fidelity.md has no {begin} marker")

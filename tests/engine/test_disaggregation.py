@@ -268,3 +268,17 @@ def test_freeing_a_hold_reports_the_lower_kv_usage(harness):
     assert h.batches[-1][1].outputs == [] and h.batches[-1][1].scheduler_stats.kv_cache_usage == pytest.approx(4 / 64)
     h.run()  # b's hold expires
     assert h.batches[-1][1].scheduler_stats.kv_cache_usage == 0.0
+
+
+def test_a_fast_links_last_bytes_complete_late_in_a_long_run():
+    """At a clock far from zero a fast link's last bytes take less time than the clock resolves: the
+    pull still completes (it used to wait forever at the same instant)."""
+    from vllm_vcr.engine.kv_transfer import TransferQueue
+
+    q = TransferQueue(900e9)  # NVLink: 900 GB/s
+    q.start("r", 35_136 * 1024, 1000.0)
+    t = q.next_completion()
+    assert t is not None and q.pop_done(t) == ["r"]
+    q.start("s", 1e9, 1000.0)
+    q.remaining["s"] = 0.02  # bytes left whose time (2e-14 s) vanishes against a clock of 1000 s
+    assert 1000.0 + 0.02 / 900e9 == 1000.0 and q.pop_done(1000.0) == ["s"]

@@ -59,7 +59,10 @@ class TransferQueue:
 
     def pop_done(self, now: float) -> list[str]:
         self._advance(now)
-        done = [rid for rid, left in self.remaining.items() if left <= 1e-6]
+        # done: under a nanosecond of link time left (a fast link's last bytes can take less time than
+        # the clock's floating-point resolution, so the completion time would never move past now)
+        eps = max(1e-6, self.bandwidth * 1e-9)
+        done = [rid for rid, left in self.remaining.items() if left <= eps]
         for rid in done:
             del self.remaining[rid]
         return done

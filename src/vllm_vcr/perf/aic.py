@@ -66,6 +66,7 @@ class AicTarget:
     frontend_ms_per_1k_tokens: float = DEFAULT_FRONTEND_MS_PER_1K_TOKENS
     frontend_ms_per_request: float = DEFAULT_FRONTEND_MS_PER_REQUEST
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE layout when no MoE sizes are given)
+    fmha_quant: str | None = None  # the attention kernels' precision; None: the estimator's choice from the GEMMs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +105,8 @@ class AicTarget:
         return dict(tp_size=self.tensor_parallel_size, attention_dp_size=self.attention_dp_size,
                     moe_tp_size=self.moe_tp_size, moe_ep_size=self.moe_ep_size,
                     gemm_quant_mode=self.gemm_quant, moe_quant_mode=self.moe_quant,
-                    kvcache_quant_mode=self.kv_cache_quant)
+                    kvcache_quant_mode=self.kv_cache_quant,
+                    **({"fmha_quant_mode": self.fmha_quant} if self.fmha_quant else {}))
 
 
 # The host's share of a step: not part of the compiled estimator's identity.

@@ -1,0 +1,171 @@
+"""Prefill/decode disaggregation on the virtual clock: prefill workers and decode workers, each
+its own `EngineCore` (the same engine as `serve`), and the KV transfer between them.
+
+A request goes to a prefill worker (round robin) with `do_remote_decode`: the prefill worker
+computes the prompt, holds its KV and answers with the transfer parameters. The request then
+goes to a decode worker (round robin) with `do_remote_prefill`: the decode worker allocates the
+prompt's blocks, pulls its KV over the link (engine/kv_transfer.py: the request's
+`kv_bytes_per_token` x prompt tokens at `kv_transfer_bandwidth`, shared by the pulls in flight
+on that worker) and decodes. When a pull completes the prefill worker frees the held blocks. The
+client's first token is the decode worker's first: TTFT = prefill (queueing included) + transfer
++ the decode worker's first step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+from ..engine.clock import VirtualClock
+from ..engine.config import EngineArgs
+from ..engine.core import EngineCore
+from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
+from ..replay.inputs import engine_inputs
+from .driver import START, RequestRecord, Timeline, _rare_collections
+from .workload import SimRequest
+
+
+class DisaggSimulation:
+    """`prefill_workers` engines of `prefill_args` (worker_type prefill) and `decode_workers` of
+    `decode_args` (worker_type decode) on one virtual clock; `done` holds the decode side's records."""
+
+    def __init__(self, prefill_args: EngineArgs, decode_args: EngineArgs, prefill_workers: int, decode_workers: int,
+                 workload, *, concurrency: int = 0) -> None:
+        if prefill_args.worker_type != "prefill" or decode_args.worker_type != "decode":
+            raise ValueError("prefill_args must be a prefill worker's, decode_args a decode worker's")
+        self.clock = VirtualClock(START)
+        self.workload = workload
+        self.concurrency = concurrency
+        self.records: dict[str, RequestRecord] = {}  # decode side, by request id
+        self.prompts: dict[str, SimRequest] = {}  # requests between arrival and their decode worker
+        self.prefill_of: dict[str, int] = {}  # request id -> the prefill worker holding its KV
+        self.prefill_done: dict[str, float] = {}  # request id -> when its prefill worker answered
+        self.done: list[RequestRecord] = []
+        self.timeline = Timeline()
+        self.timeline.preemptions = [0] * (prefill_workers + decode_workers)
+        self.timeline.steps = [0] * (prefill_workers + decode_workers)
+        p_inputs, d_inputs = engine_inputs(prefill_args), engine_inputs(decode_args)
+        self.prefill = [EngineCore(prefill_args, engine_index=i, clock=self.clock, output_sink=self._prefill_sink(i),
+                                   **p_inputs) for i in range(prefill_workers)]
+        self.decode = [EngineCore(decode_args, engine_index=i, clock=self.clock, output_sink=self._decode_sink(i),
+                                  **d_inputs) for i in range(decode_workers)]
+        for core in self.decode:
+            core.kv_transfer.add_pulled_listener(self._pulled)
+        self._next_p = self._next_d = 0
+        self._arrivals: list[tuple[float, int, SimRequest]] = []
+        self._seq = 0
+        self.wall_s = 0.0
+
+    # --- the two sides ------------------------------------------------------------------------------
+    def _stats(self, engine: int, outs: EngineCoreOutputs) -> None:
+        stats = outs.scheduler_stats
+        if stats is not None:
+            self.timeline.preemptions[engine] += stats.num_preemptions
+            self.timeline.steps[engine] = stats.step_counter
+
+    def _prefill_sink(self, engine: int):
+        def sink(client: int, outs: EngineCoreOutputs) -> None:
+            self._stats(engine, outs)
+            for o in outs.outputs:
+                if o.finish_reason is not None and o.kv_transfer_params and o.request_id in self.prompts:
+                    self._to_decode(self.prompts.pop(o.request_id), o.kv_transfer_params, outs.timestamp)
+        return sink
+
+    def _decode_sink(self, engine: int):
+        def sink(client: int, outs: EngineCoreOutputs) -> None:
+            self._stats(len(self.prefill) + engine, outs)
+            t = outs.timestamp
+            for o in outs.outputs:
+                rec = self.records.get(o.request_id)
+                if rec is None:
+                    continue
+                n = len(o.new_token_ids)
+                if n:
+                    if rec.num_out == 0:
+                        rec.first = t
+                    else:
+                        rec.times.append(t)
+                    rec.num_out += n
+                    rec.last = t
+                if o.finish_reason is not None:
+                    self._finish(rec, t, o.finish_reason)
+        return sink
+
+    def _pulled(self, params: dict) -> None:
+        """A decode worker has the prompt's KV: the prefill worker frees its copy."""
+        rid = params.get("remote_request_id")
+        p = self.prefill_of.pop(rid, None)
+        if p is not None:
+            self.prefill[p].release_kv_hold(rid)
+
+    def _to_decode(self, req: SimRequest, params: dict, now: float) -> None:
+        d = self._next_d
+        self._next_d = (d + 1) % len(self.decode)
+        self.prefill_done[req.request_id] = now
+        rec = self.records[req.request_id]
+        rec.engine = d
+        sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, extra_args={"kv_transfer_params": params})
+        self.decode[d].add_request(EngineCoreRequest(request_id=req.request_id, prompt_token_ids=req.prompt,
+                                                     sampling_params=sp, arrival_time=now))
+
+    def _finish(self, rec: RequestRecord, t: float, reason) -> None:
+        rec.end = t
+        rec.finish = str(getattr(reason, "name", reason)).lower()
+        del self.records[rec.request_id]
+        self.done.append(rec)
+        if self.workload.closed_loop:
+            nxt = self.workload.next_closed()
+            if nxt is not None:
+                self._push(t, nxt)
+
+    # --- arrivals -------------------------------------------------------------------------------------
+    def _push(self, t: float, req: SimRequest) -> None:
+        self._seq += 1
+        heapq.heappush(self._arrivals, (t, self._seq, req))
+
+    def _deliver(self, req: SimRequest, now: float) -> None:
+        p = self._next_p
+        self._next_p = (p + 1) % len(self.prefill)
+        self.prompts[req.request_id] = req
+        self.prefill_of[req.request_id] = p
+        self.records[req.request_id] = RequestRecord(req.request_id, -1, len(req.prompt), req.max_tokens, now)
+        sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
+                            extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+        self.prefill[p].add_request(EngineCoreRequest(request_id=req.request_id, prompt_token_ids=req.prompt,
+                                                      sampling_params=sp, arrival_time=now))
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    def run(self) -> "DisaggSimulation":
+        with _rare_collections():
+            wall = time.perf_counter()
+            if self.workload.closed_loop:
+                users = max(self.concurrency, 1)
+                ramp = getattr(self.workload, "ramp_up", 0.0)
+                for i in range(users):
+                    req = self.workload.next_closed()
+                    if req is None:
+                        break
+                    self._push(START + ramp * i / users, req)
+            else:
+                for req in self.workload.open_arrivals():
+                    self._push(START + req.arrival, req)
+            cores = self.prefill + self.decode
+            while True:
+                t = self._arrivals[0][0] if self._arrivals else math.inf
+                for core in cores:
+                    w = core.next_wake()
+                    if w is not None and w < t:
+                        t = w
+                if t == math.inf:
+                    break
+                self.clock.advance_to(t)
+                now = self.clock.now()
+                while self._arrivals and self._arrivals[0][0] <= now:
+                    self._deliver(heapq.heappop(self._arrivals)[2], now)
+                for core in cores:
+                    w = core.next_wake()
+                    if w is not None and w <= now:
+                        core.run_until_idle(until=now)
+            self.wall_s = time.perf_counter() - wall
+        return self

@@ -1,0 +1,409 @@
+"""The measured rows beyond aggregated vLLM: SGLang's aggregated deployments and the
+disaggregated (prefill/decode) deployments of vLLM and SGLang in aiconfigurator-core's
+`systems/silicon_sample.csv`, simulated like the vLLM rows (silicon.py): the benchmark that
+measured the row, through the engine with the perf model's defaults.
+
+**SGLang, aggregated** (`--engine-type sglang`): the estimator's SGLang kernel data
+(`backend="sglang"`) and SGLang's scheduler (engine/policy.py `SGLangPolicy`: a step with any
+prefill runs no decodes, `enable_mixed_chunk` being off by default; page-aligned chunks; admission
+with the new-token-ratio reserve; retraction instead of LIFO preemption). SGLang's server defaults
+for the GPU (sgl-project/sglang `python/sglang/srt/server_args.py`, `_handle_gpu_memory_settings`):
+`chunked_prefill_size` 8192 below 160 GB of GPU memory (H100, H200), 16384 above (B200, B300,
+GB200); `cuda_graph_max_bs` 256 (TP < 4) or 512; `mem_fraction_static` = (memory − reserved) /
+memory with reserved = 512 MB + 1.5 MB per chunk token + 2 MB per CUDA-graph batch + TP/8 GB, at
+least 10 GB on GPUs above 60 GB. The overlap scheduler (`disable_overlap_schedule` False by default)
+prepares the next batch while the GPU runs this one: priced like vLLM's async scheduling. The radix
+cache changes nothing for these benchmarks' random prompts; SGLang's page size 1 against the
+simulation's 16-token blocks changes only rounding of the KV pool.
+
+**Disaggregated**: prefill workers and decode workers (disagg.py), each priced with its own
+parallelism (the row's `prefill_*` and `decode_*` columns; attention-DP ranks are separate engines
+of one worker), the decode side's concurrency its `decode_batch_size` per rank. The KV of a
+prompt moves from the prefill rank to the decode rank at the GPU's link bandwidth from the
+estimator's system file (`systems/<gpu>.yaml`): `intra_node_bw` when the prefill and decode GPUs
+fit in one node (or one NVLink domain: GB200/GB300 racks, `inter_node_bw` there is NVLink),
+else `inter_node_bw` (one 400/800 Gb/s NIC per GPU), shared by the pulls in flight on a decode
+rank; the bytes are the prefill rank's KV per token (its shard, or the whole latent of an MLA
+model) x prompt tokens.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import re
+import zlib
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from ..perf.aic import AicTarget, compile_target
+from ..perf.catalog import package_root
+from .silicon import (_FP8_BLOCK, BENCH_WAVES, HostTime, SiliconRow, _checkpoint_config, _checkpoint_precision,
+                      _data_parallel, _int, _str, benchmark_means, plan_for, request_lifetime_s, simulate_row,
+                      static_estimate)
+
+MIB = 1 << 20
+_CONC = re.compile(r"silicon_concurrency=(\d+)")
+
+
+def _sample_path(path: str | None) -> str:
+    return path or str(package_root() / "systems" / "silicon_sample.csv")
+
+
+# --- SGLang, aggregated ----------------------------------------------------------------------------
+def sglang_server_defaults(gpu_bytes: int, tp: int) -> tuple[int, int, float]:
+    """(chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static) SGLang's server picks for a
+    GPU of this size (server_args.py `_handle_gpu_memory_settings`, the CUDA branches)."""
+    mem = gpu_bytes / MIB
+    if mem < 20 * 1024:
+        chunk, graph = 2048, 8
+    elif mem < 35 * 1024:
+        chunk, graph = 2048, 24 if tp < 4 else 80
+    elif mem < 60 * 1024:
+        chunk, graph = 4096, 32 if tp < 4 else 160
+    elif mem < 160 * 1024:
+        chunk, graph = 8192, 256 if tp < 4 else 512
+    else:
+        chunk, graph = 16384, 512
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph * 2 + tp / 8 * 1024
+    if mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return chunk, graph, round((mem - reserved) / mem, 3)
+
+
+def _sglang_kernels(row: SiliconRow) -> SiliconRow:
+    """The kernels SGLang runs for the row's checkpoint, as the estimator's SGLang data has them: a
+    block-scaled FP8 checkpoint (`weight_block_size` [128, 128]: DeepSeek-V3/R1, Qwen3-235B-A22B-FP8)
+    through block-scaled GEMM and MoE kernels on every GPU (the estimator has no per-tensor FP8 MoE
+    tables for SGLang), where each rank's expert width stays a multiple of the block."""
+    cfg = _checkpoint_config(row.model)
+    if row.gemm_quant != "fp8" or "weight_block_size" not in (cfg.get("quantization_config") or {}):
+        return row
+    width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
+    sides = [row.moe_tp or row.tp] + ([row.prefill_moe_tp or row.prefill_tp] if isinstance(row, DisaggRow) else [])
+    if any(width // s % _FP8_BLOCK for s in sides):
+        return row
+    return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
+
+
+def _mla_fmha(model: str) -> str | None:
+    """SGLang's MLA prefill attention runs in BF16 (the estimator's SGLang MLA tables are BF16 only;
+    left to itself it asks for FP8 attention next to FP8 GEMMs): 'bfloat16' for an MLA model."""
+    cfg = _checkpoint_config(model)
+    return "bfloat16" if (cfg.get("text_config") or cfg).get("kv_lora_rank") else None
+
+
+SGLANG_MAX_RUNNING = 4096  # the scheduler's running-request limit is never below the rows' per-rank load
+
+
+@dataclass(frozen=True)
+class SGLangRow(SiliconRow):
+    """An SGLang aggregated row: one SGLang server (`--tp N`, attention DP ranks as engines)."""
+
+    engine_type: str = "sglang"
+
+    @property
+    def group(self) -> str:
+        return "sglang|" + super().group
+
+    @property
+    def async_scheduling(self) -> bool:
+        return True  # the overlap scheduler, on by default
+
+    @property
+    def kv_cache_quant(self) -> str:
+        return "bfloat16"  # `--kv-cache-dtype auto`: the model's dtype (the estimator would pick FP8 next to FP8 GEMMs)
+
+    def target(self, host: HostTime | None = None) -> AicTarget:
+        return replace(super().target(host), backend="sglang", async_scheduling=True, kv_cache_quant="bfloat16",
+                       fmha_quant=_mla_fmha(self.model))
+
+
+def _row_common(r: dict[str, str]) -> dict[str, Any]:
+    m = _CONC.search(r["silicon_data_source"])
+    conc = int(m.group(1)) if m else int(float(r["batch_size"] or r.get("decode_batch_size") or 1))
+    return dict(id=r["id"], model=r["model_path"], gpu=r["system"], backend_version=r["backend_version"],
+                gemm_quant=_str(r["gemm_quant_mode"]), moe_quant=_str(r["moe_quant_mode"]),
+                isl=int(float(r["isl"])), osl=int(float(r["osl"])), concurrency=conc,
+                ttft_ms=float(r["silicon_ttft_ms"]), tpot_ms=float(r["silicon_tpot_ms"]),
+                source=r["silicon_data_source"], precision_label=_str(r["gemm_quant_mode"]) or "bf16")
+
+
+def sglang_agg_rows(path: str | None = None) -> Iterator[SGLangRow]:
+    """The SGLang aggregated rows of silicon_sample.csv."""
+    with open(_sample_path(path), newline="") as f:
+        for r in csv.DictReader(f):
+            if r["backend"] != "sglang" or r["mode"] != "agg":
+                continue
+            row = SGLangRow(**_row_common(r), tp=_int(r["tp_size"], 1), attention_dp=_int(r["attention_dp_size"], 1),
+                            moe_tp=_int(r["moe_tp_size"]), moe_ep=_int(r["moe_ep_size"]))
+            yield _sglang_kernels(_checkpoint_precision(_data_parallel(row)))
+
+
+def _engine_args(target: AicTarget, *, gpu_util: float, budget: int, seqs: int, block_size: int,
+                 max_len: int, engine_type: str, **extra: Any):
+    from ..engine.config import EngineArgs, EngineConfig
+    from ..perf.kv_sizing import estimate_kv_capacity
+
+    cap = estimate_kv_capacity(target, block_size=block_size, gpu_memory_utilization=gpu_util,
+                               max_num_batched_tokens=budget, max_num_seqs=seqs)
+    args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget), kv_cache_size=cap.num_blocks,
+                      tokens_per_block=block_size, perf_model=target.to_dict(), engine_type=engine_type,
+                      advertised_max_model_len=max_len, **extra).validate()
+    return args, cap
+
+
+def _server_limits(row: SiliconRow, target: AicTarget) -> tuple[int, int, float]:
+    """(token budget per step, sequences, memory fraction) of the row's server."""
+    from ..perf.kv_sizing import estimate_kv_capacity
+
+    gpu = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
+                               max_num_seqs=256).gpu_bytes
+    if getattr(row, "engine_type", "vllm") == "sglang":
+        chunk, _, frac = sglang_server_defaults(gpu, target.tensor_parallel_size * target.attention_dp_size)
+        return chunk, SGLANG_MAX_RUNNING, frac
+    from .silicon_harness import scheduler_limits
+
+    seqs, budget = scheduler_limits(row.server, gpu, row.backend_version, row.concurrency)
+    return budget, seqs, row.server.gpu_memory_utilization
+
+
+def _workload(row: SiliconRow, plan):
+    from .workload import LengthDist, SyntheticWorkload
+
+    r = row.range_ratio
+    isl = LengthDist("uniform", int(row.isl * r), row.isl) if r < 1 else LengthDist("fixed", row.isl)
+    osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
+    return SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
+                             concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
+                             ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
+
+
+def _means(row: SiliconRow, done: list, plan, extra: dict[str, Any]) -> dict[str, Any]:
+    done = sorted(done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
+    if row.inferencex:
+        total = BENCH_WAVES * row.concurrency
+    else:  # steady state: the users' first requests (the ramp) are not measured
+        done, total = done[row.concurrency:], len(done) - row.concurrency
+    ttft = [(d.first - d.arrival) * 1e3 for d in done]
+    tpot = [(d.end - d.first) * 1e3 / (d.num_out - 1) for d in done if d.num_out > 1]
+    return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
+            "tpot_ms": benchmark_means(tpot, row.concurrency, total), "requests": plan.requests,
+            "sim_osl": plan.osl, **extra}
+
+
+def simulate_sglang_row(row: SGLangRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
+    """An SGLang row's benchmark through SGLang-policy engines priced with SGLang's kernel data."""
+    from .runner import simulate
+
+    target = row.target(host).resolved()
+    compile_target(target)
+    budget, seqs, frac = _server_limits(row, target)
+    args, cap = _engine_args(target, gpu_util=frac, budget=budget, seqs=seqs, block_size=16,
+                             max_len=row.isl + row.osl + 16, engine_type="sglang")
+    plan = plan_for(row, max_tokens)
+    engines = max(row.attention_dp, 1)
+    sim = simulate(args, _workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
+    return _means(row, sim.done, plan, {
+        "kv_blocks": cap.num_blocks, "per_engine_concurrency": max(row.concurrency // engines, 1),
+        "max_num_batched_tokens": budget, "max_num_seqs": seqs, "mem_fraction": frac, "async_scheduling": True,
+        "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s, "engine_type": "sglang"})
+
+
+# --- disaggregated -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DisaggRow(SiliconRow):
+    """A disaggregated row: `prefill_workers` workers of TP `prefill_tp` x attention DP `prefill_dp`
+    and `decode_workers` of the decode side's parallelism (the base fields: tp, attention_dp,
+    moe_tp, moe_ep), served by `engine_type`."""
+
+    engine_type: str = "vllm"
+    prefill_workers: int = 1
+    prefill_tp: int = 1
+    prefill_dp: int = 1
+    prefill_moe_tp: int | None = None
+    prefill_moe_ep: int | None = None
+    decode_workers: int = 1
+
+    @property
+    def group(self) -> str:
+        return (f"disagg-{self.engine_type}|{self.model}|{self.gpu}|{self.precision_label}|"
+                f"p{self.prefill_workers}x(tp{self.prefill_tp}-dp{self.prefill_dp})|"
+                f"d{self.decode_workers}x(tp{self.tp}-dp{self.attention_dp})")
+
+    @property
+    def async_scheduling(self) -> bool:
+        return True if self.engine_type == "sglang" else super().async_scheduling
+
+    @property
+    def kv_cache_quant(self) -> str:
+        return "bfloat16" if self.engine_type == "sglang" else super().kv_cache_quant
+
+    @property
+    def server(self):
+        from .silicon_harness import ServerFlags
+
+        return ServerFlags()  # no InferenceX script flags are known for the disaggregated recipes
+
+    def target(self, host: HostTime | None = None) -> AicTarget:
+        t = super().target(host)
+        if self.engine_type == "sglang":
+            t = replace(t, kv_cache_quant="bfloat16", fmha_quant=_mla_fmha(self.model))
+        return replace(t, backend=self.engine_type, async_scheduling=self.async_scheduling)
+
+    def prefill_target(self, host: HostTime | None = None) -> AicTarget:
+        return replace(self.target(host), tensor_parallel_size=self.prefill_tp, attention_dp_size=self.prefill_dp,
+                       moe_tp_size=self.prefill_moe_tp, moe_ep_size=self.prefill_moe_ep)
+
+    @property
+    def gpus(self) -> int:
+        return (self.prefill_workers * self.prefill_tp * self.prefill_dp
+                + self.decode_workers * self.tp * self.attention_dp)
+
+
+def disagg_rows(path: str | None = None, backends: tuple[str, ...] = ("vllm", "sglang")) -> Iterator[DisaggRow]:
+    """The disaggregated rows of silicon_sample.csv served by `backends` (the engine types)."""
+    with open(_sample_path(path), newline="") as f:
+        for r in csv.DictReader(f):
+            if r["backend"] not in backends or r["mode"] != "disagg":
+                continue
+            row = DisaggRow(**_row_common(r), engine_type=r["backend"],
+                            tp=_int(r["decode_tp_size"], 1), attention_dp=_int(r["decode_attention_dp_size"], 1),
+                            moe_tp=_int(r["decode_moe_tp_size"]), moe_ep=_int(r["decode_moe_ep_size"]),
+                            prefill_workers=_int(r["prefill_num_workers"], 1), prefill_tp=_int(r["prefill_tp_size"], 1),
+                            prefill_dp=_int(r["prefill_attention_dp_size"], 1),
+                            prefill_moe_tp=_int(r["prefill_moe_tp_size"]), prefill_moe_ep=_int(r["prefill_moe_ep_size"]),
+                            decode_workers=_int(r["decode_num_workers"], 1))
+            row = _checkpoint_precision(row)
+            yield _sglang_kernels(row) if row.engine_type == "sglang" else row
+
+
+@functools.lru_cache(maxsize=16)
+def _system(gpu: str) -> dict:
+    import yaml
+
+    with open(package_root() / "systems" / f"{gpu}.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def kv_link(row: DisaggRow) -> tuple[float, str]:
+    """(bytes per second per GPU, which link) the KV of a prompt crosses from prefill to decode."""
+    node = (_system(row.gpu).get("node") or {})
+    per_node = int(node.get("num_gpus_per_node", 8))
+    if row.gpu.startswith("gb") or row.gpus <= per_node:  # one NVLink domain (a GB200/GB300 rack, or one node)
+        key = "inter_node_bw" if row.gpu.startswith("gb") else "intra_node_bw"
+    else:
+        key = "inter_node_bw"
+    return float(node[key]), key
+
+
+def disagg_static(row: DisaggRow) -> tuple[float, float]:
+    """The estimator's static answer for a disaggregated row: the prefill side's context latency of
+    one request plus the KV transfer, and the decode side's generation step at its per-rank batch."""
+    from ..perf.kv_sizing import estimate_kv_capacity
+
+    p = compile_target(row.prefill_target())
+    d = compile_target(row.target())
+    ctx, _, _ = p.run_static(batch_size=1, isl=row.isl, osl=2)
+    per_rank = max(row.concurrency // max(row.decode_workers * row.attention_dp, 1), 1)
+    _, gen, _ = d.run_static(batch_size=per_rank, isl=row.isl, osl=row.osl)
+    bpt = estimate_kv_capacity(row.prefill_target(), block_size=16, gpu_memory_utilization=0.9,
+                               max_num_batched_tokens=8192, max_num_seqs=256).bytes_per_token
+    bw, _ = kv_link(row)
+    return ctx + bpt * row.isl / bw * 1e3, gen / max(row.osl - 1, 1)
+
+
+def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
+    """A disaggregated row's benchmark: its prefill and decode workers on one virtual clock."""
+    from .disagg import DisaggSimulation
+
+    pt, dt = row.prefill_target(host).resolved(), row.target(host).resolved()
+    compile_target(pt)
+    compile_target(dt)
+    max_len = row.isl + row.osl + 16
+    p_budget, p_seqs, p_frac = _server_limits(row, pt)
+    d_budget, d_seqs, d_frac = _server_limits(row, dt)
+    d_seqs = max(d_seqs, row.concurrency)
+    bw, link = kv_link(row)
+    p_args, p_cap = _engine_args(pt, gpu_util=p_frac, budget=p_budget, seqs=p_seqs, block_size=16, max_len=max_len,
+                                 engine_type=row.engine_type, worker_type="prefill")
+    d_args, d_cap = _engine_args(dt, gpu_util=d_frac, budget=d_budget, seqs=d_seqs, block_size=16, max_len=max_len,
+                                 engine_type=row.engine_type, worker_type="decode",
+                                 kv_bytes_per_token=p_cap.bytes_per_token, kv_transfer_bandwidth=bw / 1e9)
+    plan = plan_for(row, max_tokens)
+    sim = DisaggSimulation(p_args, d_args, row.prefill_workers * max(row.prefill_dp, 1),
+                           row.decode_workers * max(row.attention_dp, 1), _workload(row, plan),
+                           concurrency=row.concurrency).run()
+    transfer = p_cap.bytes_per_token * row.isl / bw * 1e3
+    return _means(row, sim.done, plan, {
+        "kv_blocks": d_cap.num_blocks, "prefill_kv_blocks": p_cap.num_blocks,
+        "per_engine_concurrency": max(row.concurrency // max(row.decode_workers * row.attention_dp, 1), 1),
+        "max_num_batched_tokens": p_budget, "max_num_seqs": d_seqs, "async_scheduling": row.async_scheduling,
+        "kv_bytes_per_token": p_cap.bytes_per_token, "kv_link": link, "kv_link_gb_s": bw / 1e9,
+        "kv_transfer_ms_one_prompt": transfer, "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s,
+        "engine_type": row.engine_type, "disaggregated": True})
+
+
+# --- the dispatch the validation uses ------------------------------------------------------------------
+ROW_KINDS = ("vllm-agg", "sglang-agg", "disagg")
+
+
+def rows_of_kind(kind: str, path: str | None = None) -> list[SiliconRow]:
+    from .silicon import vllm_agg_rows
+
+    if kind == "vllm-agg":
+        return list(vllm_agg_rows(path))
+    if kind == "sglang-agg":
+        return list(sglang_agg_rows(path))
+    if kind == "disagg":
+        return list(disagg_rows(path))
+    raise ValueError(f"unknown row kind {kind!r} (known: {', '.join(ROW_KINDS)})")
+
+
+def row_from_dict(d: dict[str, Any]) -> SiliconRow:
+    """A row from its fields (`row.__dict__`), of the class the fields name."""
+    if "prefill_tp" in d:
+        return DisaggRow(**d)
+    if d.get("engine_type") == "sglang":
+        return SGLangRow(**d)
+    return SiliconRow(**d)
+
+
+def simulate_any(row: SiliconRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
+    if isinstance(row, DisaggRow):
+        return simulate_disagg_row(row, host=host, max_tokens=max_tokens)
+    if isinstance(row, SGLangRow):
+        return simulate_sglang_row(row, host=host, max_tokens=max_tokens)
+    return simulate_row(row, host=host, max_tokens=max_tokens)
+
+
+def static_any(row: SiliconRow) -> tuple[float, float]:
+    return disagg_static(row) if isinstance(row, DisaggRow) else static_estimate(row)
+
+
+def supported_any(row: SiliconRow) -> str | None:
+    """None when the estimator can price the row (both sides of a disaggregated one), else why not."""
+    from ..perf.errors import PerfModelError
+    from ..perf.kv_sizing import estimate_kv_capacity
+
+    try:
+        sides = [row.prefill_target(), row.target()] if isinstance(row, DisaggRow) else [row.target()]
+        for t in sides:
+            compile_target(t)
+            if type(row) is not SiliconRow:  # the KV cache the row's server gets (may leave none)
+                budget, seqs, frac = _server_limits(row, t.resolved())
+                estimate_kv_capacity(t, block_size=16, gpu_memory_utilization=frac, max_num_batched_tokens=budget,
+                                     max_num_seqs=seqs)
+        static_any(row)
+    except PerfModelError as e:
+        return str(e)
+    except Exception as e:  # the estimator's own errors for missing data
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return None
+
+
+def kind_label(row: SiliconRow) -> str:
+    """engine type x aggregated/disaggregated, for the report."""
+    if isinstance(row, DisaggRow):
+        return f"{row.engine_type}, disaggregated"
+    return f"{getattr(row, 'engine_type', 'vllm')}, aggregated"

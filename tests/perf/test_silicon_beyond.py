@@ -1,0 +1,119 @@
+"""The measured rows beyond aggregated vLLM (SGLang; prefill/decode disaggregation) on a small slice,
+through the same code path as `bench/silicon_validation.py --rows sglang-agg|disagg`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_vcr.testing.waits import scaled
+
+from .conftest import needs_aic
+
+pytestmark = needs_aic
+ROOT = Path(__file__).resolve().parents[2]
+
+# both in the train split of their row kind
+SGLANG_ROW = "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x128_c16_tp4_epnone_2"
+DISAGG_ROW = "2026_03_25_deepseek_r1_h200_sxm_sglang_fp8_disagg_1024x1024_c1_tp8_0_ep1_0_918"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("silicon_validation", ROOT / "bench" / "silicon_validation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(kind: str, row_id: str):
+    from vllm_vcr.simulate.silicon_beyond import rows_of_kind
+
+    return next(r for r in rows_of_kind(kind) if r.id == row_id)
+
+
+@pytest.mark.parametrize("kind", ["sglang-agg", "disagg"])
+def test_the_frozen_split_of_each_row_kind_is_whole_groups_by_the_same_rule(kind):
+    bench = _bench()
+    rows, _ = bench.dedupe(bench.rows_of_kind(kind))
+    frozen = json.loads(bench.split_file(kind).read_text())
+    assert frozen == bench.make_split(rows)  # the committed list is the rule's
+    named = [g for s in ("train", "dev", "test") for g in frozen[s]]
+    assert len(named) == len(set(named)) == len({r.group for r in rows})
+    vllm_groups = set(json.loads(bench.SPLIT_FILE.read_text())["train"])
+    assert not vllm_groups & set(named)  # a kind's groups are its own
+
+
+def test_an_sglang_row_runs_sglangs_scheduler_on_sglangs_kernel_data():
+    from vllm_vcr.simulate.silicon import HostTime
+    from vllm_vcr.simulate.silicon_beyond import SGLangRow, simulate_any, static_any, supported_any
+
+    row = _row("sglang-agg", SGLANG_ROW)
+    assert isinstance(row, SGLangRow) and row.group.startswith("sglang|")
+    target = row.target(HostTime.fitted())
+    assert target.backend == "sglang" and target.async_scheduling  # the overlap scheduler
+    assert supported_any(row) is None
+    sim = simulate_any(row, host=HostTime.fitted(), max_tokens=20_000)
+    assert sim["engine_type"] == "sglang" and sim["max_num_batched_tokens"] == 8192  # H100: 8k chunks
+    assert 0.7 < sim["mem_fraction"] < 0.9 and sim["preemptions"] == 0
+    assert sim["tpot_ms"] == pytest.approx(row.tpot_ms, rel=0.35)
+    s_ttft, s_tpot = static_any(row)
+    assert s_ttft > 0 and s_tpot > 0
+
+
+def test_a_disaggregated_row_prices_both_sides_and_the_kv_transfer():
+    from vllm_vcr.simulate.silicon import HostTime
+    from vllm_vcr.simulate.silicon_beyond import DisaggRow, kv_link, simulate_any, supported_any
+
+    row = _row("disagg", DISAGG_ROW)
+    assert isinstance(row, DisaggRow) and row.engine_type == "sglang"
+    assert (row.prefill_workers, row.prefill_tp, row.decode_workers, row.tp) == (1, 8, 1, 8)
+    assert row.prefill_target().backend == "sglang" and row.gemm_quant == "fp8_block"
+    assert kv_link(row) == (50e9, "inter_node_bw")  # 16 GPUs: two H200 nodes, one 400 Gb/s NIC per GPU
+    assert supported_any(row) is None
+    sim = simulate_any(row, host=HostTime.fitted(), max_tokens=20_000)
+    assert sim["disaggregated"] and sim["preemptions"] == 0
+    assert sim["kv_bytes_per_token"] == (512 + 64) * 61 * 2  # the BF16 latent of 61 MLA layers
+    assert sim["tpot_ms"] == pytest.approx(row.tpot_ms, rel=0.25)
+    # the first token waits for the prefill worker, the transfer and the decode worker's first step
+    assert sim["ttft_ms"] > sim["kv_transfer_ms_one_prompt"] + sim["tpot_ms"]
+
+
+def test_the_kv_transfer_shows_in_ttft(monkeypatch):
+    """The same disaggregated benchmark over a link 1000x slower: TTFT grows by the transfer of the
+    prompts (InferenceX's lengths: uniform in [0.8, 1] x ISL, 0.9 x ISL on average)."""
+    from dataclasses import replace
+
+    from vllm_vcr.simulate import silicon_beyond as sb
+    from vllm_vcr.simulate.silicon import HostTime
+
+    row = replace(_row("disagg", DISAGG_ROW), osl=64)
+    fast = sb.simulate_disagg_row(row, host=HostTime.fitted(), max_tokens=20_000)
+    slow_link = sb.kv_link(row)[0] / 1000
+    monkeypatch.setattr(sb, "kv_link", lambda r: (slow_link, "slow"))
+    slow = sb.simulate_disagg_row(row, host=HostTime.fitted(), max_tokens=20_000)
+    extra = slow["ttft_ms"] - fast["ttft_ms"]
+    transfer = slow["kv_transfer_ms_one_prompt"] - fast["kv_transfer_ms_one_prompt"]
+    assert transfer > 100 and extra == pytest.approx(0.9 * transfer, rel=0.1)
+    assert slow["tpot_ms"] == pytest.approx(fast["tpot_ms"], rel=0.05)
+
+
+@pytest.mark.parametrize("kind,group", [("sglang-agg", "Qwen/Qwen3-32B|h100_sxm|bf16|tp4"),
+                                        ("disagg", "DeepSeek-R1|h200_sxm|fp8|p1x(tp8-dp1)")])
+def test_the_validation_command_runs_each_row_kind_on_a_slice(tmp_path, kind, group):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "silicon_validation.py"), "--rows", kind, "--split",
+                          "train", "--group", group, "--cheapest", "1", "--jobs", "1",
+                          "--results", str(tmp_path / "r.jsonl")],
+                         capture_output=True, text=True, timeout=scaled(300),
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| engine type, deployment |" in out.stdout
+    label = "sglang, aggregated" if kind == "sglang-agg" else "sglang, disaggregated"
+    assert f"| {label} | 1 |" in out.stdout, out.stdout[:2000]
+    (res,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert "sim" in res and res["sim"]["engine_type"] == "sglang"
