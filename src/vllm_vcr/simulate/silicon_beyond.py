@@ -37,8 +37,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
-from ..perf.catalog import package_root
-from .silicon import (_FP8_BLOCK, BENCH_WAVES, HostTime, SiliconRow, _checkpoint_config, _checkpoint_precision,
+from ..perf.catalog import package_root, resolve_model
+from ..perf.checkpoint import FP8_BLOCK
+from ..perf.qk_norm import bundled_config
+from .silicon import (BENCH_WAVES, HostTime, SiliconRow, _checkpoint_precision,
                       _data_parallel, _int, _str, benchmark_means, plan_for, request_lifetime_s, simulate_row,
                       static_estimate)
 
@@ -71,6 +73,10 @@ def sglang_server_defaults(gpu_bytes: int, tp: int) -> tuple[int, int, float]:
     return chunk, graph, round((mem - reserved) / mem, 3)
 
 
+def _checkpoint_config(model: str) -> dict:
+    return bundled_config(resolve_model(model)[0])
+
+
 def _sglang_kernels(row: SiliconRow) -> SiliconRow:
     """The kernels SGLang runs for the row's checkpoint, as the estimator's SGLang data has them: a
     block-scaled FP8 checkpoint (`weight_block_size` [128, 128]: DeepSeek-V3/R1, Qwen3-235B-A22B-FP8)
@@ -81,7 +87,7 @@ def _sglang_kernels(row: SiliconRow) -> SiliconRow:
         return row
     width = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0
     sides = [row.moe_tp or row.tp] + ([row.prefill_moe_tp or row.prefill_tp] if isinstance(row, DisaggRow) else [])
-    if any(width // s % _FP8_BLOCK for s in sides):
+    if any(width // s % FP8_BLOCK for s in sides):
         return row
     return replace(row, gemm_quant="fp8_block", moe_quant="fp8_block" if row.moe_quant == "fp8" else row.moe_quant)
 
