@@ -236,8 +236,11 @@ def test_max_num_seqs_raise_admits_waiting_requests(serve, ctl, client):
             time.sleep(0.05)
         assert s["running"] == 2
         ctl.patch("/config", json={"max_num_seqs": 128})
-        s = ctl.get("/stats").json()
-        assert (s["running"], s["waiting"]) == (4, 0)
+        # the waiting requests start at each engine's next step
+        deadline = time.monotonic() + scaled(10)
+        while ((s := ctl.get("/stats").json())["running"], s["waiting"]) != (4, 0):
+            assert time.monotonic() < deadline, s
+            time.sleep(0.02)
     finally:
         stop.set()
         for t in threads:
