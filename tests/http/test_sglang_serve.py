@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from vllm_vcr.testing.waits import free_port, wait_until
+from vllm_vcr.testing.waits import free_port, scaled, wait_until
 
 
 @pytest.fixture
@@ -145,8 +145,8 @@ def test_sglang_bootstrap_fields_run_the_handoff(serve_process, route):
         body = {"model": "vllm-vcr/sim", "messages": [{"role": "user", "content": text}], "max_tokens": 4,
                 "ignore_eos": True, **fields}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        d = pool.submit(httpx.post, decode.url + route, json=body, timeout=30)
-        p = pool.submit(httpx.post, prefill.url + route, json=body, timeout=30)
+        d = pool.submit(httpx.post, decode.url + route, json=body, timeout=scaled(30))
+        p = pool.submit(httpx.post, prefill.url + route, json=body, timeout=scaled(30))
         assert p.result().status_code == 200, p.result().text
         assert d.result().status_code == 200, d.result().text
 
