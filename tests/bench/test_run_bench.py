@@ -247,3 +247,27 @@ def test_w2_rows_carry_the_tokens_an_engine_step_took_from_serves_metrics(serve_
     assert m["generation_tokens"] == 8 and steps >= 2
     # every prompt token computed and every token generated, over the steps that took them
     assert m["tokens_per_step"] == round((prompts + 8) / steps, 1)
+
+
+def test_the_api_server_plot_reads_run_bench_results(tmp_path):
+    """bench/plot_api_servers.py: N = 1 and N = 2 first, then the floors, from run_bench's rows."""
+    plot = _load("plot_api_servers")
+
+    def req(label: str, cpu_s: float) -> dict:
+        return {"label": label, "server_cpu_s": cpu_s, "ok": 1000}
+
+    results = {
+        "requests": [req("null", 0.04), req("vllm-vcr-api2", 0.5), req("vllm-vcr", 0.35), req("uvicorn-floor", 0.1)],
+        "w2": [_w2("vllm-vcr", 1000, 35.0, 17.2), _w2("vllm-vcr-api2", 1000, 41.0, 29.8), _w2("null", 1000, 20.8, 15.0),
+               _w2("vllm-vcr", 32, 22.0, 9.0)],
+        "w1": [{"label": "vllm-vcr", "output_tok_per_s": 135000.0}],
+    }
+    panels = dict(plot.figures(results, None))
+    assert list(panels["requests: server CPU µs per request"]) == ["vllm-vcr", "vllm-vcr-api2", "uvicorn-floor", "null"]
+    assert panels["requests: server CPU µs per request"]["vllm-vcr"] == 350.0
+    # only C = 1000 rows, the floors kept
+    assert panels["W2 C = 1000: one-token ITL p99 (ms)"] == {"vllm-vcr": 35.0, "vllm-vcr-api2": 41.0, "null": 20.8}
+    assert panels["W1: output tokens per second (thousands)"] == {"vllm-vcr": 135.0}
+    out = tmp_path / "n.png"
+    plot.plot(list(panels.items()), out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
