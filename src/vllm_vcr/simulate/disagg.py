@@ -22,7 +22,7 @@ from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
-from .driver import START, RequestRecord, Timeline, _rare_collections
+from .driver import START, RequestRecord, Timeline, _rare_collections, first_arrivals
 from .workload import SimRequest
 
 
@@ -139,17 +139,7 @@ class DisaggSimulation:
     def run(self) -> "DisaggSimulation":
         with _rare_collections():
             wall = time.perf_counter()
-            if self.workload.closed_loop:
-                users = max(self.concurrency, 1)
-                ramp = getattr(self.workload, "ramp_up", 0.0)
-                for i in range(users):
-                    req = self.workload.next_closed()
-                    if req is None:
-                        break
-                    self._push(START + ramp * i / users, req)
-            else:
-                for req in self.workload.open_arrivals():
-                    self._push(START + req.arrival, req)
+            first_arrivals(self.workload, self.concurrency, self._push)
             cores = self.prefill + self.decode
             while True:
                 t = self._arrivals[0][0] if self._arrivals else math.inf

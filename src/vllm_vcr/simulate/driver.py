@@ -17,7 +17,7 @@ import time
 from array import array
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -82,6 +82,22 @@ def _rare_collections():
         yield
     finally:
         gc.set_threshold(*before)
+
+
+def first_arrivals(workload: Any, concurrency: int, push: Callable[[float, Any], None]) -> None:
+    """Push the workload's first arrivals: each closed-loop user's first request (spread over the
+    workload's ramp-up), or every arrival of an open-loop workload."""
+    if workload.closed_loop:
+        users = max(concurrency, 1)
+        ramp = getattr(workload, "ramp_up", 0.0)
+        for i in range(users):
+            req = workload.next_closed()
+            if req is None:
+                break
+            push(START + ramp * i / users, req)
+    else:
+        for req in workload.open_arrivals():
+            push(START + req.arrival, req)
 
 
 class Simulation:
@@ -224,17 +240,7 @@ class Simulation:
 
     def _run(self) -> "Simulation":
         wall = time.perf_counter()
-        if self.workload.closed_loop:
-            users = max(self.concurrency, 1)
-            ramp = getattr(self.workload, "ramp_up", 0.0)
-            for i in range(users):
-                req = self.workload.next_closed()
-                if req is None:
-                    break
-                self._push(START + ramp * i / users, req)
-        else:
-            for req in self.workload.open_arrivals():
-                self._push(START + req.arrival, req)
+        first_arrivals(self.workload, self.concurrency, self._push)
         clock, cores, arrivals = self.clock, self.cores, self._arrivals
         while True:
             t = arrivals[0][0] if arrivals else math.inf
