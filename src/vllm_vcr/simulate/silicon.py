@@ -28,7 +28,6 @@ from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import bundled_models, package_root, resolve_model
 from ..perf.checkpoint import checkpoint_kernels, kv_cache_directive
 from ..perf.errors import PerfModelError
-from ..perf.qk_norm import bundled_config
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
                               scheduler_limits)
 
@@ -308,12 +307,37 @@ def _context_correction_ms(row: SiliconRow, plan: SimPlan) -> float:
     return h.decode_step_latency(b, row.isl + row.osl // 2, 2) - h.decode_step_latency(b, row.isl + plan.osl // 2, 2)
 
 
+def row_workload(row: SiliconRow, plan: SimPlan) -> Any:
+    """The row's benchmark as a closed-loop workload: its lengths (uniform below the range ratio),
+    its concurrency, the users ramping up over a request's lifetime unless InferenceX's harness ran it."""
+    from .workload import LengthDist, SyntheticWorkload
+
+    r = row.range_ratio
+    isl = LengthDist("uniform", int(row.isl * r), row.isl) if r < 1 else LengthDist("fixed", row.isl)
+    osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
+    return SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
+                             concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
+                             ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
+
+
+def row_latencies(row: SiliconRow, done: list) -> tuple[float, float]:
+    """(TTFT, TPOT) means in ms over the finished requests the benchmark measures: InferenceX's
+    waves, or the steady state after the users' first requests."""
+    done = sorted(done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
+    if row.inferencex:
+        total = BENCH_WAVES * row.concurrency
+    else:  # steady state: the users' first requests (the ramp) are not measured
+        done, total = done[row.concurrency:], len(done) - row.concurrency
+    ttft = [(d.first - d.arrival) * 1e3 for d in done]
+    tpot = [(d.end - d.first) * 1e3 / (d.num_out - 1) for d in done if d.num_out > 1]
+    return benchmark_means(ttft, row.concurrency, total), benchmark_means(tpot, row.concurrency, total)
+
+
 def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
     """Simulate the row's benchmark (see the module doc); TTFT/TPOT means in ms."""
     from ..engine.config import EngineArgs, EngineConfig
     from ..perf.kv_sizing import estimate_kv_capacity
     from .runner import simulate
-    from .workload import LengthDist, SyntheticWorkload
 
     target = row.target(host).resolved()
     compile_target(target)
@@ -329,22 +353,9 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
                       kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=target.to_dict(),
                       advertised_max_model_len=row.isl + row.osl + 16).validate()
     plan = plan_for(row, max_tokens)
-    r = row.range_ratio
-    isl = LengthDist("uniform", int(row.isl * r), row.isl) if r < 1 else LengthDist("fixed", row.isl)
-    osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
-    workload = SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
-                                 concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
-                                 ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
-    sim = simulate(args, workload, engines=engines, router="round_robin", concurrency=row.concurrency)
-    done = sorted(sim.done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
-    if row.inferencex:
-        total = BENCH_WAVES * row.concurrency
-    else:  # steady state: the users' first requests (the ramp) are not measured
-        done, total = done[row.concurrency:], len(done) - row.concurrency
-    ttft = [(d.first - d.arrival) * 1e3 for d in done]
-    tpot = [(d.end - d.first) * 1e3 / (d.num_out - 1) for d in done if d.num_out > 1]
-    return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
-            "tpot_ms": benchmark_means(tpot, row.concurrency, total) + _context_correction_ms(row, plan),
+    sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
+    ttft, tpot = row_latencies(row, sim.done)
+    return {"ttft_ms": ttft, "tpot_ms": tpot + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
             "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
             "max_num_seqs": seqs, "kv_cache_fp8": row.kv_cache_quant == "fp8", "async_scheduling": row.async_scheduling,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import csv
 import functools
 import re
-import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -40,9 +39,8 @@ from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import package_root, resolve_model
 from ..perf.checkpoint import FP8_BLOCK
 from ..perf.qk_norm import bundled_config
-from .silicon import (BENCH_WAVES, HostTime, SiliconRow, _checkpoint_precision,
-                      _data_parallel, _int, _str, benchmark_means, plan_for, request_lifetime_s, simulate_row,
-                      static_estimate)
+from .silicon import (HostTime, SiliconRow, _checkpoint_precision, _data_parallel, _int, _str, plan_for,
+                      row_latencies, row_workload, simulate_row, static_estimate)
 
 MIB = 1 << 20
 _CONC = re.compile(r"silicon_concurrency=(\d+)")
@@ -174,28 +172,9 @@ def _server_limits(row: SiliconRow, target: AicTarget) -> tuple[int, int, float]
     return budget, seqs, row.server.gpu_memory_utilization
 
 
-def _workload(row: SiliconRow, plan):
-    from .workload import LengthDist, SyntheticWorkload
-
-    r = row.range_ratio
-    isl = LengthDist("uniform", int(row.isl * r), row.isl) if r < 1 else LengthDist("fixed", row.isl)
-    osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
-    return SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
-                             concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
-                             ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
-
-
 def _means(row: SiliconRow, done: list, plan, extra: dict[str, Any]) -> dict[str, Any]:
-    done = sorted(done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
-    if row.inferencex:
-        total = BENCH_WAVES * row.concurrency
-    else:  # steady state: the users' first requests (the ramp) are not measured
-        done, total = done[row.concurrency:], len(done) - row.concurrency
-    ttft = [(d.first - d.arrival) * 1e3 for d in done]
-    tpot = [(d.end - d.first) * 1e3 / (d.num_out - 1) for d in done if d.num_out > 1]
-    return {"ttft_ms": benchmark_means(ttft, row.concurrency, total),
-            "tpot_ms": benchmark_means(tpot, row.concurrency, total), "requests": plan.requests,
-            "sim_osl": plan.osl, **extra}
+    ttft, tpot = row_latencies(row, done)
+    return {"ttft_ms": ttft, "tpot_ms": tpot, "requests": plan.requests, "sim_osl": plan.osl, **extra}
 
 
 def simulate_sglang_row(row: SGLangRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
@@ -209,7 +188,7 @@ def simulate_sglang_row(row: SGLangRow, *, host: HostTime | None = None, max_tok
                              max_len=row.isl + row.osl + 16, engine_type="sglang")
     plan = plan_for(row, max_tokens)
     engines = max(row.attention_dp, 1)
-    sim = simulate(args, _workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
+    sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
     return _means(row, sim.done, plan, {
         "kv_blocks": cap.num_blocks, "per_engine_concurrency": max(row.concurrency // engines, 1),
         "max_num_batched_tokens": budget, "max_num_seqs": seqs, "mem_fraction": frac, "async_scheduling": True,
@@ -338,7 +317,7 @@ def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tok
                                  kv_bytes_per_token=p_cap.bytes_per_token, kv_transfer_bandwidth=bw / 1e9)
     plan = plan_for(row, max_tokens)
     sim = DisaggSimulation(p_args, d_args, row.prefill_workers * max(row.prefill_dp, 1),
-                           row.decode_workers * max(row.attention_dp, 1), _workload(row, plan),
+                           row.decode_workers * max(row.attention_dp, 1), row_workload(row, plan),
                            concurrency=row.concurrency).run()
     transfer = p_cap.bytes_per_token * row.isl / bw * 1e3
     return _means(row, sim.done, plan, {
