@@ -80,14 +80,8 @@ class DisaggSimulation:
                 rec = self.records.get(o.request_id)
                 if rec is None:
                     continue
-                n = len(o.new_token_ids)
-                if n:
-                    if rec.num_out == 0:
-                        rec.first = t
-                    else:
-                        rec.times.append(t)
-                    rec.num_out += n
-                    rec.last = t
+                if o.new_token_ids:
+                    rec.add_tokens(len(o.new_token_ids), t)
                 if o.finish_reason is not None:
                     self._finish(rec, t, o.finish_reason)
         return sink

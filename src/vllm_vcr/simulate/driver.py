@@ -52,6 +52,21 @@ class RequestRecord:
     finish: str = ""
     times: array = field(default_factory=lambda: array("d"))  # of every token after the first
 
+    def add_tokens(self, n: int, t: float, prefill_stats: Any = None) -> None:
+        """n tokens arrived at t: the first stamps TTFT (and the prompt's cached tokens); a batch
+        of several after it is spread evenly since the previous token."""
+        if self.num_out == 0:
+            self.first = t
+            if prefill_stats is not None:
+                self.cached = getattr(prefill_stats, "num_cached_tokens", 0) or 0
+        else:
+            last, gap = self.last, (t - self.last) / n
+            for i in range(1, n):
+                self.times.append(last + gap * i)
+            self.times.append(t)
+        self.num_out += n
+        self.last = t
+
     def gaps(self) -> np.ndarray:
         """Every inter-token gap (seconds)."""
         return np.diff(np.frombuffer(self.times, dtype=np.float64), prepend=self.first)
@@ -173,19 +188,8 @@ class Simulation:
             rec = self.records.get(o.request_id)
             if rec is None:
                 continue
-            n = len(o.new_token_ids)
-            if n:
-                if rec.num_out == 0:
-                    rec.first = t
-                    if o.prefill_stats is not None:
-                        rec.cached = getattr(o.prefill_stats, "num_cached_tokens", 0) or 0
-                else:  # several tokens at once: spread evenly since the previous one
-                    last, gap = rec.last, (t - rec.last) / n
-                    for i in range(1, n):
-                        rec.times.append(last + gap * i)
-                    rec.times.append(t)
-                rec.num_out += n
-                rec.last = t
+            if o.new_token_ids:
+                rec.add_tokens(len(o.new_token_ids), t, o.prefill_stats)
             if o.finish_reason is not None:
                 self._finish(rec, t, o.finish_reason)
 
