@@ -93,6 +93,18 @@ class DataParallelRankError(ValueError):
     pass
 
 
+def deliver_outputs(engine_index: int, outs: EngineCoreOutputs, listeners: list,
+                    collectors: dict[str, tuple[int, Any]]) -> None:
+    """One engine's output batch to the output listeners (metrics, ...), then each output to the
+    collector of its request's reader (an in-process engine and the engine-core client alike)."""
+    for listener in listeners:
+        listener(engine_index, outs)
+    for o in outs.outputs:
+        entry = collectors.get(o.request_id)
+        if entry is not None:
+            entry[1].put(o)
+
+
 def pick_engine_index(rank: int | None, load: list[int], rr: int) -> tuple[int, int]:
     """vLLM's data-parallel balancing in the API server: the rank a request pins, else the engine
     with the fewest unfinished requests, round robin from `rr` among equals. Returns (index, next rr)."""
@@ -321,13 +333,7 @@ class AsyncEngine:
     # --- outputs -------------------------------------------------------------------------------
     def _make_sink(self, engine_index: int) -> Callable[[int, EngineCoreOutputs], None]:
         def sink(client_index: int, outs: EngineCoreOutputs) -> None:
-            for listener in self._listeners:
-                listener(engine_index, outs)
-            collectors = self._collectors
-            for o in outs.outputs:
-                entry = collectors.get(o.request_id)
-                if entry is not None:
-                    entry[1].put(o)
+            deliver_outputs(engine_index, outs, self._listeners, self._collectors)
         return sink
 
     # --- requests ------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ client's first token is the decode worker's first: TTFT = prefill (queueing incl
 from __future__ import annotations
 
 import heapq
-import math
 import time
 
 from ..engine.clock import VirtualClock
@@ -22,7 +21,7 @@ from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
-from .driver import START, RequestRecord, Timeline, _rare_collections, first_arrivals
+from .driver import START, RequestRecord, Timeline, _rare_collections, first_arrivals, run_events
 from .workload import SimRequest
 
 
@@ -134,22 +133,6 @@ class DisaggSimulation:
         with _rare_collections():
             wall = time.perf_counter()
             first_arrivals(self.workload, self.concurrency, self._push)
-            cores = self.prefill + self.decode
-            while True:
-                t = self._arrivals[0][0] if self._arrivals else math.inf
-                for core in cores:
-                    w = core.next_wake()
-                    if w is not None and w < t:
-                        t = w
-                if t == math.inf:
-                    break
-                self.clock.advance_to(t)
-                now = self.clock.now()
-                while self._arrivals and self._arrivals[0][0] <= now:
-                    self._deliver(heapq.heappop(self._arrivals)[2], now)
-                for core in cores:
-                    w = core.next_wake()
-                    if w is not None and w <= now:
-                        core.run_until_idle(until=now)
+            run_events(self.clock, self.prefill + self.decode, self._arrivals, self._deliver)
             self.wall_s = time.perf_counter() - wall
         return self

@@ -115,6 +115,31 @@ def first_arrivals(workload: Any, concurrency: int, push: Callable[[float, Any],
             push(START + req.arrival, req)
 
 
+def run_events(clock: Any, cores: list, arrivals: list, deliver: Callable[[Any, float], None],
+               fast_forward: Callable[[float], None] | None = None) -> None:
+    """The virtual clock's loop until nothing is left: advance to the next arrival (a heap of
+    (time, seq, request)) or engine wake-up, deliver the arrivals due, run every engine due, then
+    `fast_forward(now)` (timing-only runs). `deliver` may push new arrivals onto the heap."""
+    while True:
+        t = arrivals[0][0] if arrivals else math.inf
+        for core in cores:
+            w = core.next_wake()
+            if w is not None and w < t:
+                t = w
+        if t == math.inf:
+            return
+        clock.advance_to(t)
+        now = clock.now()
+        while arrivals and arrivals[0][0] <= now:
+            deliver(heapq.heappop(arrivals)[2], now)
+        for core in cores:
+            w = core.next_wake()
+            if w is not None and w <= now:
+                core.run_until_idle(until=now)
+        if fast_forward is not None:
+            fast_forward(now)
+
+
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
                  *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
@@ -245,24 +270,7 @@ class Simulation:
     def _run(self) -> "Simulation":
         wall = time.perf_counter()
         first_arrivals(self.workload, self.concurrency, self._push)
-        clock, cores, arrivals = self.clock, self.cores, self._arrivals
-        while True:
-            t = arrivals[0][0] if arrivals else math.inf
-            for core in cores:
-                w = core.next_wake()
-                if w is not None and w < t:
-                    t = w
-            if t == math.inf:
-                break
-            clock.advance_to(t)
-            now = clock.now()
-            while arrivals and arrivals[0][0] <= now:
-                self._deliver(heapq.heappop(arrivals)[2], now)
-            for core in cores:
-                w = core.next_wake()
-                if w is not None and w <= now:
-                    core.run_until_idle(until=now)
-            if self.timing_only:
-                self._fast_forward(now)
+        run_events(self.clock, self.cores, self._arrivals, self._deliver,
+                   self._fast_forward if self.timing_only else None)
         self.wall_s = time.perf_counter() - wall
         return self

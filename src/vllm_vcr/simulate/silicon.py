@@ -22,7 +22,7 @@ import math
 import re
 import zlib
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..perf.aic import AicTarget, compile_target
 from ..perf.catalog import bundled_models, package_root, resolve_model
@@ -362,13 +362,17 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 
-def supported(row: SiliconRow) -> str | None:
-    """None when the estimator can price the row, else why not (one line)."""
+def unpriceable(check: Callable[[], Any]) -> str | None:
+    """None when `check` (compiling and pricing a row) runs, else why not, in one line."""
     try:
-        compile_target(row.target())
-        static_estimate(row)
+        check()
     except PerfModelError as e:
         return str(e)
     except Exception as e:  # the estimator's own errors for missing data
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     return None
+
+
+def supported(row: SiliconRow) -> str | None:
+    """None when the estimator can price the row, else why not (one line)."""
+    return unpriceable(lambda: (compile_target(row.target()), static_estimate(row)))

@@ -40,7 +40,7 @@ from ..perf.catalog import package_root, resolve_model
 from ..perf.checkpoint import FP8_BLOCK
 from ..perf.qk_norm import bundled_config
 from .silicon import (HostTime, SiliconRow, _checkpoint_precision, _data_parallel, _int, _str, plan_for,
-                      row_latencies, row_workload, simulate_row, static_estimate)
+                      row_latencies, row_workload, simulate_row, static_estimate, unpriceable)
 
 MIB = 1 << 20
 _CONC = re.compile(r"silicon_concurrency=(\d+)")
@@ -368,10 +368,9 @@ def static_any(row: SiliconRow) -> tuple[float, float]:
 
 def supported_any(row: SiliconRow) -> str | None:
     """None when the estimator can price the row (both sides of a disaggregated one), else why not."""
-    from ..perf.errors import PerfModelError
     from ..perf.kv_sizing import estimate_kv_capacity
 
-    try:
+    def check() -> None:
         sides = [row.prefill_target(), row.target()] if isinstance(row, DisaggRow) else [row.target()]
         for t in sides:
             compile_target(t)
@@ -380,11 +379,8 @@ def supported_any(row: SiliconRow) -> str | None:
                 estimate_kv_capacity(t, block_size=16, gpu_memory_utilization=frac, max_num_batched_tokens=budget,
                                      max_num_seqs=seqs)
         static_any(row)
-    except PerfModelError as e:
-        return str(e)
-    except Exception as e:  # the estimator's own errors for missing data
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return None
+
+    return unpriceable(check)
 
 
 def kind_label(row: SiliconRow) -> str:

@@ -27,7 +27,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from ..engine.async_engine import Collector, OutputListener, PushQueue, TakeToken, pick_engine_index
+from ..engine.async_engine import Collector, OutputListener, PushQueue, TakeToken, deliver_outputs, pick_engine_index
 from ..engine.core import EngineDeadError
 from ..engine.types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from ..frontend.errors import ENGINE_DEAD_MESSAGE
@@ -248,14 +248,7 @@ class EngineCoreClient:
     def _deliver(self, outs: EngineCoreOutputs) -> None:
         if outs.utility_output is not None:
             self._answer(outs.utility_output)
-        idx = outs.engine_index
-        for listener in self._listeners:
-            listener(idx, outs)
-        collectors = self._collectors
-        for o in outs.outputs:
-            entry = collectors.get(o.request_id)
-            if entry is not None:
-                entry[1].put(o)
+        deliver_outputs(outs.engine_index, outs, self._listeners, self._collectors)
 
     def _answer(self, u: Any) -> None:
         fut = self._calls.pop(u.call_id, None)
