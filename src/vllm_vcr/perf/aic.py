@@ -20,6 +20,7 @@ from .checkpoint import checkpoint_kernels, kv_cache_directive
 from .errors import PerfModelError
 from .qk_norm import bundled_config, qk_norm_ms
 from .spec_cache import kept_prices, load_or_compile
+from .tables import borrowed_tables, systems_path
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,9 @@ def _target_key(t: AicTarget) -> str:
     d = t.to_dict()
     for f in _HOST_FIELDS:
         d.pop(f)
+    borrowed = borrowed_tables(t.model, t.gpu, t.backend)
+    if borrowed:  # tables priced from another GPU's (perf/tables.py): part of the identity
+        d["borrowed_tables"] = [list(b) for b in borrowed]
     return json.dumps(d, sort_keys=True)
 
 
@@ -128,7 +132,9 @@ def _compiled(key: str) -> Any:
 
 
 def _load(key: str) -> Any:
-    t = AicTarget.from_dict(json.loads(key))
+    d = json.loads(key)
+    borrowed = tuple(tuple(b) for b in d.pop("borrowed_tables", ()))
+    t = AicTarget.from_dict(d)
     import_aic()
     check_gpu(t.gpu, t.backend)
     configure_data_roots()
@@ -142,10 +148,11 @@ def _load(key: str) -> Any:
         return handle
 
     try:
+        systems = systems_path(t.gpu, t.backend, borrowed)  # None: the package's own tables
         handle = load_or_compile(  # a spec compiled by an earlier process loads in a millisecond
             key, lambda: probed(EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
-                                                     **t.compile_kwargs())),
-            lambda spec: probed(EngineHandle(spec)))
+                                                     systems_path=systems, **t.compile_kwargs())),
+            lambda spec: probed(EngineHandle(spec, systems_path=systems)))
     except PerfModelError:
         raise
     except Exception as e:  # unsupported combination: missing kernels, flops, configs
