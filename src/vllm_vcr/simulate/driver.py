@@ -177,6 +177,7 @@ class Simulation:
             if core.cohort is not None:
                 core.cohort.on_tokens = self._silent_tokens(core.cohort.step_ends)
         self._arrivals: list[tuple[float, int, SimRequest]] = []
+        self._closed_loop = workload.closed_loop
         self._seq = 0
         self.wall_s = 0.0
 
@@ -228,10 +229,11 @@ class Simulation:
         del self.records[rec.request_id]
         self.done.append(rec)
         self.router.on_finish(rec.engine, rec.prompt_len, rec.max_tokens)
-        if self.workload.closed_loop:
+        if self._closed_loop:
             nxt = self.workload.next_closed()
             if nxt is not None:
-                self._push(t, nxt)
+                self._seq += 1
+                heapq.heappush(self._arrivals, (t, self._seq, nxt))
         if self._progress is not None:
             self._progress(len(self.done))
 
@@ -253,6 +255,9 @@ class Simulation:
         next arrival, or any other engine's next step end (a finish there may route a request here)."""
         cores, arrivals = self.cores, self._arrivals
         first = arrivals[0][0] if arrivals else math.inf
+        if len(cores) == 1:
+            cores[0].fast_forward(first)
+            return
         for i, core in enumerate(cores):
             horizon = first
             for j, other in enumerate(cores):

@@ -62,8 +62,8 @@ class LengthDist:
     def draw(self, rng: random.Random) -> int:
         k = self.kind
         if k == "fixed":
-            v = self.a
-        elif k == "uniform":
+            return self._fixed
+        if k == "uniform":
             v = rng.uniform(self.a, self.b)
         elif k == "normal":
             v = rng.gauss(self.a, self.b)
@@ -72,6 +72,10 @@ class LengthDist:
         else:  # lognormal with the given mean and standard deviation of the length itself
             v = rng.lognormvariate(*self._lognormal)
         return max(int(round(v)), 1)
+
+    @functools.cached_property
+    def _fixed(self) -> int:
+        return max(int(round(self.a)), 1)
 
     @functools.cached_property
     def _lognormal(self) -> tuple[float, float]:
