@@ -3,8 +3,12 @@ the virtual clock, driven by the simulator's event loop; a dense model's ranks s
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_vcr.engine.async_engine import AsyncEngine
 from vllm_vcr.engine.clock import VirtualClock
@@ -14,6 +18,7 @@ from vllm_vcr.engine.latency import LatencyModel, StepBatch, zero_pacing
 from vllm_vcr.engine.lockstep import DP_SYNC_INTERVAL, DataParallelLockstep
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 from vllm_vcr.simulate.driver import run_events
+from vllm_vcr.testing.waits import scaled
 
 MS = 1e-3
 
@@ -132,10 +137,6 @@ def test_serves_in_process_engines_are_tied_when_the_model_is_moe():
 async def test_on_the_real_clock_serves_ranks_step_together():
     """serve's in-process engines (AsyncEngine, the real clock): a 2000-token prefill on rank 1
     (210 ms of step) holds rank 0's decodes, and both requests finish."""
-    import asyncio
-
-    from vllm_vcr.testing.waits import scaled
-
     engine = AsyncEngine(EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, log_requests=False)).validate(),
                          2, latency=Linear(True))
     stamps: dict[int, list[float]] = {0: [], 1: []}
@@ -154,3 +155,23 @@ async def test_on_the_real_clock_serves_ranks_step_together():
         await engine.stop(0)
     assert short[-1].finish_reason is not None and long[-1].finish_reason is not None
     assert max(gaps(stamps[0])) >= 0.2  # rank 0 waited for rank 1's prefill
+
+
+_ARRIVAL = st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(1, 3000), st.integers(1, 12))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ARRIVAL, min_size=1, max_size=10))
+def test_while_a_request_decodes_it_gets_a_token_at_every_step_end_of_every_rank(arrivals):
+    """Three MoE ranks, random arrivals: every request ends with all its tokens, and a request
+    between its first and last token has a token at every instant any rank emitted one (its
+    rank stepped with theirs); the wave ends when the work does."""
+    work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
+    times, group, _ = run_ranks(True, work, ranks=3)
+    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
+    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
+    for ts in times.values():
+        mine = {round(t, 9) for t in ts}
+        first, last = round(ts[0], 9), round(ts[-1], 9)
+        assert all(e in mine for e in ends if first < e < last)
+    assert group.end is None
