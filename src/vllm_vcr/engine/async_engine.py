@@ -22,6 +22,7 @@ from typing import Any
 from .clock import RealClock, VirtualClock
 from .config import EngineArgs
 from .core import EngineCore, EngineDeadError
+from .lockstep import DataParallelLockstep
 from .request import TAKEN_WAKE, TokenSink
 from .types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
@@ -246,6 +247,7 @@ class AsyncEngine:
             EngineCore(args, engine_index=i, clock=clock, output_sink=self._make_sink(i), **core_kwargs)
             for i in range(engine_count)
         ]
+        DataParallelLockstep.attach(self.engines)  # an MoE model's DP ranks step together, as in vLLM
         self._collectors: dict[str, tuple[int, _Collector]] = {}
         self._push_queue = _PushQueue()
         self._load = [0] * engine_count

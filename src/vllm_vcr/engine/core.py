@@ -2,9 +2,9 @@
 
 Everything that changes the engine arrives on its single inbox (add, abort, control call,
 shutdown) and is applied between two steps; outputs leave as one `EngineCoreOutputs` batch per
-client per step through `output_sink`. Nothing else touches engine state, so the engine needs no
-locks, and the same object runs on the real clock (serve, play) or a virtual one (tests, offline
-simulation).
+client per step through `output_sink`. Nothing else touches engine state (but the DP ranks it
+steps in lockstep with, lockstep.py, in the same loop), so the engine needs no locks, and the same
+object runs on the real clock (serve, play) or a virtual one (tests, offline simulation).
 
 A step: schedule (scheduler.py), time it (the latency model's timing interface,
 latency/base.py), apply its work and sample its tokens (`update_from_output`, output.py).
@@ -34,6 +34,7 @@ from .kv_cache_manager import KVCacheManager
 from .kv_transfer import KVTransfer
 from .latency import KnobLatency, LatencyModel, StepRecord
 from .lifecycle import EngineLifecycle
+from .lockstep import DataParallelLockstep
 from .output import OutputProcessor, OutputSink
 from .plan import OutputReplayTable, Planner
 from .policy import policy_for
@@ -126,6 +127,7 @@ class EngineCore(EngineControls):
         self._kv_events: tuple[KVEventSink, Callable[[list, float], Any]] | None = None
         self._step_observers: list[StepObserver] = []
         self.step_counter = 0
+        self.lockstep: DataParallelLockstep | None = None  # the DP ranks this one steps with (lockstep.py)
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
         self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
         # an untimed step starts at least min_step_time after the previous one ended (play: a real
@@ -511,13 +513,38 @@ class EngineCore(EngineControls):
                 if expired:  # a KV hold expired mid-step: keep kv_cache_usage current
                     self.output.emit([], [], with_stats=True)
                 return
-            timed.in_flight = None
-            timed.last_end = now = batch.end  # back-to-back: the next step starts when this one ends
-            self.output.update_from_output(batch.scheduled, batch.pulled, now, timed=True)
-            if life.drained():
+            if self.lockstep is not None:  # every rank's step ends, every rank's next one starts
+                self.lockstep.advance(self, batch.end)
                 return
+            if not self.end_step(batch):
+                return
+            now = batch.end  # back-to-back: the next step starts when this one ends
         if not self._start_step(now) and expired:
             self.output.emit([], [], with_stats=True)
+
+    def end_step(self, batch: StepInFlight) -> bool:
+        """The timed step in flight ends (at `batch.end`): its work is applied. False: the engine
+        drained with it."""
+        timed = self.timed
+        timed.in_flight = None
+        timed.last_end = batch.end
+        timed.after_dummy = batch.dummy
+        if not batch.dummy:
+            self.output.update_from_output(batch.scheduled, batch.pulled, batch.end, timed=True)
+        return not self.lifecycle.drained()
+
+    def start_step(self, now: float) -> bool:
+        """Schedule (and, timed, put in flight) the engine's next step at `now`. False: no work."""
+        return self._start_step(now)
+
+    def read_inbox(self) -> None:
+        """Apply the messages waiting in the inbox (a lockstep round reads every rank's inputs)."""
+        if self._inbox:
+            self._process_inbox()
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests the engine core holds that are not finished (held in the frontend: not yet)."""
+        return len(self.requests) > len(self.timed.arriving)
 
     def _start_step(self, now: float) -> bool:
         """Schedule a step at `now`; apply it at once (untimed) or put it in flight. False: no work."""
@@ -544,7 +571,8 @@ class EngineCore(EngineControls):
         if self.output.steady.touched:  # (members preempted by the scheduling)
             self.output.steady.flush()
         if not scheduled and not pulled and not (self.cohort and self.cohort.members):
-            return False
+            # a DP rank of an MoE model runs a dummy step while the other ranks work
+            return timed and self.lockstep is not None and self.lockstep.idle(self, now)
         self.step_counter += 1
         if logger.isEnabledFor(TRACE_LEVEL):
             log_step(self.engine_index, self.step_counter, scheduled, self.scheduler, self.block_pool.usage(),
@@ -559,7 +587,9 @@ class EngineCore(EngineControls):
             for observe in self._step_observers:
                 observe(StepRecord(self.step_counter, now, duration, batch))
         if timed:
-            self.timed.in_flight = StepInFlight(now + duration, scheduled, pulled)
+            self.timed.in_flight = step = StepInFlight(now + duration, scheduled, pulled)
+            if self.lockstep is not None:
+                self.lockstep.joined(self, step, now)
         else:
             draining = self.lifecycle.draining_deadline is not None
             burst = self._bursts(scheduled, draining) if not pulled else 1
@@ -602,7 +632,7 @@ class EngineCore(EngineControls):
         return not (self._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
                     or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
                     or kvt.holds or kvt.transfers.remaining or self._pulled or self.timed.gate.hidden
-                    or self.timed.arriving
+                    or self.timed.arriving or self.lockstep is not None
                     or self._step_observers or logger.isEnabledFor(TRACE_LEVEL))
 
     def _end_fast_run(self, now: float, priced: int) -> None:

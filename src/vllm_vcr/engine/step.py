@@ -66,11 +66,23 @@ class StepInFlight:
     """A timed step between its start and its end (its work is applied at `end`)."""
 
     __slots__ = ("end", "pulled", "scheduled")
+    dummy = False
 
     def __init__(self, end: float, scheduled: Scheduled, pulled: list[Request]) -> None:
         self.end = end
         self.scheduled = scheduled
         self.pulled = pulled
+
+
+class DummyStep(StepInFlight):
+    """A data-parallel rank's forward pass with nothing scheduled (lockstep.py): it computes
+    nothing for any request; the engine reads its inputs when it ends."""
+
+    __slots__ = ()
+    dummy = True
+
+    def __init__(self, end: float) -> None:
+        super().__init__(end, [], [])
 
 
 class TimedSteps:
@@ -82,6 +94,7 @@ class TimedSteps:
         self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
         self.in_flight: StepInFlight | None = None
         self.last_end: float | None = None
+        self.after_dummy = False  # the previous step was a dummy one (lockstep.py): nothing was scheduled ahead
         self.arriving: deque[list] = deque()  # [visible at, request]: still in the frontend, FIFO
 
     def hold(self, req: Request, until: float) -> None:
@@ -96,7 +109,7 @@ class TimedSteps:
         # Released at the start of a step that follows another back to back, a request reached the
         # core while that one ran (the ones due earlier were released when it started): under
         # async scheduling this step was scheduled before then.
-        ahead = self.last_end == now and self.latency().schedules_ahead
+        ahead = self.last_end == now and not self.after_dummy and self.latency().schedules_ahead
         while arriving and arriving[0][0] <= now:
             req = arriving.popleft()[1]
             if live.get(req.request_id) is req:
@@ -121,7 +134,7 @@ class TimedSteps:
 
     def on_arrival(self, request_id: str, now: float) -> None:
         if self.in_flight is not None:  # a request arriving mid-step waits for the input path
-            if self.latency().schedules_ahead:  # the next step is already scheduled: the one after
+            if self.latency().schedules_ahead and not self.in_flight.dummy:  # the next step is already scheduled: the one after
                 self.gate.hide(request_id, self.in_flight.end)
             else:
                 self.gate.on_arrival(request_id, now)

@@ -26,6 +26,7 @@ from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.decode_cohort import counted_token_source, timing_only_unsupported
+from ..engine.lockstep import DataParallelLockstep
 from ..engine.policy import policy_for
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..gc_tuning import YOUNG_THRESHOLD
@@ -169,6 +170,7 @@ class Simulation:
                 counted = True
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
                                  timing_only=timing_only, **inputs) for i in range(num_engines)]
+        DataParallelLockstep.attach(self.cores)  # an MoE model's DP ranks step together, as in vLLM
         # a synthetic workload's prompt lists are made per request and never read after delivery: the
         # engines extend them instead of copying (not with a token source that reads the prompt)
         adopt = counted and getattr(workload, "fresh_prompts", False)

@@ -26,6 +26,7 @@ from ..engine.clock import RealClock
 from ..engine.config import ConfigError, EngineArgs
 from ..replay.inputs import engine_inputs
 from ..engine.core import EngineCore
+from ..engine.lockstep import DataParallelLockstep
 from ..gc_tuning import collect_while_idle
 from ..heap_trim import start_idle_trimming
 from ..engine.types import (
@@ -552,6 +553,8 @@ class PlayServer:
                                          textless_ids=self.textless_ids, **self.engine_inputs))
                 if self.publishers:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank - self.first_rank].publish)
+            # an MoE model's DP ranks step together, as in vLLM (the ranks of this process)
+            DataParallelLockstep.attach([b.core for b in self.bridges])
         except Exception:
             log.exception("could not build the engines")
             self._fail_start()

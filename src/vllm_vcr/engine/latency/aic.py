@@ -93,8 +93,9 @@ class AicStepLatency(LatencyModel):
     def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
                  async_scheduling: bool = False, async_exposed_ms: float = 0.0, unpriced_gpu_ms: float = 0.0,
                  frontend_ms: float = 0.0, frontend_ms_per_1k_tokens: float = 0.0,
-                 frontend_ms_per_request: float = 0.0, time_scale: float = 1.0) -> None:
+                 frontend_ms_per_request: float = 0.0, time_scale: float = 1.0, moe: bool = False) -> None:
         self.pricer = pricer
+        self.data_parallel_lockstep = moe
         self.frontend_ms = frontend_ms
         self.frontend_ms_per_1k_tokens = frontend_ms_per_1k_tokens
         self.frontend_ms_per_request = frontend_ms_per_request

@@ -82,6 +82,9 @@ class StepBatch(NamedTuple):
     prefill_chunk_lens: tuple[int, ...] = ()  # each prefill chunk's length (forward-pass metrics)
 
 
+_DUMMY_BATCH = StepBatch(1, 0, 0, 0, 1, decode_context_lens=(1,))
+
+
 class StepRecord(NamedTuple):
     """One executed step, as a step observer sees it (`EngineCore.add_step_observer`)."""
 
@@ -99,6 +102,8 @@ class LatencyModel:
     # True: the engine schedules step n+1 while step n runs (vLLM's async scheduling), so a request
     # the engine core receives during step n joins step n+2 at the earliest (engine/step.py)
     schedules_ahead = False
+    # True: the model is an MoE one, whose data-parallel ranks vLLM steps in lockstep (engine/lockstep.py)
+    data_parallel_lockstep = False
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
                rng: random.Random) -> RequestPacing:
@@ -107,6 +112,11 @@ class LatencyModel:
     def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
         """Seconds the step computing `batch` takes."""
         return 0.0
+
+    def dummy_step_duration(self, rng: random.Random) -> float:
+        """Seconds a data-parallel rank's dummy step takes (vLLM's `execute_dummy_batch`: a
+        forward pass of one decode token)."""
+        return self.step_duration(_DUMMY_BATCH, rng)
 
     def input_delay(self, rng: random.Random) -> float:
         """Seconds before the engine sees a request that arrived while a step ran."""

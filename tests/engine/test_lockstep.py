@@ -1,0 +1,177 @@
+"""Data-parallel lockstep (engine/lockstep.py): the DP ranks of an MoE model step together, on
+the virtual clock, driven by the simulator's event loop; a dense model's ranks stay independent."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm_vcr.engine.async_engine import AsyncEngine
+from vllm_vcr.engine.clock import VirtualClock
+from vllm_vcr.engine.config import EngineArgs, EngineConfig
+from vllm_vcr.engine.core import EngineCore
+from vllm_vcr.engine.latency import LatencyModel, StepBatch, zero_pacing
+from vllm_vcr.engine.lockstep import DP_SYNC_INTERVAL, DataParallelLockstep
+from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+from vllm_vcr.simulate.driver import run_events
+from vllm_vcr.testing.waits import scaled
+
+MS = 1e-3
+
+
+class Linear(LatencyModel):
+    """10 ms + 1 ms per decode + 0.1 ms per prefill token; an MoE model or a dense one."""
+
+    times_steps = True
+
+    def __init__(self, moe: bool) -> None:
+        self.data_parallel_lockstep = moe
+
+    def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
+        return (10.0 + batch.num_decodes + 0.1 * batch.num_prefill_tokens) * MS
+
+    def pacing(self, num_prompt_tokens, num_cached_tokens, num_running, rng):
+        return zero_pacing(rng)
+
+
+def _request(rid: str, prompt_len: int, max_tokens: int) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id=rid, prompt_token_ids=[7 + i % 1000 for i in range(prompt_len)],
+                             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2):
+    """`arrivals`: (time, rank, id, prompt, max tokens). Returns ({id: token times}, group, cores)."""
+    clock = VirtualClock(0.0)
+    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64)).validate()
+    times: dict[str, list[float]] = {}
+
+    def sink(client, outs):
+        for o in outs.outputs:
+            times.setdefault(o.request_id, []).extend([outs.timestamp] * len(o.new_token_ids))
+
+    model = Linear(moe)
+    cores = [EngineCore(args, engine_index=i, clock=clock, latency=model, output_sink=sink) for i in range(ranks)]
+    group = DataParallelLockstep.attach(cores)
+    heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
+    heapq.heapify(heap)
+
+    def deliver(item, now):
+        rank, rid, p, n = item
+        cores[rank].add_request(_request(rid, p, n))
+
+    run_events(clock, cores, heap, deliver)
+    return times, group, cores
+
+
+def gaps(ts: list[float]) -> list[float]:
+    return [round(b - a, 9) for a, b in zip(ts, ts[1:])]
+
+
+# rank 0 decodes a short request from t=0; a 4000-token prompt reaches rank 1 at 30 ms
+WORK = [(0.0, 0, "short", 20, 12), (0.030, 1, "long", 4000, 3)]
+
+
+def test_one_ranks_prefill_stalls_the_other_ranks_decodes_in_an_moe_model():
+    times, group, _ = run_ranks(True, WORK)
+    assert group is not None
+    short, long = times["short"], times["long"]
+    # round 1: rank 0's 20-token prefill (12 ms) beside rank 1's dummy step (one decode token: 11 ms);
+    # then decode rounds of 11 ms; the long prompt, arriving mid-round at 30 ms, starts at the
+    # round's end (34 ms) and its 400 ms prefill is the round every rank waits for
+    assert round(short[0], 9) == 0.012
+    assert gaps(short)[:2] == [0.011, 0.011]
+    assert round(long[0], 9) == round(0.034 + 0.410, 9)
+    assert round(0.034 + 0.410, 9) in [round(t, 9) for t in short]  # rank 0's token comes with it
+    assert max(gaps(short)) == 0.410
+    # every token of both ranks lands on the rounds' common ends
+    assert {round(t, 9) for t in long} <= {round(t, 9) for t in short} | {round(long[-1], 9)}
+    assert group.end is None and group.rounds == 0  # the wave ended
+    assert group.waves == 1
+
+
+def test_a_dense_models_ranks_stay_independent():
+    times, group, cores = run_ranks(False, WORK)
+    assert group is None and all(c.lockstep is None for c in cores)
+    short, long = times["short"], times["long"]
+    assert round(long[0], 9) == round(0.030 + 0.410, 9)  # at once: rank 1 was idle
+    assert set(gaps(short)) == {0.011}  # rank 0 never waits for rank 1
+
+
+def test_idle_ranks_keep_stepping_until_the_ranks_agree_the_wave_is_over():
+    """After the last request ends the ranks run dummy steps up to the next sync (every 16th
+    step, and the wave's first): a request arriving then waits for the dummy step's end."""
+    # one request of 3 tokens: rounds 1..3 (12 ms prefill, 11 ms decodes: ends at 34 ms), then
+    # dummy rounds to round 16 (13 x 11 ms: 177 ms); a second request at 100 ms joins that wave
+    times, group, cores = run_ranks(True, [(0.0, 0, "a", 20, 3), (0.100, 1, "b", 20, 2)])
+    a, b = times["a"], times["b"]
+    assert [round(t, 9) for t in a] == [0.012, 0.023, 0.034]
+    # the dummy rounds end at 45, 56, ..., 100 is inside the one ending at 111 ms
+    assert round(b[0], 9) == round(0.111 + 0.012, 9)
+    assert group.waves == 1 and group.end is None
+    assert DP_SYNC_INTERVAL == 16
+
+
+def test_a_single_request_wave_stops_after_its_first_step_sync():
+    """The ranks agree after a wave's first step too: an idle group does not run on for 16 steps
+    when its only work ended in one step."""
+    times, group, cores = run_ranks(True, [(0.0, 0, "a", 20, 1), (0.020, 1, "b", 20, 1)])
+    # round 1 (12 ms) ends the only request: no rank has work, the wave stops; b opens a new one at once
+    assert [round(t, 9) for t in times["a"]] == [0.012]
+    assert [round(t, 9) for t in times["b"]] == [round(0.020 + 0.012, 9)]
+    assert group.waves == 2
+
+
+def test_serves_in_process_engines_are_tied_when_the_model_is_moe():
+    args = EngineArgs().validate()
+    for moe in (True, False):
+        engine = AsyncEngine(args, 2, clock=VirtualClock(0.0), latency=Linear(moe))
+        groups = {id(c.lockstep) for c in engine.engines}
+        assert (len(groups) == 1 and engine.engines[0].lockstep is not None) if moe else \
+            all(c.lockstep is None for c in engine.engines)
+
+
+async def test_on_the_real_clock_serves_ranks_step_together():
+    """serve's in-process engines (AsyncEngine, the real clock): a 2000-token prefill on rank 1
+    (210 ms of step) holds rank 0's decodes, and both requests finish."""
+    engine = AsyncEngine(EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, log_requests=False)).validate(),
+                         2, latency=Linear(True))
+    stamps: dict[int, list[float]] = {0: [], 1: []}
+    engine.add_output_listener(lambda i, outs: stamps[i].append(outs.timestamp) if outs.outputs else None)
+    await engine.start()
+    try:
+        async def collect(rid, prompt, tokens, rank, after):
+            await asyncio.sleep(after)
+            r = _request(rid, prompt, tokens)
+            r.data_parallel_rank = rank
+            return [o async for o in engine.generate(r)]
+
+        short, long = await asyncio.wait_for(asyncio.gather(
+            collect("short", 8, 40, 0, 0.0), collect("long", 2000, 2, 1, 0.05)), scaled(30))
+    finally:
+        await engine.stop(0)
+    assert short[-1].finish_reason is not None and long[-1].finish_reason is not None
+    assert max(gaps(stamps[0])) >= 0.2  # rank 0 waited for rank 1's prefill
+
+
+_ARRIVAL = st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(1, 3000), st.integers(1, 12))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ARRIVAL, min_size=1, max_size=10))
+def test_while_a_request_decodes_it_gets_a_token_at_every_step_end_of_every_rank(arrivals):
+    """Three MoE ranks, random arrivals: every request ends with all its tokens, and a request
+    between its first and last token has a token at every instant any rank emitted one (its
+    rank stepped with theirs); the wave ends when the work does."""
+    work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
+    times, group, _ = run_ranks(True, work, ranks=3)
+    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
+    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
+    for ts in times.values():
+        mine = {round(t, 9) for t in ts}
+        first, last = round(ts[0], 9), round(ts[-1], 9)
+        assert all(e in mine for e in ends if first < e < last)
+    assert group.end is None
