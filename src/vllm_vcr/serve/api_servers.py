@@ -94,14 +94,17 @@ def _child_setup(args: argparse.Namespace) -> None:
 
 def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, engine_count: int,
                       handshake: str, textless_ids: frozenset[int], control_address: str | None,
-                      report: Connection) -> None:
+                      model_name: str, report: Connection) -> None:
     _child_setup(args)
     from ..frontend.planned_output import planned_token_source
     from ..gc_tuning import tune_for_serving
     from ..kv_events import kv_events_config_from_cli
+    from ..vllm.sleep import EngineSleep, SleepConfig
     from ..wire.handshake import ReadyInfo
     from ..wire.server import PlayServer
+    from .server import attach_forward_pass_metrics
 
+    sleep = SleepConfig.from_cli(args)  # (checked by the parent already)
     kv_config = None
     if args.kv_events_config is not None or args.enable_kv_cache_events:
         kv_config = kv_events_config_from_cli(args)  # (checked by the parent already)
@@ -114,7 +117,10 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         handshake_timeout=STARTUP_TIMEOUT, control_address=control_address,
                         control_token=getattr(args, "control_token", None), kv_events=kv_config, pd_args=args,
                         token_source_factory=planned_token_source(engine_args.vocab_size),
-                        textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count)
+                        textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
+                        engine_sleep=lambda engines: EngineSleep(engines, sleep),
+                        attach=lambda s, stack: attach_forward_pass_metrics(
+                            [b.core for b in s.bridges], args, model_name, engine_args, stack))
 
     def serving(s: PlayServer) -> None:
         report.send({"rank": rank, "pid": os.getpid(), "control": s.control.url if s.control is not None else None})
@@ -294,13 +300,34 @@ class MultiProcessServe:
         cmd.load()
         if getattr(self.args, "grpc", False):
             raise CLIError("--api-server-count: more than one API server serves HTTP only (not --grpc)")
-        if self.args.forward_pass_metrics_port is not None or self.args.forward_pass_metrics_trace is not None:
-            raise CLIError("--api-server-count: forward-pass metrics need the engine in the API server "
-                           "(--api-server-count 1)")
+        if self.args.forward_pass_metrics_trace is not None and cmd.engine_count > 1:
+            raise CLIError("--forward-pass-metrics-trace: one file is written by one process, and each of the "
+                           f"{cmd.engine_count} data-parallel ranks has its own; give --api-server-count 1 to keep "
+                           "the engines in one process")
         self.settings, self.engine_args, self.engine_count = cmd.settings, cmd.engine_args, cmd.engine_count
+        self.check_fpm_ports()
         self.initial_faults = cmd.faults
         self.textless_ids = cmd.tokenizer.random_text_avoid(self.engine_args.vocab_size)
         self.ignored = cmd.ignored
+
+    def check_fpm_ports(self) -> None:
+        """Each engine-core process binds its rank's forward-pass-metrics port (--forward-pass-metrics-port
+        + rank); one that is taken is the CLI error one process gives, before any child starts."""
+        port = self.args.forward_pass_metrics_port
+        if port is None:
+            return
+        from ..fpm.publisher import rank_endpoint
+
+        ctx = zmq.Context.instance()
+        for rank in range(self.engine_count):
+            sock = ctx.socket(zmq.PUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.bind(rank_endpoint("0.0.0.0", port, rank))
+            except zmq.ZMQError as e:
+                raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+            finally:
+                sock.close(linger=0)
 
     def open_listener(self) -> socket.socket:
         """One listening socket on --port, inherited by every API server (vLLM's way): the process
@@ -362,7 +389,7 @@ class MultiProcessServe:
             control = "127.0.0.1:0" if self.args.control_address else None
             p = ctx.Process(target=_engine_core_main, name=f"EngineCore_DP{rank}", daemon=False,
                             args=(child_args, eargs, rank, self.engine_count, layout.handshake, self.textless_ids,
-                                  control, sender))
+                                  control, self.settings.model_name, sender))
             p.start()
             self.children.append(_Child("engine core", rank, p))
         for i in range(self.api_server_count):

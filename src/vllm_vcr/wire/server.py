@@ -87,6 +87,7 @@ class EngineBridge:
         self._drained = asyncio.Event()
         self._drained.set()
         self.sleeping = False
+        self.sleep: Any = None  # serve's EngineSleep (vllm/sleep.py), behind `serve --api-server-count`
         self.loras: dict[int, str] = {}
         self.weight_version = "default"
         self.listeners: list[Callable[[int, EngineCoreOutputs], None]] = []
@@ -387,13 +388,21 @@ class PlayServer:
                  control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
-                 first_rank: int = 0, data_parallel_size: int | None = None):
+                 first_rank: int = 0, data_parallel_size: int | None = None,
+                 engine_sleep: Callable[["PlayEngines"], Any] | None = None,
+                 attach: Callable[["PlayServer", contextlib.AsyncExitStack], None] | None = None):
         self.args = args
         # this process's engines are DP ranks first_rank.. of data_parallel_size (one process per
         # rank behind `serve --api-server-count`; all ranks in one process for `play`)
         self.first_rank = first_rank
         self.data_parallel_size = data_parallel_size or first_rank + engine_count
         self.control: Any = None  # the control API's server, once it runs
+        # serve's sleep model (vllm/sleep.py's EngineSleep over one engine) for each engine, behind
+        # `serve --api-server-count`: the sleep and pause utility calls act on it (utility.py)
+        self.engine_sleep = engine_sleep
+        # called once the engines exist, before they serve (what observes them: forward-pass metrics);
+        # an exception fails the start-up
+        self.attach = attach
         # called once the engines serve (after the handshake): a parent process learns that it can go on
         self.on_serving: Callable[[PlayServer], None] | None = None
         self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
@@ -443,6 +452,7 @@ class PlayServer:
                 if not await self.handshake(ctx):
                     return 0
                 self.create_engines()
+                self.attach_to_engines(stack)
                 await self.start_pd_services(stack)
                 core_tasks, io_tasks = await self.start_serving()
                 if self.on_serving is not None:
@@ -554,6 +564,18 @@ class PlayServer:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank - self.first_rank].publish)
         except Exception:
             log.exception("could not build the engines")
+            self._fail_start()
+
+    def attach_to_engines(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.engine_sleep is not None:
+            for b in self.bridges:
+                b.sleep = self.engine_sleep(PlayEngines([b]))
+        if self.attach is None:
+            return
+        try:
+            self.attach(self, stack)
+        except Exception as e:
+            log.error("%s", e)
             self._fail_start()
 
     async def start_pd_services(self, stack: contextlib.AsyncExitStack) -> None:
