@@ -145,10 +145,126 @@ def test_engine_operations_go_over_the_wire(fleet_of_processes):
     for _ in range(4):  # whichever API server answers, every engine core resets
         r = httpx.post(sp.url + "/reset_prefix_cache", timeout=30)
         assert r.status_code == 200 and r.json() == {"success": True}
-    # what needs the engine object in the API server's process says so (and the server goes on)
-    r = httpx.post(sp.url + "/pause", timeout=30)
-    assert r.status_code == 500 and "--api-server-count > 1" in r.json()["error"]["message"]
     assert httpx.get(sp.url + "/health", timeout=30).status_code == 200
+
+
+def _each_server(sp: ServeProcess, method: str, path: str, **kw) -> list[httpx.Response]:
+    """`path` on fresh connections until both API servers have answered it (one process: once)."""
+    out, answered = [], set()
+    for _ in range(60):
+        with httpx.Client() as h:
+            r = h.request(method, sp.url + path, timeout=scaled(60), **kw)
+        out.append(r)
+        answered.add(r.headers.get(HEADER))
+        if answered == {"0", "1"} or answered == {None}:
+            return out
+    raise AssertionError(f"not every API server answered {path}: {answered}")
+
+
+def _pending_completion(sp: ServeProcess, results: list) -> threading.Thread:
+    def run() -> None:
+        r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                       timeout=scaled(60))
+        results.append((r.status_code, r.json()["choices"][0]["finish_reason"]))
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _sleep_wake_pause_resume(sp: ServeProcess) -> list:
+    """The dev-mode engine operations, in vLLM's order of use by an RL trainer; what each answers
+    (and which of the held requests finished when)."""
+    seen: list = []
+
+    def once(method: str, path: str) -> None:
+        if method == "POST":  # an operation: once, whichever API server takes it
+            r = httpx.post(sp.url + path, timeout=scaled(60))
+            seen.append((path, (r.status_code, r.json())))
+            return
+        bodies = [(r.status_code, r.json()) for r in _each_server(sp, method, path)]
+        assert all(b == bodies[0] for b in bodies), (path, bodies)  # every API server sees the same state
+        seen.append((path, bodies[0]))
+
+    once("POST", "/sleep?level=1")
+    once("GET", "/is_sleeping")
+    held: list = []
+    t = _pending_completion(sp, held)  # queues in the sleeping engine
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["waiting"] == 1, 30,
+               "the request to wait")
+    seen.append(("while asleep", list(held)))
+    once("POST", "/wake_up?tags=weights")
+    once("GET", "/is_sleeping")
+    once("POST", "/release_kv_cache_memory")  # refused: still asleep (the KV cache)
+    once("POST", "/wake_up")
+    t.join(scaled(60))
+    seen.append(("after wake_up", list(held)))
+    once("GET", "/is_sleeping")
+    once("POST", "/pause?mode=wait")
+    once("GET", "/is_paused")
+    once("POST", "/release_kv_cache_memory")  # a completed pause: released
+    once("GET", "/is_sleeping")
+    once("POST", "/wake_up?tags=kv_cache")
+    once("POST", "/resume")
+    once("GET", "/is_paused")
+    once("GET", "/is_sleeping")
+    once("POST", "/update_weight_version")  # 422: no body
+    r = httpx.post(sp.url + "/update_weight_version", json={"new_version": "v7"}, timeout=30)
+    seen.append(("/update_weight_version v7", r.json()))
+    once("GET", "/weight_info")  # every API server knows it: the engine cores hold it
+    r = httpx.post(sp.url + "/update_weight_version", json={"new_version": "default"}, timeout=30)
+    assert r.status_code == 200
+    return seen
+
+
+def test_sleep_wake_pause_resume_answer_as_one_process(fleet_of_processes, tmp_path):
+    """/sleep, /wake_up, /is_sleeping, /pause, /resume, /is_paused, /release_kv_cache_memory and
+    the weight version go to the engine cores as utility calls: every API server sees the same
+    state, and the answers are those of one process with its engines in it."""
+    many = _sleep_wake_pause_resume(fleet_of_processes)
+    control = free_port()
+    one = ServeProcess(["--api-server-count", "1", "--data-parallel-size", "2", "--time-to-first-token", "5",
+                        "--control-address", f"127.0.0.1:{control}",
+                        "--inter-token-latency", "2"], env={"VLLM_SERVER_DEV_MODE": "1"},
+                       log_path=tmp_path / "one.log")
+    one.control = f"http://127.0.0.1:{control}"
+    try:
+        one.wait_ready(60)
+        assert "1 API server" not in one.log()  # the engines in the one process
+        alone = _sleep_wake_pause_resume(one)
+    finally:
+        assert one.stop(timeout=30) == 0
+    assert many == alone
+    assert ("while asleep", []) in many and ("after wake_up", [(200, "length")]) in many
+    assert ("/is_sleeping", (200, {"is_sleeping": True})) in many
+
+
+def test_abort_requests_aborts_that_api_servers_requests(fleet_of_processes):
+    """vLLM's /abort_requests acts on the requests of the API server it reaches (its output
+    processor's); they end with finish_reason abort."""
+    sp = fleet_of_processes
+    with httpx.Client() as h:  # one connection: the stream and the abort reach the same API server
+        with h.stream("POST", sp.url + "/v1/completions", timeout=scaled(60),
+                      json={"model": MODEL, "prompt": "x", "max_tokens": 4000, "stream": True}) as resp:
+            server = resp.headers[HEADER]
+            lines = resp.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            results: dict = {}
+
+            def abort() -> None:
+                for _ in range(60):
+                    with httpx.Client() as other:
+                        r = other.post(sp.url + "/abort_requests", json={}, timeout=30)
+                    if r.headers[HEADER] == server:
+                        results["abort"] = r.json()
+                        return
+
+            t = threading.Thread(target=abort)
+            t.start()
+            events = [line for line in lines if line.startswith("data:")]
+            t.join(scaled(60))
+    assert results["abort"]["status"] == "aborted" and results["abort"]["aborted"] >= 1, results
+    assert events[-1] == "data: [DONE]" and '"finish_reason":"abort"' in events[-2], events[-3:]
 
 
 def test_sigterm_drains_every_process(tmp_path):

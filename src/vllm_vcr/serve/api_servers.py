@@ -120,7 +120,8 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
                         engine_sleep=lambda engines: EngineSleep(engines, sleep),
                         attach=lambda s, stack: attach_forward_pass_metrics(
-                            [b.core for b in s.bridges], args, model_name, engine_args, stack))
+                            [b.core for b in s.bridges], args, model_name, engine_args, stack,
+                            shared_trace=engine_count > 1))
 
     def serving(s: PlayServer) -> None:
         report.send({"rank": rank, "pid": os.getpid(), "control": s.control.url if s.control is not None else None})
@@ -300,15 +301,30 @@ class MultiProcessServe:
         cmd.load()
         if getattr(self.args, "grpc", False):
             raise CLIError("--api-server-count: more than one API server serves HTTP only (not --grpc)")
-        if self.args.forward_pass_metrics_trace is not None and cmd.engine_count > 1:
-            raise CLIError("--forward-pass-metrics-trace: one file is written by one process, and each of the "
-                           f"{cmd.engine_count} data-parallel ranks has its own; give --api-server-count 1 to keep "
-                           "the engines in one process")
         self.settings, self.engine_args, self.engine_count = cmd.settings, cmd.engine_args, cmd.engine_count
         self.check_fpm_ports()
+        self.start_fpm_trace(cmd)
         self.initial_faults = cmd.faults
         self.textless_ids = cmd.tokenizer.random_text_avoid(self.engine_args.vocab_size)
         self.ignored = cmd.ignored
+
+    def start_fpm_trace(self, cmd: Any) -> None:
+        """--forward-pass-metrics-trace with several engine-core processes: the meta line here,
+        then each process appends its ranks' lines (attach_forward_pass_metrics). A gzip file or
+        stdout cannot take lines from several processes: a CLI error."""
+        path = self.args.forward_pass_metrics_trace
+        if path is None or cmd.engine_count == 1:
+            return
+        if path == "-" or path.lower().endswith(".gz"):
+            raise CLIError(f"--forward-pass-metrics-trace: {cmd.engine_count} engine-core processes append to one "
+                           "plain file (not gzip, not stdout); give --api-server-count 1 to keep the engines in one "
+                           "process")
+        from ..fpm.attach import trace_sink
+
+        try:
+            trace_sink(path, cmd.settings.model_name)[1].close()
+        except OSError as e:
+            raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
 
     def check_fpm_ports(self) -> None:
         """Each engine-core process binds its rank's forward-pass-metrics port (--forward-pass-metrics-port

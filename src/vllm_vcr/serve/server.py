@@ -425,22 +425,27 @@ def _close_quietly(sock: socket.socket) -> None:
 
 
 def attach_forward_pass_metrics(cores: list[Any], args: argparse.Namespace, model_name: str, engine_args: Any,
-                                stack: contextlib.AsyncExitStack) -> None:
+                                stack: contextlib.AsyncExitStack, shared_trace: bool = False) -> None:
     """--forward-pass-metrics-port / --forward-pass-metrics-trace on `cores` (where the engines run:
     this process, or each engine-core process of `--api-server-count`): rank r publishes on the
-    port + r; CLIError naming the flag when a port or the file cannot be had."""
+    port + r; `shared_trace`: the trace is one of several processes, its meta line written already
+    (each appends its lines). CLIError naming the flag when a port or the file cannot be had."""
     port, path = args.forward_pass_metrics_port, args.forward_pass_metrics_trace
     if port is None and path is None:
         return
-    from ..fpm.attach import attach_fpm, trace_sink
+    from ..fpm.attach import appending_trace_sink, attach_fpm, trace_sink
 
     sink = None
     if path is not None:
         try:
-            sink, writer = trace_sink(path, model_name)
+            if shared_trace:
+                sink, close = appending_trace_sink(path)
+                stack.callback(close)
+            else:
+                sink, writer = trace_sink(path, model_name)
+                stack.callback(writer.close)
         except OSError as e:
             raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
-        stack.callback(writer.close)
     try:
         publishers = attach_fpm(cores, port, host="0.0.0.0", worker_id=engine_args.engine_id,
                                 engine_type=engine_args.engine_type, extra_sink=sink)
