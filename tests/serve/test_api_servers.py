@@ -3,6 +3,7 @@ data-parallel rank, started through the real CLI and driven with the openai SDK.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -13,11 +14,15 @@ from pathlib import Path
 
 import httpx
 import openai
+import zmq
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ServeProcess, scaled, subprocess_env
+from vllm_vcr.fpm import decode as decode_fpm
+from vllm_vcr.kv_events.events import decode_batch
+from vllm_vcr.trace.io import read_trace
 from vllm_vcr.testing.waits import free_port, wait_until
 
 MODEL = "vllm-vcr/sim"
@@ -267,6 +272,106 @@ def test_abort_requests_aborts_that_api_servers_requests(fleet_of_processes):
     assert events[-1] == "data: [DONE]" and '"finish_reason":"abort"' in events[-2], events[-3:]
 
 
+def _two_free_ports() -> int:
+    """A free port whose next one is free too (rank r publishes on base + r)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
+def _subscribers(ctx, base: int, ranks: int) -> list:
+    subs = []
+    for rank in range(ranks):
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(f"tcp://127.0.0.1:{base + rank}")
+        subs.append(sub)
+    return subs
+
+
+def test_data_parallel_size_alone_runs_one_engine_core_process_per_rank(tmp_path):
+    """`--data-parallel-size 2` alone: vLLM's default of as many API servers as ranks, one
+    engine-core process per rank; each publishes its own KV events (the endpoint's port + rank) and
+    forward-pass metrics (--forward-pass-metrics-port + rank); both serve; SIGTERM ends them all."""
+    kv = _two_free_ports()
+    fpm = _two_free_ports()
+    while fpm in (kv - 1, kv, kv + 1):
+        fpm = _two_free_ports()
+    sp = start(tmp_path, "dp", "--data-parallel-size", "2", "--inter-token-latency", "2",
+               "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                 "endpoint": f"tcp://*:{kv}", "topic": "kv"}),
+               "--forward-pass-metrics-port", str(fpm), "--forward-pass-metrics-trace", str(tmp_path / "fpm.jsonl"))
+    api, engines = pids(sp)
+    assert len(api) == 2 and len(engines) == 2
+    assert "Defaulting api_server_count to data_parallel_size (2)." in sp.log()
+    children = {p.pid for p in psutil.Process(sp.proc.pid).children()}
+    assert set(api + engines) <= children
+    ctx = zmq.Context()
+    kv_subs, fpm_subs = _subscribers(ctx, kv, 2), _subscribers(ctx, fpm, 2)
+    try:
+        sources = httpx.get(sp.url + "/kv_event_sources", timeout=30).json()
+        assert sorted(sources) == ["0", "1"], sources
+        for sub in fpm_subs:  # an idle rank's heartbeat: its subscription is in place
+            assert sub.poll(scaled(10) * 1000), "no FPM heartbeat"
+            sub.recv_multipart()
+        before = metrics(sp.url)
+        sent = {0: 3, 1: 2}
+
+        def ready() -> bool:  # (the KV subscription has no heartbeat: requests until events come)
+            for rank, n in sent.items():
+                for i in range(n):
+                    r = httpx.post(sp.url + "/v1/completions", headers={"X-data-parallel-rank": str(rank)},
+                                   json={"model": MODEL, "prompt": f"rank {rank} request {i} " * 8, "max_tokens": 3},
+                                   timeout=scaled(60))
+                    assert r.status_code == 200, r.text
+            return all(sub.poll(500) for sub in kv_subs)
+
+        rounds = 1
+        while not ready():
+            rounds += 1
+            assert rounds < 20, "no KV events from a rank"
+        for rank, sub in enumerate(kv_subs):
+            topic, _seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and decode_batch(payload).data_parallel_rank == rank
+        for rank, sub in enumerate(fpm_subs):  # records of steps, from each rank's own process
+            got = []
+            while sub.poll(scaled(5) * 1000) and not got:
+                rec = decode_fpm(sub.recv_multipart()[2])
+                assert rec.dp_rank == rank
+                if rec.step:
+                    got.append(rec)
+            assert got, f"no FPM records from rank {rank}"
+
+        def per_engine() -> dict[str, float]:
+            after = metrics(sp.url)
+            return {e: total(after, "vllm:request_success_total", engine=e)
+                    - total(before, "vllm:request_success_total", engine=e) for e in ("0", "1")}
+
+        wait_until(lambda: per_engine() == {"0": 3.0 * rounds, "1": 2.0 * rounds}, 30, "each engine's count")
+        stats = httpx.get(sp.control + "/stats", timeout=30).json()
+        assert stats["requests_completed"] >= 5 * rounds
+    finally:
+        for sub in kv_subs + fpm_subs:
+            sub.close(linger=0)
+        ctx.term()
+    sp.proc.send_signal(signal.SIGTERM)
+    assert sp.proc.wait(scaled(60)) == 0, sp.log()
+    for pid in api + engines:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    trace = read_trace(tmp_path / "fpm.jsonl")  # one file, both ranks' lines, whole
+    assert trace.meta.source == "fpm" and {d["dp_rank"] for d in trace.fpm} == {0, 1}
+    sp.stop()
+
+
 def test_sigterm_drains_every_process(tmp_path):
     sp = start(tmp_path, "drain", "--api-server-count", "2", "--shutdown-timeout", "60",
                "--time-to-first-token", "10", "--inter-token-latency", "20")
@@ -341,6 +446,8 @@ def test_killing_the_engine_core_stops_the_server_as_vllm(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--api-server-count", "0"], "--api-server-count: must be >= 1"),
     (["--api-server-count", "2", "--grpc"], "--api-server-count"),
+    (["--data-parallel-size", "2", "--forward-pass-metrics-trace", "/tmp/fpm.jsonl.gz"],
+     "--forward-pass-metrics-trace: 2 engine-core processes append to one plain file"),
 ])
 def test_bad_api_server_count_is_one_line(args, message):
     r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()), *args],

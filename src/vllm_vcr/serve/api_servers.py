@@ -278,8 +278,9 @@ class _Child:
 class MultiProcessServe:
     """The parent of `serve --api-server-count N`: one method per phase."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, defaulted: bool = False) -> None:
         self.args = args
+        self.defaulted = defaulted
         self.api_server_count = int(args.api_server_count)
         self.t0 = time.perf_counter()
         self.children: list[_Child] = []
@@ -307,6 +308,8 @@ class MultiProcessServe:
         self.initial_faults = cmd.faults
         self.textless_ids = cmd.tokenizer.random_text_avoid(self.engine_args.vocab_size)
         self.ignored = cmd.ignored
+        if self.defaulted:  # (once every flag is checked: a CLI error stays one line)
+            logger.info("Defaulting api_server_count to data_parallel_size (%d).", self.api_server_count)
 
     def start_fpm_trace(self, cmd: Any) -> None:
         """--forward-pass-metrics-trace with several engine-core processes: the meta line here,
@@ -616,8 +619,9 @@ class _Failed(Exception):
     pass
 
 
-def run_api_servers(args: argparse.Namespace) -> int:
+def run_api_servers(args: argparse.Namespace, defaulted: bool = False) -> int:
+    """`defaulted`: the count is vLLM's default (the data-parallel size), not given."""
     from ..gc_tuning import tune_for_serving
 
     tune_for_serving()
-    return event_loop.run(MultiProcessServe(args).run())
+    return event_loop.run(MultiProcessServe(args, defaulted).run())

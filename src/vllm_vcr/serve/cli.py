@@ -12,7 +12,6 @@ A new flag of the simulator's own is one `add_argument` line in its group below.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from typing import Any
 
@@ -190,7 +189,6 @@ def default_api_server_count(args: argparse.Namespace) -> int:
         return int(count)
     dp = getattr(args, "data_parallel_size", None) or 1
     if dp > 1 and getattr(args, "data_parallel_rank", None) is None and not getattr(args, "grpc", False):
-        logging.getLogger("vllm_vcr.serve").info("Defaulting api_server_count to data_parallel_size (%d).", dp)
         return int(dp)
     return 1
 
@@ -204,11 +202,12 @@ def run(args: argparse.Namespace) -> int:
         count = getattr(args, "api_server_count", None)
         if count is not None and count < 1:
             raise CLIError(f"--api-server-count: must be >= 1, got {count}")
+        given = getattr(args, "api_server_count", None)
         count = args.api_server_count = default_api_server_count(args)
         if count > 1:  # vLLM's process shape (api_servers.py)
             from .api_servers import run_api_servers
 
-            return run_api_servers(args)
+            return run_api_servers(args, defaulted=given is None)
         from .server import run_server
 
         return run_server(args)
