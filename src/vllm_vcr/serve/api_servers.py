@@ -1,4 +1,5 @@
-"""`serve --api-server-count N` (N >= 2): vLLM's process shape.
+"""`serve --api-server-count N` (N >= 2, or the default N = D with `--data-parallel-size D` > 1):
+vLLM's process shape.
 
 A parent process claims the port, starts one engine-core process per data-parallel rank (the
 engine-core of `play`: wire/server.py's PlayServer) and N API server processes, and supervises
@@ -13,7 +14,9 @@ Each API server is `serve` itself (server.py's _ServeCommand) whose engine is an
 client (wire/client.py) instead of the in-process AsyncEngine; responses are rendered by the same
 code. `/metrics` is aggregated across the API servers through a prometheus multiprocess
 directory (vllm/metrics_multiproc.py); --control-address is served by the parent and fanned out
-to the engine-core processes (control/fanout.py); KV events come from the engine-core processes.
+to the engine-core processes (control/fanout.py); KV events and forward-pass metrics come from
+the engine-core processes (one endpoint per rank), and sleep, pause and the weight version are
+theirs too, reached with vLLM's utility calls (wire/utility.py, vllm/sleep.py's EngineSleep).
 
 Signals: the first SIGTERM/SIGINT is passed on to every child (the engines drain with
 --shutdown-timeout, the API servers let open responses finish), a second one aborts. A child that
@@ -302,6 +305,9 @@ class MultiProcessServe:
         cmd.load()
         if getattr(self.args, "grpc", False):
             raise CLIError("--api-server-count: more than one API server serves HTTP only (not --grpc)")
+        if self.api_server_count > 1 and cmd.extensions.lora.runtime_updating:  # (vLLM's run_multi_api_server)
+            raise CLIError("--api-server-count: VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with "
+                           "api_server_count > 1")
         self.settings, self.engine_args, self.engine_count = cmd.settings, cmd.engine_args, cmd.engine_count
         self.check_fpm_ports()
         self.start_fpm_trace(cmd)

@@ -180,17 +180,16 @@ def expand_argv(argv: list[str]) -> list[str]:
 
 
 def default_api_server_count(args: argparse.Namespace) -> int:
-    """vLLM's default for `--api-server-count` (its serve command): the data-parallel size, unless
-    this server is one rank of an external load balancer (`--data-parallel-rank`) or serves gRPC
-    (vLLM's gRPC server takes its own path before the default). Given explicitly, the count as
-    given; 1 keeps the engines (`--data-parallel-size` of them) in the one process."""
+    """vLLM's default for `--api-server-count` (its serve command, internal load balancing): the
+    data-parallel size; 1 for one rank of an external load balancer (`--data-parallel-rank`) and
+    with `--grpc` (vLLM's gRPC server takes its own path first). Given explicitly, the count as
+    given: 1 keeps the engines in the one process."""
     count = getattr(args, "api_server_count", None)
     if count is not None:
         return int(count)
-    dp = getattr(args, "data_parallel_size", None) or 1
-    if dp > 1 and getattr(args, "data_parallel_rank", None) is None and not getattr(args, "grpc", False):
-        return int(dp)
-    return 1
+    if getattr(args, "grpc", False) or getattr(args, "data_parallel_rank", None) is not None:
+        return 1
+    return int(getattr(args, "data_parallel_size", None) or 1)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,8 +11,10 @@ ZMQ identity is its data-parallel rank, two bytes little-endian). Requests go ou
 `EngineCoreClient` has the interface the frontend already uses for the in-process engine
 (engine/async_engine.py's AsyncEngine: `generate`, `push`, output listeners, the unfinished
 count, `is_running`, `reset_prefix_cache` as a utility call), and reuses its output collectors, so
-one code path renders responses whatever the process layout. What needs an engine object in this
-process (`engines`, `call_all`) is refused with an HTTP 500 that says so.
+one code path renders responses whatever the process layout. Sleep, pause and the weight version
+are utility calls too (`utility`, used by vllm/sleep.py and vllm/rl.py); `/abort_requests` ends
+this API server's own requests (`abort_tracked`), as vLLM's output processor does. What needs an
+engine object in this process (`engines`, `call_all`) is refused with an HTTP 500 that says so.
 """
 
 from __future__ import annotations
