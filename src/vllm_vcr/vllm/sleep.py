@@ -26,6 +26,7 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..engine.core import EngineDeadError
 from ..engine.lifecycle import release_kv_cache_refusal
 from ..frontend.errors import validation_error
 
@@ -200,10 +201,16 @@ class RemoteSleep:
         return all(await self.utility("wake_up", tags))
 
     async def release_kv_cache_memory(self) -> None:
-        try:
-            await self.utility("release_kv_cache_memory")
-        except RuntimeError as e:  # the engine's refusal, in the words EngineSleep raises it with
-            raise RuntimeError(str(e).removeprefix(RELEASE_KV_FAILED)) from None
+        """Refused as one process with these engines refuses: for want of a completed pause if any
+        engine says so (that check comes first), else the first refusal."""
+        answers = await self.utility("release_kv_cache_memory", return_exceptions=True)
+        for a in answers:
+            if isinstance(a, EngineDeadError):
+                raise a
+        refusals = [str(a).removeprefix(RELEASE_KV_FAILED) for a in answers if isinstance(a, BaseException)]
+        if refusals:
+            not_paused = release_kv_cache_refusal(False, True)
+            raise RuntimeError(not_paused if not_paused in refusals else refusals[0])
 
     async def pause(self, mode: str, clear_cache: bool) -> None:
         await self.utility("pause_scheduler", mode, clear_cache)

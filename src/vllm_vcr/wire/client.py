@@ -201,8 +201,9 @@ class EngineCoreClient:
     async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
         raise HTTPError(500, NOT_IN_THIS_PROCESS, "InternalServerError")
 
-    async def utility(self, method: str, *args: Any) -> list[Any]:
-        """vLLM's utility call (engine-core protocol): `method` on every engine, in rank order."""
+    async def utility(self, method: str, *args: Any, return_exceptions: bool = False) -> list[Any]:
+        """vLLM's utility call (engine-core protocol): `method` on every engine, their answers in
+        rank order (the first failure raised, or with `return_exceptions` each in its place)."""
         if self.dead is not None:
             raise self.dead
         loop = asyncio.get_running_loop()
@@ -213,7 +214,7 @@ class EngineCoreClient:
             calls.append(fut)
             body = self._encoder.encode([self.client_index, call_id, method, list(args)])
             self._input.send_multipart((ident, UTILITY, body))
-        return [await fut for fut in calls]
+        return list(await asyncio.gather(*calls, return_exceptions=return_exceptions))
 
     def abort_tracked(self, external_ids: set[str] | None) -> list[tuple[str, str | None]]:
         """vLLM's /abort_requests in one API server: this API server's requests (every one, or
