@@ -86,12 +86,37 @@ class EngineSleep:
         self.sleeping_tags: set[str] = set()
         self.level = 0
         self._frozen = False
+        # one operation at a time, whoever asks (behind --api-server-count, several API servers do)
+        self._lock = asyncio.Lock()
 
     @property
     def is_sleeping(self) -> bool:
         return self.paused or bool(self.sleeping_tags)
 
     async def sleep(self, level: int, mode: str) -> None:
+        async with self._lock:
+            await self._sleep(level, mode)
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        async with self._lock:
+            return await self._wake_up(tags)
+
+    async def release_kv_cache_memory(self) -> None:
+        """After a completed pause, drop the KV cache (waking the `kv_cache` tag brings it back);
+        RuntimeError with vLLM's words otherwise."""
+        async with self._lock:
+            await self._release_kv_cache_memory()
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        """pause_scheduler: scheduling stops until resume; weights stay."""
+        async with self._lock:
+            await self._pause(mode, clear_cache=clear_cache and mode != "keep")
+
+    async def resume(self) -> None:
+        async with self._lock:
+            self._resume()
+
+    async def _sleep(self, level: int, mode: str) -> None:
         await self._pause(mode, clear_cache=level >= 1)
         if level >= 1:
             if "weights" in self.sleeping_tags:
@@ -102,7 +127,7 @@ class EngineSleep:
         self.level = level
         logger.info("engine asleep (level %d, mode %s)", level, mode)
 
-    async def wake_up(self, tags: list[str] | None) -> bool:
+    async def _wake_up(self, tags: list[str] | None) -> bool:
         if tags is not None and "scheduling" in tags:
             tags = [t for t in tags if t != "scheduling"]
         if tags is None or tags:
@@ -113,22 +138,13 @@ class EngineSleep:
             self.level = 0
         return fully_awake
 
-    async def release_kv_cache_memory(self) -> None:
-        """After a completed pause, drop the KV cache (waking the `kv_cache` tag brings it back);
-        RuntimeError with vLLM's words otherwise."""
+    async def _release_kv_cache_memory(self) -> None:
         counts = await self.engine.call_all(lambda core: core.num_unfinished)
         refusal = release_kv_cache_refusal(self.paused and not any(counts), not self.sleeping_tags)
         if refusal is not None:
             raise RuntimeError(refusal)
         await self.engine.call_all(lambda core: core.reset_prefix_cache())
         self.sleeping_tags = {"kv_cache"}
-
-    async def pause(self, mode: str, clear_cache: bool) -> None:
-        """pause_scheduler: scheduling stops until resume; weights stay."""
-        await self._pause(mode, clear_cache=clear_cache and mode != "keep")
-
-    async def resume(self) -> None:
-        self._resume()
 
     async def _pause(self, mode: str, *, clear_cache: bool) -> None:
         self.paused = True
