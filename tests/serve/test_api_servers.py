@@ -597,3 +597,19 @@ def test_a_taken_control_address_is_one_line_before_any_child_starts():
     assert r.returncode == 2
     assert "--control-address" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "API server" not in r.stderr and "engine core" not in r.stderr
+
+
+@pytest.mark.parametrize("args, count", [
+    ([], 1),
+    (["--data-parallel-size", "2"], 2),  # vLLM's default: as many API servers as ranks
+    (["-dp", "3", "--api-server-count", "1"], 1),  # given: as given (the engines in one process)
+    (["-dp", "2", "--api-server-count", "4"], 4),
+    (["-dp", "2", "--data-parallel-rank", "1"], 1),  # one rank of an external load balancer
+    (["-dp", "2", "--grpc"], 1),  # vLLM's gRPC server takes its own path first
+    (["--engine-count", "2"], 1),  # vllm-vcr's own: engines in this process
+])
+def test_default_api_server_count_is_vllms(args, count):
+    from vllm_vcr.serve.cli import default_api_server_count
+    from vllm_vcr.testing.server import _parse
+
+    assert default_api_server_count(_parse(["serve", *args])) == count
