@@ -373,23 +373,27 @@ def test_data_parallel_size_alone_runs_one_engine_core_process_per_rank(tmp_path
 
 
 def test_sigterm_drains_every_process(tmp_path):
-    sp = start(tmp_path, "drain", "--api-server-count", "2", "--shutdown-timeout", "60",
+    """Two API servers (vLLM's default for two ranks), two engine cores, a stream on each: SIGTERM
+    lets both finish, then every process exits, the parent with 0."""
+    sp = start(tmp_path, "drain", "--data-parallel-size", "2", "--shutdown-timeout", "60",
                "--time-to-first-token", "10", "--inter-token-latency", "20")
     api, engines = pids(sp)
+    assert len(api) == len(engines) == 2
     result: dict = {}
 
-    def stream() -> None:
-        with client(sp, timeout=scaled(60)) as c:
+    def stream(rank: int) -> None:
+        with client(sp, timeout=scaled(60), default_headers={"X-data-parallel-rank": str(rank)}) as c:
             chunks = list(c.completions.create(model=MODEL, prompt="x", max_tokens=40, stream=True))
-        result["finish"] = chunks[-1].choices[0].finish_reason
-        result["text"] = "".join(ch.choices[0].text for ch in chunks)
+        result[rank] = (chunks[-1].choices[0].finish_reason, "".join(ch.choices[0].text for ch in chunks))
 
-    t = threading.Thread(target=stream)
-    t.start()
-    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+    threads = [threading.Thread(target=stream, args=(rank,)) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 2, 30, "both streams to run")
     sp.proc.send_signal(signal.SIGTERM)
-    t.join(scaled(60))
-    assert result.get("finish") == "length"  # drained, not cut
+    for t in threads:
+        t.join(scaled(60))
+    assert {rank: finish for rank, (finish, _) in result.items()} == {0: "length", 1: "length"}  # drained, not cut
     assert sp.proc.wait(scaled(60)) == 0
     for pid in api + engines:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

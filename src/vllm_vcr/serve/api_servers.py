@@ -121,7 +121,7 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         control_token=getattr(args, "control_token", None), kv_events=kv_config, pd_args=args,
                         token_source_factory=planned_token_source(engine_args.vocab_size),
                         textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
-                        engine_sleep=lambda engines: EngineSleep(engines, sleep),
+                        engine_sleep=lambda engines: EngineSleep(engines, sleep), dead_after_stop=False,
                         attach=lambda s, stack: attach_forward_pass_metrics(
                             [b.core for b in s.bridges], args, model_name, engine_args, stack,
                             shared_trace=engine_count > 1))

@@ -389,7 +389,7 @@ class PlayServer:
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
                  first_rank: int = 0, data_parallel_size: int | None = None,
-                 engine_sleep: Callable[["PlayEngines"], Any] | None = None,
+                 engine_sleep: Callable[["PlayEngines"], Any] | None = None, dead_after_stop: bool = True,
                  attach: Callable[["PlayServer", contextlib.AsyncExitStack], None] | None = None):
         self.args = args
         # this process's engines are DP ranks first_rank.. of data_parallel_size (one process per
@@ -400,6 +400,10 @@ class PlayServer:
         # serve's sleep model (vllm/sleep.py's EngineSleep over one engine) for each engine, behind
         # `serve --api-server-count`: the sleep and pause utility calls act on it (utility.py)
         self.engine_sleep = engine_sleep
+        # ENGINE_CORE_DEAD after a stop on a signal too (`play`: a frontend that outlives its engine
+        # fails fast); without, only when an engine failed, as vLLM's engine core (`serve`'s engine
+        # cores: the other ranks of the same API servers may still be draining)
+        self.dead_after_stop = dead_after_stop
         # called once the engines exist, before they serve (what observes them: forward-pass metrics);
         # an exception fails the start-up
         self.attach = attach
@@ -459,7 +463,7 @@ class PlayServer:
                     self.on_serving(self)
                 start_idle_trimming(stack, lambda: self.engines.engines)
                 rc = await self.serve_until_signal(core_tasks)
-                await self.drain(core_tasks, io_tasks)
+                await self.drain(core_tasks, io_tasks, failed=rc != 0)
                 return rc
         except _StartFailed as e:
             return e.exit_code
@@ -610,7 +614,8 @@ class PlayServer:
             self._shutdown_timeout = 0.0
         return rc
 
-    async def drain(self, core_tasks: dict[asyncio.Task, EngineBridge], io_tasks: list[asyncio.Task]) -> None:
+    async def drain(self, core_tasks: dict[asyncio.Task, EngineBridge], io_tasks: list[asyncio.Task],
+                    failed: bool = False) -> None:
         """Drain or abort, flush, then ENGINE_CORE_DEAD on every output socket."""
         for b in self.bridges:
             b.closing = True
@@ -629,6 +634,10 @@ class PlayServer:
         await asyncio.gather(*io_tasks, return_exceptions=True)
         for b in self.bridges:
             b.cancel_utility_calls()
+        if not (failed or self.dead_after_stop):
+            log.info("engines stopped")
+            return
+        for b in self.bridges:
             b.send_dead()
         log.info("engines stopped; ENGINE_CORE_DEAD sent to the frontend")
 
