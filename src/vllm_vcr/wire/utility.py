@@ -75,11 +75,20 @@ async def _noop(b: EngineBridge, args: list) -> Any:
 
 
 # Sleep and pause. Behind `serve --api-server-count` an engine core holds serve's EngineSleep
-# (vllm/sleep.py, given to PlayServer as `engine_sleep`; `b.sleep`): the same sleep model as one `serve` process, whose API servers reach it
-# with these calls. `play` alone (a real vLLM frontend in front) keeps the simpler model below.
+# (vllm/sleep.py, given to PlayServer as `engine_sleep`; `b.sleep`): the same sleep model as one
+# `serve` process, whose API servers reach it with these calls. `play` alone (a real vLLM frontend
+# in front) keeps the simpler model below.
 
 def _mode(value: Any) -> str:
     return value if isinstance(value, str) else "abort"
+
+
+def _serve_mode(value: Any) -> str:
+    """A pause mode for EngineSleep; vLLM's engine core refuses any other with these words."""
+    mode = "abort" if value is None else value
+    if mode not in ("abort", "wait", "keep"):
+        raise UtilityFailure(f"Invalid pause mode: {mode}")
+    return mode
 
 
 @handler("release_kv_cache_memory")
@@ -117,7 +126,7 @@ async def _is_sleeping(b: EngineBridge, args: list) -> Any:
 async def _sleep(b: EngineBridge, args: list) -> Any:
     if b.sleep is not None:
         level = _arg(args, 0, 1)
-        await b.sleep.sleep(level if isinstance(level, int) else 1, _mode(_arg(args, 1)))
+        await b.sleep.sleep(level if isinstance(level, int) else 1, _serve_mode(_arg(args, 1)))
         return None
     await b.pause(_mode(_arg(args, 1)), reject_new=False)
     b.sleeping = True
@@ -137,7 +146,7 @@ async def _wake_up(b: EngineBridge, args: list) -> Any:
 @handler("pause_scheduler")  # 0.32's /pause (mode="abort", clear_cache=True): new requests wait until resume
 async def _pause_scheduler(b: EngineBridge, args: list) -> Any:
     if b.sleep is not None:
-        await b.sleep.pause(_mode(_arg(args, 0)), _arg(args, 1, True) is not False)
+        await b.sleep.pause(_serve_mode(_arg(args, 0)), _arg(args, 1, True) is not False)
         return None
     await b.pause(_mode(_arg(args, 0)), reject_new=False)
     return None
