@@ -617,3 +617,19 @@ def test_default_api_server_count_is_vllms(args, count):
     from vllm_vcr.testing.server import _parse
 
     assert default_api_server_count(_parse(["serve", *args])) == count
+
+
+def test_a_taken_forward_pass_metrics_port_is_one_line_before_any_child_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        # rank 1 publishes on port + 1: the parent tries every rank's port
+        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
+                            "--data-parallel-size", "2", "--forward-pass-metrics-port", str(port - 1)],
+                           capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2
+    assert f"--forward-pass-metrics-port: cannot bind {port - 1}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "engine core" not in r.stderr, r.stderr
