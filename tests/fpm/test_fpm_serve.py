@@ -49,20 +49,24 @@ def test_subscriber_gets_one_record_per_step(serve_process, serve_harness, tmp_p
         records = {0: [], 1: []}
         heartbeats = {0: 0, 1: 0}
         for rank, sub in enumerate(subs):
-            while sub.poll(1500) and not heartbeats[rank]:  # idle for a second: a heartbeat ends the steps
+            # idle for a second: a heartbeat with nothing after it ends the steps (on a loaded
+            # machine a rank may also idle for a second between two requests)
+            while sub.poll(1500):
                 topic, seq, payload = sub.recv_multipart()
                 rec = decode(payload)
                 assert rec.dp_rank == rank and topic == b""
                 if rec.step == 0:  # Dynamo's idle heartbeat: all zeros, wall_time 0
                     assert rec.wall_time == 0 and rec.scheduled_requests.num_decode_requests == 0
                     heartbeats[rank] += 1
+                    if not sub.poll(300):
+                        break
                 else:
                     records[rank].append(rec)
     finally:
         for sub in subs:
             sub.close(linger=0)
         ctx.term()
-    assert heartbeats == {0: 1, 1: 1}
+    assert heartbeats[0] >= 1 and heartbeats[1] >= 1
     assert stats["requests_received"] == N_REQUESTS and stats["requests_completed"] == N_REQUESTS
     for rank, recs in records.items():
         assert recs, f"no records from rank {rank}"

@@ -3,6 +3,7 @@ data-parallel rank, started through the real CLI and driven with the openai SDK.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -13,11 +14,15 @@ from pathlib import Path
 
 import httpx
 import openai
+import zmq
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ServeProcess, scaled, subprocess_env
+from vllm_vcr.fpm import decode as decode_fpm
+from vllm_vcr.kv_events.events import decode_batch
+from vllm_vcr.trace.io import read_trace
 from vllm_vcr.testing.waits import free_port, wait_until
 
 MODEL = "vllm-vcr/sim"
@@ -145,30 +150,250 @@ def test_engine_operations_go_over_the_wire(fleet_of_processes):
     for _ in range(4):  # whichever API server answers, every engine core resets
         r = httpx.post(sp.url + "/reset_prefix_cache", timeout=30)
         assert r.status_code == 200 and r.json() == {"success": True}
-    # what needs the engine object in the API server's process says so (and the server goes on)
-    r = httpx.post(sp.url + "/pause", timeout=30)
-    assert r.status_code == 500 and "--api-server-count > 1" in r.json()["error"]["message"]
     assert httpx.get(sp.url + "/health", timeout=30).status_code == 200
 
 
+def _each_server(sp: ServeProcess, method: str, path: str, **kw) -> list[httpx.Response]:
+    """`path` on fresh connections until both API servers have answered it (one process: once)."""
+    out, answered = [], set()
+    for _ in range(60):
+        with httpx.Client() as h:
+            r = h.request(method, sp.url + path, timeout=scaled(60), **kw)
+        out.append(r)
+        answered.add(r.headers.get(HEADER))
+        if answered == {"0", "1"} or answered == {None}:
+            return out
+    raise AssertionError(f"not every API server answered {path}: {answered}")
+
+
+def _pending_completion(sp: ServeProcess, results: list) -> threading.Thread:
+    def run() -> None:
+        r = httpx.post(sp.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                       timeout=scaled(60))
+        results.append((r.status_code, r.json()["choices"][0]["finish_reason"]))
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _sleep_wake_pause_resume(sp: ServeProcess) -> list:
+    """The dev-mode engine operations, in vLLM's order of use by an RL trainer; what each answers
+    (and which of the held requests finished when)."""
+    seen: list = []
+
+    def once(method: str, path: str) -> None:
+        if method == "POST":  # an operation: once, whichever API server takes it
+            r = httpx.post(sp.url + path, timeout=scaled(60))
+            seen.append((path, (r.status_code, r.json())))
+            return
+        bodies = [(r.status_code, r.json()) for r in _each_server(sp, method, path)]
+        assert all(b == bodies[0] for b in bodies), (path, bodies)  # every API server sees the same state
+        seen.append((path, bodies[0]))
+
+    once("POST", "/sleep?level=1")
+    once("GET", "/is_sleeping")
+    held: list = []
+    t = _pending_completion(sp, held)  # queues in the sleeping engine
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["waiting"] == 1, 30,
+               "the request to wait")
+    seen.append(("while asleep", list(held)))
+    once("POST", "/wake_up?tags=weights")
+    once("GET", "/is_sleeping")
+    once("POST", "/release_kv_cache_memory")  # refused: still asleep (the KV cache)
+    once("POST", "/wake_up")
+    t.join(scaled(60))
+    seen.append(("after wake_up", list(held)))
+    once("GET", "/is_sleeping")
+    once("POST", "/pause?mode=wait")
+    once("GET", "/is_paused")
+    once("POST", "/release_kv_cache_memory")  # a completed pause: released
+    once("GET", "/is_sleeping")
+    once("POST", "/wake_up?tags=kv_cache")
+    once("POST", "/resume")
+    once("GET", "/is_paused")
+    once("GET", "/is_sleeping")
+    once("POST", "/update_weight_version")  # 422: no body
+    r = httpx.post(sp.url + "/update_weight_version", json={"new_version": "v7"}, timeout=30)
+    seen.append(("/update_weight_version v7", r.json()))
+    once("GET", "/weight_info")  # every API server knows it: the engine cores hold it
+    r = httpx.post(sp.url + "/update_weight_version", json={"new_version": "default"}, timeout=30)
+    assert r.status_code == 200
+    return seen
+
+
+def test_sleep_wake_pause_resume_answer_as_one_process(fleet_of_processes, tmp_path):
+    """/sleep, /wake_up, /is_sleeping, /pause, /resume, /is_paused, /release_kv_cache_memory and
+    the weight version go to the engine cores as utility calls: every API server sees the same
+    state, and the answers are those of one process with its engines in it."""
+    many = _sleep_wake_pause_resume(fleet_of_processes)
+    control = free_port()
+    one = ServeProcess(["--api-server-count", "1", "--data-parallel-size", "2", "--time-to-first-token", "5",
+                        "--control-address", f"127.0.0.1:{control}",
+                        "--inter-token-latency", "2"], env={"VLLM_SERVER_DEV_MODE": "1"},
+                       log_path=tmp_path / "one.log")
+    one.control = f"http://127.0.0.1:{control}"
+    try:
+        one.wait_ready(60)
+        assert "1 API server" not in one.log()  # the engines in the one process
+        alone = _sleep_wake_pause_resume(one)
+    finally:
+        assert one.stop(timeout=30) == 0
+    assert many == alone
+    assert ("while asleep", []) in many and ("after wake_up", [(200, "length")]) in many
+    assert ("/is_sleeping", (200, {"is_sleeping": True})) in many
+
+
+def test_abort_requests_aborts_that_api_servers_requests(fleet_of_processes):
+    """vLLM's /abort_requests acts on the requests of the API server it reaches (its output
+    processor's); they end with finish_reason abort."""
+    sp = fleet_of_processes
+    with httpx.Client() as h:  # one connection: the stream and the abort reach the same API server
+        with h.stream("POST", sp.url + "/v1/completions", timeout=scaled(60),
+                      json={"model": MODEL, "prompt": "x", "max_tokens": 4000, "stream": True}) as resp:
+            server = resp.headers[HEADER]
+            lines = resp.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            results: dict = {}
+
+            def abort() -> None:
+                for _ in range(60):
+                    with httpx.Client() as other:
+                        r = other.post(sp.url + "/abort_requests", json={}, timeout=30)
+                    if r.headers[HEADER] == server:
+                        results["abort"] = r.json()
+                        return
+
+            t = threading.Thread(target=abort)
+            t.start()
+            events = [line for line in lines if line.startswith("data:")]
+            t.join(scaled(60))
+    assert results["abort"]["status"] == "aborted" and results["abort"]["aborted"] >= 1, results
+    assert events[-1] == "data: [DONE]" and '"finish_reason":"abort"' in events[-2], events[-3:]
+
+
+def _two_free_ports() -> int:
+    """A free port whose next one is free too (rank r publishes on base + r)."""
+    import socket
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports in a row")
+
+
+def _subscribers(ctx, base: int, ranks: int) -> list:
+    subs = []
+    for rank in range(ranks):
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(f"tcp://127.0.0.1:{base + rank}")
+        subs.append(sub)
+    return subs
+
+
+def test_data_parallel_size_alone_runs_one_engine_core_process_per_rank(tmp_path):
+    """`--data-parallel-size 2` alone: vLLM's default of as many API servers as ranks, one
+    engine-core process per rank; each publishes its own KV events (the endpoint's port + rank) and
+    forward-pass metrics (--forward-pass-metrics-port + rank); both serve; SIGTERM ends them all."""
+    kv = _two_free_ports()
+    fpm = _two_free_ports()
+    while fpm in (kv - 1, kv, kv + 1):
+        fpm = _two_free_ports()
+    sp = start(tmp_path, "dp", "--data-parallel-size", "2", "--inter-token-latency", "2",
+               "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                 "endpoint": f"tcp://*:{kv}", "topic": "kv"}),
+               "--forward-pass-metrics-port", str(fpm), "--forward-pass-metrics-trace", str(tmp_path / "fpm.jsonl"))
+    api, engines = pids(sp)
+    assert len(api) == 2 and len(engines) == 2
+    assert "Defaulting api_server_count to data_parallel_size (2)." in sp.log()
+    children = {p.pid for p in psutil.Process(sp.proc.pid).children()}
+    assert set(api + engines) <= children
+    ctx = zmq.Context()
+    kv_subs, fpm_subs = _subscribers(ctx, kv, 2), _subscribers(ctx, fpm, 2)
+    try:
+        sources = httpx.get(sp.url + "/kv_event_sources", timeout=30).json()
+        assert sorted(sources) == ["0", "1"], sources
+        for sub in fpm_subs:  # an idle rank's heartbeat: its subscription is in place
+            assert sub.poll(scaled(10) * 1000), "no FPM heartbeat"
+            sub.recv_multipart()
+        before = metrics(sp.url)
+        sent = {0: 3, 1: 2}
+
+        def ready() -> bool:  # (the KV subscription has no heartbeat: requests until events come)
+            for rank, n in sent.items():
+                for i in range(n):
+                    r = httpx.post(sp.url + "/v1/completions", headers={"X-data-parallel-rank": str(rank)},
+                                   json={"model": MODEL, "prompt": f"rank {rank} request {i} " * 8, "max_tokens": 3},
+                                   timeout=scaled(60))
+                    assert r.status_code == 200, r.text
+            return all(sub.poll(500) for sub in kv_subs)
+
+        rounds = 1
+        while not ready():
+            rounds += 1
+            assert rounds < 20, "no KV events from a rank"
+        for rank, sub in enumerate(kv_subs):
+            topic, _seq, payload = sub.recv_multipart()
+            assert topic == b"kv" and decode_batch(payload).data_parallel_rank == rank
+        for rank, sub in enumerate(fpm_subs):  # records of steps, from each rank's own process
+            got = []
+            while sub.poll(scaled(5) * 1000) and not got:
+                rec = decode_fpm(sub.recv_multipart()[2])
+                assert rec.dp_rank == rank
+                if rec.step:
+                    got.append(rec)
+            assert got, f"no FPM records from rank {rank}"
+
+        def per_engine() -> dict[str, float]:
+            after = metrics(sp.url)
+            return {e: total(after, "vllm:request_success_total", engine=e)
+                    - total(before, "vllm:request_success_total", engine=e) for e in ("0", "1")}
+
+        wait_until(lambda: per_engine() == {"0": 3.0 * rounds, "1": 2.0 * rounds}, 30, "each engine's count")
+        stats = httpx.get(sp.control + "/stats", timeout=30).json()
+        assert stats["requests_completed"] >= 5 * rounds
+    finally:
+        for sub in kv_subs + fpm_subs:
+            sub.close(linger=0)
+        ctx.term()
+    sp.proc.send_signal(signal.SIGTERM)
+    assert sp.proc.wait(scaled(60)) == 0, sp.log()
+    for pid in api + engines:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    trace = read_trace(tmp_path / "fpm.jsonl")  # one file, both ranks' lines, whole
+    assert trace.meta.source == "fpm" and {d["dp_rank"] for d in trace.fpm} == {0, 1}
+    sp.stop()
+
+
 def test_sigterm_drains_every_process(tmp_path):
-    sp = start(tmp_path, "drain", "--api-server-count", "2", "--shutdown-timeout", "60",
+    """Two API servers (vLLM's default for two ranks), two engine cores, a stream on each: SIGTERM
+    lets both finish, then every process exits, the parent with 0."""
+    sp = start(tmp_path, "drain", "--data-parallel-size", "2", "--shutdown-timeout", "60",
                "--time-to-first-token", "10", "--inter-token-latency", "20")
     api, engines = pids(sp)
+    assert len(api) == len(engines) == 2
     result: dict = {}
 
-    def stream() -> None:
-        with client(sp, timeout=scaled(60)) as c:
+    def stream(rank: int) -> None:
+        with client(sp, timeout=scaled(60), default_headers={"X-data-parallel-rank": str(rank)}) as c:
             chunks = list(c.completions.create(model=MODEL, prompt="x", max_tokens=40, stream=True))
-        result["finish"] = chunks[-1].choices[0].finish_reason
-        result["text"] = "".join(ch.choices[0].text for ch in chunks)
+        result[rank] = (chunks[-1].choices[0].finish_reason, "".join(ch.choices[0].text for ch in chunks))
 
-    t = threading.Thread(target=stream)
-    t.start()
-    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+    threads = [threading.Thread(target=stream, args=(rank,)) for rank in (0, 1)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 2, 30, "both streams to run")
     sp.proc.send_signal(signal.SIGTERM)
-    t.join(scaled(60))
-    assert result.get("finish") == "length"  # drained, not cut
+    for t in threads:
+        t.join(scaled(60))
+    assert {rank: finish for rank, (finish, _) in result.items()} == {0: "length", 1: "length"}  # drained, not cut
     assert sp.proc.wait(scaled(60)) == 0
     for pid in api + engines:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -225,6 +450,8 @@ def test_killing_the_engine_core_stops_the_server_as_vllm(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--api-server-count", "0"], "--api-server-count: must be >= 1"),
     (["--api-server-count", "2", "--grpc"], "--api-server-count"),
+    (["--data-parallel-size", "2", "--forward-pass-metrics-trace", "/tmp/fpm.jsonl.gz"],
+     "--forward-pass-metrics-trace: 2 engine-core processes append to one plain file"),
 ])
 def test_bad_api_server_count_is_one_line(args, message):
     r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()), *args],
@@ -374,3 +601,35 @@ def test_a_taken_control_address_is_one_line_before_any_child_starts():
     assert r.returncode == 2
     assert "--control-address" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "API server" not in r.stderr and "engine core" not in r.stderr
+
+
+@pytest.mark.parametrize("args, count", [
+    ([], 1),
+    (["--data-parallel-size", "2"], 2),  # vLLM's default: as many API servers as ranks
+    (["-dp", "3", "--api-server-count", "1"], 1),  # given: as given (the engines in one process)
+    (["-dp", "2", "--api-server-count", "4"], 4),
+    (["-dp", "2", "--data-parallel-rank", "1"], 1),  # one rank of an external load balancer
+    (["-dp", "2", "--grpc"], 1),  # vLLM's gRPC server takes its own path first
+    (["--engine-count", "2"], 1),  # vllm-vcr's own: engines in this process
+])
+def test_default_api_server_count_is_vllms(args, count):
+    from vllm_vcr.serve.cli import default_api_server_count
+    from vllm_vcr.testing.server import _parse
+
+    assert default_api_server_count(_parse(["serve", *args])) == count
+
+
+def test_a_taken_forward_pass_metrics_port_is_one_line_before_any_child_starts():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        # rank 1 publishes on port + 1: the parent tries every rank's port
+        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
+                            "--data-parallel-size", "2", "--forward-pass-metrics-port", str(port - 1)],
+                           capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2
+    assert f"--forward-pass-metrics-port: cannot bind {port - 1}" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "engine core" not in r.stderr, r.stderr

@@ -41,3 +41,17 @@ def trace_sink(path: str, model: str) -> tuple[Callable[[ForwardPassMetrics], No
 
     writer = TraceWriter(path, TraceMeta(model=model, source=SOURCE_FPM), flush_each=False)
     return (lambda fpm: writer.write_fpm(msgspec.to_builtins(fpm))), writer
+
+
+def appending_trace_sink(path: str) -> tuple[Callable[[ForwardPassMetrics], None], Callable[[], None]]:
+    """A sink appending each record's `{"fpm": ...}` line to a trace that several processes write
+    (one per data-parallel rank), its meta line written already: each line is one write to a file
+    opened for appending, so the lines of the processes never mix. Returns (sink, close)."""
+    import os
+
+    import msgspec
+
+    from ..trace.io import encode_fpm_line
+
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    return (lambda fpm: os.write(fd, encode_fpm_line(msgspec.to_builtins(fpm)))), (lambda: os.close(fd))

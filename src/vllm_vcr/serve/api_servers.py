@@ -1,4 +1,5 @@
-"""`serve --api-server-count N` (N >= 2): vLLM's process shape.
+"""`serve --api-server-count N` (N >= 2, or the default N = D with `--data-parallel-size D` > 1):
+vLLM's process shape.
 
 A parent process claims the port, starts one engine-core process per data-parallel rank (the
 engine-core of `play`: wire/server.py's PlayServer) and N API server processes, and supervises
@@ -13,7 +14,9 @@ Each API server is `serve` itself (server.py's _ServeCommand) whose engine is an
 client (wire/client.py) instead of the in-process AsyncEngine; responses are rendered by the same
 code. `/metrics` is aggregated across the API servers through a prometheus multiprocess
 directory (vllm/metrics_multiproc.py); --control-address is served by the parent and fanned out
-to the engine-core processes (control/fanout.py); KV events come from the engine-core processes.
+to the engine-core processes (control/fanout.py); KV events and forward-pass metrics come from
+the engine-core processes (one endpoint per rank), and sleep, pause and the weight version are
+theirs too, reached with vLLM's utility calls (wire/utility.py, vllm/sleep.py's EngineSleep).
 
 Signals: the first SIGTERM/SIGINT is passed on to every child (the engines drain with
 --shutdown-timeout, the API servers let open responses finish), a second one aborts. A child that
@@ -94,14 +97,17 @@ def _child_setup(args: argparse.Namespace) -> None:
 
 def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, engine_count: int,
                       handshake: str, textless_ids: frozenset[int], control_address: str | None,
-                      report: Connection) -> None:
+                      model_name: str, report: Connection) -> None:
     _child_setup(args)
     from ..frontend.planned_output import planned_token_source
     from ..gc_tuning import tune_for_serving
     from ..kv_events import kv_events_config_from_cli
+    from ..vllm.sleep import EngineSleep, SleepConfig
     from ..wire.handshake import ReadyInfo
     from ..wire.server import PlayServer
+    from .server import attach_forward_pass_metrics
 
+    sleep = SleepConfig.from_cli(args)  # (checked by the parent already)
     kv_config = None
     if args.kv_events_config is not None or args.enable_kv_cache_events:
         kv_config = kv_events_config_from_cli(args)  # (checked by the parent already)
@@ -114,7 +120,11 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         handshake_timeout=STARTUP_TIMEOUT, control_address=control_address,
                         control_token=getattr(args, "control_token", None), kv_events=kv_config, pd_args=args,
                         token_source_factory=planned_token_source(engine_args.vocab_size),
-                        textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count)
+                        textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
+                        engine_sleep=lambda engines: EngineSleep(engines, sleep), dead_after_stop=False,
+                        attach=lambda s, stack: attach_forward_pass_metrics(
+                            [b.core for b in s.bridges], args, model_name, engine_args, stack,
+                            shared_trace=engine_count > 1))
 
     def serving(s: PlayServer) -> None:
         report.send({"rank": rank, "pid": os.getpid(), "control": s.control.url if s.control is not None else None})
@@ -271,8 +281,9 @@ class _Child:
 class MultiProcessServe:
     """The parent of `serve --api-server-count N`: one method per phase."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, defaulted: bool = False) -> None:
         self.args = args
+        self.defaulted = defaulted
         self.api_server_count = int(args.api_server_count)
         self.t0 = time.perf_counter()
         self.children: list[_Child] = []
@@ -294,13 +305,54 @@ class MultiProcessServe:
         cmd.load()
         if getattr(self.args, "grpc", False):
             raise CLIError("--api-server-count: more than one API server serves HTTP only (not --grpc)")
-        if self.args.forward_pass_metrics_port is not None or self.args.forward_pass_metrics_trace is not None:
-            raise CLIError("--api-server-count: forward-pass metrics need the engine in the API server "
-                           "(--api-server-count 1)")
+        if self.api_server_count > 1 and cmd.extensions.lora.runtime_updating:  # (vLLM's run_multi_api_server)
+            raise CLIError("--api-server-count: VLLM_ALLOW_RUNTIME_LORA_UPDATING cannot be used with "
+                           "api_server_count > 1")
         self.settings, self.engine_args, self.engine_count = cmd.settings, cmd.engine_args, cmd.engine_count
+        self.check_fpm_ports()
+        self.start_fpm_trace(cmd)
         self.initial_faults = cmd.faults
         self.textless_ids = cmd.tokenizer.random_text_avoid(self.engine_args.vocab_size)
         self.ignored = cmd.ignored
+        if self.defaulted:  # (once every flag is checked: a CLI error stays one line)
+            logger.info("Defaulting api_server_count to data_parallel_size (%d).", self.api_server_count)
+
+    def start_fpm_trace(self, cmd: Any) -> None:
+        """--forward-pass-metrics-trace with several engine-core processes: the meta line here,
+        then each process appends its ranks' lines (attach_forward_pass_metrics). A gzip file or
+        stdout cannot take lines from several processes: a CLI error."""
+        path = self.args.forward_pass_metrics_trace
+        if path is None or cmd.engine_count == 1:
+            return
+        if path == "-" or path.lower().endswith(".gz"):
+            raise CLIError(f"--forward-pass-metrics-trace: {cmd.engine_count} engine-core processes append to one "
+                           "plain file (not gzip, not stdout); give --api-server-count 1 to keep the engines in one "
+                           "process")
+        from ..fpm.attach import trace_sink
+
+        try:
+            trace_sink(path, cmd.settings.model_name)[1].close()
+        except OSError as e:
+            raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
+
+    def check_fpm_ports(self) -> None:
+        """Each engine-core process binds its rank's forward-pass-metrics port (--forward-pass-metrics-port
+        + rank); one that is taken is the CLI error one process gives, before any child starts."""
+        port = self.args.forward_pass_metrics_port
+        if port is None:
+            return
+        from ..fpm.publisher import rank_endpoint
+
+        ctx = zmq.Context.instance()
+        for rank in range(self.engine_count):
+            sock = ctx.socket(zmq.PUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.bind(rank_endpoint("0.0.0.0", port, rank))
+            except zmq.ZMQError as e:
+                raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+            finally:
+                sock.close(linger=0)
 
     def open_listener(self) -> socket.socket:
         """One listening socket on --port, inherited by every API server (vLLM's way): the process
@@ -362,7 +414,7 @@ class MultiProcessServe:
             control = "127.0.0.1:0" if self.args.control_address else None
             p = ctx.Process(target=_engine_core_main, name=f"EngineCore_DP{rank}", daemon=False,
                             args=(child_args, eargs, rank, self.engine_count, layout.handshake, self.textless_ids,
-                                  control, sender))
+                                  control, self.settings.model_name, sender))
             p.start()
             self.children.append(_Child("engine core", rank, p))
         for i in range(self.api_server_count):
@@ -573,8 +625,9 @@ class _Failed(Exception):
     pass
 
 
-def run_api_servers(args: argparse.Namespace) -> int:
+def run_api_servers(args: argparse.Namespace, defaulted: bool = False) -> int:
+    """`defaulted`: the count is vLLM's default (the data-parallel size), not given."""
     from ..gc_tuning import tune_for_serving
 
     tune_for_serving()
-    return event_loop.run(MultiProcessServe(args).run())
+    return event_loop.run(MultiProcessServe(args, defaulted).run())

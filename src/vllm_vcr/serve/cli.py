@@ -49,10 +49,11 @@ HONOURED: dict[str, Honoured] = {
                                         "--kv-bytes-per-token)"),
     "--num-gpu-blocks-override": Honoured("KV cache size in blocks (overrides --kv-cache-size)"),
     "--tokenizer": Honoured("local HF tokenizer directory (never downloaded)"),
-    "--data-parallel-size": Honoured("engines in this process (same as --engine-count)"),
-    "--api-server-count": Honoured("N >= 2: N API server processes sharing --port in front of one engine-core "
-                                   "process per data-parallel rank, as vLLM (docs/api-servers.md); default 1: "
-                                   "the engines run in the API server's process"),
+    "--data-parallel-size": Honoured("D > 1: one engine-core process per rank behind --api-server-count API "
+                                     "servers (default D), as vLLM (docs/api-servers.md)"),
+    "--api-server-count": Honoured("N API server processes sharing --port in front of one engine-core process "
+                                   "per data-parallel rank, as vLLM (docs/api-servers.md); default: the "
+                                   "--data-parallel-size; 1: one process, its engines in it"),
     "--data-parallel-rank": Honoured("this server is rank R of an external data-parallel deployment: its engine "
                                      "reports engine index R (the `engine` label of /metrics, KV events)"),
     "--enable-prefix-caching": Honoured("prefix caching in the simulated KV cache (default on)"),
@@ -178,6 +179,19 @@ def expand_argv(argv: list[str]) -> list[str]:
     return argv[:1] + parser.normalise(argv[1:]) if parser is not None else argv
 
 
+def default_api_server_count(args: argparse.Namespace) -> int:
+    """vLLM's default for `--api-server-count` (its serve command, internal load balancing): the
+    data-parallel size; 1 for one rank of an external load balancer (`--data-parallel-rank`) and
+    with `--grpc` (vLLM's gRPC server takes its own path first). Given explicitly, the count as
+    given: 1 keeps the engines in the one process."""
+    count = getattr(args, "api_server_count", None)
+    if count is not None:
+        return int(count)
+    if getattr(args, "grpc", False) or getattr(args, "data_parallel_rank", None) is not None:
+        return 1
+    return int(getattr(args, "data_parallel_size", None) or 1)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..logging_setup import apply_log_level
     from .settings import CLIError
@@ -187,10 +201,12 @@ def run(args: argparse.Namespace) -> int:
         count = getattr(args, "api_server_count", None)
         if count is not None and count < 1:
             raise CLIError(f"--api-server-count: must be >= 1, got {count}")
-        if count is not None and count > 1:  # vLLM's process shape (api_servers.py)
+        given = getattr(args, "api_server_count", None)
+        count = args.api_server_count = default_api_server_count(args)
+        if count > 1:  # vLLM's process shape (api_servers.py)
             from .api_servers import run_api_servers
 
-            return run_api_servers(args)
+            return run_api_servers(args, defaulted=given is None)
         from .server import run_server
 
         return run_server(args)

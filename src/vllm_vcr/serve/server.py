@@ -261,27 +261,7 @@ class _ServeCommand:
             if pub.publisher_config is not None}
 
     def attach_forward_pass_metrics(self, stack: contextlib.AsyncExitStack) -> None:
-        port, path = self.args.forward_pass_metrics_port, self.args.forward_pass_metrics_trace
-        if port is None and path is None:
-            return
-        from ..fpm.attach import attach_fpm, trace_sink
-
-        sink = None
-        if path is not None:
-            try:
-                sink, writer = trace_sink(path, self.settings.model_name)
-            except OSError as e:
-                raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
-            stack.callback(writer.close)
-        try:
-            publishers = attach_fpm(self.engine.engines, port, host="0.0.0.0", worker_id=self.engine_args.engine_id,
-                                    engine_type=self.engine_args.engine_type, extra_sink=sink)
-        except Exception as e:  # zmq.ZMQError: a rank's port is taken
-            raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
-        loop = asyncio.get_running_loop()
-        for pub in publishers:
-            stack.callback(pub.close)
-            stack.callback(loop.create_task(pub.heartbeat(pub.idle), name="fpm-heartbeat").cancel)
+        attach_forward_pass_metrics(self.engine.engines, self.args, self.settings.model_name, self.engine_args, stack)
 
     async def start_engines(self, stack: contextlib.AsyncExitStack) -> None:
         await self.engine.start()
@@ -442,6 +422,39 @@ ServeCommand = _ServeCommand  # one server of a fleet (fleet/host.py) is one ser
 def _close_quietly(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def attach_forward_pass_metrics(cores: list[Any], args: argparse.Namespace, model_name: str, engine_args: Any,
+                                stack: contextlib.AsyncExitStack, shared_trace: bool = False) -> None:
+    """--forward-pass-metrics-port / --forward-pass-metrics-trace on `cores` (where the engines run:
+    this process, or each engine-core process of `--api-server-count`): rank r publishes on the
+    port + r; `shared_trace`: the trace is one of several processes, its meta line written already
+    (each appends its lines). CLIError naming the flag when a port or the file cannot be had."""
+    port, path = args.forward_pass_metrics_port, args.forward_pass_metrics_trace
+    if port is None and path is None:
+        return
+    from ..fpm.attach import appending_trace_sink, attach_fpm, trace_sink
+
+    sink = None
+    if path is not None:
+        try:
+            if shared_trace:
+                sink, close = appending_trace_sink(path)
+                stack.callback(close)
+            else:
+                sink, writer = trace_sink(path, model_name)
+                stack.callback(writer.close)
+        except OSError as e:
+            raise CLIError(f"--forward-pass-metrics-trace: {e}") from None
+    try:
+        publishers = attach_fpm(cores, port, host="0.0.0.0", worker_id=engine_args.engine_id,
+                                engine_type=engine_args.engine_type, extra_sink=sink)
+    except Exception as e:  # zmq.ZMQError: a rank's port is taken
+        raise CLIError(f"--forward-pass-metrics-port: cannot bind {port}: {e}") from None
+    loop = asyncio.get_running_loop()
+    for pub in publishers:
+        stack.callback(pub.close)
+        stack.callback(loop.create_task(pub.heartbeat(pub.idle), name="fpm-heartbeat").cancel)
 
 
 def _fault_controller(args: argparse.Namespace, settings: ServeSettings) -> FaultController:

@@ -168,7 +168,9 @@ class MockServer:
         if self._runner is not None:
             raise MockServerError("already started")
         self.control_port = free_port(self.host)
-        if self.run_in == "thread" and (getattr(_parse(self.argv()), "api_server_count", None) or 1) > 1:
+        from ..serve.cli import default_api_server_count
+
+        if self.run_in == "thread" and default_api_server_count(_parse(self.argv())) > 1:
             self.run_in = "subprocess"  # several API servers are processes of their own: not a thread's
         if self.run_in == "thread":
             sock = socket.create_server((self.host, self.port))

@@ -264,6 +264,11 @@ def encode_meta(meta: TraceMeta) -> bytes:
     return _encoder.encode({"meta": _encode_with_extra(meta)})
 
 
+def encode_fpm_line(step: Any) -> bytes:
+    """One engine step's `{"fpm": ...}` line, newline included."""
+    return _encoder.encode({FPM_KEY: step}) + b"\n"
+
+
 class TraceWriter:
     """Append-only trace writer; every record is flushed (gzip: sync-flushed) as it is written,
     so a capture killed mid-way is still readable up to its last complete record."""
@@ -310,7 +315,7 @@ class TraceWriter:
 
     def write_fpm(self, step: Any) -> None:
         """One engine step's forward-pass metrics (the optional `{"fpm": ...}` record kind)."""
-        self._out.write(_encoder.encode({FPM_KEY: step}) + b"\n")
+        self._out.write(encode_fpm_line(step))
         if self.flush_each:
             self.flush()
 

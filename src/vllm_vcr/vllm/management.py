@@ -74,7 +74,7 @@ class Management:
         await send_bytes(ctx.send, 200, encode({"status": "awake" if fully_awake else "sleeping", "tags": tags}))
 
     async def is_sleeping(self, ctx: RequestContext) -> None:
-        await send_bytes(ctx.send, 200, encode({"is_sleeping": self.ext.sleep_control.is_sleeping}))
+        await send_bytes(ctx.send, 200, encode({"is_sleeping": await self.ext.sleep_control.is_sleeping()}))
 
     async def pause(self, ctx: RequestContext) -> None:
         q = parse_sleep_query(ctx.scope)  # mode is validated the same way as /sleep's
@@ -96,7 +96,7 @@ class Management:
         await send_bytes(ctx.send, 200, encode({"server_load": self.ext.server_load}))
 
     async def is_paused(self, ctx: RequestContext) -> None:
-        await send_bytes(ctx.send, 200, encode({"is_paused": self.ext.sleep_control.paused}))
+        await send_bytes(ctx.send, 200, encode({"is_paused": await self.ext.sleep_control.is_paused()}))
 
     # -- caches and server info (dev mode) --------------------------------------------------------
     async def reset_prefix_cache(self, ctx: RequestContext) -> None:

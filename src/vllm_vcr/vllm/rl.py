@@ -70,8 +70,19 @@ def _json_object(ctx: RequestContext, invalid: str) -> dict[str, Any]:
     return body
 
 
+def _aborted_count(external_ids: list[Any]) -> int:
+    """How vLLM counts the requests /abort_requests aborted: each engine request, and each
+    parallel-sampling parent (one per client request with n > 1)."""
+    children: dict[Any, int] = {}
+    for ext in external_ids:
+        children[ext] = children.get(ext, 0) + 1
+    return len(external_ids) + sum(1 for n in children.values() if n > 1)
+
+
 class DevRoutes:
-    """The handlers; the weight version lives here (vLLM keeps it in the engine)."""
+    """The handlers; the weight version lives here with the engines in this process, in the
+    engine-core processes (utility calls) behind `--api-server-count`, as vLLM keeps it in the
+    engine core."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -90,20 +101,18 @@ class DevRoutes:
         ids = body.get("request_ids")
         wanted = set(ids) if ids else None
 
-        def abort(core: Any) -> int:
-            rids = [rid for rid, r in core.requests.items() if wanted is None or r.external_id in wanted]
-            if rids:
-                core.abort_requests(rids, notify=True)
-            if wanted is not None:
-                return 0
-            # vLLM counts its parallel-sampling parents too (one per client request with n > 1)
-            children: dict[Any, int] = {}
-            for rid in rids:
-                ext = core.requests[rid].external_id
-                children[ext] = children.get(ext, 0) + 1
-            return len(rids) + sum(1 for n in children.values() if n > 1)
+        engine = self.app.engine
+        if hasattr(engine, "abort_tracked"):  # an engine-core client: this API server's requests, as vLLM's
+            aborted_ids = engine.abort_tracked(wanted)
+            counts = [_aborted_count([ext for _, ext in aborted_ids])]
+        else:
+            def abort(core: Any) -> int:
+                rids = [rid for rid, r in core.requests.items() if wanted is None or r.external_id in wanted]
+                if rids:
+                    core.abort_requests(rids, notify=True)
+                return _aborted_count([core.requests[rid].external_id for rid in rids])
 
-        counts = await self.app.engine.call_all(abort)
+            counts = await engine.call_all(abort)
         aborted = len(ids) if ids else sum(counts)
         await send_bytes(ctx.send, 200, encode({"status": "aborted", "aborted": aborted}))
 
@@ -120,10 +129,16 @@ class DevRoutes:
 
     # -- weights -----------------------------------------------------------------------------------
     async def weight_info(self, ctx: RequestContext) -> None:
+        utility = getattr(self.app.engine, "utility", None)
+        if utility is not None:  # the engine-core processes hold it (vLLM keeps it in the engine core)
+            self.weight_version = (await utility("get_weight_version"))[0]
         await send_bytes(ctx.send, 200, encode({"weight_version": self.weight_version}))
 
     async def update_weight_version(self, ctx: RequestContext) -> None:
         version = embedded_body(ctx, {"new_version": (str, _REQUIRED)})["new_version"]
+        utility = getattr(self.app.engine, "utility", None)
+        if utility is not None:
+            await utility("set_weight_version", version)
         self.weight_version = version
         await send_bytes(ctx.send, 200, encode({"success": True, "new_version": version}))
 

@@ -20,11 +20,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ..engine.core import EngineDeadError
 from ..engine.lifecycle import release_kv_cache_refusal
 from ..frontend.errors import validation_error
 
@@ -69,78 +71,80 @@ def parse_sleep_query(scope: dict[str, Any]) -> SleepQuery:
         raise validation_error(e.errors(include_url=False), where="query") from None
 
 
-class SleepControl:
-    """Sleep and pause of the engines, driven through their public inbox (`set_paused`,
-    `abort_all`, `set_frozen`, `call`); the executor's tags (weights, kv_cache) live here."""
+class EngineSleep:
+    """The engine side of sleep and pause, as vLLM's engine core does it (`sleep`, `wake_up`,
+    `pause_scheduler`, `resume_scheduler`, `release_kv_cache_memory`, `is_sleeping`): the paused
+    state and the executor's sleeping tags (weights, kv_cache) of `engine`'s engines, driven through
+    their public inbox (`set_paused`, `abort_all`, `set_frozen`, `call`). It lives where the
+    engines run: in the server's process, or in each engine-core process of `--api-server-count`
+    (wire/utility.py answers the utility calls with it)."""
 
-    def __init__(self, engine: Any, config: SleepConfig, metrics: Any = None):
-        self.engine = engine
-        self._registry = getattr(metrics, "registry", None)
-        self._op_metrics: _OperationMetrics | None = None
+    def __init__(self, engine: Any, config: SleepConfig):
+        self.engine = engine  # AsyncEngine-shaped: `engines`, `call_all`
         self.config = config
-        self.metrics = metrics
         self.paused = False
         self.sleeping_tags: set[str] = set()
         self.level = 0
         self._frozen = False
+        # one operation at a time, whoever asks (behind --api-server-count, several API servers do)
         self._lock = asyncio.Lock()
-
-    def op_metrics(self) -> "_OperationMetrics":
-        """The operation series, registered by the first sleep-mode operation (as vLLM's)."""
-        if self._op_metrics is None:
-            self._op_metrics = _OperationMetrics(self._registry)
-        return self._op_metrics
 
     @property
     def is_sleeping(self) -> bool:
         return self.paused or bool(self.sleeping_tags)
 
     async def sleep(self, level: int, mode: str) -> None:
-        async with self._operation("sleep"):
-            await self._pause(mode, clear_cache=level >= 1)
-            if level >= 1:
-                if "weights" in self.sleeping_tags:
-                    logger.warning("Executor is already sleeping.")
-                else:
-                    await self._simulated(self.config.sleep_time_ms)
-                    self.sleeping_tags = set(SLEEP_TAGS)
-            self.level = level
-            self._set_metric(sleeping=True, level=level)
-            logger.info("engine asleep (level %d, mode %s)", level, mode)
+        async with self._lock:
+            await self._sleep(level, mode)
 
     async def wake_up(self, tags: list[str] | None) -> bool:
-        async with self._operation("wake"):
-            if tags is not None and "scheduling" in tags:
-                tags = [t for t in tags if t != "scheduling"]
-            if tags is None or tags:
-                await self._wake_executor(tags)
-            fully_awake = not self.sleeping_tags
-            if fully_awake:
-                self._resume()
-                self.level = 0
-                self._set_metric(sleeping=False, level=0)
-            return fully_awake
+        async with self._lock:
+            return await self._wake_up(tags)
 
     async def release_kv_cache_memory(self) -> None:
-        """vLLM's /release_kv_cache_memory: after a completed pause, drop the KV cache (waking
-        the `kv_cache` tag brings it back); RuntimeError with vLLM's words otherwise."""
-        async with self._operation("release_kv_cache_memory"):
-            counts = await self.engine.call_all(lambda core: core.num_unfinished)
-            refusal = release_kv_cache_refusal(self.paused and not any(counts), not self.sleeping_tags)
-            if refusal is not None:
-                raise RuntimeError(refusal)
-            await self.engine.call_all(lambda core: core.reset_prefix_cache())
-            self.sleeping_tags = {"kv_cache"}
-            self._set_metric(sleeping=True, level=0)
+        """After a completed pause, drop the KV cache (waking the `kv_cache` tag brings it back);
+        RuntimeError with vLLM's words otherwise."""
+        async with self._lock:
+            await self._release_kv_cache_memory()
 
     async def pause(self, mode: str, clear_cache: bool) -> None:
-        """vLLM's /pause (pause_generation): scheduling stops until /resume; weights stay."""
+        """pause_scheduler: scheduling stops until resume; weights stay."""
         async with self._lock:
             await self._pause(mode, clear_cache=clear_cache and mode != "keep")
 
     async def resume(self) -> None:
         async with self._lock:
             self._resume()
+
+    async def _sleep(self, level: int, mode: str) -> None:
+        await self._pause(mode, clear_cache=level >= 1)
+        if level >= 1:
+            if "weights" in self.sleeping_tags:
+                logger.warning("Executor is already sleeping.")
+            else:
+                await self._simulated(self.config.sleep_time_ms)
+                self.sleeping_tags = set(SLEEP_TAGS)
+        self.level = level
+        logger.info("engine asleep (level %d, mode %s)", level, mode)
+
+    async def _wake_up(self, tags: list[str] | None) -> bool:
+        if tags is not None and "scheduling" in tags:
+            tags = [t for t in tags if t != "scheduling"]
+        if tags is None or tags:
+            await self._wake_executor(tags)
+        fully_awake = not self.sleeping_tags
+        if fully_awake:
+            self._resume()
+            self.level = 0
+        return fully_awake
+
+    async def _release_kv_cache_memory(self) -> None:
+        counts = await self.engine.call_all(lambda core: core.num_unfinished)
+        refusal = release_kv_cache_refusal(self.paused and not any(counts), not self.sleeping_tags)
+        if refusal is not None:
+            raise RuntimeError(refusal)
+        await self.engine.call_all(lambda core: core.reset_prefix_cache())
+        self.sleeping_tags = {"kv_cache"}
 
     async def _pause(self, mode: str, *, clear_cache: bool) -> None:
         self.paused = True
@@ -192,6 +196,106 @@ class SleepControl:
             if not any(counts):
                 return
             await asyncio.sleep(DRAIN_POLL_S)
+
+
+RELEASE_KV_FAILED = "Call to release_kv_cache_memory method failed: "
+
+
+class RemoteSleep:
+    """EngineSleep's interface over vLLM's utility calls, to the engine-core processes of
+    `--api-server-count` (each holds its EngineSleep): every call goes to every engine, as vLLM's
+    data-parallel client sends it; `wake_up` is fully awake when every engine is, `is_sleeping` and
+    `is_paused` when any engine is."""
+
+    def __init__(self, utility: Callable[..., Awaitable[list[Any]]]):
+        self.utility = utility  # (method, *args) -> one answer per engine, in rank order
+
+    async def sleep(self, level: int, mode: str) -> None:
+        await self.utility("sleep", level, mode)
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        return all(await self.utility("wake_up", tags))
+
+    async def release_kv_cache_memory(self) -> None:
+        """Refused as one process with these engines refuses: for want of a completed pause if any
+        engine says so (that check comes first), else the first refusal."""
+        answers = await self.utility("release_kv_cache_memory", return_exceptions=True)
+        for a in answers:
+            if isinstance(a, EngineDeadError):
+                raise a
+        refusals = [str(a).removeprefix(RELEASE_KV_FAILED) for a in answers if isinstance(a, BaseException)]
+        if refusals:
+            not_paused = release_kv_cache_refusal(False, True)
+            raise RuntimeError(not_paused if not_paused in refusals else refusals[0])
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        await self.utility("pause_scheduler", mode, clear_cache)
+
+    async def resume(self) -> None:
+        await self.utility("resume_scheduler")
+
+    async def is_sleeping_now(self) -> bool:
+        return any(await self.utility("is_sleeping"))
+
+    async def is_paused_now(self) -> bool:
+        return any(await self.utility("is_scheduler_paused"))
+
+
+class SleepControl:
+    """The frontend's side of sleep mode: one operation at a time, the operation metrics and
+    `vllm:engine_sleep_state` (vLLM's AsyncLLM records them); the engines' state is in an
+    EngineSleep, here or (an engine-core client: `utility`) in the engine-core processes."""
+
+    def __init__(self, engine: Any, config: SleepConfig, metrics: Any = None):
+        utility = getattr(engine, "utility", None)
+        self.engine_side: EngineSleep | RemoteSleep = (RemoteSleep(utility) if utility is not None
+                                                       else EngineSleep(engine, config))
+        self._registry = getattr(metrics, "registry", None)
+        self._op_metrics: _OperationMetrics | None = None
+        self.config = config
+        self.metrics = metrics
+        self._lock = asyncio.Lock()
+
+    def op_metrics(self) -> "_OperationMetrics":
+        """The operation series, registered by the first sleep-mode operation (as vLLM's)."""
+        if self._op_metrics is None:
+            self._op_metrics = _OperationMetrics(self._registry)
+        return self._op_metrics
+
+    async def is_sleeping(self) -> bool:
+        side = self.engine_side
+        return side.is_sleeping if isinstance(side, EngineSleep) else await side.is_sleeping_now()
+
+    async def is_paused(self) -> bool:
+        side = self.engine_side
+        return side.paused if isinstance(side, EngineSleep) else await side.is_paused_now()
+
+    async def sleep(self, level: int, mode: str) -> None:
+        async with self._operation("sleep"):
+            await self.engine_side.sleep(level, mode)
+            self._set_metric(sleeping=True, level=level)
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        async with self._operation("wake"):
+            fully_awake = await self.engine_side.wake_up(tags)
+            if fully_awake:
+                self._set_metric(sleeping=False, level=0)
+            return fully_awake
+
+    async def release_kv_cache_memory(self) -> None:
+        """vLLM's /release_kv_cache_memory; RuntimeError with the engine's words when refused."""
+        async with self._operation("release_kv_cache_memory"):
+            await self.engine_side.release_kv_cache_memory()
+            self._set_metric(sleeping=True, level=0)
+
+    async def pause(self, mode: str, clear_cache: bool) -> None:
+        """vLLM's /pause (pause_generation): scheduling stops until /resume; weights stay."""
+        async with self._lock:
+            await self.engine_side.pause(mode, clear_cache)
+
+    async def resume(self) -> None:
+        async with self._lock:
+            await self.engine_side.resume()
 
     def _set_metric(self, *, sleeping: bool, level: int) -> None:
         if self.metrics is not None and hasattr(self.metrics, "set_sleep_state"):

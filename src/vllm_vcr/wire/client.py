@@ -11,15 +11,19 @@ ZMQ identity is its data-parallel rank, two bytes little-endian). Requests go ou
 `EngineCoreClient` has the interface the frontend already uses for the in-process engine
 (engine/async_engine.py's AsyncEngine: `generate`, `push`, output listeners, the unfinished
 count, `is_running`, `reset_prefix_cache` as a utility call), and reuses its output collectors, so
-one code path renders responses whatever the process layout. What needs an engine object in this
-process (`engines`, `call_all`) is refused with an HTTP 500 that says so.
+one code path renders responses whatever the process layout. Sleep, pause and the weight version
+are utility calls too (`utility`, used by vllm/sleep.py and vllm/rl.py); `/abort_requests` ends
+this API server's own requests (`abort_tracked`), as vLLM's output processor does. What needs an
+engine object in this process (`engines`, `call_all`) is refused with an HTTP 500 that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,7 +33,7 @@ import zmq.asyncio
 
 from ..engine.async_engine import Collector, OutputListener, PushQueue, TakeToken, deliver_outputs, pick_engine_index
 from ..engine.core import EngineDeadError
-from ..engine.types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from ..engine.types import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from ..frontend.errors import ENGINE_DEAD_MESSAGE
 from ..frontend.errors import HTTPError
 from .codec import ABORT, ADD, ENGINE_CORE_DEAD, EXT_RAW_VIEW, UTILITY
@@ -65,7 +69,8 @@ class EngineCoreClient:
         self.engine_count = engine_count
         self.client_index = client_index
         self.ready_timeout = ready_timeout
-        self._collectors: dict[str, tuple[int, Collector]] = {}
+        # request id -> (engine index, its reader's collector, the client's id for it)
+        self._collectors: dict[str, tuple[int, Collector, str | None]] = {}
         self._push_queue = PushQueue()
         self._load = [0] * engine_count
         self._rr = 0
@@ -196,8 +201,9 @@ class EngineCoreClient:
     async def call_all(self, fn: Callable[[Any], Any]) -> list[Any]:
         raise HTTPError(500, NOT_IN_THIS_PROCESS, "InternalServerError")
 
-    async def utility(self, method: str, *args: Any) -> list[Any]:
-        """vLLM's utility call (engine-core protocol): `method` on every engine, in rank order."""
+    async def utility(self, method: str, *args: Any, return_exceptions: bool = False) -> list[Any]:
+        """vLLM's utility call (engine-core protocol): `method` on every engine, their answers in
+        rank order (the first failure raised, or with `return_exceptions` each in its place)."""
         if self.dead is not None:
             raise self.dead
         loop = asyncio.get_running_loop()
@@ -208,7 +214,25 @@ class EngineCoreClient:
             calls.append(fut)
             body = self._encoder.encode([self.client_index, call_id, method, list(args)])
             self._input.send_multipart((ident, UTILITY, body))
-        return [await fut for fut in calls]
+        return list(await asyncio.gather(*calls, return_exceptions=return_exceptions))
+
+    def abort_tracked(self, external_ids: set[str] | None) -> list[tuple[str, str | None]]:
+        """vLLM's /abort_requests in one API server: this API server's requests (every one, or
+        those whose client id is in `external_ids`) are aborted in their engines and end here with
+        finish_reason abort, as vLLM's output processor ends them. Returns (request id, client id) of each."""
+        chosen: dict[int, list[str]] = {}
+        for rid, (idx, _, ext) in self._collectors.items():
+            if external_ids is None or ext in external_ids:
+                chosen.setdefault(idx, []).append(rid)
+        now = time.monotonic()
+        for idx, rids in chosen.items():
+            with contextlib.suppress(zmq.ZMQError):
+                self._input.send_multipart((self._identities[idx], ABORT, self._encoder.encode(rids)))
+            self._deliver(EngineCoreOutputs(
+                engine_index=idx, timestamp=now, finished_requests=rids,
+                outputs=[EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ABORT)
+                         for rid in rids]))
+        return [(rid, self._collectors[rid][2]) for rids in chosen.values() for rid in rids]
 
     async def reset_prefix_cache(self) -> list[bool]:
         """AsyncEngine.reset_prefix_cache, over the wire."""
@@ -263,7 +287,7 @@ class EngineCoreClient:
         if self.dead is not None:
             return
         self.dead = EngineDeadError(ENGINE_DEAD_MESSAGE)
-        for _, col in list(self._collectors.values()):
+        for _, col, _ in list(self._collectors.values()):
             col.fail(self.dead)
         for fut in self._calls.values():
             if not fut.done():
@@ -317,7 +341,7 @@ class EngineCoreClient:
         idx = self.pick_engine(request)
         request.client_index = self.client_index
         rid = request.request_id
-        self._collectors[rid] = (idx, col)
+        self._collectors[rid] = (idx, col, request.external_req_id)
         self._load[idx] += 1
         try:
             self._input.send_multipart((self._identities[idx], ADD, self._encoder.encode(request)), copy=False)
@@ -331,7 +355,7 @@ class EngineCoreClient:
 
     def _detach(self, idx: int, rid: str, col: Collector) -> None:
         self._load[idx] -= 1
-        if self._collectors.get(rid, (None, None))[1] is col:
+        if self._collectors.get(rid, (None, None, None))[1] is col:
             del self._collectors[rid]
         if not col.finished and self.dead is None:
             try:

@@ -88,6 +88,7 @@ class EngineBridge:
         self._drained = asyncio.Event()
         self._drained.set()
         self.sleeping = False
+        self.sleep: Any = None  # serve's EngineSleep (vllm/sleep.py), behind `serve --api-server-count`
         self.loras: dict[int, str] = {}
         self.weight_version = "default"
         self.listeners: list[Callable[[int, EngineCoreOutputs], None]] = []
@@ -388,13 +389,25 @@ class PlayServer:
                  control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
-                 first_rank: int = 0, data_parallel_size: int | None = None):
+                 first_rank: int = 0, data_parallel_size: int | None = None,
+                 engine_sleep: Callable[["PlayEngines"], Any] | None = None, dead_after_stop: bool = True,
+                 attach: Callable[["PlayServer", contextlib.AsyncExitStack], None] | None = None):
         self.args = args
         # this process's engines are DP ranks first_rank.. of data_parallel_size (one process per
         # rank behind `serve --api-server-count`; all ranks in one process for `play`)
         self.first_rank = first_rank
         self.data_parallel_size = data_parallel_size or first_rank + engine_count
         self.control: Any = None  # the control API's server, once it runs
+        # serve's sleep model (vllm/sleep.py's EngineSleep over one engine) for each engine, behind
+        # `serve --api-server-count`: the sleep and pause utility calls act on it (utility.py)
+        self.engine_sleep = engine_sleep
+        # ENGINE_CORE_DEAD after a stop on a signal too (`play`: a frontend that outlives its engine
+        # fails fast); without, only when an engine failed, as vLLM's engine core (`serve`'s engine
+        # cores: the other ranks of the same API servers may still be draining)
+        self.dead_after_stop = dead_after_stop
+        # called once the engines exist, before they serve (what observes them: forward-pass metrics);
+        # an exception fails the start-up
+        self.attach = attach
         # called once the engines serve (after the handshake): a parent process learns that it can go on
         self.on_serving: Callable[[PlayServer], None] | None = None
         self.token_source_factory = token_source_factory  # --tokenizer: structured outputs honoured
@@ -444,13 +457,14 @@ class PlayServer:
                 if not await self.handshake(ctx):
                     return 0
                 self.create_engines()
+                self.attach_to_engines(stack)
                 await self.start_pd_services(stack)
                 core_tasks, io_tasks = await self.start_serving()
                 if self.on_serving is not None:
                     self.on_serving(self)
                 start_idle_trimming(stack, lambda: self.engines.engines)
                 rc = await self.serve_until_signal(core_tasks)
-                await self.drain(core_tasks, io_tasks)
+                await self.drain(core_tasks, io_tasks, failed=rc != 0)
                 return rc
         except _StartFailed as e:
             return e.exit_code
@@ -559,6 +573,18 @@ class PlayServer:
             log.exception("could not build the engines")
             self._fail_start()
 
+    def attach_to_engines(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.engine_sleep is not None:
+            for b in self.bridges:
+                b.sleep = self.engine_sleep(PlayEngines([b]))
+        if self.attach is None:
+            return
+        try:
+            self.attach(self, stack)
+        except Exception as e:
+            log.error("%s", e)
+            self._fail_start()
+
     async def start_pd_services(self, stack: contextlib.AsyncExitStack) -> None:
         try:
             pd = await start_pd_services([b.core for b in self.bridges], self.pd_args)
@@ -591,7 +617,8 @@ class PlayServer:
             self._shutdown_timeout = 0.0
         return rc
 
-    async def drain(self, core_tasks: dict[asyncio.Task, EngineBridge], io_tasks: list[asyncio.Task]) -> None:
+    async def drain(self, core_tasks: dict[asyncio.Task, EngineBridge], io_tasks: list[asyncio.Task],
+                    failed: bool = False) -> None:
         """Drain or abort, flush, then ENGINE_CORE_DEAD on every output socket."""
         for b in self.bridges:
             b.closing = True
@@ -610,6 +637,10 @@ class PlayServer:
         await asyncio.gather(*io_tasks, return_exceptions=True)
         for b in self.bridges:
             b.cancel_utility_calls()
+        if not (failed or self.dead_after_stop):
+            log.info("engines stopped")
+            return
+        for b in self.bridges:
             b.send_dead()
         log.info("engines stopped; ENGINE_CORE_DEAD sent to the frontend")
 

@@ -74,10 +74,33 @@ async def _noop(b: EngineBridge, args: list) -> Any:
     return None
 
 
+# Sleep and pause. Behind `serve --api-server-count` an engine core holds serve's EngineSleep
+# (vllm/sleep.py, given to PlayServer as `engine_sleep`; `b.sleep`): the same sleep model as one
+# `serve` process, whose API servers reach it with these calls. `play` alone (a real vLLM frontend
+# in front) keeps the simpler model below.
+
+def _mode(value: Any) -> str:
+    return value if isinstance(value, str) else "abort"
+
+
+def _serve_mode(value: Any) -> str:
+    """A pause mode for EngineSleep; vLLM's engine core refuses any other with these words."""
+    mode = "abort" if value is None else value
+    if mode not in ("abort", "wait", "keep"):
+        raise UtilityFailure(f"Invalid pause mode: {mode}")
+    return mode
+
+
 @handler("release_kv_cache_memory")
 async def _release_kv_cache_memory(b: EngineBridge, args: list) -> Any:
     # the engine core's rule: only after a completed pause, with all memory resident; the KV
     # cache is then gone (its prefix cache with it) until a wake-up brings it back
+    if b.sleep is not None:
+        try:
+            await b.sleep.release_kv_cache_memory()
+        except RuntimeError as e:
+            raise UtilityFailure(str(e)) from None
+        return None
     unfinished = await await_call(b.core.call(lambda c: c.num_unfinished))
     refusal = release_kv_cache_refusal(b.paused is not None and not unfinished, not b.sleeping)
     if refusal is not None:
@@ -96,47 +119,59 @@ async def _reset_prefix_cache(b: EngineBridge, args: list) -> Any:
 
 @handler("is_sleeping")
 async def _is_sleeping(b: EngineBridge, args: list) -> Any:
-    return b.sleeping
+    return b.sleep.is_sleeping if b.sleep is not None else b.sleeping
 
 
-@handler("sleep")
+@handler("sleep")  # (level=1, mode="abort")
 async def _sleep(b: EngineBridge, args: list) -> Any:
-    mode = _arg(args, 1, "abort")
-    await b.pause(mode if isinstance(mode, str) else "abort", reject_new=False)
+    if b.sleep is not None:
+        level = _arg(args, 0, 1)
+        await b.sleep.sleep(level if isinstance(level, int) else 1, _serve_mode(_arg(args, 1)))
+        return None
+    await b.pause(_mode(_arg(args, 1)), reject_new=False)
     b.sleeping = True
     return None
 
 
-@handler("wake_up")
+@handler("wake_up")  # (tags=None): whether every part is awake again
 async def _wake_up(b: EngineBridge, args: list) -> Any:
+    if b.sleep is not None:
+        tags = _arg(args, 0)
+        return await b.sleep.wake_up([str(t) for t in tags] if isinstance(tags, (list, tuple)) else None)
     b.sleeping = False
     b.resume()
     return True
 
 
-@handler("pause_scheduler")  # 0.32's /pause: new requests wait until resume
+@handler("pause_scheduler")  # 0.32's /pause (mode="abort", clear_cache=True): new requests wait until resume
 async def _pause_scheduler(b: EngineBridge, args: list) -> Any:
-    mode = _arg(args, 0, "abort")
-    await b.pause(mode if isinstance(mode, str) else "abort", reject_new=False)
+    if b.sleep is not None:
+        await b.sleep.pause(_serve_mode(_arg(args, 0)), _arg(args, 1, True) is not False)
+        return None
+    await b.pause(_mode(_arg(args, 0)), reject_new=False)
     return None
 
 
 @handler("pause_generation")  # 0.33's /pause: abort/wait refuse new requests (retryable), keep queues
 async def _pause_generation(b: EngineBridge, args: list) -> Any:
-    mode = _arg(args, 0, "abort")
-    mode = mode if isinstance(mode, str) else "abort"
+    mode = _mode(_arg(args, 0))
     await b.pause(mode, reject_new=mode != "keep")
     return None
 
 
 @handler("resume_scheduler", "resume_generation")
 async def _resume(b: EngineBridge, args: list) -> Any:
+    if b.sleep is not None:
+        await b.sleep.resume()
+        return None
     b.resume()
     return None
 
 
 @handler("is_scheduler_paused", "is_paused")
 async def _is_paused(b: EngineBridge, args: list) -> Any:
+    if b.sleep is not None:
+        return b.sleep.paused
     return b.paused is not None
 
 
