@@ -92,13 +92,16 @@ def test_router_routes_and_openai(sglang):
     assert out.usage.completion_tokens <= 2
 
 
-def test_server_info_reports_the_engine_config(serve_process):
+@pytest.mark.parametrize("shape", [("--engine-count", "2"), ("--data-parallel-size", "2", "--api-server-count", "2")],
+                         ids=["one-process", "engine-core-processes"])
+def test_server_info_reports_the_engine_config(serve_process, shape):
     """SGLang's /get_server_info (and the newer /model_info that SMG asks first):
     the running window and KV capacity come from the engine's flags, as SGLang's server args and
-    scheduler info report them; SMG's P/D admission reads max_running_requests."""
+    scheduler info report them; SMG's P/D admission reads max_running_requests. The same answer
+    whether the engines run in the HTTP process or in engine-core processes."""
     sp = serve_process("--engine-type", "sglang", "--worker-type", "decode", "--max-num-seqs", "7",
                        "--kv-cache-size", "300", "--block-size", "32", "--max-model-len", "2048",
-                       "--max-num-batched-tokens", "512", "--engine-count", "2")
+                       "--max-num-batched-tokens", "512", *shape)
     with httpx.Client(base_url=sp.url, timeout=30) as c:
         info = c.get("/get_server_info").json()
         assert c.get("/model_info").json() == c.get("/get_model_info").json()

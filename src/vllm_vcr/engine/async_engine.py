@@ -460,6 +460,10 @@ class AsyncEngine:
         """Every engine's prefix cache reset (an engine with requests in flight refuses: False)."""
         return [r is not False for r in await self.call_all(lambda core: core.reset_prefix_cache())]
 
+    async def loads(self) -> list[dict[str, Any]]:
+        """Every engine's scheduler load (EngineControls.load), in engine order."""
+        return await self.call_all(lambda core: core.load())
+
 
 # The output collectors, shared with the engine-core client of a multi-process serve
 # (wire/client.py): one way of handing outputs to readers whatever carries them.

@@ -32,6 +32,7 @@ class EngineControls:
     requests: dict[str, Request]
     stats: EngineStats
     step_counter: int
+    args: Any
 
     @property
     def config(self) -> EngineConfig:
@@ -80,6 +81,12 @@ class EngineControls:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def load(self) -> dict[str, Any]:
+        """The scheduler's load as routers read it (SGLang's internal_states, gRPC's GetLoads)."""
+        pool = self.block_pool
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "token_usage": pool.usage(), "token_capacity": pool.num_blocks * self.args.tokens_per_block}
 
     def scheduler_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats(self.step_counter, self.block_pool.usage())

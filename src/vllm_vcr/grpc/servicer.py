@@ -318,15 +318,9 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
 
     async def load_fields(self) -> list[dict[str, Any]]:
         """One SchedulerLoad's fields per engine (DP rank), from the scheduler as it is now."""
-        def read(core: Any) -> tuple[int, int, float, int, int]:
-            pool = core.block_pool
-            return (len(core.scheduler.running), len(core.scheduler.waiting), pool.usage(), pool.num_blocks,
-                    core.args.tokens_per_block)
-
-        rows = await self.engine.call_all(read)
         out = []
-        for rank, (running, waiting, usage, blocks, per_block) in enumerate(rows):
-            capacity = blocks * per_block
+        for rank, load in enumerate(await self.engine.loads()):
+            running, waiting, usage, capacity = load["running"], load["waiting"], load["token_usage"], load["token_capacity"]
             out.append({"dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": waiting,
                         "num_total_reqs": running + waiting, "token_usage": usage, "utilization": usage,
                         "max_total_num_tokens": capacity, "num_used_tokens": int(round(usage * capacity)),

@@ -131,12 +131,8 @@ class SGLangServing:
         s, args = self.app.settings, self.app.engine.args
         cfg = args.config
         capacity = args.kv_cache_size * args.tokens_per_block  # per rank, as SGLang's scheduler reports it
-
-        def state(core: Any) -> dict[str, Any]:
-            return {"num_running_reqs": len(core.scheduler.running), "num_waiting_reqs": len(core.scheduler.waiting),
-                    "token_usage": core.block_pool.usage()}
-
-        ranks = await self.app.engine.call_all(state)
+        ranks = [{"num_running_reqs": r["running"], "num_waiting_reqs": r["waiting"], "token_usage": r["token_usage"]}
+                 for r in await self.app.engine.loads()]
         mode = s.worker_type if s.worker_type in ("prefill", "decode") else "null"
         await send_bytes(ctx.send, 200, _encode({
             "model_path": s.model_root or s.model_name, "tokenizer_path": s.model_root or s.model_name,

@@ -238,6 +238,10 @@ class EngineCoreClient:
         """AsyncEngine.reset_prefix_cache, over the wire."""
         return [r is not False for r in await self.utility("reset_prefix_cache")]
 
+    async def loads(self) -> list[dict[str, Any]]:
+        """AsyncEngine.loads, over the wire (vllm-vcr's own utility method, not one of vLLM's)."""
+        return await self.utility("vcr_load")
+
     # --- outputs -------------------------------------------------------------------------------
     async def _read_outputs(self) -> None:
         sock, decode = self._output, self._decoder

@@ -117,6 +117,12 @@ async def _reset_prefix_cache(b: EngineBridge, args: list) -> Any:
     return bool(True if ok is None else ok)
 
 
+@handler("vcr_load")
+async def _load(b: EngineBridge, args: list) -> Any:
+    # serve's API servers read a rank's load for SGLang's /get_server_info (not a vLLM method)
+    return await await_call(b.core.call(lambda c: c.load()))
+
+
 @handler("is_sleeping")
 async def _is_sleeping(b: EngineBridge, args: list) -> Any:
     return b.sleep.is_sleeping if b.sleep is not None else b.sleeping
