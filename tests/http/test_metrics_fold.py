@@ -110,3 +110,21 @@ def test_finished_rows_fold_to_per_request_observations(reqs, fold_at):
     assert eng.finished == []
     for attr, h in expected.items():
         same(h, getattr(eng, "h_" + attr))
+
+
+def test_every_scrape_sees_each_finished_request():
+    """A request's finish shows in the next scrape under vLLM's and SGLang's names alike, folded
+    or not yet (its row waits for FOLD_AT)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_vcr.sglang.metrics import SGLangFrontendMetrics
+
+    for cls, e2e in ((FrontendMetrics, "vllm:e2e_request_latency_seconds"),
+                     (SGLangFrontendMetrics, "sglang:e2e_request_latency_seconds")):
+        m = cls("m")
+        for i in range(3):
+            m.on_request_arrival(f"r{i}", 0.0, max_tokens=4, num_prompt_tokens=3)
+            m.on_request_finished(f"r{i}", "stop", num_generation_tokens=2, engine_index=0)
+            counts = [s.value for fam in text_string_to_metric_families(m.render_text().decode())
+                      for s in fam.samples if s.name == e2e + "_count"]
+            assert sum(counts) == i + 1

@@ -635,6 +635,12 @@ class FrontendMetrics:
 
     # ------------------------------------------------------------------ exposition
 
+    def fold(self) -> None:
+        """Bring the histograms up to date (the finished requests' waiting rows): before any read."""
+        for e in self._engines:
+            if e.finished:
+                fold_finished(e)
+
     def render_text(self) -> bytes:
         """The Prometheus text format (vLLM's GET /metrics; its content type is text/plain 1.0.0):
         generate_latest(self.registry)'s bytes, rendered by exposition.TextExposition."""
@@ -667,8 +673,7 @@ class FrontendMetrics:
         rendered once."""
         name = self.model_name
         created = self._created
-        for e in self._engines:
-            fold_finished(e)
+        self.fold()
         memo = self  # self.get: the memo, with the family rewrite (scripted gauges) when one is set
         eng_labels = [(name, str(self.first_engine + i)) for i in range(len(self._engines))]
         engines = list(zip(eng_labels, self._engines))
