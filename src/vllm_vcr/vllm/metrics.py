@@ -37,7 +37,9 @@ Integration (all calls are synchronous, cheap and never raise for unknown reques
 
 Cost: one pass over `outputs.outputs` per engine message with a handful of attribute updates
 per output; histograms are plain Python lists turned into prometheus families only in
-`render()`, so no prometheus_client locks or objects sit on the per-token path. A scrape rebuilds
+`render()`, so no prometheus_client locks or objects sit on the per-token path. A finished
+request's dozen observations are one kept row, folded into the histograms in bulk (`fold`) before
+any read and every `FOLD_AT` rows: the same counts and sums as observing each on its own. A scrape rebuilds
 only the families whose values changed since the last one (exposition.FamilyMemo) and renders
 the text with exposition.TextExposition: generate_latest's bytes, at a tenth of its cost.
 """
