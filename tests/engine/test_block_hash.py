@@ -12,6 +12,8 @@ lora_name/lora_path, cache_salt, mm_features). Both versions gave identical outp
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_vcr.engine import block_hash as bh
 from vllm_vcr.engine.block_hash import (
@@ -194,3 +196,19 @@ def test_cbor_encoder_matches_canonical_cbor():
                tuple(rnd.randint(-2**40, 2**40) for _ in range(rnd.randint(0, 20))),
                (("lora", "n" * rnd.randint(0, 300), "p"),) if rnd.random() < .5 else None)
         assert bh._cbor(obj) == cbor2.dumps(obj, canonical=True)
+
+
+@given(st.one_of(st.none(), st.integers(), st.binary(max_size=8)),
+       st.lists(st.integers(min_value=-(1 << 70), max_value=1 << 70), max_size=200),
+       st.integers(0, 20), st.integers(0, 20), st.integers(1, 17))
+@settings(max_examples=300, deadline=None)
+def test_content_chain_is_the_hasher_called_per_block(parent, tokens, start, stop, block_size):
+    """ContentHasher.chain (C iterators) gives what calling the hasher block by block gives, a
+    short last block and any start/stop included."""
+    hasher = bh.ContentHasher()
+    ids = tokens[start * block_size:stop * block_size]
+    expected, p = [], parent
+    for j in range(0, len(ids), block_size):
+        p = hasher(p, ids[j:j + block_size], None)
+        expected.append(p)
+    assert hasher.chain(parent, tokens, start, stop, block_size) == expected

@@ -51,6 +51,7 @@ class SGLangFrontendMetrics(FrontendMetrics):
     def families(self):
         """A family whose values are unchanged since the last scrape is the same object (FamilyMemo)."""
         by_collector = sglang_labels(self.model_name, self.worker_type)
+        self.fold()
         engines = self._engines
         memo = self  # self.get: the memo, with the family rewrite (scripted gauges) when one is set
         created = self._created
