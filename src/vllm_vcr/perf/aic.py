@@ -21,6 +21,7 @@ from .errors import PerfModelError
 from .native import NativeHandle
 from .qk_norm import bundled_config, qk_norm_ms
 from . import compact
+from .sdk_yaml import c_yaml
 from .spec_cache import cache_dir, kept_prices, load_or_compile, spec_key
 from .tables import borrowed_tables, systems_path
 
@@ -170,8 +171,10 @@ def _load(key: str) -> Any:
     def compiled() -> Any:
         from aiconfigurator_core.sdk.engine import EngineHandle
 
-        return with_cut(probed(EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
-                                                    systems_path=systems, **t.compile_kwargs())))
+        with c_yaml():  # its YAML parsed by libyaml (perf/sdk_yaml.py)
+            handle = EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                          systems_path=systems, **t.compile_kwargs())
+        return with_cut(probed(handle))
 
     try:
         systems = systems_path(t.gpu, t.backend, borrowed)  # None: the package's own tables
