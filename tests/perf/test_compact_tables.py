@@ -150,11 +150,17 @@ def test_a_cut_that_prices_otherwise_is_refused_and_the_whole_tables_serve(tmp_p
         aic._compiled.cache_clear()
 
 
-def test_the_native_handle_hands_other_queries_to_the_sdk():
-    whole = _whole_handle("dense")
-    native = NativeHandle(bytes(whole.spec_bytes))
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_native_handle_hands_other_queries_to_the_sdk_on_the_cut_tables_alike(name):
+    """The silicon validation's queries (`run_static`, `predict_*`) go to an `EngineHandle` on
+    the same cut tables, and answer as on the whole ones."""
+    whole, cut = _whole_handle(name), _cut_handle(name)
+    for b, isl, osl in ((1, 128, 2), (4, 1000, 100), (64, 3000, 500)):
+        assert cut.run_static(batch_size=b, isl=isl, osl=osl) == whole.run_static(batch_size=b, isl=isl, osl=osl)
+        assert cut.predict_prefill_latency(b, isl) == whole.predict_prefill_latency(b, isl)
+        assert cut.predict_decode_latency(b, isl, osl) == whole.predict_decode_latency(b, isl, osl)
+    native = NativeHandle(bytes(whole.spec_bytes))  # the package's tables
     assert native.run_static(batch_size=4, isl=1000, osl=100) == whole.run_static(batch_size=4, isl=1000, osl=100)
-    assert native.predict_prefill_latency(1, 2000) == whole.predict_prefill_latency(1, 2000)
 
 
 def test_the_estimator_whose_internals_the_cut_relies_on_is_pinned():
