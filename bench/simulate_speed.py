@@ -16,13 +16,15 @@ shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way
 
 `--sizes 1000,10000,100000` measures the cost per request at each size (timing-only path, fixed
 shape; Dynamo too with `--dynamo`), `--startup` the `vllm-vcr simulate` process itself (CPU
-seconds of `--help`, of a 10-request run without and with the perf model, and of a whole
-1,000-request run with it: child-process rusage), and `--markdown` prints the tables of
-docs/benchmarks.md after the JSON.
+seconds, child-process rusage: `--help`; a 10-request run with the latency knobs; with the perf
+model, nothing kept, then with the estimator kept by an earlier run but step compositions no
+earlier run priced, then with its step prices kept; a whole 1,000-request run with them kept),
+`--startup-only` that table alone, and `--markdown` prints the tables of docs/benchmarks.md
+after the JSON.
 
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
-          [--sizes 1000,10000,100000] [--startup] [--markdown]
+          [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
 """
 
 from __future__ import annotations
@@ -103,30 +105,38 @@ def _cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
     return {"cpu_s": _child_cpu() - c0, "wall_s": time.perf_counter() - w0}
 
 
+_AIC = ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic", "--gpu", "h100_sxm"]
+_TEN = ["--num-requests", "10", "--concurrency", "2", "--no-progress", "--no-figures"]
+_THOUSAND = ["--num-requests", "1000", "--concurrency", "64", "--isl", "1024", "--osl", "256", "--no-progress",
+             "--no-figures"]
+# name -> argv (a repeat's index is given to a callable); the perf model's cases share one cache
+# directory, made before the timed runs by one untimed run of each kept case (which compiles the
+# estimator and keeps its spec, KV estimate, cut kernel tables and price answers)
 STARTUP_CASES = {
     "simulate --help": ["simulate", "--help"],
     "10 requests, latency knobs": ["simulate", "--num-requests", "10", "--concurrency", "2",
                                    "--inter-token-latency", "10", "--no-progress", "--no-figures"],
-    "10 requests, --perf-model aic, nothing kept (VLLM_VCR_PERF_CACHE=0)": ["simulate",
-                                      "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
-                                      "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
-                                      "--no-progress", "--no-figures"],
-    "10 requests, --perf-model aic": ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
-                                      "--gpu", "h100_sxm", "--num-requests", "10", "--concurrency", "2",
-                                      "--no-progress", "--no-figures"],
-    "1,000 requests, --perf-model aic": ["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic",
-                                         "--gpu", "h100_sxm", "--num-requests", "1000", "--concurrency", "64",
-                                         "--isl", "1024", "--osl", "256", "--no-progress", "--no-figures"],
+    "10 requests, --perf-model aic, nothing kept (VLLM_VCR_PERF_CACHE=0)": _AIC + _TEN,
+    "10 requests, --perf-model aic, step compositions no earlier run priced": lambda i: _AIC + _TEN + [
+        "--isl", str(700 + 97 * i), "--osl", str(90 + 7 * i)],
+    "10 requests, --perf-model aic, its step prices kept": _AIC + _TEN,
+    "1,000 requests, --perf-model aic, its step prices kept": _AIC + _THOUSAND,
 }
+_WARM = ("10 requests, --perf-model aic, its step prices kept", "1,000 requests, --perf-model aic, its step prices kept")
 
 
 def _startup(repeat: int) -> dict:
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeat):
+        cache = {"VLLM_VCR_CACHE_DIR": os.path.join(tmp, "cache")}
+        for name in _WARM:  # untimed: what an earlier run keeps
+            _cli(STARTUP_CASES[name] + ["-o", tmp], cache)
+        for i in range(repeat):
             for name, argv in STARTUP_CASES.items():
+                argv = argv(i) if callable(argv) else argv
                 argv = argv + (["-o", tmp] if "--help" not in argv else [])
-                r = _cli(argv, {"VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else None)
+                env = {**cache, "VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else cache
+                r = _cli(argv, env)
                 row = out.setdefault(name, {"cpu_s": [], "wall_s": []})
                 row["cpu_s"].append(round(r["cpu_s"], 3))
                 row["wall_s"].append(round(r["wall_s"], 3))

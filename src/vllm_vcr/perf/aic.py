@@ -18,8 +18,11 @@ from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .checkpoint import checkpoint_kernels, kv_cache_directive
 from .errors import PerfModelError
+from .native import NativeHandle
 from .qk_norm import bundled_config, qk_norm_ms
-from .spec_cache import kept_prices, load_or_compile
+from . import compact
+from .sdk_yaml import c_yaml
+from .spec_cache import cache_dir, kept_prices, load_or_compile, spec_key
 from .tables import borrowed_tables, systems_path
 
 logger = logging.getLogger(__name__)
@@ -138,7 +141,6 @@ def _load(key: str) -> Any:
     import_aic()
     check_gpu(t.gpu, t.backend)
     configure_data_roots()
-    from aiconfigurator_core.sdk.engine import EngineHandle
 
     quiet = logging.getLogger("aiconfigurator_core")
     level, quiet.level = quiet.level, logging.ERROR  # it logs every fallback table it loads
@@ -147,12 +149,37 @@ def _load(key: str) -> Any:
         handle.mixed_step_breakdown(128, 1, 128, 2, 0)
         return handle
 
+    cache, cut = cache_dir(), spec_key("compact", key)  # the kernel tables cut to this target (perf/compact.py)
+
+    def with_cut(handle: Any) -> Any:  # made once, by a process that has the whole tables loaded
+        if not compact.tried(cache, cut):
+            tries = compact.plans(t.gemm_quant, t.moe_quant, t.kv_cache_quant,
+                                  compact.model_head_dim(bundled_config(t.model)))
+            compact.make(cache, cut, systems, t.gpu, t.backend, tries,
+                         lambda path: NativeHandle(handle.spec_bytes, systems_path=path), handle)
+        return handle
+
+    def from_spec(spec: bytes) -> Any:
+        cut_systems = compact.kept(cache, cut)
+        if cut_systems is not None:
+            try:
+                return probed(NativeHandle(spec, systems_path=cut_systems))
+            except Exception as e:  # noqa: BLE001 - e.g. the package moved under its links: the whole tables
+                logger.debug("compact tables at %s do not load (%s)", cut_systems, e)
+        return with_cut(probed(NativeHandle(spec, systems_path=systems)))
+
+    def compiled() -> Any:
+        from aiconfigurator_core.sdk.engine import EngineHandle
+
+        with c_yaml():  # its YAML parsed by libyaml (perf/sdk_yaml.py)
+            handle = EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                          systems_path=systems, **t.compile_kwargs())
+        return with_cut(probed(handle))
+
     try:
         systems = systems_path(t.gpu, t.backend, borrowed)  # None: the package's own tables
         handle = load_or_compile(  # a spec compiled by an earlier process loads in a millisecond
-            key, lambda: probed(EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
-                                                     systems_path=systems, **t.compile_kwargs())),
-            lambda spec: probed(EngineHandle(spec, systems_path=systems)))
+            key, compiled, from_spec)
     except PerfModelError:
         raise
     except Exception as e:  # unsupported combination: missing kernels, flops, configs
