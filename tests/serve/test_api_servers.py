@@ -248,6 +248,16 @@ def test_abort_requests_aborts_that_api_servers_requests(fleet_of_processes):
     """vLLM's /abort_requests acts on the requests of the API server it reaches (its output
     processor's); they end with finish_reason abort."""
     sp = fleet_of_processes
+    # a stream that outlasts the abort's search for its API server on a loaded machine (new
+    # connections land on either server): 4000 tokens at 50 ms, ended by the abort
+    httpx.patch(sp.control + "/config", json={"inter_token_latency": 50}, timeout=30).raise_for_status()
+    try:
+        _abort_one_stream(sp)
+    finally:
+        httpx.patch(sp.control + "/config", json={"inter_token_latency": 2}, timeout=30).raise_for_status()
+
+
+def _abort_one_stream(sp) -> None:
     with httpx.Client() as h:  # one connection: the stream and the abort reach the same API server
         with h.stream("POST", sp.url + "/v1/completions", timeout=scaled(60),
                       json={"model": MODEL, "prompt": "x", "max_tokens": 4000, "stream": True}) as resp:
