@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .catalog import package_root
+from .overlay import link_all, publish
 
 logger = logging.getLogger(__name__)
 
@@ -153,13 +154,6 @@ def _mark(d: Path, word: str, text: str) -> None:
         logger.debug("compact tables: cannot mark %s (%s)", d, e)
 
 
-def _link_all(src: Path, dst: Path, skip: tuple[str, ...]) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for entry in src.iterdir():
-        if entry.name not in skip:
-            (dst / entry.name).symlink_to(entry.resolve())
-
-
 def _cut(src: Path, dst: Path, cut: Cut) -> None:
     import pyarrow as pa  # aiconfigurator-core's own dependency
     import pyarrow.compute as pc
@@ -174,21 +168,17 @@ def _cut(src: Path, dst: Path, cut: Cut) -> None:
 def _build(target: Path, src: Path, gpu: str, backend: str, cuts: tuple[Cut, ...]) -> Path:
     """The overlay's systems directory: `src`'s entries linked, but in every version directory of
     data/<gpu>/<family>/<backend>, whose tables named by `cuts` are cut."""
-    if (target / "systems").is_dir():
-        return target / "systems"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + "."))
     families = sorted({c.family for c in cuts})
-    try:
-        out = work / "systems"
-        _link_all(src, out, ("data",))
-        _link_all(src / "data", out / "data", (gpu,))
-        _link_all(src / "data" / gpu, out / "data" / gpu, tuple(families))
+
+    def build(out: Path) -> None:
+        link_all(src, out, ("data",))
+        link_all(src / "data", out / "data", (gpu,))
+        link_all(src / "data" / gpu, out / "data" / gpu, tuple(families))
         for family in families:
             fam = src / "data" / gpu / family
             if not fam.is_dir():
                 continue
-            _link_all(fam, out / "data" / gpu / family, (backend,))
+            link_all(fam, out / "data" / gpu / family, (backend,))
             if not (fam / backend).is_dir():
                 continue
             tables = {c.table: c for c in cuts if c.family == family}
@@ -198,17 +188,9 @@ def _build(target: Path, src: Path, gpu: str, backend: str, cuts: tuple[Cut, ...
                 if not version.is_dir():
                     dst.symlink_to(version.resolve())
                     continue
-                _link_all(version, dst, tuple(tables))
+                link_all(version, dst, tuple(tables))
                 for name, cut in tables.items():
                     if (version / name).exists():
                         _cut(version / name, dst / name, cut)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        os.rename(work, target)  # atomic: another process's finished overlay stays if it was first
-    except OSError:
-        shutil.rmtree(work, ignore_errors=True)
-        if not (target / "systems").is_dir():
-            raise
-    return target / "systems"
+
+    return publish(target, build)

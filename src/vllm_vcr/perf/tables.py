@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from .catalog import package_root
+from .overlay import link_all, publish
 from .qk_norm import bundled_config
 
 # (GPU, backend, table family, the GPU whose table of that family is priced instead)
@@ -72,42 +72,24 @@ def systems_path(gpu: str, backend: str, borrowed: tuple[tuple[str, str], ...]) 
     raise error
 
 
-def _link_all(src: Path, dst: Path, skip: str) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for entry in src.iterdir():
-        if entry.name != skip:
-            (dst / entry.name).symlink_to(entry)
-
-
 def _build(target: Path, src: Path, gpu: str, backend: str, borrowed: tuple[tuple[str, str], ...]) -> Path:
     """The overlay (its systems directory): every entry the package's systems directory has,
     linked, but for data/<gpu>/<family>/<backend>, which links the source GPU's."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=target.parent, prefix=target.name + "."))
-    try:
-        out = work / "systems"
-        _link_all(src, out, skip="data")
-        _link_all(src / "data", out / "data", skip=gpu)
-        families = {f: s for f, s in borrowed}
-        (out / "data" / gpu).mkdir()
-        for entry in (src / "data" / gpu).iterdir():
-            if entry.name not in families:
-                (out / "data" / gpu / entry.name).symlink_to(entry)
+    families = {f: s for f, s in borrowed}
+
+    def build(out: Path) -> None:
+        link_all(src, out, ("data",))
+        link_all(src / "data", out / "data", (gpu,))
+        link_all(src / "data" / gpu, out / "data" / gpu, tuple(families))
+        for name, source_gpu in families.items():
+            entry = src / "data" / gpu / name
+            if not entry.is_dir():
                 continue
-            _link_all(entry, out / "data" / gpu / entry.name, skip=backend)
-            source = src / "data" / families[entry.name] / entry.name / backend
+            link_all(entry, out / "data" / gpu / name, (backend,))
+            source = src / "data" / source_gpu / name / backend
             if not source.is_dir():
                 source = entry / backend
             if source.is_dir():
-                (out / "data" / gpu / entry.name / backend).symlink_to(source)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    try:
-        os.rename(work, target)  # atomic: another process's finished overlay stays if it was first
-    except OSError:
-        if (target / "systems").is_dir():
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            return work / "systems"  # the place is taken by something else: this one serves
-    return target / "systems"
+                (out / "data" / gpu / name / backend).symlink_to(source.resolve())
+
+    return publish(target, build)
