@@ -598,19 +598,26 @@ def test_put_log_reaches_the_api_servers(fleet_of_processes):
     assert httpx.put(c + "/log", json={"filter": "x=bogus"}, timeout=30).status_code == 400
 
 
-def test_a_taken_control_address_is_one_line_before_any_child_starts():
+@pytest.mark.parametrize("taken_host, flags, said", [
+    # the control address: one place, checked by the parent
+    ("127.0.0.1", lambda port: ["--api-server-count", "2", "--control-address", f"127.0.0.1:{port}"],
+     lambda port: "--control-address"),
+    # rank 1 publishes forward-pass metrics on port + 1: the parent tries every rank's port
+    ("0.0.0.0", lambda port: ["--data-parallel-size", "2", "--forward-pass-metrics-port", str(port - 1)],
+     lambda port: f"--forward-pass-metrics-port: cannot bind {port - 1}"),
+], ids=["control-address", "forward-pass-metrics-port"])
+def test_a_taken_port_is_one_line_before_any_child_starts(taken_host, flags, said):
     import socket
 
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
+        taken.bind((taken_host, 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
-                            "--api-server-count", "2", "--control-address", f"127.0.0.1:{port}"],
+        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()), *flags(port)],
                            capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
     assert r.returncode == 2
-    assert "--control-address" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "API server" not in r.stderr and "engine core" not in r.stderr
+    assert said(port) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "API server" not in r.stderr and "engine core" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, count", [
@@ -629,17 +636,3 @@ def test_default_api_server_count_is_vllms(args, count):
     assert default_api_server_count(_parse(["serve", *args])) == count
 
 
-def test_a_taken_forward_pass_metrics_port_is_one_line_before_any_child_starts():
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("0.0.0.0", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        # rank 1 publishes on port + 1: the parent tries every rank's port
-        r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
-                            "--data-parallel-size", "2", "--forward-pass-metrics-port", str(port - 1)],
-                           capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
-    assert r.returncode == 2
-    assert f"--forward-pass-metrics-port: cannot bind {port - 1}" in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "engine core" not in r.stderr, r.stderr
