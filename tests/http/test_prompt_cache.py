@@ -116,3 +116,26 @@ def test_a_new_template_starts_a_new_cache():
     chat.tokenizer = tok
     assert chat._prompt_cache() is not old
     assert render(chat, [{"role": "user", "content": "hi"}])[0] == "[hi]"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(min_size=1, max_size=64), st.integers(0, 200)), max_size=60))
+def test_the_body_cache_counts_what_its_values_hold(entries):
+    """The repeated-body cache counts each body with the bytes its value holds, stays within its
+    byte bound (a lone entry over it is the one exception) and never keeps a body over its size limit."""
+    from vllm_vcr.frontend.prompt_cache import BodyCache
+
+    cache = BodyCache(max_entries=8, max_body=48, max_bytes=400)
+    costs: dict[bytes, int] = {}  # what each kept body was counted at
+    for body, held in entries:
+        before = len(cache)
+        cache.put(body, held, held=held)
+        if len(body) > 48:
+            assert cache.get(body) is None
+            continue
+        if len(cache) <= before and body not in costs:  # it was cleared to make room
+            costs.clear()
+        costs.setdefault(body, len(body) + held)
+        assert cache.get(body) == held and len(cache) == len(costs) <= 8
+        assert cache.size == sum(costs.values())
+        assert cache.size <= 400 or len(cache) == 1

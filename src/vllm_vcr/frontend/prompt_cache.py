@@ -83,12 +83,17 @@ class BodyCache:
     def get(self, body: bytes) -> Any:
         return self._table.get(body)
 
-    def put(self, body: bytes, value: Any) -> None:
+    def put(self, body: bytes, value: Any, held: int = 0) -> None:
+        """Keep `value` for `body`; `held`: bytes the value holds beyond the body's own (an
+        estimate the caller makes), counted against `max_bytes` with them."""
         if len(body) > self.max_body:
             return
-        if len(self._table) >= self.max_entries or self.size + len(body) > self.max_bytes:
+        if body in self._table:  # counted when it came in
+            self._table[body] = value
+            return
+        cost = len(body) + held
+        if len(self._table) >= self.max_entries or self.size + cost > self.max_bytes:
             self._table.clear()
             self.size = 0
-        if body not in self._table:
-            self.size += len(body)
+        self.size += cost
         self._table[body] = value

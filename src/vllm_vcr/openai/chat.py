@@ -314,8 +314,10 @@ class ChatServing(ServingBase):
             await check_token_choice(req, self.tokenizer.vocab_size)
             if body is not None and self._repeatable(req, body, plan):
                 repeated = [None]
+                # held beyond the body: the parsed request (about the body's size again) and the
+                # prompt's ids (an int and its slot in the tuple, ~36 bytes each)
                 self._prepared.put(body, (self._prepared_owner(), (req, model, prompt_tuple, limit, want_lp, plan),
-                                          repeated))
+                                          repeated), held=len(body) + 36 * len(prompt_tuple))
                 body = None
         # the sampling parameters are the body's alone (as a copy) without X-Output-Replay-Id
         kept = repeated is not None and replay_id is None and req.n == 1
