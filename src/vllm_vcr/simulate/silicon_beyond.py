@@ -97,6 +97,25 @@ def _mla_fmha(model: str) -> str | None:
     return "bfloat16" if (cfg.get("text_config") or cfg).get("kv_lora_rank") else None
 
 
+def inferencex_recv_interval(row: SiliconRow) -> int:
+    """`--scheduler-recv-interval` of the InferenceX script that measured an SGLang row
+    (github.com/SemiAnalysisAI/InferenceX `benchmarks/single_node/{dsr1,qwen3.5}_*_{b200,b300}.sh`,
+    read at the rows' measurement dates, February to April 2026): 10 below 16 users and 30 from
+    16 (DeepSeek-R1/V3 FP4 and FP8 at TP 8, Qwen3.5 BF16/FP8/FP4 on B200), 10 flat for DeepSeek FP8
+    at TP 4 and Qwen3.5 FP8 on B300; the H200 and GLM-5 FP8 scripts pass none (1, SGLang's
+    default), nor can an attention-DP server (SGLang's skipper refuses one). Rows of other harnesses:
+    1."""
+    if not row.inferencex or row.gpu not in ("b200_sxm", "b300_sxm") or row.attention_dp > 1:
+        return 1
+    deepseek, qwen = "DeepSeek-" in row.model, "Qwen3.5" in row.model
+    if not (deepseek or qwen):
+        return 1
+    if (qwen and row.gpu == "b300_sxm" and row.precision_label == "fp8") or \
+            (deepseek and row.precision_label == "fp8" and row.tp == 4):
+        return 10
+    return 30 if row.concurrency >= 16 else 10
+
+
 SGLANG_MAX_RUNNING = 4096  # the scheduler's running-request limit is never below the rows' per-rank load
 
 
@@ -184,15 +203,17 @@ def simulate_sglang_row(row: SGLangRow, *, host: HostTime | None = None, max_tok
     target = row.target(host).resolved()
     compile_target(target)
     budget, seqs, frac = _server_limits(row, target)
+    recv = inferencex_recv_interval(row)
     args, cap = _engine_args(target, gpu_util=frac, budget=budget, seqs=seqs, block_size=16,
-                             max_len=row.isl + row.osl + 16, engine_type="sglang")
+                             max_len=row.isl + row.osl + 16, engine_type="sglang", scheduler_recv_interval=recv)
     plan = plan_for(row, max_tokens)
     engines = max(row.attention_dp, 1)
     sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
     return _means(row, sim.done, plan, {
         "kv_blocks": cap.num_blocks, "per_engine_concurrency": max(row.concurrency // engines, 1),
         "max_num_batched_tokens": budget, "max_num_seqs": seqs, "mem_fraction": frac, "async_scheduling": True,
-        "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s, "engine_type": "sglang"})
+        "scheduler_recv_interval": recv, "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s,
+        "engine_type": "sglang"})
 
 
 # --- disaggregated -----------------------------------------------------------------------------------
