@@ -122,6 +122,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-type", choices=engine_types(), default="vllm",
                    help="the engine simulated: sglang serves SGLang's metric names (sglang:*), its HTTP routes "
                         "(/generate, /get_model_info, /health_generate, /flush_cache) and P/D handoff order")
+    g.add_argument("--scheduler-recv-interval", type=int, default=1, metavar="N",
+                   help="(--engine-type sglang) SGLang's flag: the scheduler reads new requests once per N decode "
+                        "steps (at once after a prefill step or when idle)")
     g.add_argument("--forward-pass-metrics-port", type=int, default=None, metavar="PORT",
                    help="publish one forward-pass-metrics record per engine step on a ZMQ PUB socket, "
                         "engine (DP rank) i on PORT+i (Dynamo's FPM schema); off unless given")
@@ -245,6 +248,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         reasoning=ns.reasoning,
         worker_type=ns.worker_type,
         engine_type=getattr(ns, "engine_type", None) or "vllm",
+        scheduler_recv_interval=int(getattr(ns, "scheduler_recv_interval", None) or 1),
         kv_bytes_per_token=int(ns.kv_bytes_per_token),
         kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
         kv_hold_timeout=float(ns.kv_hold_timeout),

@@ -117,3 +117,21 @@ def test_the_validation_command_runs_each_row_kind_on_a_slice(tmp_path, kind, gr
     assert f"| {label} | 1 |" in out.stdout, out.stdout[:2000]
     (res,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert "sim" in res and res["sim"]["engine_type"] == "sglang"
+
+
+def test_an_inferencex_sglang_row_runs_its_scripts_server_flags():
+    from vllm_vcr.simulate.silicon_beyond import SGLangFlags, _server_limits, sglang_agg_rows
+
+    rows = [r for r in sglang_agg_rows() if r.inferencex and r.gpu == "b200_sxm" and "DeepSeek-R1" in r.model
+            and r.precision_label == "nvfp4" and r.tp == 8 and r.attention_dp == 1]
+    low = next(r for r in rows if r.concurrency < 16)
+    high = next(r for r in rows if r.concurrency >= 16)
+    # dsr1_fp4_b200.sh: --chunked-prefill-size 16384 --max-running-requests 256 --mem-fraction-static 0.85
+    # --kv-cache-dtype fp8_e4m3 --scheduler-recv-interval 10 (below 16 users) / 30
+    assert low.flags == SGLangFlags(16384, 256, 0.85, True, 10)
+    assert high.flags.recv_interval == 30
+    target = low.target().resolved()
+    assert target.kv_cache_quant == "fp8"
+    assert _server_limits(low, target) == (16384, 256, 0.85)
+    gap = _row("sglang-agg", SGLANG_ROW)  # another harness: SGLang's defaults
+    assert gap.flags == SGLangFlags() and gap.kv_cache_quant == "bfloat16"

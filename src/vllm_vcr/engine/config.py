@@ -161,6 +161,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # which engine is simulated (policy.py's registry: vllm | sglang): its scheduling policy and
     # P/D handoff order here; its metric names, HTTP routes (and perf data) in the adapters
     engine_type: str = "vllm"
+    # SGLang's --scheduler-recv-interval: its scheduler reads new requests once per this many
+    # decode steps (at once after a prefill step or when idle); 1 = every step
+    scheduler_recv_interval: int = 1
     # prefill/decode disaggregation
     worker_type: str = "aggregated"  # aggregated | prefill | decode
     kv_bytes_per_token: int = 131072
@@ -198,6 +201,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--mode must be random or echo, got {self.mode!r}")
         if self.engine_type not in engine_types():
             raise ConfigError(f"--engine-type must be one of {', '.join(engine_types())}, got {self.engine_type!r}")
+        if self.scheduler_recv_interval < 1:
+            raise ConfigError(f"--scheduler-recv-interval must be >= 1, got {self.scheduler_recv_interval}")
+        if self.scheduler_recv_interval > 1 and self.engine_type != "sglang":
+            raise ConfigError("--scheduler-recv-interval is an SGLang server flag: it needs --engine-type sglang")
         if self.worker_type not in ("aggregated", "prefill", "decode"):
             raise ConfigError(f"--worker-type must be aggregated, prefill or decode, got {self.worker_type!r}")
         if self.kv_transfer_bandwidth <= 0:

@@ -129,7 +129,7 @@ class EngineCore(EngineControls):
         self.step_counter = 0
         self.lockstep: DataParallelLockstep | None = None  # the DP ranks this one steps with (lockstep.py)
         # timed steps (a step-time model): the step in flight; KV pulls waiting for the next step
-        self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index)
+        self.timed = TimedSteps(lambda: self.latency, args.seed, engine_index, args.scheduler_recv_interval)
         # an untimed step starts at least min_step_time after the previous one ended (play: a real
         # step never takes ~0 µs)
         self._step_floor = args.min_step_time / args.time_scale
@@ -557,7 +557,7 @@ class EngineCore(EngineControls):
                 self.timed.release(now, self.scheduler, self.requests)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
             # (the step runs anyway when KV pulls complete or cohort decodes are due)
-            scheduled = self.timed.gate.schedule(self.scheduler, now,
+            scheduled = self.timed.schedule(self.scheduler, now,
                                                  bool(pulled) or bool(self.cohort and self.cohort.members))
             if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
                 for req, n, kind in scheduled:

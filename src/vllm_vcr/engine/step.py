@@ -16,6 +16,10 @@ holds each new request out of the scheduler until then (`TimedSteps.hold`, first
 A model that schedules ahead (`LatencyModel.schedules_ahead`, vLLM's async scheduling: the next
 step is scheduled while this one runs) keeps a request the core receives mid-step out of the
 next step too: it joins the step after.
+An SGLang engine with `--scheduler-recv-interval N` (`TimedSteps.schedule`, SGLang's
+`SchedulerRecvSkipper`) reads its input socket only when a counter reaches N: each decode step
+adds 1, a step with a prefill (or an idle loop) adds enough to read at once. A request that
+reached the core while steps ran waits for that read: on average N/2 decode steps.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import TYPE_CHECKING, Callable
 from .latency import LatencyModel, StepBatch
 from .request import Request
 from .scheduler import DECODE, STEADY, TRANSFER, Scheduled, Scheduler
+
+_UNREAD = float("inf")  # a request the scheduler has not read from its socket yet
 
 if TYPE_CHECKING:
     from .config import EngineArgs, EngineConfig
@@ -88,7 +94,8 @@ class DummyStep(StepInFlight):
 class TimedSteps:
     """The state of timed steps: the step in flight, when the previous one ended, the input gate."""
 
-    def __init__(self, latency: Callable[[], LatencyModel], seed: int, engine_index: int) -> None:
+    def __init__(self, latency: Callable[[], LatencyModel], seed: int, engine_index: int,
+                 recv_interval: int = 1) -> None:
         self.rng = random.Random(f"steps/{seed}/{engine_index}")
         self.latency = latency
         self.gate = InputGate(lambda rng: latency().input_delay(rng), self.rng)
@@ -96,6 +103,46 @@ class TimedSteps:
         self.last_end: float | None = None
         self.after_dummy = False  # the previous step was a dummy one (lockstep.py): nothing was scheduled ahead
         self.arriving: deque[list] = deque()  # [visible at, request]: still in the frontend, FIFO
+        # SGLang's --scheduler-recv-interval: requests in the socket, not read yet (id -> when the
+        # input path has delivered it), the read counter, what the last step ran
+        self.recv_interval = recv_interval
+        self.unread: dict[str, float] = {}
+        self._recv_counter = 0
+        self._last_step_decode_only = False
+
+    def _leave_unread(self, request_id: str, delivered: float) -> None:
+        self.unread[request_id] = delivered
+        self.gate.hidden[request_id] = _UNREAD
+
+    def schedule(self, sched: Scheduler, now: float, runs_anyway: bool) -> Scheduled:
+        """The step's batch (`InputGate.schedule`), after the scheduler's read of its socket: with
+        a receive interval N, requests delivered while steps ran are read only when the counter
+        reaches N (a decode step adds 1; a step with a prefill, or waking up idle, reads at once)."""
+        if self.recv_interval > 1:
+            back_to_back = self.last_end == now
+            self._recv_counter += 1 if back_to_back and self._last_step_decode_only else self.recv_interval
+            if self._recv_counter >= self.recv_interval:
+                self._recv_counter = 0
+                hidden = self.gate.hidden
+                for rid, delivered in list(self.unread.items()):
+                    if delivered <= now:  # (one delivered after this read waits for the next)
+                        del self.unread[rid]
+                        hidden.pop(rid, None)
+        scheduled = self.gate.schedule(sched, now, runs_anyway)
+        if self.recv_interval > 1:
+            prefill = False
+            for req, _, kind in scheduled:
+                if kind != DECODE and kind != STEADY and kind != TRANSFER:
+                    prefill = True
+                if self.unread and self.unread.pop(req.request_id, None) is not None:
+                    self.gate.hidden.pop(req.request_id, None)  # nothing else to run: the idle loop read it
+            self._last_step_decode_only = bool(scheduled) and not prefill
+            if self.unread:  # aborted before the read
+                waiting = {r.request_id for r in sched.waiting}
+                for rid in [rid for rid in self.unread if rid not in waiting]:
+                    del self.unread[rid]
+                    self.gate.hidden.pop(rid, None)
+        return scheduled
 
     def hold(self, req: Request, until: float) -> None:
         """Keep `req` from the scheduler until `until` (never before one that arrived before it)."""
@@ -116,6 +163,8 @@ class TimedSteps:
                 sched.add_waiting(req)
                 if ahead:
                     self.gate.hide(req.request_id, now)
+                if self.recv_interval > 1 and self.last_end == now:  # it reached the core mid-step
+                    self._leave_unread(req.request_id, self.gate.hidden.get(req.request_id, now))
 
     def drop(self, req: Request) -> bool:
         """Forget a held request (aborted before the engine saw it); False: it was not held."""
@@ -138,10 +187,13 @@ class TimedSteps:
                 self.gate.hide(request_id, self.in_flight.end)
             else:
                 self.gate.on_arrival(request_id, now)
+            if self.recv_interval > 1:  # and for the scheduler to read its socket
+                self._leave_unread(request_id, self.gate.hidden.get(request_id, now))
 
     def shift(self, delta: float) -> None:
         """The engine was paused for `delta` seconds: the step in flight ends that much later."""
         self.gate.shift(delta)
+        self.unread = {rid: t + delta for rid, t in self.unread.items()}
         for entry in self.arriving:
             entry[0] += delta
         if self.in_flight is not None:

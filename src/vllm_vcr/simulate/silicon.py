@@ -84,8 +84,10 @@ class SiliconRow:
     def inferencex(self) -> bool:
         """Measured with InferenceX's harness (its database dump and CSV exports: the
         `vllm/vllm-openai` images on its ISL/OSL grid); the other sources (AIConfigurator's gap
-        analyses) are taken as steady-state measurements of fixed-length requests."""
-        return self.source.startswith(("db-dump", "source_file=2026-"))
+        analyses) are taken as steady-state measurements of fixed-length requests. The SGLang
+        Qwen3.5-397B "gap analysis" file is InferenceX's runs again: each of its 76 rows is an
+        InferenceX row of the same configuration, rounded to two decimals."""
+        return self.source.startswith(("db-dump", "source_file=2026-", "source_file=qwen3.5-397b-gap-analysis.csv"))
 
     @property
     def range_ratio(self) -> float:

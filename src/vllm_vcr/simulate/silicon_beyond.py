@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
+from ..perf.errors import PerfModelError
 from ..perf.catalog import package_root, resolve_model
 from ..perf.checkpoint import FP8_BLOCK
 from ..perf.qk_norm import bundled_config
@@ -97,6 +98,52 @@ def _mla_fmha(model: str) -> str | None:
     return "bfloat16" if (cfg.get("text_config") or cfg).get("kv_lora_rank") else None
 
 
+@dataclass(frozen=True)
+class SGLangFlags:
+    """The SGLang server flags that decide step composition, KV capacity and input reads (None: SGLang's
+    default for the GPU)."""
+
+    chunked_prefill_size: int | None = None  # --chunked-prefill-size
+    max_running_requests: int | None = None  # --max-running-requests
+    mem_fraction_static: float | None = None  # --mem-fraction-static
+    kv_cache_fp8: bool = False  # --kv-cache-dtype fp8_e4m3
+    recv_interval: int = 1  # --scheduler-recv-interval
+
+
+def inferencex_sglang_flags(row: SiliconRow) -> SGLangFlags:
+    """The flags of the InferenceX script that measured an SGLang row (github.com/SemiAnalysisAI/InferenceX
+    `benchmarks/single_node/{dsr1,qwen3.5,glm5}_*_{b200,b300,h200}.sh`, read at the rows' measurement
+    dates, February to April 2026). `--scheduler-recv-interval` is 10 below 16 users and 30 from 16
+    (DeepSeek FP4, DeepSeek FP8 at TP 8, Qwen3.5 on B200), 10 flat (DeepSeek FP8 at TP 4, Qwen3.5 FP8
+    on B300), absent on H200 and for GLM-5 FP8; an attention-DP server cannot take one (SGLang's
+    skipper refuses it). Rows of other harnesses (AIConfigurator's gap analyses) and of deployments
+    beyond one 8-GPU node (not these single-node scripts' servers): SGLang's defaults."""
+    if not row.inferencex or row.tp * max(row.attention_dp, 1) > 8:
+        return SGLangFlags()
+    conc, label = row.concurrency, row.precision_label
+    paced = 30 if conc >= 16 else 10
+    if "DeepSeek-" in row.model and row.gpu in ("b200_sxm", "b300_sxm"):
+        if label == "nvfp4":  # dsr1_fp4_{b200,b300}.sh
+            flags = SGLangFlags(16384, 256, 0.85, True, paced)
+        elif row.tp == 4:  # dsr1_fp8_{b200,b300}.sh, TP 4
+            flags = SGLangFlags(8192, 32, 0.95, True, 10)
+        else:
+            flags = SGLangFlags(32768, 128, 0.82, True, paced)
+    elif "DeepSeek-" in row.model and row.gpu == "h200_sxm":  # dsr1_fp8_h200.sh
+        flags = SGLangFlags(32768, 512 if (row.isl, row.osl) == (1024, 1024) else 256, 0.82)
+    elif "Qwen3.5" in row.model and row.gpu == "b200_sxm":  # qwen3.5_{bf16,fp8,fp4}_b200.sh
+        flags = SGLangFlags(32768, 128, 0.85 if label == "nvfp4" else 0.82, label != "bf16", paced)
+    elif "Qwen3.5" in row.model and row.gpu == "b300_sxm" and label == "fp8":  # qwen3.5_fp8_b300.sh
+        flags = SGLangFlags(16384, max(conc, 1), 0.8, True, 10)
+    elif "Qwen3.5" in row.model and row.gpu == "h200_sxm":  # qwen3.5_fp8_h200.sh
+        flags = SGLangFlags(16384, 128, 0.8, True)
+    elif "GLM-5" in row.model and label == "fp8" and row.gpu in ("b200_sxm", "b300_sxm"):  # glm5_fp8_*.sh
+        flags = SGLangFlags(32768, max(conc, 1), 0.85, True)
+    else:
+        return SGLangFlags()
+    return replace(flags, recv_interval=1) if row.attention_dp > 1 else flags
+
+
 SGLANG_MAX_RUNNING = 4096  # the scheduler's running-request limit is never below the rows' per-rank load
 
 
@@ -115,12 +162,37 @@ class SGLangRow(SiliconRow):
         return True  # the overlap scheduler, on by default
 
     @property
+    def flags(self) -> SGLangFlags:
+        return inferencex_sglang_flags(self)
+
+    @property
     def kv_cache_quant(self) -> str:
-        return "bfloat16"  # `--kv-cache-dtype auto`: the model's dtype (the estimator would pick FP8 next to FP8 GEMMs)
+        """`--kv-cache-dtype fp8_e4m3` where the row's script passed it (and the estimator has SGLang
+        data for it), else `auto`: the model's dtype (the estimator would pick FP8 next to FP8 GEMMs)."""
+        return "fp8" if self.flags.kv_cache_fp8 and _sglang_fp8_kv_priced(self) else "bfloat16"
 
     def target(self, host: HostTime | None = None) -> AicTarget:
-        return replace(super().target(host), backend="sglang", async_scheduling=True, kv_cache_quant="bfloat16",
-                       fmha_quant=_mla_fmha(self.model))
+        return replace(super().target(host), backend="sglang", async_scheduling=True,
+                       kv_cache_quant=self.kv_cache_quant, fmha_quant=_mla_fmha(self.model))
+
+
+def _sglang_fp8_kv_priced(row: SiliconRow) -> bool:
+    """Whether the estimator's SGLang data prices the row with an FP8 KV cache (it has none for
+    Qwen3.5 on H200, whose script asks for one: that row keeps a BF16 cache)."""
+    return _fp8_kv_priced(row.model, row.gpu, row.tp, row.attention_dp, row.moe_tp, row.moe_ep, row.gemm_quant,
+                          row.moe_quant)
+
+
+@functools.lru_cache(maxsize=256)
+def _fp8_kv_priced(model: str, gpu: str, tp: int, dp: int, moe_tp: int | None, moe_ep: int | None,
+                   gemm: str | None, moe: str | None) -> bool:
+    try:
+        compile_target(AicTarget(model=model, gpu=gpu, backend="sglang", tensor_parallel_size=tp, attention_dp_size=dp,
+                                 moe_tp_size=moe_tp, moe_ep_size=moe_ep, gemm_quant=gemm, moe_quant=moe,
+                                 kv_cache_quant="fp8", fmha_quant=_mla_fmha(model)))
+    except PerfModelError:
+        return False
+    return True
 
 
 def _row_common(r: dict[str, str]) -> dict[str, Any]:
@@ -165,7 +237,10 @@ def _server_limits(row: SiliconRow, target: AicTarget) -> tuple[int, int, float]
                                max_num_seqs=256).gpu_bytes
     if getattr(row, "engine_type", "vllm") == "sglang":
         chunk, _, frac = sglang_server_defaults(gpu, target.tensor_parallel_size * target.attention_dp_size)
-        return chunk, SGLANG_MAX_RUNNING, frac
+        flags = row.flags if isinstance(row, SGLangRow) else SGLangFlags()
+        seqs = max(flags.max_running_requests // max(row.attention_dp, 1), 1) if flags.max_running_requests \
+            else SGLANG_MAX_RUNNING
+        return flags.chunked_prefill_size or chunk, seqs, flags.mem_fraction_static or frac
     from .silicon_harness import scheduler_limits
 
     seqs, budget = scheduler_limits(row.server, gpu, row.backend_version, row.concurrency)
@@ -184,15 +259,17 @@ def simulate_sglang_row(row: SGLangRow, *, host: HostTime | None = None, max_tok
     target = row.target(host).resolved()
     compile_target(target)
     budget, seqs, frac = _server_limits(row, target)
+    recv = row.flags.recv_interval
     args, cap = _engine_args(target, gpu_util=frac, budget=budget, seqs=seqs, block_size=16,
-                             max_len=row.isl + row.osl + 16, engine_type="sglang")
+                             max_len=row.isl + row.osl + 16, engine_type="sglang", scheduler_recv_interval=recv)
     plan = plan_for(row, max_tokens)
     engines = max(row.attention_dp, 1)
     sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
     return _means(row, sim.done, plan, {
         "kv_blocks": cap.num_blocks, "per_engine_concurrency": max(row.concurrency // engines, 1),
         "max_num_batched_tokens": budget, "max_num_seqs": seqs, "mem_fraction": frac, "async_scheduling": True,
-        "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s, "engine_type": "sglang"})
+        "scheduler_recv_interval": recv, "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s,
+        "engine_type": "sglang"})
 
 
 # --- disaggregated -----------------------------------------------------------------------------------
