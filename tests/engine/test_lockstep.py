@@ -7,6 +7,7 @@ import asyncio
 import heapq
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,10 +44,13 @@ def _request(rid: str, prompt_len: int, max_tokens: int) -> EngineCoreRequest:
                              sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2):
-    """`arrivals`: (time, rank, id, prompt, max tokens). Returns ({id: token times}, group, cores)."""
+def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2,
+              engine_type: str = "vllm", ended: list | None = None):
+    """`arrivals`: (time, rank, id, prompt, max tokens). Returns ({id: token times}, group, cores);
+    `ended` gets (end, dummy) of every step the ranks end."""
     clock = VirtualClock(0.0)
-    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64)).validate()
+    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64),
+                      engine_type=engine_type).validate()
     times: dict[str, list[float]] = {}
 
     def sink(client, outs):
@@ -56,6 +60,12 @@ def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks
     model = Linear(moe)
     cores = [EngineCore(args, engine_index=i, clock=clock, latency=model, output_sink=sink) for i in range(ranks)]
     group = DataParallelLockstep.attach(cores)
+    if ended is not None:
+        for core in cores:
+            def end_step(batch, _end_step=core.end_step):
+                ended.append((round(batch.end, 9), batch.dummy))
+                return _end_step(batch)
+            core.end_step = end_step
     heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
     heapq.heapify(heap)
 
@@ -125,6 +135,52 @@ def test_a_single_request_wave_stops_after_its_first_step_sync():
     assert group.waves == 2
 
 
+def test_sglang_ranks_of_an_moe_model_step_together_every_step_and_only_while_one_has_a_batch():
+    """SGLang's DP attention: one rank's prefill stretches the other's decode step, an idle rank
+    runs an idle batch beside a busy one, and the rounds stop as soon as no rank has a batch (no
+    16-step wave: a request arriving after the work ended starts at once)."""
+    times, group, cores = run_ranks(True, WORK, engine_type="sglang")
+    assert group is not None and group.rule.per_step
+    short, long = times["short"], times["long"]
+    # as vLLM's: rank 0's prefill beside rank 1's idle batch (12 ms), decode rounds of 11 ms; the
+    # long prompt arrives mid-round (30 ms) and its 400 ms prefill is the next round's length
+    assert round(short[0], 9) == 0.012
+    assert gaps(short)[:2] == [0.011, 0.011]
+    assert round(long[0], 9) == round(0.034 + 0.410, 9)
+    assert max(gaps(short)) == 0.410 and round(0.034 + 0.410, 9) in [round(t, 9) for t in short]
+    assert group.end is None and all(c.timed.in_flight is None for c in cores)
+
+    times, group, cores = run_ranks(True, [(0.0, 0, "a", 20, 3), (0.100, 1, "b", 20, 2)], engine_type="sglang")
+    assert [round(t, 9) for t in times["a"]] == [0.012, 0.023, 0.034]
+    assert round(times["b"][0], 9) == round(0.100 + 0.012, 9)  # no idle rounds after a's end: b starts at once
+    assert group.waves == 2
+
+
+def test_sglang_ranks_of_a_dense_model_stay_independent():
+    times, group, cores = run_ranks(False, WORK, engine_type="sglang")
+    assert group is None and all(c.lockstep is None for c in cores)
+    assert round(times["long"][0], 9) == round(0.030 + 0.410, 9)
+    assert set(gaps(times["short"])) == {0.011}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(1, 3000), st.integers(1, 12)),
+                min_size=1, max_size=10))
+def test_sglang_ranks_finish_every_request_and_never_run_a_round_of_idle_batches_alone(arrivals):
+    """Three SGLang MoE ranks, random arrivals: every request gets all its tokens, every round
+    end is some request's token time (no round of idle batches only), and the group ends idle."""
+    work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
+    ended: list = []
+    times, group, cores = run_ranks(True, work, ranks=3, engine_type="sglang", ended=ended)
+    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
+    rounds: dict[float, list[bool]] = {}
+    for end, dummy in ended:
+        rounds.setdefault(end, []).append(dummy)
+    assert all(not all(dummies) for dummies in rounds.values())  # some rank had a batch in every round
+    assert any(len(d) == 3 for d in rounds.values())  # the ranks stepped together
+    assert group.end is None and all(c.timed.in_flight is None for c in cores)
+
+
 def test_serves_in_process_engines_are_tied_when_the_model_is_moe():
     args = EngineArgs().validate()
     for moe in (True, False):
@@ -134,11 +190,12 @@ def test_serves_in_process_engines_are_tied_when_the_model_is_moe():
             all(c.lockstep is None for c in engine.engines)
 
 
-async def test_on_the_real_clock_serves_ranks_step_together():
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+async def test_on_the_real_clock_serves_ranks_step_together(engine_type):
     """serve's in-process engines (AsyncEngine, the real clock): a 2000-token prefill on rank 1
-    (210 ms of step) holds rank 0's decodes, and both requests finish."""
-    engine = AsyncEngine(EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, log_requests=False)).validate(),
-                         2, latency=Linear(True))
+    (210 ms of step) holds rank 0's decodes, and both requests finish (either engine type's rule)."""
+    engine = AsyncEngine(EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, log_requests=False),
+                                    engine_type=engine_type).validate(), 2, latency=Linear(True))
     stamps: dict[int, list[float]] = {0: [], 1: []}
     engine.add_output_listener(lambda i, outs: stamps[i].append(outs.timestamp) if outs.outputs else None)
     await engine.start()

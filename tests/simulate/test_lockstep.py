@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.perf.aic import AicTarget
+from vllm_vcr.simulate.disagg import DisaggSimulation
 from vllm_vcr.simulate.runner import simulate
 from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
 
 
-def _token_times(model: str):
+def _token_times(model: str, engine_type: str = "vllm"):
     target = AicTarget(model, "h100_sxm", attention_dp_size=2).resolved()
     args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192), kv_cache_size=4000, tokens_per_block=16,
-                      perf_model=target.to_dict(), advertised_max_model_len=20000).validate()
+                      perf_model=target.to_dict(), advertised_max_model_len=20000, engine_type=engine_type).validate()
     workload = SyntheticWorkload(num_requests=16, isl=LengthDist("uniform", 1000, 4000), osl=LengthDist("fixed", 64),
                                  arrival="closed", concurrency=4, seed=1)
     sim = simulate(args, workload, engines=2, concurrency=4)
@@ -26,9 +28,11 @@ def _token_times(model: str):
     return sim, times
 
 
-def test_an_moe_models_ranks_emit_their_tokens_at_the_same_step_ends():
-    sim, (t0, t1) = _token_times("Qwen/Qwen3-30B-A3B")
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+def test_an_moe_models_ranks_emit_their_tokens_at_the_same_step_ends(engine_type):
+    sim, (t0, t1) = _token_times("Qwen/Qwen3-30B-A3B", engine_type)
     assert all(c.lockstep is sim.cores[0].lockstep is not None for c in sim.cores)
+    assert sim.cores[0].lockstep.rule.per_step == (engine_type == "sglang")
     shared = len(t0 & t1) / min(len(t0), len(t1))
     assert shared > 0.9  # (both ranks decode most of the run: their steps are the same steps)
 
@@ -37,3 +41,33 @@ def test_a_dense_models_ranks_step_independently():
     sim, (t0, t1) = _token_times("meta-llama/Llama-3.1-8B-Instruct")
     assert all(c.lockstep is None for c in sim.cores)
     assert len(t0 & t1) / min(len(t0), len(t1)) < 0.1
+
+
+@pytest.mark.parametrize("model,tied", [("Qwen/Qwen3-30B-A3B", True), ("meta-llama/Llama-3.1-8B-Instruct", False)])
+def test_a_disaggregated_workers_attention_dp_ranks_step_together(model, tied):
+    """Two prefill workers and one decode worker, each of attention DP 2 (SGLang): an MoE model's
+    ranks of one worker are one lockstep group, the workers are not tied to each other; a dense
+    model's ranks are independent."""
+    target = AicTarget(model, "h100_sxm", attention_dp_size=2).resolved()
+
+    def args(worker: str) -> EngineArgs:
+        return EngineArgs(config=EngineConfig(max_num_batched_tokens=8192), kv_cache_size=4000, tokens_per_block=16,
+                          perf_model=target.to_dict(), advertised_max_model_len=20000, engine_type="sglang",
+                          worker_type=worker, kv_transfer_bandwidth=50.0).validate()
+
+    workload = SyntheticWorkload(num_requests=12, isl=LengthDist("uniform", 500, 3000), osl=LengthDist("fixed", 32),
+                                 arrival="closed", concurrency=4, seed=2)
+    sim = DisaggSimulation(args("prefill"), args("decode"), 4, 2, workload, concurrency=4,
+                           prefill_dp=2, decode_dp=2).run()
+    assert len(sim.done) == 12
+    groups = [c.lockstep for c in sim.prefill + sim.decode]
+    if not tied:
+        assert groups == [None] * 6
+        return
+    p0, p1, d0 = groups[0], groups[2], groups[4]
+    assert groups == [p0, p0, p1, p1, d0, d0] and len({id(p0), id(p1), id(d0)}) == 3 and p0.rule.per_step
+    # the decode worker's ranks emit their tokens at the same step ends
+    times: list[set[float]] = [set(), set()]
+    for rec in sim.done:
+        times[rec.engine].update(np.round(np.frombuffer(rec.times, dtype=np.float64), 9).tolist())
+    assert len(times[0] & times[1]) / min(len(times[0]), len(times[1])) > 0.5

@@ -8,7 +8,10 @@ scheduled runs a dummy batch, `execute_dummy_batch`: a one-token forward), and a
 long as the slowest rank's, so one rank's prefill stalls every rank's decodes. A wave of steps
 starts when a rank gets work and ends at a step where no rank has unfinished requests; the
 ranks agree on that only every `dp_sync_interval` steps (16) and after a wave's first step,
-running dummy steps until then (`_has_global_unfinished_reqs`).
+running dummy steps until then (`_has_global_unfinished_reqs`). That is vLLM's rule; an engine
+type declares its own (`EnginePolicy.dp_lockstep`, engine/policy.py): SGLang's DP attention
+gathers every rank's batch size before every forward, and runs one (an idle batch on the ranks
+with nothing) only when some rank has a batch, so its rounds stop as soon as no rank schedules.
 
 `DataParallelLockstep` ties the EngineCores of one process (and one clock) together that way:
 at a step's end it ends every rank's step, then starts every rank's next one (each rank reads
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .policy import DP_SYNC_INTERVAL, LockstepRule
 from .step import DummyStep, StepInFlight
 
-DP_SYNC_INTERVAL = 16  # vLLM's ParallelConfig.dp_sync_interval (--dp-sync-interval) default
+__all__ = ["DP_SYNC_INTERVAL", "DataParallelLockstep"]
 
 
 class DataParallelLockstep:
@@ -32,9 +36,9 @@ class DataParallelLockstep:
     rank's step ended: the round ends for all); the round calls every rank's `read_inbox`,
     `end_step` and `start_step`."""
 
-    def __init__(self, cores: list[Any], sync_interval: int = DP_SYNC_INTERVAL) -> None:
+    def __init__(self, cores: list[Any], rule: LockstepRule = LockstepRule()) -> None:
         self.cores = cores
-        self.sync_interval = sync_interval
+        self.rule = rule
         self.end: float | None = None  # the current round's end (None: no wave is running)
         self.rounds = 0  # steps of the current wave (vLLM's DPEngineCoreProc.step_counter)
         self.waves = 0  # waves started (for tests and reports)
@@ -43,11 +47,14 @@ class DataParallelLockstep:
     @classmethod
     def attach(cls, cores: list[Any]) -> DataParallelLockstep | None:
         """Tie `cores` (the DP ranks of one deployment, one clock) together when their latency
-        model says vLLM would (`LatencyModel.data_parallel_lockstep`: an MoE model with timed
-        steps); None: they stay independent."""
-        if len(cores) < 2 or not all(c.latency.times_steps and c.latency.data_parallel_lockstep for c in cores):
+        model says the model is an MoE one with timed steps (`LatencyModel.data_parallel_lockstep`)
+        and their engine type steps such ranks together (`EnginePolicy.dp_lockstep`, whose rule
+        the group follows); None: they stay independent."""
+        rules = {c.scheduler.engine_policy.dp_lockstep for c in cores}
+        if len(cores) < 2 or len(rules) != 1 or None in rules \
+                or not all(c.latency.times_steps and c.latency.data_parallel_lockstep for c in cores):
             return None
-        group = cls(cores)
+        group = cls(cores, rules.pop())
         for core in cores:
             core.lockstep = group
         return group
@@ -91,7 +98,8 @@ class DataParallelLockstep:
                  and c.timed.in_flight.end == end]
         going = [c for c in ranks if c.end_step(c.timed.in_flight)]
         self.rounds += 1
-        if self.rounds == 1 or self.rounds % self.sync_interval == 0:  # the ranks agree whether to go on
+        # vLLM's ranks agree whether to go on (SGLang's gather their batches as the next round forms)
+        if not self.rule.per_step and (self.rounds == 1 or self.rounds % self.rule.sync_interval == 0):
             if not any(c.has_unfinished_requests() for c in self.cores):
                 self.end, self.rounds = None, 0
                 return
@@ -110,6 +118,11 @@ class DataParallelLockstep:
         finally:
             self._forming = None
         self.end = None
+        if self.rule.per_step and all(c.timed.in_flight.dummy for c in ranks):
+            for core in ranks:  # no rank has a batch: none runs a forward, the wave is over
+                core.timed.in_flight = None
+            self.rounds = 0
+            return
         self._stretch(ranks, now)
 
     def _stretch(self, ranks: list[Any], end: float) -> None:

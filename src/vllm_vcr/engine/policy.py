@@ -9,6 +9,7 @@ KV pool and prefix cache, as a scheduling policy per type, and the registry of t
 | chunked prefill | a chunk is what the token budget leaves | a partial chunk is page-aligned (`floor(budget / page) · page`) |
 | P/D bootstrap handoff | source first: the prefill computes, then holds its KV until the decoder pulls | destination first: the prefill waits (not queued) until its decoder has joined the room |
 | KV pressure | preempt the newest running request (LIFO) | retract the running request with the fewest output tokens (longest prompt on ties) |
+| DP ranks of an MoE model (`LockstepRule`) | a wave of steps runs while any rank has unfinished requests, checked at its first step and every 16th (dummy steps between) | the ranks gather their batch sizes every step: a step runs on every rank (an idle batch where there is none) when any rank has a batch, on none otherwise |
 
 The prefix cache is the same page-granular chain for both (SGLang's radix tree matches the same
 prefixes at `page_size` = `--tokens-per-block`); SGLang's own default page size is 1.
@@ -26,6 +27,7 @@ protocols below, so any engine module (and the config) may import it.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 
@@ -34,6 +36,24 @@ class HandoffOrder(enum.Enum):
 
     SOURCE_FIRST = "source_first"  # vLLM: the prefill computes at once and holds its KV for the decoder
     DESTINATION_FIRST = "destination_first"  # SGLang: the prefill waits until its decoder has joined the room
+
+
+DP_SYNC_INTERVAL = 16  # vLLM's ParallelConfig.dp_sync_interval (--dp-sync-interval) default
+
+
+@dataclass(frozen=True)
+class LockstepRule:
+    """How an engine type steps the data-parallel ranks of an MoE model together (engine/lockstep.py).
+
+    `per_step`: SGLang's DP attention (scheduler.py `prepare_mlp_sync_batch`, every iteration):
+    the ranks all-gather their batch sizes before every forward; when any rank has tokens the
+    others run an idle batch (`ForwardMode.IDLE`), when none has, no rank runs a forward. Else
+    vLLM's `DPEngineCoreProc`: a wave of steps runs while any rank has unfinished requests, which
+    the ranks agree on after a wave's first step and every `sync_interval` steps (a rank with
+    nothing scheduled runs a dummy batch until then)."""
+
+    per_step: bool = False
+    sync_interval: int = DP_SYNC_INTERVAL
 
 
 # --- what a policy reads ---------------------------------------------------------------------------
@@ -78,6 +98,8 @@ class EnginePolicy:
     # timing-only decodes (decode_cohort.py) reproduce this policy's steps: only vLLM's, which the
     # cohort's scheduler re-implements
     decode_cohort = False
+    # how the data-parallel ranks of an MoE model step together; None: they run independently
+    dp_lockstep: LockstepRule | None = LockstepRule()
 
     def on_step(self) -> None:
         """A step is being scheduled."""
@@ -160,6 +182,7 @@ class SGLangPolicy(EnginePolicy):
     name = "sglang"
     extend_first = True
     handoff_order = HandoffOrder.DESTINATION_FIRST
+    dp_lockstep = LockstepRule(per_step=True, sync_interval=1)
 
     def __init__(self, conservativeness: float = 1.0) -> None:
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)

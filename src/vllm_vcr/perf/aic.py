@@ -203,7 +203,7 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
                           per_seq_overhead_ms=t.per_seq_overhead_ms, async_scheduling=t.async_scheduling,
                           async_exposed_ms=t.async_exposed_ms, time_scale=time_scale,
                           frontend_ms=t.frontend_ms, frontend_ms_per_1k_tokens=t.frontend_ms_per_1k_tokens,
-                          frontend_ms_per_request=t.frontend_ms_per_request, moe=t.backend == "vllm" and is_moe(t.model),
+                          frontend_ms_per_request=t.frontend_ms_per_request, moe=is_moe(t.model),
                           unpriced_gpu_ms=qk_norm_ms(t.model, t.tensor_parallel_size, t.qk_norm_us,
                                                      t.qk_norm_allreduce_us))
 

@@ -8,7 +8,9 @@ prompt's blocks, pulls its KV over the link (engine/kv_transfer.py: the request'
 `kv_bytes_per_token` x prompt tokens at `kv_transfer_bandwidth`, shared by the pulls in flight
 on that worker) and decodes. When a pull completes the prefill worker frees the held blocks. The
 client's first token is the decode worker's first: TTFT = prefill (queueing included) + transfer
-+ the decode worker's first step.
++ the decode worker's first step. A worker of attention DP D is D engines (its ranks) that step
+together when the model is an MoE one, by the engine type's rule (engine/lockstep.py), as one
+deployment's DP ranks do; the workers step independently of each other.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
+from ..engine.lockstep import DataParallelLockstep
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from ..replay.inputs import engine_inputs
 from .driver import START, RequestRecord, Timeline, _rare_collections, first_arrivals, run_events
@@ -27,10 +30,11 @@ from .workload import SimRequest
 
 class DisaggSimulation:
     """`prefill_workers` engines of `prefill_args` (worker_type prefill) and `decode_workers` of
-    `decode_args` (worker_type decode) on one virtual clock; `done` holds the decode side's records."""
+    `decode_args` (worker_type decode) on one virtual clock, `prefill_dp` and `decode_dp` consecutive
+    engines of a side being one worker's attention-DP ranks; `done` holds the decode side's records."""
 
     def __init__(self, prefill_args: EngineArgs, decode_args: EngineArgs, prefill_workers: int, decode_workers: int,
-                 workload, *, concurrency: int = 0) -> None:
+                 workload, *, concurrency: int = 0, prefill_dp: int = 1, decode_dp: int = 1) -> None:
         if prefill_args.worker_type != "prefill" or decode_args.worker_type != "decode":
             raise ValueError("prefill_args must be a prefill worker's, decode_args a decode worker's")
         self.clock = VirtualClock(START)
@@ -49,6 +53,9 @@ class DisaggSimulation:
                                    **p_inputs) for i in range(prefill_workers)]
         self.decode = [EngineCore(decode_args, engine_index=i, clock=self.clock, output_sink=self._decode_sink(i),
                                   **d_inputs) for i in range(decode_workers)]
+        for cores, dp in ((self.prefill, prefill_dp), (self.decode, decode_dp)):
+            for first in range(0, len(cores), max(dp, 1)):  # a worker's ranks (an MoE model's step together)
+                DataParallelLockstep.attach(cores[first:first + dp])
         for core in self.decode:
             core.kv_transfer.add_pulled_listener(self._pulled)
         self._next_p = self._next_d = 0

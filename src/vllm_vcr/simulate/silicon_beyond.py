@@ -18,7 +18,7 @@ simulation's 16-token blocks changes only rounding of the KV pool.
 
 **Disaggregated**: prefill workers and decode workers (disagg.py), each priced with its own
 parallelism (the row's `prefill_*` and `decode_*` columns; attention-DP ranks are separate engines
-of one worker), the decode side's concurrency its `decode_batch_size` per rank. The KV of a
+of one worker, stepping together for an MoE model), the decode side's concurrency its `decode_batch_size` per rank. The KV of a
 prompt moves from the prefill rank to the decode rank at the GPU's link bandwidth from the
 estimator's system file (`systems/<gpu>.yaml`): `intra_node_bw` when the prefill and decode GPUs
 fit in one node (or one NVLink domain: GB200/GB300 racks, `inter_node_bw` there is NVLink),
@@ -395,7 +395,8 @@ def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tok
     plan = plan_for(row, max_tokens)
     sim = DisaggSimulation(p_args, d_args, row.prefill_workers * max(row.prefill_dp, 1),
                            row.decode_workers * max(row.attention_dp, 1), row_workload(row, plan),
-                           concurrency=row.concurrency).run()
+                           concurrency=row.concurrency, prefill_dp=max(row.prefill_dp, 1),
+                           decode_dp=max(row.attention_dp, 1)).run()
     transfer = p_cap.bytes_per_token * row.isl / bw * 1e3
     return _means(row, sim.done, plan, {
         "kv_blocks": d_cap.num_blocks, "prefill_kv_blocks": p_cap.num_blocks,

@@ -102,7 +102,8 @@ class LatencyModel:
     # True: the engine schedules step n+1 while step n runs (vLLM's async scheduling), so a request
     # the engine core receives during step n joins step n+2 at the earliest (engine/step.py)
     schedules_ahead = False
-    # True: the model is an MoE one, whose data-parallel ranks vLLM steps in lockstep (engine/lockstep.py)
+    # True: the model is an MoE one, whose data-parallel ranks vLLM and SGLang step in lockstep, each
+    # by its engine type's rule (engine/lockstep.py, `EnginePolicy.dp_lockstep`)
     data_parallel_lockstep = False
 
     def pacing(self, num_prompt_tokens: int, num_cached_tokens: int, num_running: int,
