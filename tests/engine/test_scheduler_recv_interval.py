@@ -8,31 +8,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.engine.clock import VirtualClock
-from vllm_vcr.engine.config import ConfigError, EngineArgs, EngineConfig
-from vllm_vcr.engine.core import EngineCore
-from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+from vllm_vcr.engine.config import ConfigError, EngineArgs
 
-from .test_step_timing import LinearSteps
+from .test_step_timing import StepHarness
 
 
-class SGLangHarness:
+class SGLangHarness(StepHarness):
     def __init__(self, recv_interval: int) -> None:
-        args = EngineArgs(config=EngineConfig(), engine_type="sglang", scheduler_recv_interval=recv_interval)
-        self.clock = VirtualClock(0.0)
-        self.batches = []
-        self.core = EngineCore(args.validate(), clock=self.clock, latency=LinearSteps(),
-                               output_sink=lambda c, o: self.batches.append(o))
+        super().__init__(engine={"engine_type": "sglang", "scheduler_recv_interval": recv_interval})
 
     def add(self, rid: str, prompt_len: int = 10, max_tokens: int = 20) -> None:
-        base = sum(map(ord, rid)) * 1009
-        self.core.add_request(EngineCoreRequest(
-            request_id=rid, prompt_token_ids=[(base + i) % 30000 + 1 for i in range(prompt_len)],
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True)))
-
-    def times(self, rid: str) -> list[float]:
-        return [round(b.timestamp, 9) for b in self.batches for o in b.outputs
-                if o.request_id == rid and o.new_token_ids]
+        super().add(rid, prompt_len, max_tokens)
 
 
 @pytest.mark.parametrize("interval, first", [(1, 0.033), (4, 0.066)])

@@ -45,10 +45,13 @@ class DelayedInput(LinearSteps):
 
 
 class StepHarness:
-    def __init__(self, model: LinearSteps | None = None, **cfg) -> None:
+    """An engine on a virtual clock with a linear step model; `cfg`: EngineConfig fields, `kv` the
+    KV cache size, `engine`: other EngineArgs fields (engine_type, ...)."""
+
+    def __init__(self, model: LinearSteps | None = None, engine: dict | None = None, **cfg) -> None:
         self.model = model or LinearSteps()
         kv = cfg.pop("kv", None)
-        args = EngineArgs(config=EngineConfig(**cfg), **({"kv_cache_size": kv} if kv else {}))
+        args = EngineArgs(config=EngineConfig(**cfg), **({"kv_cache_size": kv} if kv else {}), **(engine or {}))
         self.clock = VirtualClock(0.0)
         self.batches = []
         self.core = EngineCore(args.validate(), clock=self.clock, latency=self.model,
