@@ -16,7 +16,9 @@ from vllm_vcr.engine.clock import VirtualClock
 from vllm_vcr.engine.config import EngineArgs, EngineConfig
 from vllm_vcr.engine.core import EngineCore
 from vllm_vcr.engine.latency import LatencyModel, StepBatch, zero_pacing
-from vllm_vcr.engine.lockstep import DP_SYNC_INTERVAL, DataParallelLockstep
+from vllm_vcr.engine.lockstep import (DP_SYNC_INTERVAL, DataParallelLockstep, LockstepRounds, RankLockstep,
+                                      lockstep_applies)
+from vllm_vcr.engine.policy import policy_for
 from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
 from vllm_vcr.simulate.driver import run_events
 from vllm_vcr.testing.waits import scaled
@@ -232,3 +234,102 @@ def test_while_a_request_decodes_it_gets_a_token_at_every_step_end_of_every_rank
         first, last = round(ts[0], 9), round(ts[-1], 9)
         assert all(e in mine for e in ends if first < e < last)
     assert group.end is None
+
+
+# --- ranks in separate processes: each rank's RankLockstep and the coordinator's LockstepRounds --
+def run_ranks_apart(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2,
+                    engine_type: str = "vllm"):
+    """As run_ranks, each core with its own RankLockstep and one LockstepRounds between them (the
+    messages delivered at once, between the cores' turns: the transport of wire/lockstep.py
+    without its latency). Returns ({id: token times}, coordinator, rank lockstep objects)."""
+    clock = VirtualClock(0.0)
+    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64),
+                      engine_type=engine_type).validate()
+    times: dict[str, list[float]] = {}
+
+    def sink(client, outs):
+        for o in outs.outputs:
+            times.setdefault(o.request_id, []).extend([outs.timestamp] * len(o.new_token_ids))
+
+    model = Linear(moe)
+    cores = [EngineCore(args, engine_index=i, clock=clock, latency=model, output_sink=sink) for i in range(ranks)]
+    rule = policy_for(engine_type).dp_lockstep
+    coordinator = LockstepRounds(rule)
+    to_coordinator: list[tuple] = []
+    to_ranks: list[tuple] = []
+    links = [RankLockstep(core, lambda *msg, r=i: to_coordinator.append((r, msg)), rule=rule)
+             for i, core in enumerate(cores) if lockstep_applies(core)]
+
+    def flush(now: float) -> None:
+        while to_coordinator or to_ranks:
+            while to_coordinator:
+                rank, (kind, *rest) = to_coordinator.pop(0)
+                to_ranks.extend(getattr(coordinator, kind)(rank, *rest))
+            while to_ranks:
+                rank, msg = to_ranks.pop(0)
+                links[rank].on_message(*msg)
+
+    heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
+    heapq.heapify(heap)
+
+    def deliver(item, now):
+        rank, rid, p, n = item
+        cores[rank].add_request(_request(rid, p, n))
+
+    flush(0.0)
+    run_events(clock, cores, heap, deliver, flush)
+    return times, coordinator, links
+
+
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+@pytest.mark.parametrize("work", [WORK, [(0.0, 0, "a", 20, 3), (0.100, 1, "b", 20, 2)],
+                                  [(0.0, 0, "a", 20, 1), (0.020, 1, "b", 20, 1)]])
+def test_ranks_apart_step_as_the_ranks_of_one_process(work, engine_type):
+    """The same rounds, the same wave ends, the same token times, by either engine type's rule."""
+    together, group, _ = run_ranks(True, work, engine_type=engine_type)
+    apart, coordinator, links = run_ranks_apart(True, work, engine_type=engine_type)
+    assert apart == together
+    assert coordinator.waves == group.waves and not coordinator.wave
+    assert all(not link.wave and link.pending is None for link in links)
+
+
+def test_a_dense_models_ranks_apart_never_report():
+    apart, coordinator, links = run_ranks_apart(False, WORK)
+    together, _, _ = run_ranks(False, WORK)
+    assert links == [] and coordinator.queues == {} and apart == together
+
+
+def test_a_rank_that_leaves_no_longer_holds_the_others():
+    """A rank that stops (drained, dead) leaves: the rounds go on with the others at their own ends."""
+    rounds = LockstepRounds()
+    assert rounds.hello(0) == [] and rounds.hello(1) == []
+    assert rounds.report(0, 1, 0.5, True) == [(1, ("start",))]
+    assert rounds.leave(1) == [(0, ("go", 1, 0.5))]
+    assert rounds.report(0, 2, 0.9, True) == [(0, ("go", 2, 0.9))]
+
+
+def test_a_round_whose_end_never_comes_ends_late_not_never():
+    """The coordinator's reply lost (a peer gone): the rank's step ends ROUND_WAIT after its own end."""
+    times: list[float] = []
+    core = EngineCore(EngineArgs().validate(), clock=VirtualClock(0.0), latency=Linear(True),
+                      output_sink=lambda client, outs: times.extend(outs.timestamp for _ in outs.outputs))
+    RankLockstep(core, lambda *msg: None, round_wait=1.0)
+    core.add_request(_request("a", 20, 2))
+    core.run_until_idle(until=10.0)
+    assert [round(t, 9) for t in times] == [1.012, 2.023]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ARRIVAL, min_size=1, max_size=8))
+def test_ranks_apart_give_every_request_a_token_at_every_step_end(arrivals):
+    """The invariant of the ranks of one process holds for ranks apart: three MoE ranks, random
+    arrivals, every request complete and stepping with every other rank; the waves end."""
+    work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
+    times, coordinator, links = run_ranks_apart(True, work, ranks=3)
+    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
+    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
+    for ts in times.values():
+        mine = {round(t, 9) for t in ts}
+        first, last = round(ts[0], 9), round(ts[-1], 9)
+        assert all(e in mine for e in ends if first < e < last)
+    assert not coordinator.wave and all(link.pending is None for link in links)

@@ -3,6 +3,8 @@ data-parallel rank, started through the real CLI and driven with the openai SDK.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import re
 import signal
@@ -636,3 +638,143 @@ def test_default_api_server_count_is_vllms(args, count):
     assert default_api_server_count(_parse(["serve", *args])) == count
 
 
+
+
+# --- the data-parallel ranks of an MoE model step together across the engine-core processes ------
+MOE = "Qwen/Qwen3-30B-A3B"
+DENSE = "meta-llama/Llama-3.1-8B-Instruct"
+LONG = 8000  # prompt tokens on rank 1: one prefill step far longer than a decode step
+PERF = ("--perf-model", "aic", "--max-model-len", "16384", "--max-num-batched-tokens", "8192",
+        "--shutdown-timeout", "30")
+needs_aic = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
+                               reason="the aic extra is not installed: pip install 'vllm-vcr[aic]'")
+
+
+@contextlib.contextmanager
+def _serving(tmp_path: Path, name: str, *args: str):
+    """start(), and the server stopped however the test ends."""
+    sp = start(tmp_path, name, *args)
+    try:
+        yield sp
+    finally:
+        sp.stop()
+
+
+def _priced_prefill(model: str) -> float:
+    """The perf model's price of the step of LONG prompt tokens alone (on the virtual clock)."""
+    from vllm_vcr.cli import build_parser
+    from vllm_vcr.engine.clock import VirtualClock
+    from vllm_vcr.engine.core import EngineCore
+    from vllm_vcr.engine.types import EngineCoreRequest, SamplingParams
+    from vllm_vcr.engine_cli import engine_args_from_cli
+    from vllm_vcr.replay.inputs import engine_inputs
+
+    parser, _ = build_parser()
+    args = engine_args_from_cli(parser.parse_args(["serve", model, *PERF]))
+    durations: list[float] = []
+    core = EngineCore(args, clock=VirtualClock(0.0), **engine_inputs(args))
+    assert core.latency.times_steps
+    core.add_step_observer(lambda step: durations.append(step.duration))
+    core.add_request(EngineCoreRequest(request_id="long", prompt_token_ids=[300 + i % 600 for i in range(LONG)],
+                                       sampling_params=SamplingParams(max_tokens=1)))
+    core.run_until_idle()
+    assert len(durations) == 1, durations  # (one step: the whole prompt fits its token budget)
+    return durations[0]
+
+
+def _long_prompt_during_a_stream(sp: ServeProcess, model: str) -> list[float]:
+    """A decode stream on rank 0; while it runs, a LONG prompt on rank 1. Returns the stream's gaps."""
+    import time
+
+    gaps: list[float] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
+            last = None
+            for _ in c.completions.create(model=model, prompt="x", max_tokens=400, stream=True,
+                                          extra_body={"ignore_eos": True}):
+                now = time.monotonic()
+                if last is not None:
+                    gaps.append(now - last)
+                    if len(gaps) == 20:
+                        started.set()
+                last = now
+        started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert started.wait(scaled(60))
+    with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "1"}) as c:
+        out = c.completions.create(model=model, prompt=[300 + i % 600 for i in range(LONG)], max_tokens=1)
+    assert out.usage.prompt_tokens == LONG
+    t.join(scaled(120))
+    assert not t.is_alive() and len(gaps) > 100  # (tokens of back-to-back steps may share a chunk)
+    return gaps
+
+
+@needs_aic
+def test_an_moe_models_ranks_step_together_across_engine_core_processes(tmp_path):
+    """`-dp 2` runs each rank in its own engine-core process; for an MoE model they step in
+    lockstep as vLLM's ranks do: rank 1's long prefill stretches rank 0's decode step around it to
+    the prefill's length. SIGTERM still ends every process with 0."""
+    priced = _priced_prefill(MOE)
+    with _serving(tmp_path, "moe", MOE, "-dp", "2", *PERF) as sp:
+        assert sp.log().count("steps in lockstep with the other data-parallel ranks") == 2
+        gaps = _long_prompt_during_a_stream(sp, MOE)
+        # rank 0's own steps are decodes of one sequence (a few ms); one of them lasted the prefill's step
+        assert max(gaps) >= 0.5 * priced, (max(gaps), priced, sorted(gaps)[-5:])
+        # SIGTERM with a stream on rank 0: the idle rank 1 stops (and leaves the lockstep), rank 0 drains
+        result: list = []
+
+        def stream() -> None:
+            with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
+                result.extend(c.completions.create(model=MOE, prompt="x", max_tokens=300, stream=True,
+                                                   extra_body={"ignore_eos": True}))
+
+        t = threading.Thread(target=stream)
+        t.start()
+        wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+        sp.proc.send_signal(signal.SIGTERM)
+        t.join(scaled(120))
+        assert result and result[-1].choices[0].finish_reason == "length"  # drained, not cut
+        assert sp.proc.wait(scaled(60)) == 0, sp.log()
+
+
+@needs_aic
+def test_a_dense_models_ranks_step_on_their_own(tmp_path):
+    """A dense model's ranks are independent engines in vLLM: no rank joins the lockstep."""
+    with _serving(tmp_path, "dense", DENSE, "-dp", "2", *PERF) as sp:
+        _long_prompt_during_a_stream(sp, DENSE)
+        assert "steps in lockstep" not in sp.log()
+        sp.proc.send_signal(signal.SIGTERM)
+        assert sp.proc.wait(scaled(60)) == 0, sp.log()
+
+
+@needs_aic
+def test_an_moe_rank_killed_does_not_hold_the_others(tmp_path):
+    """SIGKILL on rank 1's engine core while rank 0 streams in lockstep with it: the parent tells
+    the lockstep the rank is gone (rank 0 steps on alone and drains its stream), takes the others
+    down and exits 1, as with any engine core killed."""
+    with _serving(tmp_path, "moe-kill", MOE, "-dp", "2", *PERF) as sp:
+        api, engines = pids(sp)
+        result: list = []
+
+        def stream() -> None:
+            with contextlib.suppress(openai.APIError):
+                with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
+                    result.extend(c.completions.create(model=MOE, prompt="x", max_tokens=2000, stream=True,
+                                                       extra_body={"ignore_eos": True}))
+
+        t = threading.Thread(target=stream)
+        t.start()
+        wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+        psutil.Process(engines[1]).kill()
+        t.join(scaled(120))
+        assert not t.is_alive()
+        # rank 0 drained its stream at its own pace (waiting on the dead rank, each step would take ROUND_WAIT)
+        assert result and result[-1].choices[0].finish_reason == "length", len(result)
+        assert sp.proc.wait(scaled(60)) == 1, sp.log()
+        for pid in api + engines:
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert re.search(r"engine core 1 \(pid \d+\) died with exit code -9", sp.log())

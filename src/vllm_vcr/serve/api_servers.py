@@ -17,6 +17,8 @@ directory (vllm/metrics_multiproc.py); --control-address is served by the parent
 to the engine-core processes (control/fanout.py); KV events and forward-pass metrics come from
 the engine-core processes (one endpoint per rank), and sleep, pause and the weight version are
 theirs too, reached with vLLM's utility calls (wire/utility.py, vllm/sleep.py's EngineSleep).
+With D >= 2 the parent also runs the ranks' lockstep coordinator (wire/lockstep.py: vLLM's DP
+coordinator), which the engine cores of an MoE model step through.
 
 Signals: the first SIGTERM/SIGINT is passed on to every child (the engines drain with
 --shutdown-timeout, the API servers let open responses finish), a second one aborts. A child that
@@ -70,6 +72,7 @@ class Layout:
     outputs: list[str]
     metrics_dir: str
     faults: str  # the HTTP faults' shared state (faults/shared.py)
+    lockstep: str | None = None  # the DP lockstep coordinator (wire/lockstep.py), with two ranks or more
 
 
 def _close_quietly(sock: socket.socket) -> None:
@@ -97,7 +100,7 @@ def _child_setup(args: argparse.Namespace) -> None:
 
 def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, engine_count: int,
                       handshake: str, textless_ids: frozenset[int], control_address: str | None,
-                      model_name: str, report: Connection) -> None:
+                      model_name: str, report: Connection, lockstep: str | None = None) -> None:
     _child_setup(args)
     from ..frontend.planned_output import planned_token_source
     from ..gc_tuning import tune_for_serving
@@ -121,7 +124,7 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         control_token=getattr(args, "control_token", None), kv_events=kv_config, pd_args=args,
                         token_source_factory=planned_token_source(engine_args.vocab_size),
                         textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
-                        engine_sleep=lambda engines: EngineSleep(engines, sleep), dead_after_stop=False,
+                        lockstep_address=lockstep, engine_sleep=lambda engines: EngineSleep(engines, sleep), dead_after_stop=False,
                         attach=lambda s, stack: attach_forward_pass_metrics(
                             [b.core for b in s.bridges], args, model_name, engine_args, stack,
                             shared_trace=engine_count > 1))
@@ -295,6 +298,7 @@ class MultiProcessServe:
         self.faults = None  # the API servers' shared fault state (served by the control API)
         self.commands: list[Connection] = []  # to each API server
         self.control_sock: socket.socket | None = None  # --control-address, claimed at start-up
+        self.lockstep: Any = None  # the DP lockstep coordinator (wire/lockstep.py), with two ranks or more
 
     # --- start-up ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -397,7 +401,8 @@ class MultiProcessServe:
         n = self.api_server_count
         layout = Layout(handshake=f"{ipc}/handshake", inputs=[f"{ipc}/in{i}" for i in range(n)],
                         outputs=[f"{ipc}/out{i}" for i in range(n)], metrics_dir=metrics_dir,
-                        faults=os.path.join(self.tmp, "faults"))
+                        faults=os.path.join(self.tmp, "faults"),
+                        lockstep=f"{ipc}/lockstep" if self.engine_count > 1 else None)
         from ..faults.shared import SharedFaultController
 
         f = self.initial_faults
@@ -414,7 +419,7 @@ class MultiProcessServe:
             control = "127.0.0.1:0" if self.args.control_address else None
             p = ctx.Process(target=_engine_core_main, name=f"EngineCore_DP{rank}", daemon=False,
                             args=(child_args, eargs, rank, self.engine_count, layout.handshake, self.textless_ids,
-                                  control, self.settings.model_name, sender))
+                                  control, self.settings.model_name, sender, layout.lockstep))
             p.start()
             self.children.append(_Child("engine core", rank, p))
         for i in range(self.api_server_count):
@@ -525,6 +530,10 @@ class MultiProcessServe:
             await self.wake.wait()
             self.wake.clear()
             alive = [c for c in self.children if c.proc.exitcode is None]
+            if self.lockstep is not None:  # a rank gone does not hold the others' steps
+                for c in self.children:
+                    if c.kind == "engine core" and c.proc.exitcode is not None:
+                        await self.lockstep.gone(c.index)
             if not alive:
                 return
             if self.stopping or self.failed:
@@ -557,6 +566,7 @@ class MultiProcessServe:
             layout = self.layout()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.on_signal, sig)
+            self.start_lockstep(layout)
             self.start_children(sock, layout)
             try:
                 await self.start_up(layout)
@@ -568,6 +578,11 @@ class MultiProcessServe:
             await self.supervise()
         finally:
             _close_quietly(sock)
+            if self.lockstep is not None:
+                self.lockstep_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self.lockstep_task
+                self.lockstep.close()
             if self.control_sock is not None:
                 _close_quietly(self.control_sock)
             for c in self.children:
@@ -590,6 +605,19 @@ class MultiProcessServe:
                 if c.proc.exitcode not in (0, None):
                     logger.warning("%s exited with code %s", c.name, c.proc.exitcode)
         return self.exit_code
+
+    def start_lockstep(self, layout: Layout) -> None:
+        """vLLM's DP coordinator for the ranks' lockstep: the engine cores of an MoE model connect
+        to it (a dense model's do not, and step on their own)."""
+        if layout.lockstep is None:
+            return
+        from ..engine.policy import LockstepRule, policy_for
+        from ..wire.lockstep import LockstepCoordinator
+
+        # the engine type's rule (vLLM's waves, SGLang's per-step gather); its ranks decide whether to join
+        rule = policy_for(self.engine_args.engine_type).dp_lockstep or LockstepRule()
+        self.lockstep = LockstepCoordinator(zmq.asyncio.Context.instance(), layout.lockstep, rule)
+        self.lockstep_task = asyncio.get_running_loop().create_task(self.lockstep.run(), name="lockstep")
 
     async def start_up(self, layout: Layout) -> None:
         """The handshake and every child's "ready" (or a signal first)."""

@@ -27,6 +27,7 @@ from ..engine.config import ConfigError, EngineArgs
 from ..replay.inputs import engine_inputs
 from ..engine.core import EngineCore
 from ..engine.lockstep import DataParallelLockstep
+from .lockstep import LockstepLink
 from ..gc_tuning import collect_while_idle
 from ..heap_trim import start_idle_trimming
 from ..engine.types import (
@@ -389,7 +390,7 @@ class PlayServer:
                  control_token: str | None = None,
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
-                 first_rank: int = 0, data_parallel_size: int | None = None,
+                 first_rank: int = 0, data_parallel_size: int | None = None, lockstep_address: str | None = None,
                  engine_sleep: Callable[["PlayEngines"], Any] | None = None, dead_after_stop: bool = True,
                  attach: Callable[["PlayServer", contextlib.AsyncExitStack], None] | None = None):
         self.args = args
@@ -397,6 +398,11 @@ class PlayServer:
         # rank behind `serve --api-server-count`; all ranks in one process for `play`)
         self.first_rank = first_rank
         self.data_parallel_size = data_parallel_size or first_rank + engine_count
+        # the DP lockstep coordinator of the ranks in other processes (wire/lockstep.py): an MoE
+        # model's rank steps with them through it
+        self.lockstep_address = lockstep_address
+        self.lockstep_link: LockstepLink | None = None
+        self.ctx: zmq.asyncio.Context | None = None
         self.control: Any = None  # the control API's server, once it runs
         # serve's sleep model (vllm/sleep.py's EngineSleep over one engine) for each engine, behind
         # `serve --api-server-count`: the sleep and pause utility calls act on it (utility.py)
@@ -503,9 +509,11 @@ class PlayServer:
             self.publishers.append(pub)
 
     def open_zmq(self, stack: contextlib.AsyncExitStack) -> zmq.asyncio.Context:
-        ctx = zmq.asyncio.Context()
+        ctx = self.ctx = zmq.asyncio.Context()
 
         def close() -> None:
+            if self.lockstep_link is not None:
+                self.lockstep_link.close()
             for b in self.bridges:
                 b.sockets.close(linger_ms=2000)
             ctx.term()
@@ -569,6 +577,9 @@ class PlayServer:
                     b.core.attach_kv_events(KVEventCollector(), self.publishers[b.rank - self.first_rank].publish)
             # an MoE model's DP ranks step together, as in vLLM (the ranks of this process)
             DataParallelLockstep.attach([b.core for b in self.bridges])
+            if self.lockstep_address and len(self.bridges) == 1:  # (and with the ranks of other processes)
+                b = self.bridges[0]
+                self.lockstep_link = LockstepLink.attach(self.ctx, self.lockstep_address, b.rank, b.core)
         except Exception:
             log.exception("could not build the engines")
             self._fail_start()
@@ -598,6 +609,10 @@ class PlayServer:
         io_tasks: list[asyncio.Task] = []
         for b in self.bridges:
             io_tasks.extend(await b.start())
+        if self.lockstep_link is not None:
+            io_tasks.append(loop_task(self.lockstep_link.run(), "lockstep"))
+            for t in core_tasks:
+                t.add_done_callback(self.lockstep_link.stopped)
         log.info("serving %d engine(s) behind %s", self.engine_count, self.address)
         return core_tasks, io_tasks
 
