@@ -46,10 +46,8 @@ def _request(rid: str, prompt_len: int, max_tokens: int) -> EngineCoreRequest:
                              sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2,
-              engine_type: str = "vllm", ended: list | None = None):
-    """`arrivals`: (time, rank, id, prompt, max tokens). Returns ({id: token times}, group, cores);
-    `ended` gets (end, dummy) of every step the ranks end."""
+def _engines(moe: bool, ranks: int, engine_type: str):
+    """`ranks` engines on one virtual clock with a linear step model; their token times by id."""
     clock = VirtualClock(0.0)
     args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64),
                       engine_type=engine_type).validate()
@@ -61,6 +59,26 @@ def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks
 
     model = Linear(moe)
     cores = [EngineCore(args, engine_index=i, clock=clock, latency=model, output_sink=sink) for i in range(ranks)]
+    return clock, cores, times
+
+
+def _arrivals(arrivals: list[tuple[float, int, str, int, int]], cores: list):
+    """The arrivals' heap for run_events and its delivery to the rank each names."""
+    heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
+    heapq.heapify(heap)
+
+    def deliver(item, now):
+        rank, rid, p, n = item
+        cores[rank].add_request(_request(rid, p, n))
+
+    return heap, deliver
+
+
+def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks: int = 2,
+              engine_type: str = "vllm", ended: list | None = None):
+    """`arrivals`: (time, rank, id, prompt, max tokens). Returns ({id: token times}, group, cores);
+    `ended` gets (end, dummy) of every step the ranks end."""
+    clock, cores, times = _engines(moe, ranks, engine_type)
     group = DataParallelLockstep.attach(cores)
     if ended is not None:
         for core in cores:
@@ -68,12 +86,7 @@ def run_ranks(moe: bool, arrivals: list[tuple[float, int, str, int, int]], ranks
                 ended.append((round(batch.end, 9), batch.dummy))
                 return _end_step(batch)
             core.end_step = end_step
-    heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
-    heapq.heapify(heap)
-
-    def deliver(item, now):
-        rank, rid, p, n = item
-        cores[rank].add_request(_request(rid, p, n))
+    heap, deliver = _arrivals(arrivals, cores)
 
     run_events(clock, cores, heap, deliver)
     return times, group, cores
@@ -242,17 +255,7 @@ def run_ranks_apart(moe: bool, arrivals: list[tuple[float, int, str, int, int]],
     """As run_ranks, each core with its own RankLockstep and one LockstepRounds between them (the
     messages delivered at once, between the cores' turns: the transport of wire/lockstep.py
     without its latency). Returns ({id: token times}, coordinator, rank lockstep objects)."""
-    clock = VirtualClock(0.0)
-    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192, max_num_seqs=64),
-                      engine_type=engine_type).validate()
-    times: dict[str, list[float]] = {}
-
-    def sink(client, outs):
-        for o in outs.outputs:
-            times.setdefault(o.request_id, []).extend([outs.timestamp] * len(o.new_token_ids))
-
-    model = Linear(moe)
-    cores = [EngineCore(args, engine_index=i, clock=clock, latency=model, output_sink=sink) for i in range(ranks)]
+    clock, cores, times = _engines(moe, ranks, engine_type)
     rule = policy_for(engine_type).dp_lockstep
     coordinator = LockstepRounds(rule)
     to_coordinator: list[tuple] = []
@@ -269,12 +272,7 @@ def run_ranks_apart(moe: bool, arrivals: list[tuple[float, int, str, int, int]],
                 rank, msg = to_ranks.pop(0)
                 links[rank].on_message(*msg)
 
-    heap = [(t, i, (rank, rid, p, n)) for i, (t, rank, rid, p, n) in enumerate(arrivals)]
-    heapq.heapify(heap)
-
-    def deliver(item, now):
-        rank, rid, p, n = item
-        cores[rank].add_request(_request(rid, p, n))
+    heap, deliver = _arrivals(arrivals, cores)
 
     flush(0.0)
     run_events(clock, cores, heap, deliver, flush)

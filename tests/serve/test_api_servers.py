@@ -725,20 +725,28 @@ def test_an_moe_models_ranks_step_together_across_engine_core_processes(tmp_path
         # rank 0's own steps are decodes of one sequence (a few ms); one of them lasted the prefill's step
         assert max(gaps) >= 0.5 * priced, (max(gaps), priced, sorted(gaps)[-5:])
         # SIGTERM with a stream on rank 0: the idle rank 1 stops (and leaves the lockstep), rank 0 drains
-        result: list = []
-
-        def stream() -> None:
-            with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
-                result.extend(c.completions.create(model=MOE, prompt="x", max_tokens=300, stream=True,
-                                                   extra_body={"ignore_eos": True}))
-
-        t = threading.Thread(target=stream)
-        t.start()
-        wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+        result, t = _stream_on_rank_0(sp, 300)
         sp.proc.send_signal(signal.SIGTERM)
         t.join(scaled(120))
         assert result and result[-1].choices[0].finish_reason == "length"  # drained, not cut
         assert sp.proc.wait(scaled(60)) == 0, sp.log()
+
+
+def _stream_on_rank_0(sp, max_tokens: int) -> tuple[list, threading.Thread]:
+    """A stream of `max_tokens` pinned to rank 0, in a thread, running once this returns; its
+    chunks land in the list (an API error ends it quietly: the engine core may be killed)."""
+    result: list = []
+
+    def stream() -> None:
+        with contextlib.suppress(openai.APIError):
+            with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
+                result.extend(c.completions.create(model=MOE, prompt="x", max_tokens=max_tokens, stream=True,
+                                                   extra_body={"ignore_eos": True}))
+
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+    return result, t
 
 
 @needs_aic
@@ -758,17 +766,7 @@ def test_an_moe_rank_killed_does_not_hold_the_others(tmp_path):
     down and exits 1, as with any engine core killed."""
     with _serving(tmp_path, "moe-kill", MOE, "-dp", "2", *PERF) as sp:
         api, engines = pids(sp)
-        result: list = []
-
-        def stream() -> None:
-            with contextlib.suppress(openai.APIError):
-                with client(sp, timeout=scaled(120), default_headers={"X-data-parallel-rank": "0"}) as c:
-                    result.extend(c.completions.create(model=MOE, prompt="x", max_tokens=2000, stream=True,
-                                                       extra_body={"ignore_eos": True}))
-
-        t = threading.Thread(target=stream)
-        t.start()
-        wait_until(lambda: httpx.get(sp.control + "/stats", timeout=30).json()["running"] == 1, 30, "the stream to run")
+        result, t = _stream_on_rank_0(sp, 2000)
         psutil.Process(engines[1]).kill()
         t.join(scaled(120))
         assert not t.is_alive()
