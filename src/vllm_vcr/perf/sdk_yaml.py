@@ -5,7 +5,7 @@ specs, the version slots, every table directory's collection sidecar and the reu
 some of them many times) with PyYAML's pure-Python `safe_load`: ~0.5 CPU s of a compile. The
 libyaml parser (`CSafeLoader`, PyYAML's own C binding) builds the same objects ~8x faster.
 `c_yaml()` points the SDK modules that read YAML at it for the duration of a compile and puts
-them back after; without libyaml it changes nothing. tests/perf/test_compact_tables.py checks
+them back after; without libyaml it changes nothing. tests/perf/test_sdk_yaml.py checks
 that every YAML file the package ships loads to equal objects both ways and that a compile
 gives the same spec bytes; the module names are the package's internals, pinned below 0.13
 in pyproject.toml.
