@@ -232,6 +232,17 @@ async def test_on_the_real_clock_serves_ranks_step_together(engine_type):
 _ARRIVAL = st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(1, 3000), st.integers(1, 12))
 
 
+def _assert_each_request_steps_with_every_rank(times: dict[str, list[float]], arrivals: list) -> None:
+    """Every request has all its tokens, and between its first and last one a token at every
+    instant any rank emitted one (its rank stepped with theirs)."""
+    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
+    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
+    for ts in times.values():
+        mine = {round(t, 9) for t in ts}
+        first, last = round(ts[0], 9), round(ts[-1], 9)
+        assert all(e in mine for e in ends if first < e < last)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_ARRIVAL, min_size=1, max_size=10))
 def test_while_a_request_decodes_it_gets_a_token_at_every_step_end_of_every_rank(arrivals):
@@ -240,12 +251,7 @@ def test_while_a_request_decodes_it_gets_a_token_at_every_step_end_of_every_rank
     rank stepped with theirs); the wave ends when the work does."""
     work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
     times, group, _ = run_ranks(True, work, ranks=3)
-    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
-    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
-    for ts in times.values():
-        mine = {round(t, 9) for t in ts}
-        first, last = round(ts[0], 9), round(ts[-1], 9)
-        assert all(e in mine for e in ends if first < e < last)
+    _assert_each_request_steps_with_every_rank(times, arrivals)
     assert group.end is None
 
 
@@ -324,10 +330,5 @@ def test_ranks_apart_give_every_request_a_token_at_every_step_end(arrivals):
     arrivals, every request complete and stepping with every other rank; the waves end."""
     work = [(ms * MS, rank, f"r{i}", prompt, n) for i, (ms, rank, prompt, n) in enumerate(arrivals)]
     times, coordinator, links = run_ranks_apart(True, work, ranks=3)
-    assert {rid: len(ts) for rid, ts in times.items()} == {f"r{i}": a[3] for i, a in enumerate(arrivals)}
-    ends = sorted({round(t, 9) for ts in times.values() for t in ts})
-    for ts in times.values():
-        mine = {round(t, 9) for t in ts}
-        first, last = round(ts[0], 9), round(ts[-1], 9)
-        assert all(e in mine for e in ends if first < e < last)
+    _assert_each_request_steps_with_every_rank(times, arrivals)
     assert not coordinator.wave and all(link.pending is None for link in links)

@@ -109,6 +109,8 @@ class TimedSteps:
         self.unread: dict[str, float] = {}
         self._recv_counter = 0
         self._last_step_decode_only = False
+        if recv_interval == 1:  # every step reads its inputs: the gate's batch as it is
+            self.schedule = self.gate.schedule  # type: ignore[method-assign]
 
     def _leave_unread(self, request_id: str, delivered: float) -> None:
         self.unread[request_id] = delivered

@@ -93,6 +93,12 @@ class EngineSleep:
     def is_sleeping(self) -> bool:
         return self.paused or bool(self.sleeping_tags)
 
+    async def is_sleeping_now(self) -> bool:  # (RemoteSleep's interface)
+        return self.is_sleeping
+
+    async def is_paused_now(self) -> bool:
+        return self.paused
+
     async def sleep(self, level: int, mode: str) -> None:
         async with self._lock:
             await self._sleep(level, mode)
@@ -263,12 +269,10 @@ class SleepControl:
         return self._op_metrics
 
     async def is_sleeping(self) -> bool:
-        side = self.engine_side
-        return side.is_sleeping if isinstance(side, EngineSleep) else await side.is_sleeping_now()
+        return await self.engine_side.is_sleeping_now()
 
     async def is_paused(self) -> bool:
-        side = self.engine_side
-        return side.paused if isinstance(side, EngineSleep) else await side.is_paused_now()
+        return await self.engine_side.is_paused_now()
 
     async def sleep(self, level: int, mode: str) -> None:
         async with self._operation("sleep"):
