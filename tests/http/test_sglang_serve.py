@@ -163,3 +163,24 @@ def test_sglang_bootstrap_fields_run_the_handoff(serve_process, route):
     lonely = {**body, "bootstrap_room": 99}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(decode.url + route, json=lonely, timeout=1.5)
+
+
+def test_scheduler_recv_interval_is_an_sglang_flag(serve_process):
+    """`--scheduler-recv-interval N` serves with `--engine-type sglang` (a stream gets every token);
+    without it the CLI refuses in one line naming the flag, before anything starts."""
+    import subprocess
+    import sys
+
+    from tests.conftest import subprocess_env
+
+    r = subprocess.run([sys.executable, "-m", "vllm_vcr", "serve", "--port", str(free_port()),
+                        "--scheduler-recv-interval", "4"],
+                       capture_output=True, text=True, env=subprocess_env(), timeout=scaled(60))
+    assert r.returncode == 2, r.stderr
+    assert "--scheduler-recv-interval" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+    sp = serve_process("--engine-type", "sglang", "--scheduler-recv-interval", "4", "--inter-token-latency", "1")
+    with httpx.Client(base_url=sp.url, timeout=30) as c:
+        r = c.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["output_ids"]) == 6
