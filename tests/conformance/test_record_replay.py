@@ -74,13 +74,16 @@ def test_record_then_replay_tokens_and_timing(tmp_path):
 
     # timing: the model replays the recording's own latencies. Engine side (tap vs tap) the
     # medians must be close; client side the real engine's CPU use slowed the frontend in the
-    # recording (docs/fidelity.md), so only the order of magnitude is checked there.
+    # recording (docs/fidelity.md), so only the order of magnitude is checked there. The engine
+    # side's absolute slack grows with the machine's load: a replay sharing two cores with busy
+    # processes waits for a core before each step it times (the relative band stays).
     a = read_trace(str(rec_trace)).records
     b = read_trace(str(tmp_path / "play.tap.jsonl.gz")).records
     ta, tb = ttft_samples(a).quantile(50), ttft_samples(b).quantile(50)
     ia, ib = itl_samples(a).quantile(50), itl_samples(b).quantile(50)
-    assert _median_close(ta, tb, 0.35, 5.0), ("engine TTFT p50", ta, tb)
-    assert _median_close(ia, ib, 0.35, 2.0), ("engine ITL p50", ia, ib)
+    slack = timeout_scale()
+    assert _median_close(ta, tb, 0.35, 5.0 * slack), ("engine TTFT p50", ta, tb, slack)
+    assert _median_close(ia, ib, 0.35, 2.0 * slack), ("engine ITL p50", ia, ib, slack)
     ca = ttft_samples(read_trace(str(tmp_path / "rec.client.jsonl.gz")).records).quantile(50)
     cb = ttft_samples(read_trace(str(tmp_path / "play.client.jsonl.gz")).records).quantile(50)
     # (a recording made beside other work runs its frontend slower still: the lower bound leaves
