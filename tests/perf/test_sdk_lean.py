@@ -6,6 +6,7 @@ the KV estimate and loads whole when used after it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,13 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from vllm_vcr.perf import sdk_lean
 from vllm_vcr.perf.catalog import configure_data_roots, package_root
 from vllm_vcr.perf.sdk_yaml import c_yaml
 
 from .conftest import needs_aic
-from .test_compact_tables import TARGETS
+from .test_compact_tables import ROWS, TARGETS, _Env, _prices, _whole_handle
 
 pytestmark = needs_aic
 
@@ -67,6 +69,33 @@ def test_a_lean_compile_gives_the_same_spec_bytes(name, tmp_path, monkeypatch):
     assert asked > 0 or name == "mla"  # (MLA attention is priced from module tables, without lanes)
     assert len(own_views) == asked, "the lean compile loaded an attention table twice"
     assert engine_table_view.fetch_attention_lane_density is counted  # put back
+
+
+@functools.lru_cache(maxsize=None)
+def _sdk_handle(name: str):
+    """The estimator compiled by the SDK's own path alone (no libyaml, nothing skipped), on the
+    tables the perf model's compile reads."""
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    from vllm_vcr.perf.tables import borrowed_tables, systems_path
+
+    with _Env(on=False):
+        configure_data_roots()
+        t = TARGETS[name].resolved()
+        systems = systems_path(t.gpu, t.backend, borrowed_tables(t.model, t.gpu, t.backend))
+        _fresh_sdk_caches()
+        return EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                    systems_path=systems, **t.compile_kwargs())
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=ROWS)
+def test_the_perf_models_compile_prices_any_step_as_the_sdks_own(name, rows):
+    """`compile_target` with nothing kept (the lean compile) against the SDK's plain compile."""
+    ours, sdk = _whole_handle(name), _sdk_handle(name)
+    assert bytes(ours.spec_bytes) == bytes(sdk.spec_bytes)
+    assert _prices(ours, rows) == _prices(sdk, rows)
 
 
 def _databases():
