@@ -21,6 +21,7 @@ from .errors import PerfModelError
 from .native import NativeHandle
 from .qk_norm import bundled_config, qk_norm_ms
 from . import compact
+from .sdk_lean import lean_compile
 from .sdk_yaml import c_yaml
 from .spec_cache import cache_dir, kept_prices, load_or_compile, spec_key
 from .tables import borrowed_tables, systems_path
@@ -171,7 +172,7 @@ def _load(key: str) -> Any:
     def compiled() -> Any:
         from aiconfigurator_core.sdk.engine import EngineHandle
 
-        with c_yaml():  # its YAML parsed by libyaml (perf/sdk_yaml.py)
+        with c_yaml(), lean_compile():  # its YAML parsed by libyaml, its unread work skipped (perf/sdk_lean.py)
             handle = EngineHandle.compile(t.model, t.gpu, t.backend, backend_version=t.backend_version,
                                           systems_path=systems, **t.compile_kwargs())
         return with_cut(probed(handle))

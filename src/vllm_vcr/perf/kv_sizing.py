@@ -24,6 +24,7 @@ from .aic import AicTarget
 from .catalog import configure_data_roots, import_aic
 from .qk_norm import bundled_config
 from .errors import PerfModelError
+from .sdk_lean import import_memory
 from .spec_cache import load_or_compute
 
 
@@ -71,7 +72,7 @@ def estimate_kv_capacity(target: AicTarget, *, block_size: int, gpu_memory_utili
 
 def _estimate(t: AicTarget, max_num_batched_tokens: int, max_num_seqs: int, fraction: float) -> dict:
     """The estimator's KV estimate (`estimate_kv_cache`'s native path) with the weights vLLM loads."""
-    from aiconfigurator_core.sdk.memory import KVCacheEstimator  # (pandas: imported only when computing)
+    KVCacheEstimator = import_memory().KVCacheEstimator  # (without pandas: perf/sdk_lean.py)
 
     kw = t.compile_kwargs()
     est = KVCacheEstimator.from_request(
