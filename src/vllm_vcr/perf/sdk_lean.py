@@ -35,6 +35,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from typing import Any, Iterator
 
 # attention table attribute -> its file (the tables whose lane density orders an op's lanes)
@@ -103,14 +104,24 @@ class _PostponedAnnotations(importlib.machinery.SourceFileLoader):
                        flags=__future__.annotations.compiler_flag)
 
 
-class _Deferred(importlib.util._LazyModule):  # type: ignore[name-defined,misc]
+_LAZY = importlib.util._LazyModule  # type: ignore[attr-defined]
+_turning = threading.Lock()
+
+
+class _Deferred(_LAZY):  # type: ignore[misc,valid-type]
     """LazyLoader's module, but for `__spec__`, which an `import` statement that finds the module
-    in sys.modules reads (Python 3.11's `_find_and_load`): reading it leaves the module unexecuted."""
+    in sys.modules reads (`_find_and_load`): reading it leaves the module unexecuted. Any other
+    name turns it back into the interpreter's own lazy module, whose loading then runs as the
+    standard library has it (from 3.12.3 it loads only a module whose class is exactly its own,
+    under a lock)."""
 
     def __getattribute__(self, attr: str) -> Any:
         if attr == "__spec__":
             return object.__getattribute__(self, "__dict__")["__spec__"]
-        return super().__getattribute__(attr)
+        with _turning:
+            if object.__getattribute__(self, "__class__") is _Deferred:
+                object.__setattr__(self, "__class__", _LAZY)
+        return getattr(self, attr)
 
 
 def _defer(name: str) -> None:
