@@ -101,3 +101,45 @@ def test_the_overlay_without_a_cache_directory(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)
     path = systems_path("b300_sxm", "vllm", (("mla", "b200_sxm"),))
     assert path.startswith(str(tmp_path)) and os.path.isdir(os.path.join(path, "data", "b300_sxm", "mla", "vllm"))
+
+
+def _moe(backend: str, version: str, gpu: str = "b200_sxm"):
+    pd = pytest.importorskip("pandas")
+    df = pd.read_parquet(package_root() / "systems" / "data" / gpu / "moe" / backend / version / "moe_perf.parquet")
+    return df[(df.moe_dtype == "w4a8_mxfp4_mxfp8") & (df.distribution == "power_law_1.2")]
+
+
+def test_mxfp8_moe_shapes_vllm_lacks_come_from_trtllms_tables_of_the_same_kernels():
+    """Where vLLM's and TRT-LLM's B200 tables both measured MXFP4 x MXFP8 experts (the same
+    TRT-LLM-gen kernels), they agree; gpt-oss's expert shape is only in TRT-LLM's (if a release
+    adds it to vLLM's tables, this fails and the derivation goes)."""
+    keys = ["hidden_size", "inter_size", "num_experts", "topk", "moe_tp_size", "moe_ep_size", "num_tokens"]
+    vllm, trt = _moe("vllm", "0.24.0"), _moe("trtllm", "1.3.0rc20")
+    m = vllm.merge(trt, on=keys, suffixes=("_vllm", "_trt"))
+    assert len(m) > 300
+    assert 0.85 < float((m.latency_trt / m.latency_vllm).median()) < 1.15
+    assert not (vllm.hidden_size == 2880).any() and (trt.hidden_size == 2880).any()
+    assert borrowed_tables("openai/gpt-oss-120b", "b200_sxm", "vllm", "w4a8_mxfp4_mxfp8") == (
+        ("moe:w4a8_mxfp4_mxfp8", "trtllm"),)
+    assert borrowed_tables("openai/gpt-oss-120b", "b200_sxm", "vllm", "w4a16_mxfp4") == ()
+    assert borrowed_tables("openai/gpt-oss-120b", "h200_sxm", "vllm", "w4a8_mxfp4_mxfp8") == ()
+
+
+def test_the_derived_moe_table_holds_vllms_rows_and_trtllms_at_both_layouts(cache):
+    pd = pytest.importorskip("pandas")
+    path = systems_path("b200_sxm", "vllm", (("moe:w4a8_mxfp4_mxfp8", "trtllm"),))
+    own = pd.read_parquet(package_root() / "systems" / "data" / "b200_sxm" / "moe" / "vllm" / "0.24.0" / "moe_perf.parquet")
+    got = pd.read_parquet(os.path.join(path, "data", "b200_sxm", "moe", "vllm", "0.24.0", "moe_perf.parquet"))
+    pd.testing.assert_frame_equal(got.iloc[: len(own)].reset_index(drop=True), own.reset_index(drop=True))
+    new = got.iloc[len(own):]
+    assert set(new.hidden_size) == {2880} and set(new.moe_dtype) == {"w4a8_mxfp4_mxfp8"}
+    assert set(new.framework) == {"VLLM"} and set(new.version) == {"0.24.0"}
+    trt = _moe("trtllm", "1.3.0rc20")
+    one = trt[(trt.hidden_size == 2880) & (trt.num_experts == 128) & (trt.moe_ep_size == 2)].set_index("num_tokens").latency
+    for tp, ep in ((2, 1), (1, 2)):  # vLLM's sharded layout and the expert-parallel one, both as measured at EP 2
+        rows = new[(new.num_experts == 128) & (new.moe_tp_size == tp) & (new.moe_ep_size == ep)
+                   & (new.distribution == "power_law_1.2")].set_index("num_tokens").latency
+        assert rows.sort_index().tolist() == one.sort_index().tolist()
+    assert not new.duplicated(["num_tokens", "num_experts", "moe_tp_size", "moe_ep_size", "distribution"]).any()
+    other = os.path.join(path, "data", "b200_sxm", "moe", "vllm", "0.19.0")
+    assert os.path.realpath(other) == str((package_root() / "systems" / "data" / "b200_sxm" / "moe" / "vllm" / "0.19.0").resolve())

@@ -177,3 +177,24 @@ def test_the_frontend_time_is_part_of_the_model_serve_runs():
     set_ = _engine_args("serve", LLAMA_8B, "--perf-model", "aic", "--perf-frontend-ms", "0",
                         "--perf-frontend-ms-per-1k-tokens", "0", "--perf-frontend-ms-per-request", "0")
     assert (set_.perf_model["frontend_ms"], set_.perf_model["frontend_ms_per_request"]) == (0.0, 0.0)
+
+
+@needs_aic
+@pytest.mark.parametrize("command", ["serve", "play", "simulate"])
+def test_mxfp8_moe_activations_price_the_mxfp4_x_mxfp8_kernels_on_blackwell(command):
+    """`--quantization-config '{"moe": {"activation": "mxfp8"}}'` (vLLM's MXFP4 x MXFP8 MoE kernels;
+    InferenceX's gpt-oss B200 runs set the environment variable older vLLMs read for it) prices
+    gpt-oss's experts from `w4a8_mxfp4_mxfp8` tables on Blackwell, where they are faster than the
+    default BF16-input kernels; on Hopper no backend has it and the default serves."""
+    from vllm_vcr.perf.aic import AicTarget, compile_target
+
+    model = ("openai/gpt-oss-120b",) if command != "play" else ("--model-name", "openai/gpt-oss-120b")
+    qc = ("--quantization-config", '{"moe": {"activation": "mxfp8"}}')
+    mx = _engine_args(command, *model, "--perf-model", "aic", "--gpu", "b200_sxm", "-tp", "2", *qc)
+    plain = _engine_args(command, *model, "--perf-model", "aic", "--gpu", "b200_sxm", "-tp", "2")
+    assert (mx.perf_model["moe_quant"], plain.perf_model["moe_quant"]) == ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4")
+    hopper = _engine_args(command, *model, "--perf-model", "aic", "--gpu", "h200_sxm", "-tp", "2", *qc)
+    assert hopper.perf_model["moe_quant"] == "w4a16_mxfp4"
+    fast, slow = (compile_target(AicTarget.from_dict(a.perf_model)) for a in (mx, plain))
+    assert fast.decode_step_latency(128, 4096, 2) < 0.85 * slow.decode_step_latency(128, 4096, 2)
+    assert fast.mixed_step_breakdown(8192, 0, 8192, 2, 0)[0] < 0.7 * slow.mixed_step_breakdown(8192, 0, 8192, 2, 0)[0]

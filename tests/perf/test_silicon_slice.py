@@ -178,6 +178,17 @@ def test_a_rows_server_flags_are_those_of_the_script_that_measured_it():
     assert (late.kv_cache_fp8, late.gpu_memory_utilization, late.block_size) == (True, 0.9, 32)
     gap = _row(source="source_file=/Users/x/aic-auto-gap-analysis/data/h100_sxm/vllm/0.12.0/Qwen_Qwen3-32B.csv")
     assert gap.server == type(gap.server)()  # another harness: vLLM's defaults
+    # gptoss_fp4_b200*.sh: MXFP4 experts on MXFP8 inputs (VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1) from
+    # 2025-09-24, --max-num-seqs 512; kv fp8 from 2025-12-31; the Hopper scripts neither
+    oss = "openai/gpt-oss-120b"
+    nov = inferencex_flags(oss, "b200_sxm", None, "source_file=2026-04-06.csv; measured=2025-11-02T00:00:00.000Z")
+    feb = inferencex_flags(oss, "b200_sxm", None, "source_file=2026-04-06.csv; measured=2026-02-25T00:00:00.000Z")
+    assert (nov.moe_activation, nov.max_num_seqs, nov.kv_cache_fp8) == ("mxfp8", 512, False)
+    assert (feb.moe_activation, feb.max_num_seqs, feb.kv_cache_fp8) == ("mxfp8", 512, True)
+    assert inferencex_flags(oss, "h200_sxm", None, "source_file=2026-04-06.csv; measured=2026-02-25").moe_activation is None
+    row = next(r for r in _rows().values() if r.model == oss and r.gpu == "b200_sxm" and r.server.kv_cache_fp8)
+    t = row.target().resolved()
+    assert (t.moe_quant, t.kv_cache_quant) == ("w4a8_mxfp4_mxfp8", "fp8")
 
 
 def test_a_block_fp8_checkpoint_is_priced_with_block_scaled_kernels_where_vllm_can_shard_it():

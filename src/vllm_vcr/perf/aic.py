@@ -72,6 +72,7 @@ class AicTarget:
     frontend_ms_per_request: float = DEFAULT_FRONTEND_MS_PER_REQUEST
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE layout when no MoE sizes are given)
     fmha_quant: str | None = None  # the attention kernels' precision; None: the estimator's choice from the GEMMs
+    moe_activation: str | None = None  # `--quantization-config` moe.activation (mxfp8: MXFP4 experts on MXFP8 inputs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +105,7 @@ class AicTarget:
             kernels = checkpoint_kernels(model, t.gpu, t.moe_tp_size or t.tensor_parallel_size)
             if kernels is not None:
                 t = replace(t, gemm_quant=kernels[0], moe_quant=kernels[1])
-        return t
+        return replace(t, moe_quant=moe_activation_quant(t.moe_quant, t.moe_activation, t.gpu), moe_activation=None)
 
     def compile_kwargs(self) -> dict[str, Any]:
         return dict(tp_size=self.tensor_parallel_size, attention_dp_size=self.attention_dp_size,
@@ -112,6 +113,22 @@ class AicTarget:
                     gemm_quant_mode=self.gemm_quant, moe_quant_mode=self.moe_quant,
                     kvcache_quant_mode=self.kv_cache_quant,
                     **({"fmha_quant_mode": self.fmha_quant} if self.fmha_quant else {}))
+
+
+# GPUs whose MXFP4 MoE kernels take MXFP8 inputs (FlashInfer's TRT-LLM kernels, SM100)
+MXFP8_MOE_GPUS = ("b200_sxm", "b300_sxm", "gb200", "gb300")
+
+
+def moe_activation_quant(moe_quant: str | None, activation: str | None, gpu: str) -> str | None:
+    """The MoE kernels' precision when vLLM is asked for an activation precision of the experts
+    (`--quantization-config '{"moe": {"activation": "mxfp8"}}'`; in earlier releases the environment's
+    `VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1`): MXFP4 experts (`w4a16_mxfp4`, BF16 inputs, vLLM's
+    default) on Blackwell run FlashInfer's TRT-LLM MXFP4 x MXFP8 kernel, `w4a8_mxfp4_mxfp8`
+    (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py `select_mxfp4_moe_backend`: backends of
+    the requested activation first; elsewhere none has it and the BF16 one serves)."""
+    if moe_quant == "w4a16_mxfp4" and activation == "mxfp8" and gpu in MXFP8_MOE_GPUS:
+        return "w4a8_mxfp4_mxfp8"
+    return moe_quant
 
 
 # The host's share of a step: not part of the compiled estimator's identity.
@@ -123,7 +140,8 @@ def _target_key(t: AicTarget) -> str:
     d = t.to_dict()
     for f in _HOST_FIELDS:
         d.pop(f)
-    borrowed = borrowed_tables(t.model, t.gpu, t.backend)
+    d.pop("moe_activation")  # resolved into moe_quant
+    borrowed = borrowed_tables(t.model, t.gpu, t.backend, t.moe_quant)
     if borrowed:  # tables priced from another GPU's (perf/tables.py): part of the identity
         d["borrowed_tables"] = [list(b) for b in borrowed]
     return json.dumps(d, sort_keys=True)

@@ -13,6 +13,7 @@ accepted as aliases: `--aic-perf-model`/`--ais-perf-model` (a switch), `--aic-sy
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from dataclasses import replace
 from typing import Any
@@ -30,6 +31,7 @@ _VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not 
     ("--gpu-memory-utilization",): ("gpu_memory_utilization", float),
     ("--num-gpu-blocks-override",): ("num_gpu_blocks_override", int),
     ("--kv-cache-dtype",): ("kv_cache_dtype", str),
+    ("--quantization-config",): ("quantization_config", str),
 }
 
 
@@ -134,6 +136,20 @@ def _kv_dtype(ns: argparse.Namespace) -> str | None:
     return "bfloat16" if v in ("bfloat16", "float16", "half") else None
 
 
+def _moe_activation(ns: argparse.Namespace) -> str | None:
+    """`--quantization-config`'s `moe.activation` (vLLM's `QuantizationConfigArgs`: the precision
+    the MoE kernels' inputs are quantised to, e.g. `mxfp8`), None when not given."""
+    value = _vllm_flag(ns, "quantization_config", lambda v: v)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise PerfModelError(f"--quantization-config: invalid JSON {value!r}") from None
+    moe = value.get("moe") if isinstance(value, dict) else None
+    activation = moe.get("activation") if isinstance(moe, dict) else None
+    return activation if isinstance(activation, str) else None
+
+
 def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
     """The AicTarget fields the flags select, or None when the perf model is off."""
     kind = getattr(ns, "perf_model", None) or ("aic" if getattr(ns, "perf_model_switch", False) else "none")
@@ -149,7 +165,7 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
         async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False,
-        expert_parallel=bool(_vllm_flag(ns, "enable_expert_parallel", bool)))
+        expert_parallel=bool(_vllm_flag(ns, "enable_expert_parallel", bool)), moe_activation=_moe_activation(ns))
     given = {field: getattr(ns, flag, None) for field, flag in _FITTED_FLAGS.items()}
     return replace(target, **{f: v for f, v in given.items() if v is not None}).resolved().to_dict()
 

@@ -56,6 +56,7 @@ OPTION_REASONS: dict[str, str] = {
     "--tensor-parallel-size": "used only by --perf-model aic to price a step",
     "--kv-cache-dtype": "used only by --perf-model aic (fp8 halves the KV bytes)",
     "--async-scheduling": "used only by --perf-model aic (host time overlapped with the GPU's)",
+    "--quantization-config": "used only by --perf-model aic (moe.activation: the MoE kernels' input precision)",
     "--headless": "serve always runs its API server (`vllm-vcr play` is the headless engine)",
     "--uds": "serve listens on TCP only",
     "--middleware": "no user Python code is imported",

@@ -150,7 +150,7 @@ class SiliconRow:
         return AicTarget(model=self.model, gpu=self.gpu, backend="vllm", tensor_parallel_size=self.tp,
                          attention_dp_size=self.attention_dp, moe_tp_size=self.moe_tp, moe_ep_size=self.moe_ep,
                          gemm_quant=self.gemm_quant, moe_quant=self.moe_quant,
-                         kv_cache_quant=kv,
+                         kv_cache_quant=kv, moe_activation=self.server.moe_activation,
                          step_overhead_ms=h.step_ms, per_seq_overhead_ms=h.per_seq_ms,
                          async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
                          qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us,

@@ -11,7 +11,7 @@ server had. Rows of other harnesses (AIConfigurator's gap analyses) get vLLM's d
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1 << 30
 
@@ -27,6 +27,7 @@ class ServerFlags:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     async_scheduling: bool | None = None  # --async-scheduling; None: the version's default
+    moe_activation: str | None = None  # the MoE kernels' input precision the script asked for (mxfp8)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ _MINIMAX_FP8_EARLY = ServerFlags(gpu_memory_utilization=0.95, block_size=32)
 # weights), so the rows' servers did not run with that budget.
 _MINIMAX_TUNED = ServerFlags(kv_cache_fp8=True, block_size=32)
 _MINIMAX_FP4_TUNED = ServerFlags(kv_cache_fp8=True)
+# gptoss_fp4_b200*.sh: `VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1` (MXFP4 experts on MXFP8 inputs; vLLM
+# 0.32: `--quantization-config '{"moe": {"activation": "mxfp8"}}'`) from 2025-09-24, --max-num-seqs
+# 512, 8192 batched tokens; kv fp8 from 2025-12-31
+_GPTOSS_B200 = ServerFlags(max_num_batched_tokens=8192, max_num_seqs=512, moe_activation="mxfp8")
+_GPTOSS_B200_KV_FP8 = replace(_GPTOSS_B200, kv_cache_fp8=True)
 _KIMI = ServerFlags(max_num_seqs_is_concurrency=True)
 _KIMI_TUNED = ServerFlags(kv_cache_fp8=True, max_num_seqs_is_concurrency=True)
 
@@ -65,6 +71,8 @@ _RULES = (
     _Rule("MiniMax-M2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _MINIMAX_FP4_TUNED),
     _Rule("MiniMax-M2.5", ("h100_sxm",), ("fp8",), "2025-01-01", ServerFlags(max_num_seqs=256)),
     _Rule("MiniMax-M2.5", ("h200_sxm",), ("fp8",), "2025-01-01", ServerFlags(gpu_memory_utilization=0.95)),
+    _Rule("gpt-oss", ("b200_sxm",), ("bf16", "nvfp4"), "2025-09-24", _GPTOSS_B200),
+    _Rule("gpt-oss", ("b200_sxm",), ("bf16", "nvfp4"), "2025-12-31", _GPTOSS_B200_KV_FP8),
     # kimik2.5_fp4_{b200,b300}.sh: --max-num-seqs $CONC; B200 from 2026-04-20: kv fp8
     _Rule("Kimi-K2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _KIMI),
     _Rule("Kimi-K2.5", ("b200_sxm",), ("nvfp4",), "2026-04-20", _KIMI_TUNED),
