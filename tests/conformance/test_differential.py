@@ -47,7 +47,8 @@ def real(vllm_version):
     st.stop()
 
 
-def _start_sim(tmp_path_factory, extra_args: list[str] = (), extra_env: dict[str, str] | None = None) -> dict:
+def _start_sim(tmp_path_factory, extra_args: list[str] = (), extra_env: dict[str, str] | None = None,
+               timeout: float = 60.0) -> dict:
     port, control = peers.free_port(), peers.free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_")}
@@ -58,7 +59,7 @@ def _start_sim(tmp_path_factory, extra_args: list[str] = (), extra_env: dict[str
            "--port", str(port), "--max-model-len", "1024", "--tokenizer", str(peers.MODEL_DIR),
            "--control-address", f"127.0.0.1:{control}", *ENGINE_FLAGS, *extra_args]
     proc = peers._spawn("vllm-vcr serve", cmd, env, log, cwd=peers.REPO)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + peers.scaled(timeout)
     while time.monotonic() < deadline:
         if not proc.alive():
             pytest.fail("vllm-vcr serve exited\n" + proc.tail())
@@ -101,6 +102,9 @@ ALLOWED = [
      "a route vLLM 0.33 added: serve reproduces the 0.32 frontend's route set"),
     (r"^0\.33 metrics \w+ [\w ]+: family vllm[:_]cache_config_info labels ",
      "vLLM 0.33 added a CacheConfig field (simple_cpu_offload_num_blocks): serve exports 0.32's fields"),
+    (r"^0\.33 (held_while_paused: answered while it should wait: \(503|answer_after_resume: HTTP 503 in real, 200)",
+     "0.33's /pause (pause_generation) refuses new requests (retryable 503) in modes abort and wait until "
+     "/resume; serve's /pause is 0.32's, which holds them until /resume"),
     (r"^0\.33 is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
      "0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32"),
 ]
@@ -822,9 +826,9 @@ def _call(base: str, method: str, path: str, body: dict | None = None) -> tuple[
 def _ops_steps(lora_dirs) -> list[tuple[str, str, str, dict | None]]:
     """(name, method, path, body) in order: each step leaves both servers in the same state.
     Not here: loading a missing or too-wide adapter (the real engine's worker checks the files; `play`
-    accepts any LoRARequest, so the real frontend in front of it says 200) and partial /wake_up tags
-    (`play`'s wake_up always reports fully awake) — tests/http/test_lora.py and
-    test_sleep_and_management.py check those against vLLM's code instead."""
+    accepts any LoRARequest, so the real frontend in front of it says 200): tests/http/test_lora.py
+    checks those against vLLM's code instead. Sleep levels, partial /wake_up tags and pause modes in
+    full: test_multi_api_server_ops.py."""
     sql = lora_dirs["sql"]
     return [
         ("models", "GET", "/v1/models", None),

@@ -89,3 +89,29 @@ def test_gauges_show_the_most_recent_change(tmp_path):
     assert shown() == 0
     running(b, sb, 3)  # unchanged: still older than a's 0
     assert shown() == 0
+
+
+def test_an_event_gauge_shows_the_last_set_even_of_an_unchanged_value(tmp_path):
+    """vLLM's API server that records a wake-up writes `awake` even where it already read awake
+    (it never saw the sleep, another API server did): that write is the most recent one."""
+    a, b = FrontendMetrics("m"), FrontendMetrics("m")
+    sa, sb = SharedMetrics(a, str(tmp_path)), SharedMetrics(b, str(tmp_path))
+    sb._pid = sa._pid + 1
+    sa.dump()
+    sb.dump()
+
+    def state() -> dict[str, float]:
+        got = samples(sb.render_text())
+        return {s: got[("vllm:engine_sleep_state", (("engine", "0"), ("model_name", "m"), ("sleep_state", s)))]
+                for s in ("awake", "weights_offloaded", "discard_all")}
+
+    time.sleep(0.01)
+    a.set_sleep_state(None, 1)  # shared at once, without a scrape or the dump interval
+    assert state() == {"awake": 0, "weights_offloaded": 1, "discard_all": 0}
+    time.sleep(0.01)
+    b.set_sleep_state(None, 0)  # b's values do not change: awake all along as far as b knows
+    assert state() == {"awake": 1, "weights_offloaded": 0, "discard_all": 0}
+    time.sleep(0.01)
+    a.set_sleep_state(None, 2)
+    assert samples(sa.render_text())[("vllm:engine_sleep_state",
+                                      (("engine", "0"), ("model_name", "m"), ("sleep_state", "discard_all")))] == 1

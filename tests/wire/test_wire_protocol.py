@@ -230,6 +230,41 @@ async def test_pause_keep_freezes_requests_until_resume():
         fe.close()
 
 
+async def _utility(fe: FakeFrontend, call_id: int, method: str, args: list):
+    """Send one utility call; its answer ([None, value]) or failure message, skipping step outputs."""
+    await fe.send(b"\x00\x00", b"\x03", enc.encode([0, call_id, method, args]))
+    while True:
+        msg = await fe.recv()
+        if msg.utility_output is not None and msg.utility_output.call_id == call_id:
+            return msg.utility_output.result if msg.utility_output.failure_message is None else \
+                msg.utility_output.failure_message
+
+
+async def test_sleep_wake_and_pause_follow_the_engine_core(single):
+    """vLLM's engine core: a partial wake-up is not fully awake and scheduling stays paused, a
+    paused scheduler counts as sleeping, and 0.33's pause_generation refuses new requests."""
+    fe, *_ = single
+    assert await _utility(fe, 1, "sleep", [1, "abort"]) == [None, None]
+    assert await _utility(fe, 2, "is_sleeping", []) == [None, True]
+    assert await _utility(fe, 3, "wake_up", [["weights"]]) == [None, False]
+    assert await _utility(fe, 4, "is_sleeping", []) == [None, True]
+    assert await _utility(fe, 5, "wake_up", [["nonsense"]]) == [None, False]  # not a sleeping tag: nothing wakes
+    assert await _utility(fe, 6, "wake_up", [["kv_cache"]]) == [None, True]
+    assert await _utility(fe, 7, "is_sleeping", []) == [None, False]
+    assert await _utility(fe, 8, "pause_scheduler", ["abort", True]) == [None, None]
+    assert await _utility(fe, 9, "is_sleeping", []) == [None, True]
+    assert await _utility(fe, 10, "is_scheduler_paused", []) == [None, True]
+    assert (await _utility(fe, 11, "pause_scheduler", ["soon", True])) == "Call to pause_scheduler method failed: Invalid pause mode: soon"
+    assert await _utility(fe, 12, "resume_scheduler", []) == [None, None]
+    assert await _utility(fe, 13, "pause_generation", ["abort", True]) == [None, None]
+    await fe.send(b"\x00\x00", b"\x00", enc.encode(_req("p-1")))
+    outs = await fe.collect("p-1")
+    assert outs[-1].finish_reason == FinishReason.ERROR and outs[-1].error.retryable, outs
+    assert await _utility(fe, 14, "resume_scheduler", []) == [None, None]
+    await fe.send(b"\x00\x00", b"\x00", enc.encode(_req("p-2")))
+    assert (await fe.collect("p-2"))[-1].finish_reason == FinishReason.LENGTH
+
+
 async def test_malformed_frames_are_survived(single):
     fe, _srv, task, _ = single
     await fe.send(b"\x00\x00", b"\x09", b"junk")               # unknown request type

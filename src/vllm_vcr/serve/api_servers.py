@@ -16,7 +16,7 @@ code. `/metrics` is aggregated across the API servers through a prometheus multi
 directory (vllm/metrics_multiproc.py); --control-address is served by the parent and fanned out
 to the engine-core processes (control/fanout.py); KV events and forward-pass metrics come from
 the engine-core processes (one endpoint per rank), and sleep, pause and the weight version are
-theirs too, reached with vLLM's utility calls (wire/utility.py, vllm/sleep.py's EngineSleep).
+theirs too, reached with vLLM's utility calls (wire/utility.py, engine/sleep.py).
 With D >= 2 the parent also runs the ranks' lockstep coordinator (wire/lockstep.py: vLLM's DP
 coordinator), which the engine cores of an MoE model step through.
 
@@ -105,7 +105,7 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
     from ..frontend.planned_output import planned_token_source
     from ..gc_tuning import tune_for_serving
     from ..kv_events import kv_events_config_from_cli
-    from ..vllm.sleep import EngineSleep, SleepConfig
+    from ..engine.sleep import SleepConfig
     from ..wire.handshake import ReadyInfo
     from ..wire.server import PlayServer
     from .server import attach_forward_pass_metrics
@@ -124,7 +124,7 @@ def _engine_core_main(args: argparse.Namespace, engine_args: Any, rank: int, eng
                         control_token=getattr(args, "control_token", None), kv_events=kv_config, pd_args=args,
                         token_source_factory=planned_token_source(engine_args.vocab_size),
                         textless_ids=textless_ids, first_rank=rank, data_parallel_size=engine_count,
-                        lockstep_address=lockstep, engine_sleep=lambda engines: EngineSleep(engines, sleep), dead_after_stop=False,
+                        lockstep_address=lockstep, sleep_config=sleep, dead_after_stop=False,
                         attach=lambda s, stack: attach_forward_pass_metrics(
                             [b.core for b in s.bridges], args, model_name, engine_args, stack,
                             shared_trace=engine_count > 1))

@@ -363,6 +363,11 @@ class FrontendMetrics:
         self._parents: dict[str, _Parent] = {}
         self.admission_rejections = dict.fromkeys(ADMISSION_REASONS, 0)
         self._created = time.time()
+        # gauges vLLM sets on an event (not on each stats interval): family -> wall time of the last
+        # set, even of an unchanged value; `on_gauge_set` is told at once (metrics_multiproc.py:
+        # behind several API servers the one that set it last is the one shown)
+        self.gauge_set_at: dict[str, float] = {}
+        self.on_gauge_set: Callable[[], None] | None = None
         # monotonic -> wall clock, for requests whose arrival only the engine's QUEUED event knows
         self._mono_to_wall = time.time() - time.monotonic()
         self._cache_info = self._make_cache_info(block_size, num_gpu_blocks, enable_prefix_caching,
@@ -467,6 +472,9 @@ class FrontendMetrics:
         targets = self._engines if engine_index is None else [self._ensure_engine(engine_index)]
         for e in targets:
             e.sleep_state = state
+        self.gauge_set_at["vllm:engine_sleep_state"] = time.time()
+        if self.on_gauge_set is not None:
+            self.on_gauge_set()
 
     # ------------------------------------------------------------------ the per-step hook
 

@@ -10,8 +10,9 @@ summed over the processes; the `vllm:` gauges as the most recently written value
 no process_* / python_* series.
 
 This frontend keeps its counts in plain Python (vllm/metrics.py), so each process writes them
-into the same files, in prometheus_client's format (its MmapedDict), whenever it is scraped and
-every DUMP_INTERVAL seconds; the exposition is then prometheus_client's own MultiProcessCollector.
+into the same files, in prometheus_client's format (its MmapedDict), whenever it is scraped, when
+a gauge vLLM sets on an event is set (`vllm:engine_sleep_state`: stamped with the time of the set,
+changed or not, as prometheus_client stamps every set) and every DUMP_INTERVAL seconds; the exposition is then prometheus_client's own MultiProcessCollector.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class SharedMetrics:
         self._registry = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(self._registry, path=directory)
         self._task: asyncio.Task | None = None
+        metrics.on_gauge_set = self.dump  # an event's gauge reaches the other processes at once
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._metrics, name)
@@ -98,15 +100,20 @@ class SharedMetrics:
                 f.write_value(self._key(fam, s), float(s.value), 0.0)
 
     def _dump_gauge(self, fam: Any, f: MmapedDict, now: float) -> None:
+        set_at = self._metrics.gauge_set_at.get(fam.name)
         for s in fam.samples:
             key = self._key(fam, s)
             value = float(s.value)
             last = self._gauges.get(key)
-            if last is not None and last[0] == value:
+            if set_at is not None and (last is None or set_at > last[1]):
+                when = set_at  # set (to whatever value) since the last dump: prometheus_client stamps every set
+            elif last is not None and last[0] == value:
                 continue
-            # "mostrecent" across processes: the one whose value changed last
-            self._gauges[key] = (value, now)
-            f.write_value(key, value, now)
+            else:
+                when = now
+            # "mostrecent" across processes: the one whose value was set or changed last
+            self._gauges[key] = (value, when)
+            f.write_value(key, value, when)
 
     # ------------------------------------------------------------------ exposition (basics.py's /metrics)
     def render_text(self) -> bytes:

@@ -11,15 +11,15 @@ the answer says whether the engine is fully awake. `vllm:engine_sleep_state` fol
 `--enable-sleep-mode` is what lets vLLM release GPU memory while asleep; here it turns on the
 simulated offload time (`--sleep-time` / `--wake-up-time`): without it a sleep takes no time, as
 nothing is released.
+
+The engines' side (the paused scheduler, the sleeping tags) is engine/sleep.py's EngineSleep, in
+this process or in each engine-core process of `--api-server-count` (reached by RemoteSleep).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs
@@ -28,29 +28,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ..engine.core import EngineDeadError
 from ..engine.lifecycle import release_kv_cache_refusal
+from ..engine.sleep import EngineSleep, SleepConfig
 from ..frontend.errors import validation_error
 
-logger = logging.getLogger("vllm_vcr.vllm.sleep")
-
-SLEEP_TAGS = frozenset({"weights", "kv_cache"})
-DRAIN_POLL_S = 0.02
 OPERATION_BUCKETS = (0.01, 0.1, 1, 10, 30, 60, 120, 300, 600)
-
-
-@dataclass
-class SleepConfig:
-    enabled: bool = False
-    sleep_time_ms: float = 0.0
-    wake_up_time_ms: float = 0.0
-
-    @classmethod
-    def from_cli(cls, args: argparse.Namespace) -> "SleepConfig":
-        cfg = cls(bool(getattr(args, "enable_sleep_mode", False)), float(getattr(args, "sleep_time", 0.0) or 0.0),
-                  float(getattr(args, "wake_up_time", 0.0) or 0.0))
-        for flag, v in (("--sleep-time", cfg.sleep_time_ms), ("--wake-up-time", cfg.wake_up_time_ms)):
-            if v < 0:
-                raise ValueError(f"{flag} must be >= 0, got {v}")
-        return cfg
 
 
 class SleepQuery(BaseModel):
@@ -69,139 +50,6 @@ def parse_sleep_query(scope: dict[str, Any]) -> SleepQuery:
         return SleepQuery.model_validate(raw)
     except ValidationError as e:
         raise validation_error(e.errors(include_url=False), where="query") from None
-
-
-class EngineSleep:
-    """The engine side of sleep and pause, as vLLM's engine core does it (`sleep`, `wake_up`,
-    `pause_scheduler`, `resume_scheduler`, `release_kv_cache_memory`, `is_sleeping`): the paused
-    state and the executor's sleeping tags (weights, kv_cache) of `engine`'s engines, driven through
-    their public inbox (`set_paused`, `abort_all`, `set_frozen`, `call`). It lives where the
-    engines run: in the server's process, or in each engine-core process of `--api-server-count`
-    (wire/utility.py answers the utility calls with it)."""
-
-    def __init__(self, engine: Any, config: SleepConfig):
-        self.engine = engine  # AsyncEngine-shaped: `engines`, `call_all`
-        self.config = config
-        self.paused = False
-        self.sleeping_tags: set[str] = set()
-        self.level = 0
-        self._frozen = False
-        # one operation at a time, whoever asks (behind --api-server-count, several API servers do)
-        self._lock = asyncio.Lock()
-
-    @property
-    def is_sleeping(self) -> bool:
-        return self.paused or bool(self.sleeping_tags)
-
-    async def is_sleeping_now(self) -> bool:  # (RemoteSleep's interface)
-        return self.is_sleeping
-
-    async def is_paused_now(self) -> bool:
-        return self.paused
-
-    async def sleep(self, level: int, mode: str) -> None:
-        async with self._lock:
-            await self._sleep(level, mode)
-
-    async def wake_up(self, tags: list[str] | None) -> bool:
-        async with self._lock:
-            return await self._wake_up(tags)
-
-    async def release_kv_cache_memory(self) -> None:
-        """After a completed pause, drop the KV cache (waking the `kv_cache` tag brings it back);
-        RuntimeError with vLLM's words otherwise."""
-        async with self._lock:
-            await self._release_kv_cache_memory()
-
-    async def pause(self, mode: str, clear_cache: bool) -> None:
-        """pause_scheduler: scheduling stops until resume; weights stay."""
-        async with self._lock:
-            await self._pause(mode, clear_cache=clear_cache and mode != "keep")
-
-    async def resume(self) -> None:
-        async with self._lock:
-            self._resume()
-
-    async def _sleep(self, level: int, mode: str) -> None:
-        await self._pause(mode, clear_cache=level >= 1)
-        if level >= 1:
-            if "weights" in self.sleeping_tags:
-                logger.warning("Executor is already sleeping.")
-            else:
-                await self._simulated(self.config.sleep_time_ms)
-                self.sleeping_tags = set(SLEEP_TAGS)
-        self.level = level
-        logger.info("engine asleep (level %d, mode %s)", level, mode)
-
-    async def _wake_up(self, tags: list[str] | None) -> bool:
-        if tags is not None and "scheduling" in tags:
-            tags = [t for t in tags if t != "scheduling"]
-        if tags is None or tags:
-            await self._wake_executor(tags)
-        fully_awake = not self.sleeping_tags
-        if fully_awake:
-            self._resume()
-            self.level = 0
-        return fully_awake
-
-    async def _release_kv_cache_memory(self) -> None:
-        counts = await self.engine.call_all(lambda core: core.num_unfinished)
-        refusal = release_kv_cache_refusal(self.paused and not any(counts), not self.sleeping_tags)
-        if refusal is not None:
-            raise RuntimeError(refusal)
-        await self.engine.call_all(lambda core: core.reset_prefix_cache())
-        self.sleeping_tags = {"kv_cache"}
-
-    async def _pause(self, mode: str, *, clear_cache: bool) -> None:
-        self.paused = True
-        cores = list(self.engine.engines)
-        for core in cores:  # from here new requests queue in the engine (and count as waiting)
-            core.set_paused(True)
-        if mode == "abort":
-            for core in cores:
-                core.abort_all()
-        elif mode == "keep":
-            for core in cores:
-                core.set_frozen(True)
-            self._frozen = True
-        else:
-            await self._drained()
-        if clear_cache:
-            await self.engine.call_all(lambda core: core.reset_prefix_cache())
-
-    def _resume(self) -> None:
-        for core in self.engine.engines:
-            if self._frozen:
-                core.set_frozen(False)
-            core.set_paused(False)
-        self._frozen = False
-        self.paused = False
-
-    async def _wake_executor(self, tags: list[str] | None) -> None:
-        if not self.sleeping_tags:
-            logger.warning("Executor is not sleeping.")
-            return
-        if tags and any(t not in self.sleeping_tags for t in tags):
-            bad = next(t for t in tags if t not in self.sleeping_tags)
-            logger.warning("Tag %s is not in sleeping tags %s", bad, self.sleeping_tags)
-            return
-        await self._simulated(self.config.wake_up_time_ms)
-        if tags:
-            self.sleeping_tags.difference_update(tags)
-        else:
-            self.sleeping_tags.clear()
-
-    async def _simulated(self, ms: float) -> None:
-        if self.config.enabled and ms > 0:
-            await asyncio.sleep(ms / 1000.0)
-
-    async def _drained(self) -> None:
-        """mode=wait: until no engine runs a request (new ones already queue, unadmitted)."""
-        while True:
-            counts = await self.engine.call_all(lambda core: len(core.scheduler.running))
-            if not any(counts):
-                return
-            await asyncio.sleep(DRAIN_POLL_S)
 
 
 RELEASE_KV_FAILED = "Call to release_kv_cache_memory method failed: "

@@ -27,14 +27,13 @@ from ..engine.config import ConfigError, EngineArgs
 from ..replay.inputs import engine_inputs
 from ..engine.core import EngineCore
 from ..engine.lockstep import DataParallelLockstep
+from ..engine.sleep import PAUSED_MESSAGE, EngineSleep, SleepConfig
 from .lockstep import LockstepLink
 from ..gc_tuning import collect_while_idle
 from ..heap_trim import start_idle_trimming
 from ..engine.types import (
     EngineCoreOutput,
     EngineCoreOutputs,
-    EngineCoreRequest,
-    FinishReason,
     SchedulerStats,
 )
 from ..kv_events import KVEventCollector, KVEventPublisher, KVEventsConfig, NullEventPublisher, create_publisher
@@ -84,12 +83,9 @@ class EngineBridge:
         self.core: EngineCore | None = None  # set by attach_core (the core needs our sink to be built)
         # request id -> client index, for every request the engine owes an answer
         self.inflight: dict[str, int] = {}
-        self.paused: str | None = None  # None | "hold" (0.32 pause_scheduler) | "reject" (0.33)
-        self.held: list[EngineCoreRequest] = []
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self.sleeping = False
-        self.sleep: Any = None  # serve's EngineSleep (vllm/sleep.py), behind `serve --api-server-count`
+        # the engine core's pause and sleep state (engine/sleep.py), set once the core is attached;
+        # the sleep and pause utility calls act on it (utility.py)
+        self.sleep: EngineSleep | None = None
         self.loras: dict[int, str] = {}
         self.weight_version = "default"
         self.listeners: list[Callable[[int, EngineCoreOutputs], None]] = []
@@ -120,8 +116,6 @@ class EngineBridge:
             if outs.finished_requests:
                 for rid in outs.finished_requests:
                     inflight.pop(rid, None)
-            if not inflight:
-                self._drained.set()
         self._send(client_index, outs)
         if self.sockets.coordinator_out is not None and outs.scheduler_stats is not None:
             self._publish_counts(outs.scheduler_stats)
@@ -245,32 +239,22 @@ class EngineBridge:
             req.client_index = index  # inputs[i] and outputs[i] belong to the same API server
         if req.abort_immediately:
             return  # KV-transfer cleanup: added and aborted at once, produces nothing
-        if self.paused == "reject":
+        if self.sleep is not None and self.sleep.reject_new:  # 0.33's user pause (abort, wait)
             self.answer_directly(req.client_index, [error_output(
-                req.request_id, "Generation is paused. Please retry after it resumes.",
-                code="engine_paused", retryable=True)])
+                req.request_id, PAUSED_MESSAGE, code="engine_paused", retryable=True)])
             return
         self.inflight[req.request_id] = req.client_index
-        self._drained.clear()
         self.logprobs.add(req)
-        if self.paused == "hold":
-            self.held.append(req)
-            return
-        self.core.add_request(req)
+        self.core.add_request(req)  # (while paused or asleep it waits there, unscheduled)
 
     def abort(self, ids: list[str]) -> None:
         """Client ABORT: idempotent; unknown or finished ids are ignored."""
         if not ids:
             return
-        if self.held:
-            gone = set(ids)
-            self.held = [r for r in self.held if r.request_id not in gone]
         for rid in ids:
             self.inflight.pop(rid, None)
         if self.logprobs.requests:
             self.logprobs.discard(ids)
-        if not self.inflight:
-            self._drained.set()
         self.core.abort_requests(ids)
 
     async def serve_coordinator(self) -> None:
@@ -307,40 +291,6 @@ class EngineBridge:
             self._send(client, msg)
         except Exception as e:  # noqa: BLE001 - e.g. a value msgpack cannot carry
             self._send(client, utility_failure(self.rank, call_id, f"Call to {method} method failed: {e}", now))
-
-    async def pause(self, mode: str, *, reject_new: bool) -> None:
-        """pause_scheduler / pause_generation / sleep: mode abort | wait | keep."""
-        if mode not in ("abort", "wait", "keep"):
-            raise ValueError(f"Invalid pause mode: {mode}")
-        self.paused = "reject" if reject_new else "hold"
-        if mode == "abort":
-            self.abort_all_engine_side()
-        elif mode == "wait":
-            await self._drained.wait()
-        else:  # keep: running and waiting requests stay in place, producing nothing until resume
-            self.core.set_frozen(True)
-
-    def resume(self) -> None:
-        self.paused = None
-        self.core.set_frozen(False)
-        held, self.held = self.held, []
-        for req in held:
-            self.core.add_request(req)
-
-    def abort_all_engine_side(self) -> None:
-        """Abort everything this engine owes, telling the frontend (finish_reason ABORT)."""
-        if not self.inflight:
-            return
-        by_client: dict[int, list[EngineCoreOutput]] = {}
-        for rid, client in self.inflight.items():
-            by_client.setdefault(client, []).append(
-                EngineCoreOutput(request_id=rid, new_token_ids=[], finish_reason=FinishReason.ABORT))
-        ids = list(self.inflight)
-        self.held = []
-        self.core.abort_requests(ids)
-        for client, outs in by_client.items():
-            self.answer_directly(client, outs)
-        self._drained.set()
 
     async def start(self) -> list[asyncio.Task]:
         loop = asyncio.get_running_loop()
@@ -391,7 +341,7 @@ class PlayServer:
                  kv_events: KVEventsConfig | None = None, pd_args: Any = None,
                  token_source_factory: Any = None, textless_ids: frozenset[int] = frozenset(),
                  first_rank: int = 0, data_parallel_size: int | None = None, lockstep_address: str | None = None,
-                 engine_sleep: Callable[["PlayEngines"], Any] | None = None, dead_after_stop: bool = True,
+                 sleep_config: SleepConfig | None = None, dead_after_stop: bool = True,
                  attach: Callable[["PlayServer", contextlib.AsyncExitStack], None] | None = None):
         self.args = args
         # this process's engines are DP ranks first_rank.. of data_parallel_size (one process per
@@ -404,9 +354,9 @@ class PlayServer:
         self.lockstep_link: LockstepLink | None = None
         self.ctx: zmq.asyncio.Context | None = None
         self.control: Any = None  # the control API's server, once it runs
-        # serve's sleep model (vllm/sleep.py's EngineSleep over one engine) for each engine, behind
-        # `serve --api-server-count`: the sleep and pause utility calls act on it (utility.py)
-        self.engine_sleep = engine_sleep
+        # each engine's sleep and pause state (engine/sleep.py's EngineSleep over that one engine);
+        # serve's --enable-sleep-mode times for its engine-core processes
+        self.sleep_config = sleep_config or SleepConfig()
         # ENGINE_CORE_DEAD after a stop on a signal too (`play`: a frontend that outlives its engine
         # fails fast); without, only when an engine failed, as vLLM's engine core (`serve`'s engine
         # cores: the other ranks of the same API servers may still be draining)
@@ -585,9 +535,8 @@ class PlayServer:
             self._fail_start()
 
     def attach_to_engines(self, stack: contextlib.AsyncExitStack) -> None:
-        if self.engine_sleep is not None:
-            for b in self.bridges:
-                b.sleep = self.engine_sleep(PlayEngines([b]))
+        for b in self.bridges:
+            b.sleep = EngineSleep(PlayEngines([b]), self.sleep_config)
         if self.attach is None:
             return
         try:
@@ -636,9 +585,7 @@ class PlayServer:
                     failed: bool = False) -> None:
         """Drain or abort, flush, then ENGINE_CORE_DEAD on every output socket."""
         for b in self.bridges:
-            b.closing = True
-            if b.paused:
-                b.resume()  # held requests go to the engine, which drains or aborts them
+            b.closing = True  # (a paused engine stays paused: what it holds ends with the timeout, as in vLLM)
             if not core_tasks_done(b, core_tasks):
                 b.core.shutdown(timeout=self._shutdown_timeout)
         pending = [t for t in core_tasks if not t.done()]

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..engine.lifecycle import release_kv_cache_refusal
 from ..engine.types import not_simulated
 
 # the bridge of wire/server.py that a handler answers for (its engine, its address); typed loosely
@@ -74,17 +73,11 @@ async def _noop(b: EngineBridge, args: list) -> Any:
     return None
 
 
-# Sleep and pause. Behind `serve --api-server-count` an engine core holds serve's EngineSleep
-# (vllm/sleep.py, given to PlayServer as `engine_sleep`; `b.sleep`): the same sleep model as one
-# `serve` process, whose API servers reach it with these calls. `play` alone (a real vLLM frontend
-# in front) keeps the simpler model below.
+# Sleep and pause: each engine's EngineSleep (engine/sleep.py, `b.sleep`), the same model as one
+# `serve` process, for a real vLLM frontend in front of `play` and for serve's own API servers.
 
 def _mode(value: Any) -> str:
-    return value if isinstance(value, str) else "abort"
-
-
-def _serve_mode(value: Any) -> str:
-    """A pause mode for EngineSleep; vLLM's engine core refuses any other with these words."""
+    """A pause mode; vLLM's engine core refuses any other with these words."""
     mode = "abort" if value is None else value
     if mode not in ("abort", "wait", "keep"):
         raise UtilityFailure(f"Invalid pause mode: {mode}")
@@ -95,18 +88,10 @@ def _serve_mode(value: Any) -> str:
 async def _release_kv_cache_memory(b: EngineBridge, args: list) -> Any:
     # the engine core's rule: only after a completed pause, with all memory resident; the KV
     # cache is then gone (its prefix cache with it) until a wake-up brings it back
-    if b.sleep is not None:
-        try:
-            await b.sleep.release_kv_cache_memory()
-        except RuntimeError as e:
-            raise UtilityFailure(str(e)) from None
-        return None
-    unfinished = await await_call(b.core.call(lambda c: c.num_unfinished))
-    refusal = release_kv_cache_refusal(b.paused is not None and not unfinished, not b.sleeping)
-    if refusal is not None:
-        raise UtilityFailure(refusal)
-    await await_call(b.core.call(lambda c: c.reset_prefix_cache()))
-    b.sleeping = True
+    try:
+        await b.sleep.release_kv_cache_memory()
+    except RuntimeError as e:
+        raise UtilityFailure(str(e)) from None
     return None
 
 
@@ -123,62 +108,46 @@ async def _load(b: EngineBridge, args: list) -> Any:
     return await await_call(b.core.call(lambda c: c.load()))
 
 
-@handler("is_sleeping")
+@handler("is_sleeping")  # paused scheduling or any part asleep
 async def _is_sleeping(b: EngineBridge, args: list) -> Any:
-    return b.sleep.is_sleeping if b.sleep is not None else b.sleeping
+    return b.sleep.is_sleeping
 
 
 @handler("sleep")  # (level=1, mode="abort")
 async def _sleep(b: EngineBridge, args: list) -> Any:
-    if b.sleep is not None:
-        level = _arg(args, 0, 1)
-        await b.sleep.sleep(level if isinstance(level, int) else 1, _serve_mode(_arg(args, 1)))
-        return None
-    await b.pause(_mode(_arg(args, 1)), reject_new=False)
-    b.sleeping = True
+    level = _arg(args, 0, 1)
+    await b.sleep.sleep(level if isinstance(level, int) else 1, _mode(_arg(args, 1)))
     return None
 
 
 @handler("wake_up")  # (tags=None): whether every part is awake again
 async def _wake_up(b: EngineBridge, args: list) -> Any:
-    if b.sleep is not None:
-        tags = _arg(args, 0)
-        return await b.sleep.wake_up([str(t) for t in tags] if isinstance(tags, (list, tuple)) else None)
-    b.sleeping = False
-    b.resume()
-    return True
+    tags = _arg(args, 0)
+    return await b.sleep.wake_up([str(t) for t in tags] if isinstance(tags, (list, tuple)) else None)
 
 
 @handler("pause_scheduler")  # 0.32's /pause (mode="abort", clear_cache=True): new requests wait until resume
 async def _pause_scheduler(b: EngineBridge, args: list) -> Any:
-    if b.sleep is not None:
-        await b.sleep.pause(_serve_mode(_arg(args, 0)), _arg(args, 1, True) is not False)
-        return None
-    await b.pause(_mode(_arg(args, 0)), reject_new=False)
+    await b.sleep.pause(_mode(_arg(args, 0)), _arg(args, 1, True) is not False)
     return None
 
 
 @handler("pause_generation")  # 0.33's /pause: abort/wait refuse new requests (retryable), keep queues
 async def _pause_generation(b: EngineBridge, args: list) -> Any:
     mode = _mode(_arg(args, 0))
-    await b.pause(mode, reject_new=mode != "keep")
+    await b.sleep.pause(mode, _arg(args, 1, True) is not False, reject_new=mode != "keep")
     return None
 
 
 @handler("resume_scheduler", "resume_generation")
 async def _resume(b: EngineBridge, args: list) -> Any:
-    if b.sleep is not None:
-        await b.sleep.resume()
-        return None
-    b.resume()
+    await b.sleep.resume()
     return None
 
 
 @handler("is_scheduler_paused", "is_paused")
 async def _is_paused(b: EngineBridge, args: list) -> Any:
-    if b.sleep is not None:
-        return b.sleep.paused
-    return b.paused is not None
+    return b.sleep.paused
 
 
 @handler("add_lora")
