@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .kv_cache_manager import KVCacheManager
     from .kv_transfer import KVTransfer
     from .latency import LatencyModel
+    from .output_length import OutputLengthModel
     from .plan import OutputReplayTable, Planner
     from .scheduler import Scheduler
     from .stats import EngineStats
@@ -106,8 +107,8 @@ class Admission:
         self.failure_rng = random.Random(args.seed ^ (engine_index * 0x9E3779B9))
         self.latency_rng = random.Random(args.seed * 7919 + engine_index)
         self.length_rng = random.Random(f"output-length/{args.seed}/{engine_index}")
-        self._length_config = None  # the config the cached length model was built from
-        self._length_model = None
+        self._length_config: EngineConfig | None = None  # the config the cached length model was built from
+        self._length_model: OutputLengthModel | None = None
         self.seq = 0
         avoid = set() if args.eos_token_id is None else {args.eos_token_id}
         if self.reasoning is not None:
@@ -143,7 +144,7 @@ class Admission:
                 # as when a client leaves mid-way, instead of waiting out the session timeout
                 err = self._kv_transfer.admit_handoff(req, ktp)
         if err is None:
-            early = None
+            early: tuple[FinishReason, str | None, str] | None = None
             if draining:
                 early = (FinishReason.ABORT, None, "requests_aborted")
             elif (failure := self.injected_failure(rid)) is not None:
@@ -296,7 +297,7 @@ class Admission:
         # should let through from killing the engine loop)
         rng_seed = seed if seed is not None else \
             f"{args.seed}/{self.engine_index}/{req.request_id}".encode("utf-8", "surrogatepass")
-        pacing = self._latency().pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
+        pacing: RequestPacing | ScriptedPacing = self._latency().pacing(req.num_prompt_tokens, max(req.num_cached_tokens, 0),
                                         len(self._scheduler.running), self.latency_rng)
         plan = req.plan
         if plan is not None and (plan.ttft is not None or plan.steps is not None):

@@ -225,7 +225,7 @@ class ContentHasher:
         """The chained hashes of blocks `start`..`stop - 1` of `token_ids` (no extra keys): what
         calling the hasher on each would give."""
         ids = tuple(token_ids[start * block_size:stop * block_size])
-        out = []
+        out: list[int] = []
         append = out.append
         for j in range(0, len(ids), block_size):
             parent_hash = hash((parent_hash, ids[j:j + block_size], None))

@@ -124,6 +124,9 @@ class OutputProcessor:
         max_len = self.max_model_len
         idx = len(req.output_token_ids)
         count = burst if burst > 1 else req.chunk
+        new: list[int]
+        reason: FinishReason | None
+        stop_reason: int | None
         if req.pooling:  # a pooling request ends with its prefill: no token, finish STOP (vLLM)
             new = []
             reason, stop_reason = FinishReason.STOP, None

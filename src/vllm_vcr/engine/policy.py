@@ -165,7 +165,7 @@ def order_for_engine(name: str) -> HandoffOrder:
 
 class VLLMPolicy(EnginePolicy):
     name = "vllm"
-    handoff_order = HandoffOrder.SOURCE_FIRST
+    handoff_order: HandoffOrder | None = HandoffOrder.SOURCE_FIRST
     decode_cohort = True
 
 
@@ -181,8 +181,8 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600
 class SGLangPolicy(EnginePolicy):
     name = "sglang"
     extend_first = True
-    handoff_order = HandoffOrder.DESTINATION_FIRST
-    dp_lockstep = LockstepRule(per_step=True, sync_interval=1)
+    handoff_order: HandoffOrder | None = HandoffOrder.DESTINATION_FIRST
+    dp_lockstep: LockstepRule | None = LockstepRule(per_step=True, sync_interval=1)
 
     def __init__(self, conservativeness: float = 1.0) -> None:
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .block_pool import BlockHash, KVCacheBlock
 from .latency import RequestPacing
 from .tokens import TokenSource
 from .types import EngineCoreEvent, EngineCoreRequest, FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from .plan import ScriptedPacing
 
 # (token id, the step's clock time) -> True when the reader took the token; False: send it as an output
 TokenSink = Callable[[int, float], bool]
@@ -87,7 +90,7 @@ class Request:
         self.num_cached_tokens = -1  # known at first scheduling
         self.block_hashes: list[BlockHash] = []
         self.blocks: list[KVCacheBlock] = []
-        self.pacing: RequestPacing | None = None
+        self.pacing: RequestPacing | ScriptedPacing | None = None
         self.next_due = 0.0  # when the next output token may be emitted
         self.token_source: TokenSource | None = None
         self.pending_events: list[EngineCoreEvent] = [EngineCoreEvent(1, queued_ts)]

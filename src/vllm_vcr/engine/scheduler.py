@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
@@ -25,8 +25,9 @@ from .steady_batch import SteadyBatch
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
 
 PREFILL, DECODE, TRANSFER, STEADY = 0, 1, 2, 3
-# (request, tokens, PREFILL | DECODE | TRANSFER), or (SteadyBatch, its members, STEADY)
-Scheduled = list[tuple[Request, int, int]]
+# (request, tokens, PREFILL | DECODE | TRANSFER), or (SteadyBatch, its members, STEADY): the first
+# item is either, hence Any
+Scheduled = list[tuple[Any, int, int]]
 # Deadlines this close together are served in one step: fewer wake-ups, and early by at most this.
 DUE_SLACK = 0.0002
 

@@ -7,7 +7,7 @@ import math
 import random
 from collections.abc import Iterator
 from itertools import chain, islice, repeat, starmap
-from typing import Protocol
+from typing import Any, Protocol
 
 # sampling_params.extra_args key of ids a frontend planned (a tool call, a schema instance): the
 # engine emits them verbatim, and they end the output themselves
@@ -32,7 +32,7 @@ class RandomTokens:
         self._rng = rng
         self._vocab = vocab_size
         self._avoid = avoid
-        self._ahead: list[list[int]] = []  # a batch drawn before the ids reached it (draw_ahead)
+        self._ahead: list[Any] = []  # a batch drawn before the ids reached it (draw_ahead)
         # every id in order: `next(ids)` is one (the steady decode's draw; a generator resumes
         # without the call frame a method costs)
         self.ids = _random_ids(rng, vocab_size, avoid, self._ahead)

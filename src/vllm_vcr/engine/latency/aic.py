@@ -53,6 +53,7 @@ class StepPricer:
         """`decode_context`: the decodes' summed lengths; `prefill_context`: tokens computed before
         this step's chunks (earlier chunks and prefix hits), summed over the prefills."""
         dec_ctx = _q(decode_context / num_decodes) if num_decodes else 0
+        key: tuple[int, ...]
         if not prefill_tokens:
             if not num_decodes:
                 return 0.0
