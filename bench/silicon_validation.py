@@ -7,9 +7,10 @@ TTFT/TPOT compared with the measured values, next to the estimator's own static 
 
 The protocol (docs/fidelity.md): rows are split by configuration group (model x GPU x precision x
 parallelism; byte-identical twins kept once) into train / dev / test by a fixed seeded rule, frozen
-in bench/fidelity/silicon_split.json. `--fit` simulates the train rows with the kernels alone and
-fits the perf model's global terms (host time per step, QK norm, frontend time; printed, to be
-set as the defaults in vllm_vcr/perf/aic.py); `--split dev` checks a model version while
+in bench/fidelity/silicon_split.json. `--fit` simulates the train rows with the kernels alone (and
+again with a probe of the host time of steps without CUDA graphs, which measures each row's share
+of that term) and fits the perf model's global terms (host time per step, QK norm, frontend time,
+steps without CUDA graphs; printed, to be set as the defaults in vllm_vcr/perf/aic.py); `--split dev` checks a model version while
 developing it; `--split test --write-docs` is the report, run once per model version.
 
 usage: python bench/silicon_validation.py --split dev|test|train [--jobs 2] [--write-docs]
@@ -56,6 +57,9 @@ SEQ_GRID = np.arange(0.0, 0.1201, 0.006)  # candidate host overheads per running
 EXPOSED_GRID = np.arange(0.0, 3.0001, 0.05)  # candidate exposed host times per step under async scheduling (ms)
 QK_GRID = np.arange(0.0, 40.001, 4.0)  # candidate GPU times per QK-normed layer (µs)
 QK_ALLREDUCE_GRID = np.arange(0.0, 40.001, 5.0)  # candidate GPU times per cross-rank QK-norm all-reduce (µs)
+EAGER_PROBE_US = 100.0  # the eager-step term (µs per layer) of the fit's second simulation (its sensitivity)
+EAGER_GRID = np.arange(0.0, 400.001, 10.0)  # candidate host times per layer of a step without CUDA graphs (µs)
+EAGER_TP_GRID = np.arange(0.0, 400.001, 10.0)  # candidate extra per layer when TP > 1 (µs)
 
 
 def _job(task: tuple[dict, HostTime, int]) -> dict:
@@ -111,31 +115,46 @@ def _step_ms(gpu: np.ndarray, batch: np.ndarray, is_async: np.ndarray, qk_layers
     return np.where(is_async, np.maximum(gpu, host) + h.async_exposed_ms, gpu + host)
 
 
-def _training_arrays(rows: list[SiliconRow], done: dict[str, dict]):
+def _training_arrays(rows: list[SiliconRow], done: dict[str, dict], probe: dict[str, dict] | None = None):
     """Per simulated training row: measured TPOT, the simulated TPOT without the correction (each
     output token takes one step: about the GPU's step time), the running batch, async or not,
     measured and simulated TTFT, ISL/1000, QK-normed layers, whether their norm spans TP ranks,
-    the benchmark's concurrency."""
+    the benchmark's concurrency; and, from the run with the eager-step probe (`probe`), what
+    EAGER_PROBE_US per layer of every step without CUDA graphs added to TTFT and to TPOT, and
+    whether the row runs TP > 1."""
     out = []
     for r in rows:
         res = done.get(r.id)
+        pr = (probe or {}).get(r.id)
+        if probe is not None and not (pr and "sim" in pr):
+            continue
         if res and "sim" in res and math.isfinite(res["sim"]["tpot_ms"]):
             h, c = _overhead_of(res), res["sim"]["per_engine_concurrency"]
             if h != HostTime():
                 raise SystemExit("the fit needs the training rows simulated without the correction")
             layers, spans = qk_norm_layers(bundled_config(resolve_model(r.model)[0]))
+            d_ttft = pr["sim"]["ttft_ms"] - res["sim"]["ttft_ms"] if pr else 0.0
+            d_tpot = pr["sim"]["tpot_ms"] - res["sim"]["tpot_ms"] if pr else 0.0
             out.append((r.tpot_ms, res["sim"]["tpot_ms"], c, r.async_scheduling, r.ttft_ms, res["sim"]["ttft_ms"],
-                        r.isl / 1000, layers, spans and r.tp > 1, r.concurrency))
+                        r.isl / 1000, layers, spans and r.tp > 1, r.concurrency, d_ttft, d_tpot, r.tp > 1))
     return [np.array(col) for col in zip(*out)]
 
 
-def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
+def _eager_share(d_probe: np.ndarray, tp: np.ndarray, h: HostTime) -> np.ndarray:
+    """What the eager-step term adds, from the probe run's sensitivity (linear in the term)."""
+    return d_probe * (h.eager_layer_us + tp * h.eager_layer_tp_us) / EAGER_PROBE_US
+
+
+def fit_overhead(rows: list[SiliconRow], done: dict[str, dict], probe: dict[str, dict] | None = None,
+                 eager: HostTime = HostTime()) -> HostTime:
     """The global correction minimising the median |TPOT error| on the training rows of both
     kinds: the host time per step, a + b * running sequences (added to the step's GPU time, or
     overlapped with it under async scheduling but for k ms exposed), and the QK norms' GPU time
     (q µs per QK-normed layer + r µs per layer whose norm spans the TP ranks). a and k are
-    searched at once (array axes), b, q and r in loops."""
-    meas, gpu, batch, is_async, _, _, _, qk_layers, qk_spans, _ = _training_arrays(rows, done)
+    searched at once (array axes), b, q and r in loops. The eager-step term of `eager` (fitted
+    in turn, `fit_eager`) is added to the GPU time as the probe run measured it."""
+    meas, gpu, batch, is_async, _, _, _, qk_layers, qk_spans, _, _, d_tpot, tp = _training_arrays(rows, done, probe)
+    gpu = gpu + _eager_share(d_tpot, tp, eager)
     a, k = GRID[:, None, None], EXPOSED_GRID[None, :, None]
     best = (math.inf,)
     for b in SEQ_GRID:
@@ -149,10 +168,12 @@ def fit_overhead(rows: list[SiliconRow], done: dict[str, dict]) -> HostTime:
                 best = min(best, (float(err[i, j]), float(GRID[i]), float(b), float(EXPOSED_GRID[j]), float(q),
                                   float(r)))
     _, a_ms, b_ms, k_ms, q_us, r_us = best
-    return HostTime(round(a_ms, 3), round(b_ms, 4), round(k_ms, 3), round(q_us, 1), round(r_us, 1))
+    return replace(eager, step_ms=round(a_ms, 3), per_seq_ms=round(b_ms, 4), async_exposed_ms=round(k_ms, 3),
+                   qk_norm_us=round(q_us, 1), qk_norm_allreduce_us=round(r_us, 1))
 
 
-def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) -> HostTime:
+def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime,
+                 probe: dict[str, dict] | None = None) -> HostTime:
     """The API server's time before the engine sees a request, `f0 + f1 * ISL / 1000 + f2 * C`
     (HTTP and request checks; tokenising the prompt; the server's work for the C streams it
     serves at once, which a new request waits behind), minimising the median |TTFT error| on the
@@ -160,8 +181,9 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) 
     (a step's added time adds about twice itself to TTFT: the step the request waits for and its
     prefill; of the host time, under async scheduling only its exposed part); the perf model
     applies it before the request enters the scheduler (engine/latency/aic.py)."""
-    _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc = _training_arrays(rows, done)
-    sim = sim + 2 * (_step_ms(gpu, batch, is_async, qk_layers, qk_spans, host) - gpu)
+    _, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc, d_ttft, _, tp = \
+        _training_arrays(rows, done, probe)
+    sim = sim + 2 * (_step_ms(gpu, batch, is_async, qk_layers, qk_spans, host) - gpu) + _eager_share(d_ttft, tp, host)
     f0, f1 = np.arange(0.0, 150.001, 1.0)[:, None, None], np.arange(0.0, 30.001, 0.5)[None, :, None]
     best = (math.inf,)
     for f2 in np.arange(0.0, 3.001, 0.1):  # f0 and f1 searched at once (array axes)
@@ -169,6 +191,23 @@ def fit_frontend(rows: list[SiliconRow], done: dict[str, dict], host: HostTime) 
         i, j = np.unravel_index(int(err.argmin()), err.shape)
         best = min(best, (float(err[i, j]), float(f0[i, 0, 0]), float(f1[0, j, 0]), round(float(f2), 2)))
     return replace(host, frontend_ms=best[1], frontend_ms_per_1k_tokens=best[2], frontend_ms_per_request=best[3])
+
+
+def fit_eager(rows: list[SiliconRow], done: dict[str, dict], host: HostTime, probe: dict[str, dict]) -> HostTime:
+    """The host time of a step vLLM runs without CUDA graphs, `e0 + e1 [TP > 1]` µs per layer,
+    minimising the sum of the median |TTFT error| and the median |TPOT error| on the training rows
+    with the other terms of `host` (each row's share of the term from the probe run)."""
+    tpot_meas, gpu, batch, is_async, meas, sim, isl, qk_layers, qk_spans, conc, d_ttft, d_tpot, tp = \
+        _training_arrays(rows, done, probe)
+    step = _step_ms(gpu, batch, is_async, qk_layers, qk_spans, host)
+    ttft = sim + 2 * (step - gpu) + host.frontend_ms + host.frontend_ms_per_1k_tokens * isl \
+        + host.frontend_ms_per_request * conc
+    e0, e1 = EAGER_GRID[:, None, None], EAGER_TP_GRID[None, :, None]
+    per_layer = (e0 + tp * e1) / EAGER_PROBE_US
+    err = (np.median(np.abs(ttft + d_ttft * per_layer - meas) / meas, axis=2)
+           + np.median(np.abs(step + d_tpot * per_layer - tpot_meas) / tpot_meas, axis=2))
+    i, j = np.unravel_index(int(err.argmin()), err.shape)
+    return replace(host, eager_layer_us=float(EAGER_GRID[i]), eager_layer_tp_us=float(EAGER_TP_GRID[j]))
 
 
 def _err(pred: float, meas: float) -> float:
@@ -381,7 +420,19 @@ def main() -> int:
         with path.open("a") as out:
             _run(mine, host, args, done, out, args.budget_s)
     if args.fit:
-        fitted = fit_frontend(mine, done, fit_overhead(mine, done))
+        probe: dict[str, dict] = {}  # the same rows with the eager-step probe: each row's share of that term
+        probe_path = path.with_name(path.stem + "_eager.jsonl")
+        if probe_path.exists():
+            for line in probe_path.read_text().splitlines():
+                res = json.loads(line)
+                probe[res["id"]] = res
+        if not args.render_only:
+            with probe_path.open("a") as out:
+                _run(mine, HostTime(eager_layer_us=EAGER_PROBE_US), args, probe, out, args.budget_s)
+        fitted = fit_frontend(mine, done, fit_overhead(mine, done))  # the terms without the eager one first
+        for _ in range(2):  # then the eager term and the TTFT terms in turn, the TPOT terms last
+            fitted = fit_frontend(mine, done, fit_eager(mine, done, fitted, probe), probe)
+        fitted = fit_frontend(mine, done, fit_overhead(mine, done, probe, fitted), probe)
         print(f"fitted on {len(mine)} train rows: {fitted}")
         return 0
     command = f"python bench/silicon_validation.py --split {name}" + (f" --rows {args.rows}" if kind else "") + (" --write-docs" if args.write_docs else "") \

@@ -17,6 +17,7 @@ from typing import Any
 from ..engine.latency.aic import AicStepLatency, StepPricer
 from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
 from .checkpoint import checkpoint_kernels, kv_cache_directive
+from .cuda_graphs import capture_size, eager_step_ms
 from .errors import PerfModelError
 from .native import NativeHandle
 from .qk_norm import bundled_config, qk_norm_ms
@@ -31,19 +32,23 @@ logger = logging.getLogger(__name__)
 # Host time per step not in the kernel data, and the part of a step async scheduling cannot
 # overlap with the GPU; fitted on the training split of the silicon validation
 # (bench/silicon_validation.py --fit), see docs/fidelity.md.
-DEFAULT_STEP_OVERHEAD_MS = 0.8
-DEFAULT_PER_SEQ_OVERHEAD_MS = 0.066
-DEFAULT_ASYNC_EXPOSED_MS = 0.3
+DEFAULT_STEP_OVERHEAD_MS = 0.15
+DEFAULT_PER_SEQ_OVERHEAD_MS = 0.054
+DEFAULT_ASYNC_EXPOSED_MS = 0.4
 # GPU time of the attention's QK norm, which the estimator does not price (perf/qk_norm.py): per
 # QK-normed layer, and per all-reduce of a norm that spans the TP ranks; fitted the same way.
-DEFAULT_QK_NORM_US = 12.0
-DEFAULT_QK_NORM_ALLREDUCE_US = 20.0
+DEFAULT_QK_NORM_US = 28.0
+DEFAULT_QK_NORM_ALLREDUCE_US = 0.0
 # The deployment's API server before the engine core sees a request (engine/latency/aic.py
 # `frontend_delay`): fixed, per 1000 prompt tokens (tokenising), per request already in flight
 # (the server's work for the streams it serves); fitted the same way.
-DEFAULT_FRONTEND_MS = 0.0
-DEFAULT_FRONTEND_MS_PER_1K_TOKENS = 9.5
-DEFAULT_FRONTEND_MS_PER_REQUEST = 0.4
+DEFAULT_FRONTEND_MS = 5.0
+DEFAULT_FRONTEND_MS_PER_1K_TOKENS = 6.0
+DEFAULT_FRONTEND_MS_PER_REQUEST = 0.3
+# A step vLLM runs without CUDA graphs (perf/cuda_graphs.py): host time per layer, and per layer
+# when TP > 1 (the ranks' collectives); fitted the same way.
+DEFAULT_EAGER_LAYER_US = 130.0
+DEFAULT_EAGER_LAYER_TP_US = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ class AicTarget:
     expert_parallel: bool = False  # vLLM's --enable-expert-parallel (MoE layout when no MoE sizes are given)
     fmha_quant: str | None = None  # the attention kernels' precision; None: the estimator's choice from the GEMMs
     moe_activation: str | None = None  # `--quantization-config` moe.activation (mxfp8: MXFP4 experts on MXFP8 inputs)
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # vLLM's compilation_config.cudagraph_mode (NONE: --enforce-eager)
+    cudagraph_capture_size: int | None = None  # the engine's effective max capture size; None: not resolved
+    eager_layer_us: float = DEFAULT_EAGER_LAYER_US
+    eager_layer_tp_us: float = DEFAULT_EAGER_LAYER_TP_US
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +142,8 @@ def moe_activation_quant(moe_quant: str | None, activation: str | None, gpu: str
 
 # The host's share of a step: not part of the compiled estimator's identity.
 _HOST_FIELDS = ("step_overhead_ms", "per_seq_overhead_ms", "async_scheduling", "async_exposed_ms", "qk_norm_us",
-                "qk_norm_allreduce_us", "frontend_ms", "frontend_ms_per_1k_tokens", "frontend_ms_per_request")
+                "qk_norm_allreduce_us", "frontend_ms", "frontend_ms_per_1k_tokens", "frontend_ms_per_request",
+                "cudagraph_mode", "cudagraph_capture_size", "eager_layer_us", "eager_layer_tp_us")
 
 
 def _target_key(t: AicTarget) -> str:
@@ -224,7 +234,28 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
                           frontend_ms=t.frontend_ms, frontend_ms_per_1k_tokens=t.frontend_ms_per_1k_tokens,
                           frontend_ms_per_request=t.frontend_ms_per_request, moe=is_moe(t.model),
                           unpriced_gpu_ms=qk_norm_ms(t.model, t.tensor_parallel_size, t.qk_norm_us,
-                                                     t.qk_norm_allreduce_us))
+                                                     t.qk_norm_allreduce_us),
+                          **eager_terms(t))
+
+
+def eager_terms(t: AicTarget) -> dict[str, Any]:
+    """The latency model's steps without CUDA graphs (perf/cuda_graphs.py): vLLM's graphs only;
+    nothing while the capture size is not resolved (`with_capture_size`)."""
+    if t.backend != "vllm" or t.cudagraph_capture_size is None:
+        return {}
+    return dict(eager_step_ms=eager_step_ms(t.model, t.tensor_parallel_size, t.eager_layer_us, t.eager_layer_tp_us),
+                graph_capture_size=t.cudagraph_capture_size, graph_mode=t.cudagraph_mode)
+
+
+def with_capture_size(target: dict[str, Any], max_num_seqs: int, max_num_batched_tokens: int, *,
+                      given: int | None = None, sizes: list[int] | None = None,
+                      blackwell_1024: bool = True) -> dict[str, Any]:
+    """`target` (AicTarget fields) with the engine's effective CUDA-graph capture size, from the
+    engine's limits and the capture size or sizes the deployment gave (vLLM's defaults if none):
+    `serve`, `play`, `simulate` and the silicon rows alike."""
+    return {**target, "cudagraph_capture_size": capture_size(
+        target.get("gpu", ""), max_num_seqs, max_num_batched_tokens, given=given, sizes=sizes,
+        blackwell_1024=blackwell_1024)}
 
 
 def shared_step_latency(target: dict[str, Any], time_scale: float) -> AicStepLatency:

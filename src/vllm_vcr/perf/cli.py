@@ -3,8 +3,10 @@
 The model comes from the served model (MODEL, `--model`, `--served-model-name`, play's
 `--model-name`) unless `--perf-model-path` names it. vLLM's own flags that matter on a GPU
 (`--tensor-parallel-size`, `--gpu-memory-utilization`, `--num-gpu-blocks-override`,
-`--kv-cache-dtype`, `--async-scheduling`/`--no-async-scheduling`) are honoured when the perf
-model is on (async scheduling on unless turned off, as in vLLM from 0.14). Dynamo mocker's spellings are
+`--kv-cache-dtype`, `--async-scheduling`/`--no-async-scheduling`, `--max-cudagraph-capture-size`,
+`--cudagraph-capture-sizes`, `--compilation-config`'s CUDA-graph settings, `--enforce-eager`) are
+honoured when the perf model is on (async scheduling on unless turned off, as in vLLM from 0.14;
+CUDA graphs as vLLM captures them by default: perf/cuda_graphs.py). Dynamo mocker's spellings are
 accepted as aliases: `--aic-perf-model`/`--ais-perf-model` (a switch), `--aic-system`,
 `--aic-backend`, `--aic-backend-version`, `--aic-tp-size`, `--aic-moe-tp-size`,
 `--aic-moe-ep-size`, `--aic-attention-dp-size`, `--aic-model-path` (and their `--ais-` forms).
@@ -32,6 +34,8 @@ _VLLM_GPU_FLAGS = {  # vLLM flags -> (dest, type); added to parsers that do not 
     ("--num-gpu-blocks-override",): ("num_gpu_blocks_override", int),
     ("--kv-cache-dtype",): ("kv_cache_dtype", str),
     ("--quantization-config",): ("quantization_config", str),
+    ("--max-cudagraph-capture-size",): ("max_cudagraph_capture_size", int),
+    ("--compilation-config", "-cc"): ("compilation_config", str),
 }
 
 
@@ -97,6 +101,12 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
                            action=argparse.BooleanOptionalAction, default=None,
                            help="vLLM's expert parallelism: an MoE model's experts spread whole over the TP "
                                 "GPUs (default: sharded over them)")
+        if "--cudagraph-capture-sizes" not in parser._option_string_actions:
+            g.add_argument("--cudagraph-capture-sizes", dest="cudagraph_capture_sizes", type=int, nargs="+",
+                           default=None, help=argparse.SUPPRESS)
+        if "--enforce-eager" not in parser._option_string_actions:
+            g.add_argument("--enforce-eager", dest="enforce_eager", action=argparse.BooleanOptionalAction,
+                           default=None, help=argparse.SUPPRESS)
         if "--async-scheduling" not in parser._option_string_actions:
             g.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
                            default=None, help="vLLM's async scheduling (default on): the host prepares the "
@@ -150,6 +160,30 @@ def _moe_activation(ns: argparse.Namespace) -> str | None:
     return activation if isinstance(activation, str) else None
 
 
+def _cuda_graphs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The CUDA-graph settings the flags give (perf/cuda_graphs.py): `mode`, and `given` (a max
+    capture size) or `sizes` (the captured sizes), each only when set. `--enforce-eager` (or a
+    compilation config without compilation) captures none; the dedicated flags win over the
+    same field in `--compilation-config`, as in vLLM."""
+    from .cuda_graphs import from_compilation_config
+
+    if hasattr(ns, "_perf_cuda_graphs"):  # read once: serve's ignored copies are consumed
+        return ns._perf_cuda_graphs
+    out = from_compilation_config(_vllm_flag(ns, "compilation_config", lambda v: v))
+    given = _vllm_flag(ns, "max_cudagraph_capture_size", int)
+    if given is not None:
+        if given < 0:
+            raise PerfModelError(f"--max-cudagraph-capture-size must be >= 0, got {given}")
+        out["given"] = given
+    sizes = _vllm_flag(ns, "cudagraph_capture_sizes", lambda v: [int(x) for x in (v if isinstance(v, list) else [v])])
+    if sizes:
+        out["sizes"] = sizes
+    if _vllm_flag(ns, "enforce_eager", bool):
+        out["mode"] = "NONE"
+    ns._perf_cuda_graphs = out
+    return out
+
+
 def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
     """The AicTarget fields the flags select, or None when the perf model is off."""
     kind = getattr(ns, "perf_model", None) or ("aic" if getattr(ns, "perf_model_switch", False) else "none")
@@ -165,7 +199,8 @@ def perf_target(ns: argparse.Namespace) -> dict[str, Any] | None:
         attention_dp_size=ns.perf_attn_dp or 1, moe_tp_size=ns.perf_moe_tp, moe_ep_size=ns.perf_moe_ep,
         gemm_quant=ns.perf_quant, moe_quant=ns.perf_quant, kv_cache_quant=_kv_dtype(ns),
         async_scheduling=_vllm_flag(ns, "async_scheduling", bool) is not False,
-        expert_parallel=bool(_vllm_flag(ns, "enable_expert_parallel", bool)), moe_activation=_moe_activation(ns))
+        expert_parallel=bool(_vllm_flag(ns, "enable_expert_parallel", bool)), moe_activation=_moe_activation(ns),
+        cudagraph_mode=_cuda_graphs(ns).get("mode", "FULL_AND_PIECEWISE"))
     given = {field: getattr(ns, flag, None) for field, flag in _FITTED_FLAGS.items()}
     return replace(target, **{f: v for f, v in given.items() if v is not None}).resolved().to_dict()
 
@@ -195,10 +230,13 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     if knobs:
         raise PerfModelError("--perf-model prices every step; it cannot be combined with "
                              + ", ".join("--" + f.replace("_", "-") for f in knobs))
-    from .aic import AicTarget, compile_target, describe
+    from .aic import AicTarget, compile_target, describe, with_capture_size
     from .kv_sizing import estimate_kv_capacity
 
     util = _vllm_flag(ns, "gpu_memory_utilization", float)
+    graphs = _cuda_graphs(ns)
+    target = with_capture_size(target, args.config.max_num_seqs, args.config.max_num_batched_tokens,
+                               given=graphs.get("given"), sizes=graphs.get("sizes"))
     t = AicTarget.from_dict(target)
     compile_target(t)
     args.perf_model = target

@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from ..perf.aic import AicTarget, compile_target
+from ..perf.aic import AicTarget, compile_target, with_capture_size
 from ..perf.catalog import bundled_models, package_root, resolve_model
 from ..perf.checkpoint import checkpoint_kernels, kv_cache_directive
 from ..perf.errors import PerfModelError
@@ -41,7 +41,9 @@ class HostTime:
     kernel data lacks (perf/qk_norm.py): `qk_norm_us` per QK-normed layer, plus
     `qk_norm_allreduce_us` per layer where that norm spans the TP ranks; and the API server's
     time before the engine sees a request, `frontend_ms + frontend_ms_per_1k_tokens x prompt
-    tokens / 1000 + frontend_ms_per_request x requests in flight`."""
+    tokens / 1000 + frontend_ms_per_request x requests in flight`; and the host time of a step
+    vLLM runs without CUDA graphs (perf/cuda_graphs.py), `eager_layer_us` per layer plus
+    `eager_layer_tp_us` per layer when TP > 1."""
 
     step_ms: float = 0.0
     per_seq_ms: float = 0.0
@@ -51,13 +53,16 @@ class HostTime:
     frontend_ms: float = 0.0
     frontend_ms_per_1k_tokens: float = 0.0
     frontend_ms_per_request: float = 0.0
+    eager_layer_us: float = 0.0
+    eager_layer_tp_us: float = 0.0
 
     @classmethod
     def fitted(cls) -> "HostTime":
         """The perf model's defaults (perf/aic.py): what `serve`, `play` and `simulate` run."""
         t = AicTarget(model="")
         return cls(t.step_overhead_ms, t.per_seq_overhead_ms, t.async_exposed_ms, t.qk_norm_us,
-                   t.qk_norm_allreduce_us, t.frontend_ms, t.frontend_ms_per_1k_tokens, t.frontend_ms_per_request)
+                   t.qk_norm_allreduce_us, t.frontend_ms, t.frontend_ms_per_1k_tokens, t.frontend_ms_per_request,
+                   t.eager_layer_us, t.eager_layer_tp_us)
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,8 @@ class SiliconRow:
                          async_scheduling=self.async_scheduling, async_exposed_ms=h.async_exposed_ms,
                          qk_norm_us=h.qk_norm_us, qk_norm_allreduce_us=h.qk_norm_allreduce_us,
                          frontend_ms=h.frontend_ms, frontend_ms_per_1k_tokens=h.frontend_ms_per_1k_tokens,
-                         frontend_ms_per_request=h.frontend_ms_per_request)
+                         frontend_ms_per_request=h.frontend_ms_per_request, cudagraph_mode=self.server.cudagraph_mode,
+                         eager_layer_us=h.eager_layer_us, eager_layer_tp_us=h.eager_layer_tp_us)
 
 
 def _int(v: str, default: int | None = None) -> int | None:
@@ -351,8 +357,11 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
                                    gpu_memory_utilization=server.gpu_memory_utilization,
                                    max_num_batched_tokens=budget, max_num_seqs=seqs)
         seqs, budget = scheduler_limits(server, cap.gpu_bytes, row.backend_version, row.concurrency)
+    # the rows' releases (0.10-0.19) predate the 1024 default capture size on Blackwell
+    perf = with_capture_size(target.to_dict(), seqs, budget, given=server.max_cudagraph_capture_size,
+                             blackwell_1024=False)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
-                      kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=target.to_dict(),
+                      kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=perf,
                       advertised_max_model_len=row.isl + row.osl + 16).validate()
     plan = plan_for(row, max_tokens)
     sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
@@ -360,7 +369,8 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
     return {"ttft_ms": ttft, "tpot_ms": tpot + _context_correction_ms(row, plan),
             "requests": plan.requests, "sim_osl": plan.osl, "kv_blocks": cap.num_blocks,
             "per_engine_concurrency": max(row.concurrency // engines, 1), "max_num_batched_tokens": budget,
-            "max_num_seqs": seqs, "kv_cache_fp8": row.kv_cache_quant == "fp8", "async_scheduling": row.async_scheduling,
+            "max_num_seqs": seqs, "cudagraph_capture_size": perf["cudagraph_capture_size"],
+            "cudagraph_mode": perf["cudagraph_mode"], "kv_cache_fp8": row.kv_cache_quant == "fp8", "async_scheduling": row.async_scheduling,
             "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s}
 
 

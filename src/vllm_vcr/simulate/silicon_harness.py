@@ -28,6 +28,8 @@ class ServerFlags:
     block_size: int = 16
     async_scheduling: bool | None = None  # --async-scheduling; None: the version's default
     moe_activation: str | None = None  # the MoE kernels' input precision the script asked for (mxfp8)
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # --compilation-config's cudagraph_mode (vLLM's default)
+    max_cudagraph_capture_size: int | None = None  # --max-cudagraph-capture-size (or --cuda-graph-sizes N)
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,13 @@ class _Rule:
     flags: ServerFlags
 
 
+# 70b_{fp8,fp4}_b200*.sh: `--compilation-config` with `"cudagraph_mode": "FULL_DECODE_ONLY"`
 _LLAMA_70B_B200 = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs=512,
-                              async_scheduling=True)
+                              async_scheduling=True, cudagraph_mode="FULL_DECODE_ONLY")
 _LLAMA_70B_HOPPER = ServerFlags(kv_cache_fp8=True, max_num_batched_tokens=8192, max_num_seqs_is_concurrency=True,
                                 async_scheduling=True)
 _MINIMAX_FP8_EARLY = ServerFlags(gpu_memory_utilization=0.95, block_size=32)
+_GRAPHS_2048 = dict(max_cudagraph_capture_size=2048)  # `--max-cudagraph-capture-size 2048`
 # The scripts' `--max-num-batched-tokens $((ISL * 2))` is left out (vLLM's default budget is
 # kept): with a 2048-token budget the simulated TTFT of the C >= 256 bursts is 2.5-6x the
 # measured one (512 prompts of ~920 tokens would need >= 230 steps, each reading the expert
@@ -53,7 +57,10 @@ _MINIMAX_FP4_TUNED = ServerFlags(kv_cache_fp8=True)
 # gptoss_fp4_b200*.sh: `VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1` (MXFP4 experts on MXFP8 inputs; vLLM
 # 0.32: `--quantization-config '{"moe": {"activation": "mxfp8"}}'`) from 2025-09-24, --max-num-seqs
 # 512, 8192 batched tokens; kv fp8 from 2025-12-31
-_GPTOSS_B200 = ServerFlags(max_num_batched_tokens=8192, max_num_seqs=512, moe_activation="mxfp8")
+# gptoss_fp4_*.sh: `--cuda-graph-sizes 2048` (from 2025-09-17), `--max-cudagraph-capture-size 2048`
+# (from 2025-11-19), on B200 and Hopper alike
+_GPTOSS_B200 = ServerFlags(max_num_batched_tokens=8192, max_num_seqs=512, moe_activation="mxfp8", **_GRAPHS_2048)
+_GPTOSS_HOPPER = ServerFlags(**_GRAPHS_2048)
 _GPTOSS_B200_KV_FP8 = replace(_GPTOSS_B200, kv_cache_fp8=True)
 _KIMI = ServerFlags(max_num_seqs_is_concurrency=True)
 _KIMI_TUNED = ServerFlags(kv_cache_fp8=True, max_num_seqs_is_concurrency=True)
@@ -65,17 +72,25 @@ _RULES = (
     _Rule("Llama-3.1-70B", ("h100_sxm", "h200_sxm"), ("fp8",), "2025-01-01", _LLAMA_70B_HOPPER),
     # minimaxm2.5_fp8_b200.sh: block size 32, memory 0.95; from 2026-04-03 (#947) kv fp8, memory 0.90
     _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2025-01-01", _MINIMAX_FP8_EARLY),
-    _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2026-04-03", _MINIMAX_TUNED),
-    _Rule("MiniMax-M2.5", ("b300_sxm",), ("fp8",), "2025-01-01", _MINIMAX_TUNED),
-    # minimaxm2.5_fp4_{b200,b300}.sh: kv fp8 from their first version
-    _Rule("MiniMax-M2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _MINIMAX_FP4_TUNED),
+    # ... and from 2026-04-02 --max-cudagraph-capture-size 2048 (B300: from its first version)
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2026-04-02", replace(_MINIMAX_FP8_EARLY, **_GRAPHS_2048)),
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("fp8",), "2026-04-03", replace(_MINIMAX_TUNED, **_GRAPHS_2048)),
+    _Rule("MiniMax-M2.5", ("b300_sxm",), ("fp8",), "2025-01-01", replace(_MINIMAX_TUNED, **_GRAPHS_2048)),
+    # minimaxm2.5_fp4_{b200,b300}.sh: kv fp8 from their first version; --max-cudagraph-capture-size
+    # 2048 on B300 from its first version, on B200 from 2026-04-07
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("nvfp4",), "2025-01-01", _MINIMAX_FP4_TUNED),
+    _Rule("MiniMax-M2.5", ("b200_sxm",), ("nvfp4",), "2026-04-07", replace(_MINIMAX_FP4_TUNED, **_GRAPHS_2048)),
+    _Rule("MiniMax-M2.5", ("b300_sxm",), ("nvfp4",), "2025-01-01", replace(_MINIMAX_FP4_TUNED, **_GRAPHS_2048)),
     _Rule("MiniMax-M2.5", ("h100_sxm",), ("fp8",), "2025-01-01", ServerFlags(max_num_seqs=256)),
     _Rule("MiniMax-M2.5", ("h200_sxm",), ("fp8",), "2025-01-01", ServerFlags(gpu_memory_utilization=0.95)),
     _Rule("gpt-oss", ("b200_sxm",), ("bf16", "nvfp4"), "2025-09-24", _GPTOSS_B200),
     _Rule("gpt-oss", ("b200_sxm",), ("bf16", "nvfp4"), "2025-12-31", _GPTOSS_B200_KV_FP8),
-    # kimik2.5_fp4_{b200,b300}.sh: --max-num-seqs $CONC; B200 from 2026-04-20: kv fp8
+    _Rule("gpt-oss", ("h100_sxm", "h200_sxm"), ("bf16", "nvfp4"), "2025-09-17", _GPTOSS_HOPPER),
+    # kimik2.5_fp4_{b200,b300}.sh: --max-num-seqs $CONC; B200 from 2026-04-16: --max-cudagraph-capture-size
+    # 2048, from 2026-04-20: kv fp8
     _Rule("Kimi-K2.5", ("b200_sxm", "b300_sxm"), ("nvfp4",), "2025-01-01", _KIMI),
-    _Rule("Kimi-K2.5", ("b200_sxm",), ("nvfp4",), "2026-04-20", _KIMI_TUNED),
+    _Rule("Kimi-K2.5", ("b200_sxm",), ("nvfp4",), "2026-04-16", replace(_KIMI, **_GRAPHS_2048)),
+    _Rule("Kimi-K2.5", ("b200_sxm",), ("nvfp4",), "2026-04-20", replace(_KIMI_TUNED, **_GRAPHS_2048)),
 )
 
 _MEASURED = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")

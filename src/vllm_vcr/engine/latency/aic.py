@@ -24,6 +24,11 @@ GPU, so a step lasts max(GPU time, host time) plus the part that cannot overlap
 n+1 is scheduled before step n's outputs are processed (and new requests read: vLLM's
 `step_with_batch_queue`), a request reaching the engine core during step n waits for step n+1
 to end and is prefilled in step n+2 (`schedules_ahead`, engine/step.py).
+
+A step vLLM runs without CUDA graphs (more tokens than the deployment's capture size, a step
+with a prefill under `FULL_DECODE_ONLY`, every step under `NONE`; vllm_vcr.perf.cuda_graphs)
+launches every kernel from the CPU: `eager_step_ms` more, on the GPU's critical path (the GPU
+waits for the launches), so async scheduling does not hide it.
 """
 
 from __future__ import annotations
@@ -94,8 +99,13 @@ class AicStepLatency(LatencyModel):
     def __init__(self, pricer: StepPricer, *, step_overhead_ms: float = 0.0, per_seq_overhead_ms: float = 0.0,
                  async_scheduling: bool = False, async_exposed_ms: float = 0.0, unpriced_gpu_ms: float = 0.0,
                  frontend_ms: float = 0.0, frontend_ms_per_1k_tokens: float = 0.0,
-                 frontend_ms_per_request: float = 0.0, time_scale: float = 1.0, moe: bool = False) -> None:
+                 frontend_ms_per_request: float = 0.0, time_scale: float = 1.0, moe: bool = False,
+                 eager_step_ms: float = 0.0, graph_capture_size: int | None = None,
+                 graph_mode: str = "FULL_AND_PIECEWISE") -> None:
         self.pricer = pricer
+        self.eager_step_ms = eager_step_ms
+        self.graph_capture_size = graph_capture_size  # None: not known, every step as if graphed
+        self.graph_mode = graph_mode
         self.data_parallel_lockstep = moe
         self.frontend_ms = frontend_ms
         self.frontend_ms_per_1k_tokens = frontend_ms_per_1k_tokens
@@ -113,8 +123,21 @@ class AicStepLatency(LatencyModel):
                                  batch.num_prefill_tokens, batch.prefill_context)
         if gpu:
             gpu += self.unpriced_gpu_ms
+            if self.eager_step_ms and self.runs_eager(batch):
+                gpu += self.eager_step_ms
         host = self.step_overhead_ms + self.per_seq_overhead_ms * (batch.num_decodes + batch.num_prefills)
         return overlapped_step_ms(gpu, host, self.async_exposed_ms) if self.async_scheduling else gpu + host
+
+    def runs_eager(self, batch: StepBatch) -> bool:
+        """Whether vLLM runs this step without CUDA graphs (vllm_vcr.perf.cuda_graphs)."""
+        if self.graph_capture_size is None:
+            return False
+        mode = self.graph_mode
+        if mode == "NONE":
+            return True
+        if mode == "FULL_DECODE_ONLY" and batch.num_prefill_tokens:
+            return True
+        return batch.num_prefill_tokens + batch.num_decodes > self.graph_capture_size
 
     def step_duration(self, batch: StepBatch, rng: random.Random) -> float:
         return self.step_ms(batch) * self._scale
