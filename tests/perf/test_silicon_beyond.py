@@ -72,7 +72,9 @@ def test_a_disaggregated_row_prices_both_sides_and_the_kv_transfer():
 
     row = _row("disagg", DISAGG_ROW)
     assert isinstance(row, DisaggRow) and row.engine_type == "sglang"
-    assert (row.prefill_workers, row.prefill_tp, row.decode_workers, row.tp) == (1, 8, 1, 8)
+    # its columns say one TP-8 worker per side; InferenceX's recipe ran nine decode workers
+    assert (row.prefill_workers, row.prefill_tp, row.decode_workers, row.tp) == (1, 8, 9, 8)
+    assert row.group.endswith("p1x(tp8-dp1)|d1x(tp8-dp1)")
     assert row.prefill_target().backend == "sglang" and row.gemm_quant == "fp8_block"
     assert kv_link(row) == (50e9, "inter_node_bw")  # 16 GPUs: two H200 nodes, one 400 Gb/s NIC per GPU
     assert supported_any(row) is None

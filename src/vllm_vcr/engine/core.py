@@ -555,6 +555,8 @@ class EngineCore(EngineControls):
         if timed:  # (pulls complete before scheduling; untimed, after: the order each mode always had)
             if self.timed.arriving:
                 self.timed.release(now, self.scheduler, self.requests)
+            if kvt.transfers.remaining:  # (a DP rank whose step another rank's round starts polls here)
+                self._pulled += kvt.pop_pulled(now)
             pulled = kvt.complete_pulls(self._pulled, self.requests)
             # (the step runs anyway when KV pulls complete or cohort decodes are due)
             scheduled = self.timed.schedule(self.scheduler, now,

@@ -286,9 +286,12 @@ class DisaggRow(SiliconRow):
     prefill_moe_tp: int | None = None
     prefill_moe_ep: int | None = None
     decode_workers: int = 1
+    recorded_group: str = ""  # the group of the sample's columns, where the deployment run differs from them
 
     @property
     def group(self) -> str:
+        if self.recorded_group:
+            return self.recorded_group
         return (f"disagg-{self.engine_type}|{self.model}|{self.gpu}|{self.precision_label}|"
                 f"p{self.prefill_workers}x(tp{self.prefill_tp}-dp{self.prefill_dp})|"
                 f"d{self.decode_workers}x(tp{self.tp}-dp{self.attention_dp})")
@@ -336,8 +339,24 @@ def disagg_rows(path: str | None = None, backends: tuple[str, ...] = ("vllm", "s
                             prefill_dp=_int(r["prefill_attention_dp_size"], 1),
                             prefill_moe_tp=_int(r["prefill_moe_tp_size"]), prefill_moe_ep=_int(r["prefill_moe_ep_size"]),
                             decode_workers=_int(r["decode_num_workers"], 1))
-            row = _checkpoint_precision(row)
+            row = _checkpoint_precision(_recipe_deployment(row))
             yield _sglang_kernels(row) if row.engine_type == "sglang" else row
+
+
+def _recipe_deployment(row: DisaggRow) -> DisaggRow:
+    """The deployment InferenceX's recipe ran for a dashboard row whose columns give one GPU count
+    per worker and no worker counts or DP attention (inferencex_disagg.py); the row keeps its
+    recorded group (the split is made of recorded groups)."""
+    from .inferencex_disagg import recipe_point
+
+    pt = recipe_point(row.source, row.model, row.gpu, row.precision_label, row.isl, row.osl, row.concurrency,
+                      row.prefill_tp, row.prefill_moe_ep or 1, row.tp)
+    if pt is None:
+        return row
+    p, d = pt.prefill, pt.decode
+    return replace(row, recorded_group=row.group, prefill_workers=p.workers, prefill_tp=p.tp,
+                   prefill_dp=p.attention_dp, prefill_moe_tp=p.moe_tp, prefill_moe_ep=p.ep, decode_workers=d.workers,
+                   tp=d.tp, attention_dp=d.attention_dp, moe_tp=d.moe_tp, moe_ep=d.ep)
 
 
 @functools.lru_cache(maxsize=16)
