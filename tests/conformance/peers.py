@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_vcr.testing.waits import free_port, scaled  # noqa: F401  (bench/fidelity imports free_port from here)
+from vllm_vcr.testing.waits import free_port, listening, scaled  # noqa: F401  (bench/fidelity imports free_port from here)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache" / "vllm-vcr" / "peers")
@@ -183,7 +183,15 @@ def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | 
         fe_cmd += ["--api-server-count", str(api_server_count)]
     st.frontend = _spawn(f"vllm {version} frontend", fe_cmd, env, workdir / "frontend.log", cwd=workdir)
 
-    # play may start first: its HELLO waits in ZMQ until the frontend binds the handshake port.
+    # play starts once the frontend listens on the handshake port: a connection to that port before
+    # it listens can end up being the port's own (TCP's simultaneous open, ZMQ retrying every 100 ms
+    # while the frontend starts), and the frontend then fails to bind it
+    deadline = time.monotonic() + scaled(timeout)
+    while listening(st.rpc_port) == set() and time.monotonic() < deadline:
+        if not st.frontend.alive():
+            st.stop()
+            raise RuntimeError(f"frontend exited ({st.frontend.popen.returncode})\n{st.logs()}")
+        time.sleep(0.2)
     penv = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_")}
     penv["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     penv["PYTHONUNBUFFERED"] = "1"

@@ -135,7 +135,7 @@ def test_help_first_screen_groups_and_search():
     assert "Arguments matching 'max-model'" in found and "--max-model-len" in found
     ignored = _serve("--help=ignored").stdout
     assert "--enforce-eager" in ignored and "--max-num-seqs" not in ignored
-    assert IGNORED_MARK.format(reason="used only by --perf-model aic (steps above it run without CUDA graphs)") \
+    assert IGNORED_MARK.format(reason="used only by --perf-model aic with --perf-eager-layer-us (steps above it run without CUDA graphs)") \
         in " ".join(ignored.split())
     assert "No group or arguments matching 'zzz'" in _serve("--help=zzz").stdout
 

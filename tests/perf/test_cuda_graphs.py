@@ -139,6 +139,14 @@ def test_serve_play_and_simulate_take_vllms_graph_flags(command):
     cc = _engine_args(*base, "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}').perf_model
     assert cc["cudagraph_mode"] == "FULL_DECODE_ONLY"
     assert _engine_args(*base, "--enforce-eager").perf_model["cudagraph_mode"] == "NONE"
+    # the term is off unless asked for (docs/fidelity.md: version 7, not shipped): the steps priced
+    # are version 6's, eager or not
+    from vllm_vcr.perf.aic import AicTarget, eager_terms
+
+    eager = _engine_args(*base, "--enforce-eager").perf_model
+    assert eager["eager_layer_us"] == 0 and eager_terms(AicTarget(**eager)) == {}
+    on = _engine_args(*base, "--enforce-eager", "--perf-eager-layer-us", "120").perf_model
+    assert on["eager_layer_us"] == 120 and eager_terms(AicTarget(**on))["eager_step_ms"] > 0
 
 
 @needs_aic

@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from tests.conftest import ServeProcess, free_port, scaled, subprocess_env, wait_until
+from vllm_vcr.testing.waits import listening
 
 MODEL = "vllm-vcr/sim"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -29,19 +30,7 @@ HOSTILE_IDS = ["../../../../tmp/vcr-pwn", "/etc/passwd", "a/../../b", "x\x00y", 
 
 
 def _listening(port: int) -> set[str]:
-    """Local addresses (hex, as /proc/net/tcp{,6} write them) that listen on `port`."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            address, port_hex = fields[1].rsplit(":", 1)
-            if int(port_hex, 16) == port and fields[3] == "0A":  # TCP_LISTEN
-                found.add(address)
-    return found
+    return listening(port) or set()
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, log: Path) -> set[str]:

@@ -46,9 +46,9 @@ DEFAULT_FRONTEND_MS = 0.0
 DEFAULT_FRONTEND_MS_PER_1K_TOKENS = 9.5
 DEFAULT_FRONTEND_MS_PER_REQUEST = 0.4
 # A step vLLM runs without CUDA graphs (perf/cuda_graphs.py): host time per layer, and per layer
-# when TP > 1 (the ranks' collectives); fitted the same way, alone, with the terms above held
-# (the other terms are shared with the SGLang and disaggregated rows, which have no such term).
-DEFAULT_EAGER_LAYER_US = 120.0
+# when TP > 1. Off: fitted on train (120 µs per layer) and kept by dev, it priced the held-out
+# configurations' TTFT worse (docs/fidelity.md), so `--perf-eager-layer-us` sets it.
+DEFAULT_EAGER_LAYER_US = 0.0
 DEFAULT_EAGER_LAYER_TP_US = 0.0
 
 
@@ -241,8 +241,8 @@ def step_latency(target: AicTarget, time_scale: float = 1.0) -> AicStepLatency:
 
 def eager_terms(t: AicTarget) -> dict[str, Any]:
     """The latency model's steps without CUDA graphs (perf/cuda_graphs.py): vLLM's graphs only;
-    nothing while the capture size is not resolved (`with_capture_size`)."""
-    if t.backend != "vllm" or t.cudagraph_capture_size is None:
+    nothing while the capture size is not resolved (`with_capture_size`) or the term is off."""
+    if t.backend != "vllm" or t.cudagraph_capture_size is None or not (t.eager_layer_us or t.eager_layer_tp_us):
         return {}
     return dict(eager_step_ms=eager_step_ms(t.model, t.tensor_parallel_size, t.eager_layer_us, t.eager_layer_tp_us),
                 graph_capture_size=t.cudagraph_capture_size, graph_mode=t.cudagraph_mode)

@@ -82,6 +82,9 @@ def add_perf_args(parser: argparse.ArgumentParser, *, vllm_gpu_flags: bool = Fal
     g.add_argument("--perf-qk-norm-allreduce-us", type=_TIME, default=None,
                    help="GPU time per layer and step of the all-reduce a QK norm over the whole query/key "
                         "needs under tensor parallelism (MiniMax-M2; µs); default: the fitted value")
+    g.add_argument("--perf-eager-layer-us", type=_TIME, default=None,
+                   help="host time per layer of a step vLLM runs without CUDA graphs (above the capture size; "
+                        "µs); default 0: off (docs/fidelity.md: tried, not kept)")
     g.add_argument("--perf-frontend-ms", type=_TIME, default=None,
                    help="the API server's fixed time before the engine core sees a request (ms); default: the "
                         "fitted value (docs/fidelity.md)")
@@ -209,7 +212,7 @@ _FITTED_FLAGS = {  # AicTarget field -> flag dest; unset: the fitted default
     "step_overhead_ms": "perf_step_overhead_ms", "async_exposed_ms": "perf_async_exposed_ms",
     "qk_norm_us": "perf_qk_norm_us", "qk_norm_allreduce_us": "perf_qk_norm_allreduce_us",
     "frontend_ms": "perf_frontend_ms", "frontend_ms_per_1k_tokens": "perf_frontend_ms_per_1k_tokens",
-    "frontend_ms_per_request": "perf_frontend_ms_per_request"}
+    "frontend_ms_per_request": "perf_frontend_ms_per_request", "eager_layer_us": "perf_eager_layer_us"}
 
 
 def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:

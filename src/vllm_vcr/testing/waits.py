@@ -33,6 +33,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> set[str] | None:
+    """The local addresses (hex, as Linux's /proc/net/tcp{,6} write them) whose TCP sockets listen on
+    `port`, or None where the machine has no such tables. A check that never connects: a connection
+    to a port nothing listens on yet can be the port's own (TCP's simultaneous open, when the
+    kernel picks that port as the source), which then keeps the server from binding it."""
+    found: set[str] = set()
+    tables = [t for t in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(t)]
+    if not tables:
+        return None
+    for table in tables:
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            address, port_hex = fields[1].rsplit(":", 1)
+            if int(port_hex, 16) == port and fields[3] == "0A":  # TCP_LISTEN
+                found.add(address)
+    return found
+
+
 def timeout_scale() -> float:
     """How much longer than on an idle machine a wait may take now (>= 1 unless the variable says less)."""
     configured = os.environ.get(SCALE_ENV, "").strip()
