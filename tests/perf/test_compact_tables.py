@@ -65,6 +65,22 @@ class _Env:
         aic._compiled.cache_clear()
 
 
+def target_spec(name: str, tmp_path, monkeypatch):
+    """A call that compiles TARGETS[name] with the SDK's own compile and returns the spec's bytes
+    (the borrowed-table overlay B300 needs made under tmp_path)."""
+    from aiconfigurator_core.sdk.engine import compile_engine
+
+    from vllm_vcr.perf.catalog import configure_data_roots
+    from vllm_vcr.perf.tables import borrowed_tables, systems_path
+
+    monkeypatch.setenv("VLLM_VCR_CACHE_DIR", str(tmp_path))
+    configure_data_roots()
+    t = TARGETS[name].resolved()
+    systems = systems_path(t.gpu, t.backend, borrowed_tables(t.model, t.gpu, t.backend))
+    return lambda: compile_engine(t.model, t.gpu, t.backend, backend_version=t.backend_version,
+                                  systems_path=systems, **t.compile_kwargs())
+
+
 @functools.lru_cache(maxsize=None)
 def _whole_handle(name: str):
     """The estimator as compiled, on the whole tables (the cache off: nothing cut)."""

@@ -7,8 +7,6 @@ from __future__ import annotations
 import csv
 from dataclasses import replace
 
-import pytest
-
 from vllm_vcr.simulate.inferencex_disagg import recipe_point
 
 from .conftest import needs_aic

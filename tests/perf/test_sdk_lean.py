@@ -21,7 +21,7 @@ from vllm_vcr.perf.catalog import configure_data_roots, package_root
 from vllm_vcr.perf.sdk_yaml import c_yaml
 
 from .conftest import needs_aic
-from .test_compact_tables import ROWS, TARGETS, _Env, _prices, _whole_handle
+from .test_compact_tables import ROWS, TARGETS, _Env, _prices, _whole_handle, target_spec
 
 pytestmark = needs_aic
 
@@ -38,19 +38,12 @@ def _fresh_sdk_caches() -> None:
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_a_lean_compile_gives_the_same_spec_bytes(name, tmp_path, monkeypatch):
     from aiconfigurator_core.sdk import engine_table_view
-    from aiconfigurator_core.sdk.engine import compile_engine
 
-    monkeypatch.setenv("VLLM_VCR_CACHE_DIR", str(tmp_path))  # (B300's borrowed-table overlay is made there)
-    configure_data_roots()
-    t = TARGETS[name].resolved()
-    from vllm_vcr.perf.tables import borrowed_tables, systems_path
-
-    systems = systems_path(t.gpu, t.backend, borrowed_tables(t.model, t.gpu, t.backend))
+    compile_spec = target_spec(name, tmp_path, monkeypatch)
 
     def spec() -> bytes:
         _fresh_sdk_caches()
-        return compile_engine(t.model, t.gpu, t.backend, backend_version=t.backend_version, systems_path=systems,
-                              **t.compile_kwargs())
+        return compile_spec()
 
     own_views = []  # densities the SDK loaded for the version's own rows
     density = engine_table_view.fetch_attention_lane_density

@@ -9,11 +9,11 @@ import importlib
 import pytest
 import yaml
 
-from vllm_vcr.perf.catalog import configure_data_roots, package_root
+from vllm_vcr.perf.catalog import package_root
 from vllm_vcr.perf.sdk_yaml import SDK_MODULES, c_yaml
 
 from .conftest import needs_aic
-from .test_compact_tables import TARGETS
+from .test_compact_tables import TARGETS, target_spec
 
 pytestmark = [needs_aic, pytest.mark.skipif(not getattr(yaml, "__with_libyaml__", False), reason="no libyaml")]
 
@@ -28,20 +28,7 @@ def test_every_yaml_file_the_package_ships_loads_alike_both_ways():
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_a_compile_gives_the_same_spec_bytes(name, tmp_path, monkeypatch):
-    from aiconfigurator_core.sdk.engine import compile_engine
-
-    monkeypatch.setenv("VLLM_VCR_CACHE_DIR", str(tmp_path))  # (B300's borrowed-table overlay is made there)
-
-    configure_data_roots()
-    t = TARGETS[name].resolved()
-    from vllm_vcr.perf.tables import borrowed_tables, systems_path
-
-    systems = systems_path(t.gpu, t.backend, borrowed_tables(t.model, t.gpu, t.backend))
-
-    def spec() -> bytes:
-        return compile_engine(t.model, t.gpu, t.backend, backend_version=t.backend_version, systems_path=systems,
-                              **t.compile_kwargs())
-
+    spec = target_spec(name, tmp_path, monkeypatch)
     plain = spec()
     with c_yaml():
         fast = spec()
