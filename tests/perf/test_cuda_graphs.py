@@ -68,6 +68,12 @@ def test_the_compilation_configs_graph_settings():
         from_compilation_config('{"cudagraph_mode": "SOMETIMES"}')
     with pytest.raises(PerfModelError, match="--compilation-config"):
         from_compilation_config("{not json")
+    assert from_compilation_config('{"max_cudagraph_capture_size": "64"}') == {"given": 64}
+    for bad in ('{"max_cudagraph_capture_size": "x"}', '{"max_cudagraph_capture_size": -1}',
+                '{"max_cudagraph_capture_size": true}', '{"cudagraph_capture_sizes": 5}',
+                '{"cudagraph_capture_sizes": [1, "a"]}', '{"cudagraph_capture_sizes": [[8]]}'):
+        with pytest.raises(PerfModelError, match="^--compilation-config: "):
+            from_compilation_config(bad)
 
 
 def test_a_step_above_the_capture_size_pays_the_eager_term():
@@ -151,12 +157,22 @@ def test_serve_play_and_simulate_take_vllms_graph_flags(command):
 
 @needs_aic
 @pytest.mark.parametrize("command", ["serve", "simulate"])
-def test_a_bad_graph_mode_is_a_one_line_error_naming_the_flag(command, capsys):
+@pytest.mark.parametrize("flag, value, field", [
+    ("--compilation-config", '{"cudagraph_mode": "X"}', "cudagraph_mode"),
+    ("--compilation-config", '{"cudagraph_capture_sizes": 5}', "cudagraph_capture_sizes"),
+    ("--compilation-config", '{"max_cudagraph_capture_size": "x"}', "max_cudagraph_capture_size"),
+    ("--quantization-config", "{x", "invalid JSON")])
+def test_a_bad_graph_mode_is_a_one_line_error_naming_the_flag(command, flag, value, field, capsys):
+    """(serve's own vLLM option table refuses invalid JSON as it parses, with argparse's exit 2)"""
     from vllm_vcr.cli import main
 
-    assert main([command, LLAMA_8B, "--perf-model", "aic", "--compilation-config", '{"cudagraph_mode": "X"}']) == 2
+    try:
+        code = main([command, LLAMA_8B, "--perf-model", "aic", flag, value])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and "--compilation-config" in err[-1] and "cudagraph_mode" in err[-1]
+    assert err and flag in err[-1] and field in err[-1]
 
 
 @needs_aic

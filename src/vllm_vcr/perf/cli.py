@@ -15,14 +15,13 @@ accepted as aliases: `--aic-perf-model`/`--ais-perf-model` (a switch), `--aic-sy
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from dataclasses import replace
 from typing import Any
 
 from ..cli_types import bounded
 from ..engine.config import LATENCY_FIELDS, EngineArgs
-from .errors import PerfModelError
+from .errors import PerfModelError, json_flag
 
 logger = logging.getLogger(__name__)
 
@@ -152,12 +151,7 @@ def _kv_dtype(ns: argparse.Namespace) -> str | None:
 def _moe_activation(ns: argparse.Namespace) -> str | None:
     """`--quantization-config`'s `moe.activation` (vLLM's `QuantizationConfigArgs`: the precision
     the MoE kernels' inputs are quantised to, e.g. `mxfp8`), None when not given."""
-    value = _vllm_flag(ns, "quantization_config", lambda v: v)
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise PerfModelError(f"--quantization-config: invalid JSON {value!r}") from None
+    value = json_flag(_vllm_flag(ns, "quantization_config", lambda v: v), "--quantization-config")
     moe = value.get("moe") if isinstance(value, dict) else None
     activation = moe.get("activation") if isinstance(moe, dict) else None
     return activation if isinstance(activation, str) else None

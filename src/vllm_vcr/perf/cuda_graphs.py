@@ -14,15 +14,15 @@ capture size, `FULL_DECODE_ONLY` only decode-only steps (a step with a prefill a
 without), `NONE` (or `--enforce-eager`) none.
 
 The step-time term itself (the engine's host time for a step without graphs, per layer) is in
-engine/latency/aic.py; its constants are fitted on the training split (docs/fidelity.md).
+engine/latency/aic.py; off unless `--perf-eager-layer-us` sets it (fitted on the training split,
+it priced the held-out configurations worse: docs/fidelity.md).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from .errors import PerfModelError
+from .errors import PerfModelError, json_flag
 from .qk_norm import bundled_config
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -76,23 +76,29 @@ def from_compilation_config(value: str | dict | None) -> dict[str, Any]:
     `max_cudagraph_capture_size`, `cudagraph_capture_sizes`. {} when it sets none."""
     if value is None:
         return {}
-    if isinstance(value, str):
-        if value.strip().isdigit():  # `-O3` / `-cc 3`: an optimisation level, graphs as default
-            return {}
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise PerfModelError(f"--compilation-config: invalid JSON {value!r}") from None
+    if isinstance(value, str) and value.strip().isdigit():  # `-O3` / `-cc 3`: an optimisation level
+        return {}
+    value = json_flag(value, "--compilation-config")
     if not isinstance(value, dict):
         return {}
     out: dict[str, Any] = {}
     if "cudagraph_mode" in value and value["cudagraph_mode"] is not None:
         out["mode"] = mode_of(value["cudagraph_mode"])
-    if value.get("max_cudagraph_capture_size") is not None:
-        out["given"] = int(value["max_cudagraph_capture_size"])
-    if value.get("cudagraph_capture_sizes"):
-        out["sizes"] = [int(s) for s in value["cudagraph_capture_sizes"]]
+    given, sizes = value.get("max_cudagraph_capture_size"), value.get("cudagraph_capture_sizes")
+    if given is not None:
+        out["given"] = _size(given, "max_cudagraph_capture_size")
+    if sizes:
+        if not isinstance(sizes, list):
+            raise PerfModelError(f"--compilation-config: cudagraph_capture_sizes must be a list, got {sizes!r}")
+        out["sizes"] = [_size(v, "cudagraph_capture_sizes") for v in sizes]
     return out
+
+
+def _size(v: Any, field: str) -> int:
+    """A capture size (an integer, or its digits as a string, as vLLM's config model takes it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
+        raise PerfModelError(f"--compilation-config: {field} takes integers >= 0, got {v!r}")
+    return int(v)
 
 
 def num_layers(model: str) -> int:
