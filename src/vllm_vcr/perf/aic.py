@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..engine.latency.aic import AicStepLatency, StepPricer
-from .catalog import check_gpu, configure_data_roots, import_aic, resolve_model
+from .catalog import BLACKWELL_GPUS, check_gpu, configure_data_roots, import_aic, resolve_model
 from .checkpoint import checkpoint_kernels, kv_cache_directive
 from .cuda_graphs import capture_size, eager_step_ms
 from .errors import PerfModelError
@@ -125,10 +125,6 @@ class AicTarget:
                     **({"fmha_quant_mode": self.fmha_quant} if self.fmha_quant else {}))
 
 
-# GPUs whose MXFP4 MoE kernels take MXFP8 inputs (FlashInfer's TRT-LLM kernels, SM100)
-MXFP8_MOE_GPUS = ("b200_sxm", "b300_sxm", "gb200", "gb300")
-
-
 def moe_activation_quant(moe_quant: str | None, activation: str | None, gpu: str) -> str | None:
     """The MoE kernels' precision when vLLM is asked for an activation precision of the experts
     (`--quantization-config '{"moe": {"activation": "mxfp8"}}'`; in earlier releases the environment's
@@ -136,7 +132,7 @@ def moe_activation_quant(moe_quant: str | None, activation: str | None, gpu: str
     default) on Blackwell run FlashInfer's TRT-LLM MXFP4 x MXFP8 kernel, `w4a8_mxfp4_mxfp8`
     (vllm/model_executor/layers/fused_moe/oracle/mxfp4.py `select_mxfp4_moe_backend`: backends of
     the requested activation first; elsewhere none has it and the BF16 one serves)."""
-    if moe_quant == "w4a16_mxfp4" and activation == "mxfp8" and gpu in MXFP8_MOE_GPUS:
+    if moe_quant == "w4a16_mxfp4" and activation == "mxfp8" and gpu in BLACKWELL_GPUS:
         return "w4a8_mxfp4_mxfp8"
     return moe_quant
 

@@ -19,6 +19,8 @@ from types import ModuleType
 from .errors import AIC_EXTRA_HINT, PerfModelError
 
 BACKENDS = ("vllm", "sglang", "trtllm")
+# data-center Blackwell (compute capability 10.x): its own kernels (MXFP8 MoE inputs) and defaults
+BLACKWELL_GPUS = ("b200_sxm", "b300_sxm", "gb200", "gb300")
 _QUANT_SUFFIXES = {"fp8": "fp8", "fp8-dynamic": "fp8", "nvfp4": "nvfp4", "fp4": "nvfp4", "awq": "int4_wo",
                    "gptq": "int4_wo", "int4": "int4_wo", "w4a16": "int4_wo"}
 _DROP = re.compile(r"^(meta-)|(-(instruct|chat|base|hf|it))+$")

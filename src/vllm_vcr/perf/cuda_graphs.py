@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .catalog import BLACKWELL_GPUS
 from .errors import PerfModelError, json_flag
 from .qk_norm import bundled_config
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 DEFAULT_MODE = "FULL_AND_PIECEWISE"
-# data-center Blackwell (compute capability 10.x): the larger default ceiling
-_BLACKWELL = ("b200_sxm", "b300_sxm", "gb200", "gb300")
 
 
 def captured_sizes_max(ceiling: int, max_num_batched_tokens: int) -> int:
@@ -52,7 +51,7 @@ def capture_size(gpu: str, max_num_seqs: int, max_num_batched_tokens: int, *, gi
         kept = [s for s in sizes if s <= max_num_batched_tokens]
         return max(kept) if kept else 0
     if given is None:
-        ceiling = 1024 if blackwell_1024 and gpu in _BLACKWELL else 512
+        ceiling = 1024 if blackwell_1024 and gpu in BLACKWELL_GPUS else 512
         given = min(2 * max_num_seqs, ceiling)
         # max_num_seqs itself is captured as a uniform decode size when it fits
         return max(captured_sizes_max(given, max_num_batched_tokens),

@@ -39,14 +39,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from .catalog import package_root
+from .catalog import BLACKWELL_GPUS, package_root
 from .overlay import link_all, publish
 from .qk_norm import bundled_config
 
 # (GPU, backend, table family, the GPU whose table of that family is priced instead)
 BORROWED = (("b300_sxm", "vllm", "mla", "b200_sxm"),)
 # (GPU, backend, MoE precision, the backend whose MoE rows fill the shapes the backend's table lacks)
-DERIVED_MOE = tuple((gpu, "vllm", "w4a8_mxfp4_mxfp8", "trtllm") for gpu in ("b200_sxm", "b300_sxm", "gb200", "gb300"))
+DERIVED_MOE = tuple((gpu, "vllm", "w4a8_mxfp4_mxfp8", "trtllm") for gpu in BLACKWELL_GPUS)
 MOE_TABLE = "moe_perf.parquet"
 
 
