@@ -174,3 +174,82 @@ def test_counted_tokens_spell_the_request_in_two_disjoint_ids():
         assert ids[0] < 16000 <= ids[1] and seen.setdefault(tuple(ids[:2]), seq) == seq
     # the first id alone (a block may hold only it) differs between requests close in arrival
     assert len({CountedTokens(seq, 32000).next_token(0) for seq in range(1000)}) == 1000
+
+
+def _drive(timing_only: bool, args: EngineArgs, prompts: list[list[int]], max_tokens: list[int],
+           arrivals: list[float], aborts: dict[int, float]):
+    """One engine on the virtual clock, requests added and aborted at their times, the cohort's
+    decode-only steps run ahead to the next event as the simulator does. Per request: its first
+    token's time, its finish (time, reason), its tokens (silent ones counted) and its prompt's cached
+    tokens, unless aborted (then its first token's time and cached tokens)."""
+    seen: dict[str, dict] = {}
+
+    def sink(client, outs):
+        for o in outs.outputs:
+            r = seen.setdefault(o.request_id, {"first": None, "n": 0, "finish": None, "cached": None})
+            if o.new_token_ids and r["first"] is None:
+                r["first"] = outs.timestamp
+            if o.prefill_stats is not None:
+                r["cached"] = o.prefill_stats.num_cached_tokens
+            r["n"] += len(o.new_token_ids)
+            if o.finish_reason is not None:
+                r["finish"] = (outs.timestamp, o.finish_reason)
+
+    clock = VirtualClock(0.0)
+    core = EngineCore(args, clock=clock, output_sink=sink, latency=_latency(), timing_only=timing_only)
+    if timing_only:
+        def silent(req, first, last):
+            seen[req.request_id]["n"] += last - first + 1
+        core.cohort.on_tokens = silent
+    events = sorted([(t, 0, i) for i, t in enumerate(arrivals)] + [(t, 1, i) for i, t in aborts.items()])
+    for k, (t, kind, i) in enumerate(events):
+        core.run_until_idle(until=t)
+        if kind == 0:
+            core.add_request(EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=list(prompts[i]),
+                                               sampling_params=SamplingParams(max_tokens=max_tokens[i],
+                                                                              ignore_eos=True)))
+        else:
+            core.abort_requests([f"r{i}"])
+        core.run_until_idle(until=t)
+        if timing_only:
+            core.fast_forward(events[k + 1][0] if k + 1 < len(events) else math.inf)
+    core.run_until_idle()
+    if timing_only:
+        while core.fast_forward(math.inf):
+            core.run_until_idle()
+    core.run_until_idle()
+    pool = core.block_pool
+    assert not core.requests and pool.num_free_blocks == pool.num_blocks and pool._multi == 0
+    result = {rid: (r["first"], r["finish"], r["n"], r["cached"]) for rid, r in seen.items()
+              if int(rid[1:]) not in aborts}
+    firsts = {rid: (r["first"], r["cached"]) for rid, r in seen.items() if int(rid[1:]) in aborts}
+    return result, firsts, core.scheduler.total_preemptions, pool.free_queue()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(1, 14), kv_blocks=st.integers(18, 70), budget=st.integers(32, 160),
+       seqs=st.integers(1, 10), max_len=st.sampled_from([0, 0, 80]))
+def test_aborts_shared_prefixes_and_preemption_change_nothing_but_the_outputs(data, n, kv_blocks, budget, seqs,
+                                                                              max_len):
+    """Hostile inputs at the engine: a tiny KV cache (blocks of 4), prompts sharing prefixes (cache hits
+    on blocks in use and on free ones), lognormal-ish lengths, requests aborted before, during or after
+    their decodes: the timing-only engine gives every request the same first token, finish and token
+    count, the same preemptions and prefix hits, and leaves the same free queue."""
+    args = _args(kv_blocks, 4, budget, min(seqs, budget), max_len)
+    prefixes = [list(range(100 * g + 1, 100 * g + 1 + 24)) for g in range(2)]
+    prompts, max_tokens, arrivals, aborts = [], [], [], {}
+    for i in range(n):
+        shared = data.draw(st.sampled_from([None, 0, 1]), label=f"prefix{i}")
+        cut = data.draw(st.integers(0, 24), label=f"cut{i}")
+        own = data.draw(st.integers(1, 40), label=f"own{i}")
+        prompt = (prefixes[shared][:cut] if shared is not None else []) + [1000 + 50 * i + j for j in range(own)]
+        prompts.append(prompt)
+        max_tokens.append(max(1, int(data.draw(st.floats(0.0, 5.0), label=f"osl{i}") ** 2.7)))
+        arrivals.append(data.draw(st.floats(0.0, 0.3), label=f"arrival{i}"))
+        if data.draw(st.booleans(), label=f"abort{i}"):
+            aborts[i] = arrivals[i] + data.draw(st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.2]), label=f"after{i}")
+    plain = _drive(False, args, prompts, max_tokens, arrivals, aborts)
+    fast = _drive(True, args, prompts, max_tokens, arrivals, aborts)
+    assert fast[0] == plain[0]  # every request not aborted: first token, finish, tokens, cached tokens
+    assert fast[1] == plain[1]  # the aborted ones' first tokens and cached tokens (None: aborted before)
+    assert fast[2:] == plain[2:]  # preemptions, free queue

@@ -8,11 +8,12 @@ queue is LRU ordered, so allocation evicts the least recently freed cached block
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
+from operator import attrgetter
 from typing import Callable, Protocol, Sequence
 
 BlockHash = bytes
 BlockHasher = Callable[[BlockHash | None, Sequence[int], tuple | None], BlockHash]
+_block_hash = attrgetter("block_hash")
 
 
 class KVEventSink(Protocol):
@@ -35,6 +36,9 @@ class KVCacheBlock:
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
+
+
+_new_block = KVCacheBlock.__new__
 
 
 class DeferredChain:
@@ -64,7 +68,9 @@ class BlockPool:
     blocks costs nothing until they are used. Blocks freed since are a list in the order they were
     freed, read from `_head` on (so an allocation takes a slice). A cache hit that takes a free block
     leaves its entry behind (stale: counted in `_stale`, skipped when it comes up; a block's stale
-    entries all precede its live one)."""
+    entries all precede its live one). `_multi` counts the blocks referenced more than once (cache
+    hits on a block in use): while there are none, a free drops every reference without reading
+    them."""
 
     COMPACT_AT = 2  # stale entries are dropped when the free queue grows past this many times the pool
 
@@ -80,6 +86,7 @@ class BlockPool:
         self._head = 0
         self._base = 0  # entries dropped from the front of _queue (entry numbers count from the first ever)
         self._stale: dict[KVCacheBlock, int] = {}  # stale entries in the queue, by block
+        self._multi = 0  # blocks whose ref_cnt is 2 or more
         self.num_free_blocks = num_blocks
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         # deferred hashing (deferred_hashes.py): chains by the hash of their first block, and the
@@ -126,10 +133,13 @@ class BlockPool:
         """Take a reference on cache hits (the entry of a free one in the free queue goes stale)."""
         stale = self._stale
         for b in blocks:
-            if b.ref_cnt == 0:
+            r = b.ref_cnt
+            if r == 0:
                 self.num_free_blocks -= 1
                 stale[b] = stale.get(b, 0) + 1
-            b.ref_cnt += 1
+            elif r == 1:
+                self._multi += 1
+            b.ref_cnt = r + 1
 
     def allocate(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
@@ -138,8 +148,15 @@ class BlockPool:
         fresh = self._fresh
         if fresh < self.num_blocks:  # the head of the queue: blocks never used, in id order
             k = min(n, self.num_blocks - fresh)
-            if len(self._created) == fresh:
-                out = list(map(KVCacheBlock, range(fresh, fresh + k), repeat(1, k)))
+            if len(self._created) == fresh:  # (made without a call of __init__ each: a pool makes all of them)
+                new = _new_block
+                out = []
+                for i in range(fresh, fresh + k):
+                    b = new(KVCacheBlock)
+                    b.block_id = i
+                    b.ref_cnt = 1
+                    b.block_hash = None
+                    out.append(b)
                 self._created += out
             else:  # (created already by `blocks`)
                 out = self._created[fresh:fresh + k]
@@ -152,10 +169,14 @@ class BlockPool:
         else:
             out = []
         taken = self._take(n)
+        hashes = list(map(_block_hash, taken))
+        if hashes.count(None) == len(hashes):  # (the blocks of unhashed requests: nothing to evict)
+            for b in taken:
+                b.ref_cnt = 1
+            return out + taken if out else taken
         evicted: list[BlockHash] = []
         cached = self.cached
-        for b in taken:  # least recently freed first
-            h = b.block_hash
+        for b, h in zip(taken, hashes):  # least recently freed first
             if h is not None:
                 if cached.get(h) is b:
                     del cached[h]
@@ -212,14 +233,20 @@ class BlockPool:
 
     def free(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Drop a reference; the caller passes blocks tail first so tails are evicted first."""
-        shared = False
-        for b in blocks:
-            r = b.ref_cnt - 1
-            b.ref_cnt = r
-            if r:
-                shared = True
-        if shared:
-            blocks = [b for b in blocks if not b.ref_cnt]
+        if not self._multi:  # every block is referenced once: each becomes free
+            for b in blocks:
+                b.ref_cnt = 0
+        else:
+            shared = False
+            for b in blocks:
+                r = b.ref_cnt - 1
+                b.ref_cnt = r
+                if r:
+                    shared = True
+                    if r == 1:
+                        self._multi -= 1
+            if shared:
+                blocks = [b for b in blocks if not b.ref_cnt]
         self._queue += blocks
         self.num_free_blocks += len(blocks)
         if len(self._queue) - self._head > self.COMPACT_AT * self.num_blocks:  # (many cache hits on free blocks)

@@ -71,15 +71,10 @@ def counted_token_source(vocab_size: int):
     return factory
 
 
-class _Member:
-    __slots__ = ("d0", "t0", "gen", "slot", "bucket")
-
-    def __init__(self, d0: int, t0: int, gen: int, slot: tuple, bucket: list) -> None:
-        self.d0 = d0  # the cohort step at which it joined
-        self.t0 = t0  # its tokens (prompt + output) then
-        self.gen = gen  # invalidates its stale finish entry after it leaves and rejoins
-        self.slot = slot  # (due, seq, req): its entry in its block-boundary bucket
-        self.bucket = bucket
+# a member: (d0, t0, gen, slot, bucket): the cohort step at which it joined, its tokens (prompt +
+# output) then, its generation (invalidates its stale finish entry after it leaves and rejoins), its
+# entry (due, seq, req) in its block-boundary bucket, and that bucket
+_Member = tuple
 
 
 class DecodeCohort:
@@ -105,12 +100,12 @@ class DecodeCohort:
         return len(self.members)
 
     def tokens(self, req: Request) -> int:
-        m = self.members[req]
-        return m.t0 + self.step - m.d0
+        d0, t0 = self.members[req][:2]
+        return t0 + self.step - d0
 
     def join(self, req: Request, due: float, max_model_len: int) -> None:
         """`req` has sampled a token and decodes from the next step on."""
-        self._gen += 1
+        self._gen = gen = self._gen + 1
         d0, t0 = self.step, len(req.all_token_ids)
         # steps until its tokens overflow its blocks: 0..block_size-1, as its blocks hold its computed tokens
         room = len(req.blocks) * self.block_size - t0 + 1
@@ -118,26 +113,26 @@ class DecodeCohort:
             raise AssertionError(f"{req.request_id}: {len(req.blocks)} blocks for {t0 - 1} computed tokens")
         slot, bucket = (due, req.seq, req), self._buckets[(d0 + room) % self.block_size]
         insort(bucket, slot)
-        self.members[req] = _Member(d0, t0, self._gen, slot, bucket)
+        self.members[req] = (d0, t0, gen, slot, bucket)
         self._tokens_minus_join += t0 - d0
         idx = len(req.output_token_ids)
         last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
         if max_model_len:
             last = min(last, max_model_len - req.num_prompt_tokens - 1)
-        heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, self._gen, req))
+        heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, gen, req))
 
     def leave(self, req: Request, materialize: bool, last: int | None = None, placeholders: bool = False) -> None:
         """Take `req` out; with `materialize`, its tokens and computed count catch up first (to
         cohort step `last`, default the current one): its source's ids, or with `placeholders`
         (it is finishing: nothing will hash or read them) zeros."""
-        m = self.members.pop(req)
-        self._tokens_minus_join -= m.t0 - m.d0
-        m.bucket.remove(m.slot)
+        d0, t0, _, slot, bucket = self.members.pop(req)
+        self._tokens_minus_join -= t0 - d0
+        bucket.remove(slot)
         if not materialize:
             return
         if last is None:
             last = self.step
-        k = m.t0 + last - m.d0 - len(req.all_token_ids)
+        k = t0 + last - d0 - len(req.all_token_ids)
         if k > 0:
             new = [0] * k if placeholders else req.token_source.take(k)
             req.output_token_ids += new
@@ -173,7 +168,7 @@ class DecodeCohort:
             m = self.members.get(req)
             if m is None:
                 continue  # preempted by an earlier member's allocation
-            req.num_computed_tokens = m.t0 + step - m.d0 - 1
+            req.num_computed_tokens = m[1] + step - m[0] - 1
             allocate_or_preempt(req, 1, now)
 
     def allocate_if_free(self, pool: BlockPool) -> bool:
@@ -194,7 +189,7 @@ class DecodeCohort:
         while heap:
             entry = heap[0]
             m = members.get(entry[4])
-            if m is not None and m.gen == entry[3]:
+            if m is not None and m[2] == entry[3]:
                 return entry[0]
             heapq.heappop(heap)
         return math.inf
@@ -210,7 +205,7 @@ class DecodeCohort:
             entry = heapq.heappop(heap)
             req = entry[4]
             m = members.get(req)
-            if m is None or m.gen != entry[3]:
+            if m is None or m[2] != entry[3]:
                 continue
             self.leave(req, materialize=True, last=step - 1, placeholders=True)  # the last token is `sample`'s
             req.num_computed_tokens += 1
@@ -298,7 +293,7 @@ class CohortScheduler(Scheduler):
             req.next_due = due
             self.cohort.join(req, due, self.max_model_len())
         else:
-            super().push_decode(req, due)
+            Scheduler.push_decode(self, req, due)
 
     def has_immediate_work(self) -> bool:
         return bool(self.cohort.members) or super().has_immediate_work()
@@ -306,7 +301,7 @@ class CohortScheduler(Scheduler):
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         if req in self.cohort.members:
             self.cohort.leave(req, materialize=False)  # an abort (a finish has left already)
-        super().remove(req, free_blocks)
+        Scheduler.remove(self, req, free_blocks)
 
     def _preempt(self, req: Request, now: float) -> None:
         if req in self.cohort.members:
@@ -343,7 +338,7 @@ class CohortOutputProcessor(OutputProcessor):
         for req in self.cohort.advance(now):
             self.sample(req, now, outputs, finished)
         self._pending = (outputs, finished) if outputs or finished else None
-        super().update_from_output(scheduled, pulled, now, burst, timed)
+        OutputProcessor.update_from_output(self, scheduled, pulled, now, burst, timed)
         if self._pending is not None:
             self._pending = None
             self.emit(outputs, finished, with_stats=True)
@@ -353,7 +348,7 @@ class CohortOutputProcessor(OutputProcessor):
         if pending is not None:
             outputs = pending[0] + outputs
             finished = pending[1] + finished
-        super().emit(outputs, finished, with_stats)
+        OutputProcessor.emit(self, outputs, finished, with_stats)
 
 
 _LENGTH_ONLY = (RandomTokens, CountedTokens)  # sources that never emit an ending id
