@@ -143,4 +143,6 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.prefill_target
+        # (prefill_target's formula, inline: read for every running request in every step)
+        return self.num_computed_tokens < (self.num_prompt_tokens if not self.output_token_ids
+                                           else len(self.all_token_ids) - 1)
