@@ -6,7 +6,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vcr.engine.tokens import RandomTokens
+from vllm_vcr.engine.tokens import RandomTokens, seeded_random
 
 
 @settings(max_examples=60, deadline=None)
@@ -58,3 +58,17 @@ def test_ids_drawn_ahead_for_a_short_request_are_the_plain_formulas_ids(seed, vo
     for k in takes:
         got += [src.next_token(0) for _ in range(k)] if one_by_one else src.take(k)
     assert got == _plain_ids(seed, vocab, avoid, sum(takes))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.one_of(st.integers(-2**70, 2**70), st.binary(max_size=300),
+                      st.text(max_size=80).map(lambda s: s.encode("utf-8", "surrogatepass")),
+                      st.sampled_from([0, -1, 1, 2**32, 2**32 - 1, 2**64, b"", b"\x00", b"0/0/req"])),
+       draws=st.integers(0, 700))
+def test_seeded_random_is_random_random(seed, draws):
+    """A request's generator, seeded without Random.seed's Python layer, is `random.Random(seed)`
+    (negative, huge and zero ints, empty and hostile bytes, surrogates), state and draws alike."""
+    fast, plain = seeded_random(seed), random.Random(seed)
+    assert type(fast) is random.Random and fast.getstate() == plain.getstate()
+    assert [fast.random() for _ in range(draws)] == [plain.random() for _ in range(draws)]
+    assert fast.gauss(0, 1) == plain.gauss(0, 1) and fast.getrandbits(77) == plain.getrandbits(77)

@@ -4,10 +4,8 @@ ids it would have drawn without the factory (the same seed, made then)."""
 
 from __future__ import annotations
 
-import random
-
 from vllm_vcr.engine.decode_cohort import counted_token_source
-from vllm_vcr.engine.tokens import CountedTokens
+from vllm_vcr.engine.tokens import CountedTokens, seeded_random
 
 
 def _declining(req, rng):
@@ -37,14 +35,13 @@ def test_a_declining_rng_free_factory_leaves_the_drawn_ids_unchanged(harness):
 def test_counted_sources_seed_no_random(harness, monkeypatch):
     made = []
 
-    class Counting(random.Random):
-        def __init__(self, *a):
-            made.append(a)
-            super().__init__(*a)
+    def counting(seed):  # a request's generator, seeded
+        made.append(seed)
+        return seeded_random(seed)
 
     h = harness(seed=7)
     h.core.admission.token_source_factory = counted_token_source(h.core.args.vocab_size)
-    monkeypatch.setattr("vllm_vcr.engine.admission.random.Random", Counting)
+    monkeypatch.setattr("vllm_vcr.engine.admission.seeded_random", counting)
     h.add("counted", max_tokens=5, ignore_eos=True)
     h.add("biased", max_tokens=5, ignore_eos=True, logit_bias={5: 3.0})  # declined: the engine draws
     h.run()

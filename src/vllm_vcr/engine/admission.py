@@ -25,6 +25,7 @@ from .tokens import (
     ScriptedTokens,
     TokenSource,
     can_sample,
+    seeded_random,
 )
 from .types import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .stats import EngineStats
 
 logger = logging.getLogger("vllm_vcr.engine")
+_NO_PARAMS: dict = {}  # (read only)
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy sampling
 TokenSourceFactory = Callable[[Request, random.Random], "TokenSource | None"]
 _FAILURE_REASONS = {
@@ -137,7 +139,7 @@ class Admission:
         err = self.check(ecr)
         if err is None:
             req = self.new_request(ecr, now)
-            ktp = ecr.kv_transfer_params
+            ktp = req.kv_transfer_params  # (the EngineCoreRequest's)
             if has_handoff_metadata(ktp):
                 # registered first, so that a request ended right here still ends its handoff:
                 # the other side is told at once (a decoder waiting for this prefill gets ABORT),
@@ -195,7 +197,8 @@ class Admission:
         max_len = self._config().max_model_len or args.advertised_max_model_len
         room = min(max_len, self.kv_capacity_tokens) - prompt_len
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
-        ktp = ecr.kv_transfer_params or {}
+        extra = sp.extra_args  # (ecr.kv_transfer_params, inline)
+        ktp = (extra.get("kv_transfer_params") if extra else None) or _NO_PARAMS
         remote_decode = bool(ktp.get("do_remote_decode")) or args.worker_type == "prefill"
         plan = self.plan_for(ecr)
         if plan is not None and plan.num_tokens is not None:
@@ -305,16 +308,16 @@ class Admission:
         req.pacing = pacing
         req.chunk = pacing.first_chunk
         ttft = pacing.ttft
-        if type(pacing) is RequestPacing and not self._clock.virtual:
+        modeled = type(pacing) is RequestPacing
+        if modeled and not self._clock.virtual:
             # vLLM counts TTFT from the request's arrival: the server's own delay is inside it
             ttft = max(0.0, ttft - self.server_delay(req, now))
         req.first_due = now + ttft
         if self.lora is not None and req.lora_id:
             self._load_adapter(req)
-        req.burstable = type(pacing) is RequestPacing and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
+        req.burstable = modeled and pacing.itl_mean == 0.0 and pacing.itl_std == 0.0
         req.token_source = self._token_source(req, rng_seed)
-        if type(req.token_source) is RandomTokens and type(pacing) is RequestPacing and pacing.itl_std == 0.0 \
-                and not req.pooling:
+        if modeled and type(req.token_source) is RandomTokens and pacing.itl_std == 0.0 and not req.pooling:
             req.steady_gap = pacing.itl_mean
 
     def server_delay(self, req: Request, now: float) -> float:
@@ -354,10 +357,10 @@ class Admission:
         factory = self.token_source_factory
         # the request's own random sequence; a factory marked `rng_free` never reads it, and when it
         # makes the source, none is seeded (it is fresh per request: nothing else could see it)
-        rng = None if factory is not None and getattr(factory, "rng_free", False) else random.Random(rng_seed)
+        rng = None if factory is not None and getattr(factory, "rng_free", False) else seeded_random(rng_seed)
         src = factory(req, rng) if factory is not None else None
         if src is None and rng is None:
-            rng = random.Random(rng_seed)
+            rng = seeded_random(rng_seed)
         if src is not None and req.eos_at is not None:
             # the source writes the whole answer (a tool call read from the prompt) and ends it
             # with its own EOS: a modeled length must not cut it short

@@ -27,6 +27,11 @@ class KVCacheManager:
         # prompt blocks recur (a shared system prompt, a benchmark's prompt pool): (parent, tokens,
         # extra keys) -> hash, so a repeated block costs a lookup instead of a pickle and a sha256
         self._prompt_memo: dict[tuple, bytes] = {}
+        # the same for a `chain` hasher, a whole prompt at a time (its full blocks): (their token count,
+        # three of their ids) -> (the ids, their hashes), or None for a prompt seen once (a prompt is
+        # kept from its second time on); the ids are compared in full, so a fingerprint only finds it
+        self._chain_memo: dict[tuple, tuple[list[int], list] | None] = {}
+        self._chain_memo_blocks = 0
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -48,6 +53,11 @@ class KVCacheManager:
         start = len(hashes)
         if not keyed and self._chain is not None:
             if full > start:
+                if not start and req.num_prompt_tokens >= 2 * bs:  # a whole prompt: it may have come before
+                    hashes += self._prompt_chain(tokens, min(full, req.num_prompt_tokens // bs) * bs)
+                    start = len(hashes)
+                    if full == start:
+                        return
                 hashes += self._chain(hashes[-1] if start else None, tokens, start, full, bs)
             return
         prompt_blocks = min(full, req.num_prompt_tokens // bs)
@@ -68,6 +78,32 @@ class KVCacheManager:
         for i in range(start, full):  # output blocks: new to the cache every time
             parent = hasher(parent, tokens[i * bs:(i + 1) * bs], self._extra_keys(req, i) if keyed else None)
             hashes.append(parent)
+
+    def _prompt_chain(self, tokens: list[int], n: int) -> list:
+        """The chained hashes of the blocks of `tokens[:n]` (n: a multiple of the block size), kept
+        for a prompt that recurs (a benchmark's prompt pool, a client's retries)."""
+        key = (n, tokens[n - 1], tokens[n >> 1], tokens[n // 3])
+        memo = self._chain_memo
+        kept = memo.get(key, False)
+        if kept:
+            ids = tokens if len(tokens) == n else tokens[:n]
+            if kept[0] == ids:
+                return kept[1]
+        hashes = self._chain(None, tokens, 0, n // self.block_size, self.block_size)
+        if kept is False:  # first seen: only its fingerprint (a prompt that never recurs keeps no copy)
+            if len(memo) >= _PROMPT_MEMO_MAX:
+                memo.clear()
+                self._chain_memo_blocks = 0
+            memo[key] = None
+            return hashes
+        # seen before (or another prompt with its fingerprint, which it replaces)
+        blocks = self._chain_memo_blocks + len(hashes) - (len(kept[1]) if kept else 0)
+        if blocks > _PROMPT_MEMO_MAX:
+            memo.clear()
+            blocks = len(hashes)
+        memo[key] = (tokens[:n], hashes)
+        self._chain_memo_blocks = blocks
+        return hashes
 
     def get_computed_blocks(self, req: Request) -> list[KVCacheBlock]:
         """Prefix-cache hits for a request about to be scheduled from waiting."""

@@ -145,15 +145,17 @@ class OutputProcessor:
                 reason = check_stop(req, idx + k, new)
         else:
             new, reason, stop_reason = append_checked(req, idx, count, max_len)
-        out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new)
-        if req.pending_events:
-            out.events = req.pending_events
+        events = req.pending_events
+        if events:
             req.pending_events = []
-        if not req.prefill_stats_sent:
+        else:
+            events = None
+        if req.prefill_stats_sent:
+            out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new, events=events)
+        else:  # the first output: its prefill's stats (and the request's trace headers)
             req.prefill_stats_sent = True
-            out.prefill_stats = prefill_stats(req)
-            if req.trace_headers:
-                out.trace_headers = req.trace_headers
+            out = EngineCoreOutput(request_id=req.request_id, new_token_ids=new, events=events,
+                                   prefill_stats=prefill_stats(req), trace_headers=req.trace_headers or None)
         if reason is not None:
             params = self._kv_transfer.hold_for_decode(req, now) if req.remote_decode else None
             if params is not None and self._kv_transfer.awaits_handoff(req):

@@ -23,6 +23,9 @@ TAKEN = 1  # taken and sent
 TAKEN_WAKE = 2  # taken, but queued (the socket pushed back): the reader must be woken to send it
 
 
+_NO_IDS: frozenset[int] = frozenset()
+
+
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
@@ -58,7 +61,7 @@ class Request:
         self.sampling_params = sp
         self.max_tokens = max_tokens
         self.min_tokens = sp.min_tokens
-        self.stop_ids = frozenset(sp.stop_token_ids or ())
+        self.stop_ids = frozenset(sp.stop_token_ids) if sp.stop_token_ids else _NO_IDS
         self.eos_token_id = None if sp.ignore_eos else sp.eos_token_id
         self.priority = req.priority
         self.arrival_time = req.arrival_time
@@ -77,14 +80,19 @@ class Request:
         # each time it gives the request a token; the steady path only counts it down)
         self.steady_left = 0
         self.steady_batch: Any = None  # the SteadyBatch it decodes in (steady_batch.py), if any
-        self.lora_name = req.lora_name
-        self.lora_path = req.lora_path
-        self.lora_id = req.lora_int_id
+        if req.lora_request is None:  # (the properties' answers without a LoRA, without their calls)
+            self.lora_name, self.lora_path, self.lora_id = None, "", None
+        else:
+            self.lora_name = req.lora_name
+            self.lora_path = req.lora_path
+            self.lora_id = req.lora_int_id
         self.pooling = req.pooling_params is not None  # prefill-only: finishes after its prefill, no token
         self.cache_salt = req.cache_salt
         self.client_index = req.client_index
         self.trace_headers = req.trace_headers
-        self.kv_transfer_params = req.kv_transfer_params
+        esp = req.sampling_params  # (EngineCoreRequest.kv_transfer_params, inline)
+        self.kv_transfer_params = esp.extra_args.get("kv_transfer_params") \
+            if esp is not None and esp.extra_args else None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # known at first scheduling
@@ -135,4 +143,6 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed_tokens < self.prefill_target
+        # (prefill_target's formula, inline: read for every running request in every step)
+        return self.num_computed_tokens < (self.num_prompt_tokens if not self.output_token_ids
+                                           else len(self.all_token_ids) - 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _random
 import bisect
 import math
 import random
@@ -13,6 +14,35 @@ from typing import Any, Protocol
 # engine emits them verbatim, and they end the output themselves
 PLANNED_OUTPUT_KEY = "vllm_vcr_planned_output_ids"
 BIAS_EXCLUDES = -100.0  # vLLM clamps logit_bias to [-100, 100]; -100 takes a token out of the draw
+
+
+try:  # the sha512 `random` seeds a str or bytes seed with (builtin, as random.py imports it)
+    from _sha2 import sha512 as _sha512  # Python >= 3.12
+except ImportError:  # pragma: no cover - version dependent
+    try:
+        from _sha512 import sha512 as _sha512  # Python 3.11
+    except ImportError:
+        from hashlib import sha512 as _sha512
+_new_random = random.Random.__new__  # (allocates only: random.Random.__init__ seeds)
+_c_seed = _random.Random.seed
+
+
+def seeded_random(seed: int | bytes) -> random.Random:
+    """`random.Random(seed)` for an int or a bytes seed, in the same state, without `Random.seed`'s
+    Python layer (a request's generator is seeded once per request): version 2 seeding, which
+    for bytes seeds the C generator with `int.from_bytes(seed + sha512(seed).digest())` and for
+    an int with the int (tests/engine/test_random_tokens.py holds it to `random.Random`)."""
+    t = type(seed)
+    if t is bytes:
+        key = int.from_bytes(seed + _sha512(seed).digest(), "big")
+    elif t is int:
+        key = seed
+    else:
+        return random.Random(seed)
+    rng = _new_random(random.Random)
+    _c_seed(rng, key)
+    rng.gauss_next = None
+    return rng
 
 
 class TokenSource(Protocol):
