@@ -20,7 +20,7 @@ from ..http.faults_adapter import FaultEnded
 from ..http.middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
 from ..http.routes import Family, served
 from ..http.serving_base import RequestContext, ServeSettings, encode, logger
-from ..http.sse import send_bytes
+from ..http.sse import HeadObserver, send_bytes
 from ..http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT
 from .engine_types import front_door
 from .extensions import ServeExtensions
@@ -355,10 +355,10 @@ class _Disconnected(Exception):
     pass
 
 
-class _ResponseHead:
+class _ResponseHead(HeadObserver):
     """`send` that notes the response's status and Content-Length (for the http_* series)."""
 
-    __slots__ = ("send", "status", "size")
+    __slots__ = ("status", "size")
 
     def __init__(self, send: Callable) -> None:
         self.send = send
@@ -367,12 +367,15 @@ class _ResponseHead:
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            self.status = message["status"]
-            for name, value in message.get("headers") or ():
-                if name == b"content-length":
-                    self.size = int(value)
-                    break
+            self.saw_head(message["status"], message.get("headers"))
         await self.send(message)
+
+    def saw_head(self, status: int, headers: Any) -> None:
+        self.status = status
+        for name, value in headers or ():
+            if name == b"content-length":
+                self.size = int(value)
+                break
 
 
 async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
