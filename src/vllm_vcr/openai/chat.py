@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -450,8 +451,17 @@ async def plan_engine_outputs(plan: ChatOutputPlan, tokenizer: Any, seed: int | 
             attach_planned_ids(er, ids)
 
 
+@lru_cache(maxsize=64)
+def _role_delta(role: str) -> bytes:
+    """A role chunk's delta, up to the end of its choice (the role's JSON made once per role)."""
+    return b'{"role":' + encode(role) + b',"content":""},"logprobs":null,"finish_reason":null}]'
+
+
 class ChatStream(ChoiceStream):
     """Renders one chat completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
+
+    first = True  # no output applied yet
+    first_state: SequenceState | None = None  # the choice of the first output (vLLM's cache numbers)
 
     def __init__(self, serving: ChatServing, req: ChatCompletionRequest, rid: str, created: int, model: str,
                  role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
@@ -480,8 +490,6 @@ class ChatStream(ChoiceStream):
         self.k = req.top_logprobs or 0
         self.greedy = is_greedy(req)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
-        self.first = True
-        self.first_state: SequenceState | None = None
         st = states[0]
         if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
                 and not st.keep_ids):
@@ -497,14 +505,13 @@ class ChatStream(ChoiceStream):
 
     def opening(self) -> bytes:
         """The role chunk for every choice, then the echoed last message (vLLM's order)."""
-        parts = []
         cont = self.continuous
-        for i in range(self.total):
-            parts.append(self.head_idx[i] + b'{"role":' + encode(self.role)
-                         + b',"content":""},"logprobs":null,"finish_reason":null}]'
-                         + (self.usage_part(0) if cont else b"")
-                         + b',"prompt_token_ids":' + (encode(self.prompt_ids) if self.rti else b"null")
-                         + b',"prompt_text":null}\n\n')
+        after = (_role_delta(self.role) + (self.usage_part(0) if cont else b"")
+                 + (b',"prompt_token_ids":' + encode(self.prompt_ids) if self.rti else b',"prompt_token_ids":null')
+                 + b',"prompt_text":null}\n\n')
+        if self.single and not self.echo_text:
+            return self.head_idx[0] + after
+        parts = [head + after for head in self.head_idx]
         if self.echo_text:
             for i in range(self.total):
                 parts.append(self.heads[i] + encode(self.echo_text) + b'},"logprobs":null,"finish_reason":null}]'

@@ -11,6 +11,8 @@ import asyncio
 import hashlib
 import hmac
 import time
+from itertools import compress, repeat
+from operator import eq, itemgetter
 from typing import Any, Awaitable, Callable
 
 from ..frontend.errors import HTTPError, error_body
@@ -32,6 +34,7 @@ _NOT_FOUND = encode({"detail": "Not Found"})
 _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
+_NAME, _VALUE = itemgetter(0), itemgetter(1)  # a header's name and value
 _GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's AuthenticationMiddleware guards
 
 
@@ -190,13 +193,12 @@ class OpenAIApp:
             await OpenAIApp._route(self, scope, receive, seen)
         finally:
             size = 0
-            for name, value in scope.get("headers") or ():
-                if name == b"content-length":
-                    try:
-                        size = int(value)
-                    except ValueError:
-                        pass
-                    break
+            value = _first_header(scope.get("headers"), b"content-length")
+            if value is not None:
+                try:
+                    size = int(value)
+                except ValueError:
+                    pass
             metrics.observe(handler, scope["method"], seen.status, size, seen.size, time.perf_counter() - start)
 
     async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -387,7 +389,14 @@ async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
 
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
-    return any(k == name for k, _ in scope.get("headers") or ())
+    return name in map(_NAME, scope.get("headers") or ())  # (the loop in C)
+
+
+def _first_header(headers: Any, name: bytes) -> bytes | None:
+    """The value of the first header called `name` (None if there is none), found in C."""
+    if not headers:
+        return None
+    return next(compress(map(_VALUE, headers), map(eq, map(_NAME, headers), repeat(name))), None)
 
 
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:
