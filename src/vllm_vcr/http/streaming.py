@@ -17,12 +17,11 @@ from __future__ import annotations
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress, count, repeat
 from operator import add
 from operator import is_ as _is
 from operator import is_not as _is_not
-from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -66,27 +65,26 @@ class ChoiceStream:
     """
 
     continuous = False  # usage on every chunk (the renderer sets it before this __init__)
-    # (what a stream starts with and most streams keep, read from the class until a stream sets it)
-    ended = 0
-    error: bool | str = False
-    tail = b""
-    cancel: Callable[[int], None] | None = None
-    fast_head = b""  # a content chunk: this, the JSON text, then fast_tail
-    fast_tail = b""  # (with continuous usage: a template of %d total and %d completion tokens)
-    fast_prompt_len = -1  # >= 0: fast_tail takes the usage numbers
-    fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
-    token_json: Mapping[int, bytes] = MappingProxyType({})  # (enable_fast sets the tokenizer's)
-    first_pre = b""  # what goes before the first token's chunk (chat: the role chunk), made up front
 
     def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
-        self.total = total = len(states)
-        self.single = single = total == 1
+        self.total = len(states)
+        self.single = self.total == 1
         # choice index by engine request id (one choice needs none)
-        self._index = None if single else {r.request_id: i for i, r in enumerate(engine_reqs)}
+        self._index = None if self.single else {r.request_id: i for i, r in enumerate(engine_reqs)}
         self.fp_part = fp_part  # the fingerprint rides on the last chunk (unless a usage chunk follows)
+        self.ended = 0
         self.done = False  # every choice has ended, or an error ended the stream
+        self.error = False
+        self.tail = b""
+        self.cancel: Callable[[int], None] | None = None
         self.fast: Any = None  # the choice's SequenceState while the fast case applies
+        self.fast_head = b""  # a content chunk: this, the JSON text, then fast_tail
+        self.fast_tail = b""  # (with continuous usage: a template of %d total and %d completion tokens)
+        self.fast_prompt_len = -1  # >= 0: fast_tail takes the usage numbers
+        self.fast_ok = False  # set by a renderer whose requests qualify (see enable_fast)
+        self.token_json: dict[int, bytes] = {}
+        self.first_pre = b""  # what goes before the first token's chunk (chat: the role chunk), made up front
 
     def enable_fast(self, head: bytes, tail: bytes, mid: bytes, usage: bytes, prompt_len: int) -> None:
         """Use the fast case for this single-choice stream once its first chunk is out. A plain

@@ -460,9 +460,6 @@ def _role_delta(role: str) -> bytes:
 class ChatStream(ChoiceStream):
     """Renders one chat completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
 
-    first = True  # no output applied yet
-    first_state: SequenceState | None = None  # the choice of the first output (vLLM's cache numbers)
-
     def __init__(self, serving: ChatServing, req: ChatCompletionRequest, rid: str, created: int, model: str,
                  role: str, echo_text: str, prompt_ids: list[int], states: list[SequenceState],
                  engine_reqs: list[EngineCoreRequest]) -> None:
@@ -490,6 +487,8 @@ class ChatStream(ChoiceStream):
         self.k = req.top_logprobs or 0
         self.greedy = is_greedy(req)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
+        self.first = True
+        self.first_state: SequenceState | None = None
         st = states[0]
         if (self.single and self.plain and not settings.reasoning_parser and not st.stops and not st.keep_text
                 and not st.keep_ids):
