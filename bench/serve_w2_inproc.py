@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from email.utils import formatdate
 from pathlib import Path
 
 from uvicorn.protocols.http.flow_control import FlowControl
@@ -117,12 +118,15 @@ class Driver:
         self.all_done = asyncio.Event()
         self.limit = 0
         self.arrival_gap = ARRIVAL_GAP
+        # one list for every request, as uvicorn's server shares its default headers (a new list
+        # when the date changes, once a second)
+        self.default_headers = [(b"date", formatdate(usegmt=True).encode()), (b"server", b"uvicorn")]
 
     def start_one(self) -> None:
         body = self.bodies[self.started % len(self.bodies)]
         self.started += 1
         t = self.transport
-        cycle = RequestResponseCycle(scope_for(body), t, FlowControl(t), self.log, self.log, False, [],
+        cycle = RequestResponseCycle(scope_for(body), t, FlowControl(t), self.log, self.log, False, self.default_headers,
                                      asyncio.Event(), False, True, self.on_response)
         cycle.body = bytearray(body)
         cycle.more_body = False

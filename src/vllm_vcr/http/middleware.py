@@ -76,9 +76,17 @@ def merge_vary(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
 def check_json_content_type(headers: dict[bytes, bytes]) -> None:
     """vLLM's validate_json_request: a body that is not application/json is a 400, checked before
     the body is parsed (a malformed body of another type reports the media type)."""
-    content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
+    raw = headers.get(b"content-type", b"")
+    if raw in _JSON_TYPES:  # a value seen before that passed (the usual case: the client's one)
+        return
+    content_type = raw.decode("latin-1").lower()
     if content_type.split(";", 1)[0].strip() != "application/json":
         raise HTTPError(400, _MEDIA_TYPE_MESSAGE, "Bad Request")
+    if len(_JSON_TYPES) < 64:
+        _JSON_TYPES.add(raw)
+
+
+_JSON_TYPES: set[bytes] = set()  # Content-Type values that passed check_json_content_type (a few kept)
 
 
 def redirect_location(scope: dict[str, Any], path: str) -> bytes:

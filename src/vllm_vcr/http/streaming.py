@@ -243,12 +243,18 @@ def merge_outputs(first: EngineCoreOutput, then: EngineCoreOutput) -> EngineCore
 async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
                           renderer: ChoiceStream, interval: int = 1) -> None:
     w = SSEWriter(ctx.send)
-    await w.start()  # headers go out at once, as vLLM's StreamingResponse does
+    # the server's own send (below any header-adding wrapper) writes to the transport directly
+    raw_send = ctx.scope.get("vllm_vcr.send", ctx.send)
+    pushed = len(engine_reqs) == 1 and hasattr(engine, "push")
+    # headers go out at once, as vLLM's StreamingResponse does (straight to the transport when
+    # only an observer of the head wraps the server's send; then the end goes the same way)
+    direct = direct_ends = w.start_direct(raw_send) if pushed else None
+    if direct is None:
+        await w.start()
     feed = renderer.feed if interval <= 1 else _gated_feed(renderer, interval)
     try:
-        # the server's own send (below any header-adding wrapper) writes to the transport directly
-        raw_send = ctx.scope.get("vllm_vcr.send", ctx.send)
-        direct = DirectBody.attach(raw_send) if len(engine_reqs) == 1 and hasattr(engine, "push") else None
+        if direct is None and pushed:
+            direct = DirectBody.attach(raw_send)
         if direct is not None:
             await _pushed(engine, engine_reqs[0], renderer, feed, direct, w)
         else:
@@ -258,7 +264,9 @@ async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[En
             raise
         renderer.error = "engine dead" if type(e).__name__ == "EngineDeadError" else True
     ctx.finishing = True
-    await w.close(renderer.closing())
+    data = renderer.closing()
+    if direct_ends is None or not w.close_direct(direct_ends, data):
+        await w.close(data)
 
 
 def _gated_feed(renderer: ChoiceStream, interval: int) -> Callable[[EngineCoreOutput], bytes]:

@@ -8,6 +8,8 @@ ways, each of them here and nowhere else:
   (`WriteSide`) and calls the handler's disconnect hook from `connection_lost`;
 - `DirectBody`: a started chunked response's body chunks written to the transport directly,
   exactly the bytes uvicorn's `send` would write, and only while `send` would not have to wait;
+  `DirectBody.start` writes a response's head the same way (the bytes uvicorn's own `send` made
+  for the same headers, kept), `DirectBody.finish` its last chunk and the response's end;
 - `transport_of(send)`: the connection under a `send` (an injected fault resets it);
 - `protocol_factory(server)`: the protocol factory uvicorn's own server would use;
 - `MAX_HEAD_BYTES`: the request line and headers of one request are bounded (httptools has no
@@ -52,7 +54,8 @@ PROTOCOL_NEEDS = ("data_received", "on_message_begin", "on_message_complete", "c
                   "on_headers_complete", "send_400_response", "logger", "connections", "cycle", "pipeline", "flow",
                   "scope")
 CYCLE_NEEDS = ("transport", "flow", "response_started", "response_complete", "chunked_encoding", "disconnected",
-               "scope", "send")
+               "scope", "send", "default_headers", "keep_alive", "access_log", "waiting_for_100_continue",
+               "expected_content_length", "message_event", "on_response")
 FLOW_NEEDS = ("write_paused", "resume_reading")
 SERVER_NEEDS = ("server_state", "lifespan", "servers", "started", "config")
 
@@ -227,7 +230,8 @@ CHUNK_FRAME = b"%x\r\n%b\r\n"  # a chunk of the chunked body
 class DirectBody:
     """Body chunks of a started chunked response written to uvicorn's transport directly.
 
-    Exactly the bytes uvicorn's `send` would write for `{"body": data, "more_body": True}`; it
+    Exactly the bytes uvicorn's `send` would write for `{"body": data, "more_body": True}` (`data`
+    never empty: an empty chunk would end the body); it
     declines (returns False) whenever `send` would have to wait or do anything else: the socket
     is paused, the client is gone, the response is complete.
     """
@@ -250,6 +254,52 @@ class DirectBody:
         except AttributeError:  # a uvicorn whose cycle looks different: stay on ASGI
             return None
         return cls(cycle) if ok else None
+
+    @classmethod
+    def start(cls, send: Callable, status: int, headers: list[tuple[bytes, bytes]]) -> DirectBody | None:
+        """`send({"type": "http.response.start", ...})` done directly, and the body attached: the
+        head's bytes are the ones uvicorn's own `send` wrote for the same status, headers, default
+        headers (the server's `date` and `server`, a new list every second), keep-alive and method
+        (`_HeadCache`), and the cycle is left as that `send` leaves it. `headers` must be one
+        unchanging object (the cache knows it by identity). None (nothing done) wherever `send`
+        would wait, log, refuse the headers or meet a response already begun, and for a body that
+        is not chunked (a HEAD request's, one with a Content-Length): then call `send`."""
+        cycle = getattr(send, "__self__", None)
+        if type(cycle) is not _HttptoolsCycle:
+            return None
+        try:
+            if cycle.response_started or cycle.disconnected or cycle.flow.write_paused or cycle.access_log:
+                return None
+            last = _HEADS.last  # (the usual case: the same head as the last response's)
+            if (last[0] is cycle.default_headers and last[1] is headers and last[2] == status
+                    and last[3] == cycle.keep_alive and last[4] == cycle.scope["method"]):
+                made = last[5]
+            else:
+                made = _HEADS.get(cycle, status, headers)
+        except AttributeError:  # a uvicorn whose cycle looks different: stay on ASGI
+            return None
+        if made is None or not made[1]:  # (only a chunked body is written directly)
+            return None
+        head, cycle.chunked_encoding, cycle.expected_content_length, cycle.keep_alive = made
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.transport.write(head)
+        return cls(cycle)
+
+    def finish(self, data: bytes) -> bool:
+        """`send({"type": "http.response.body", "body": data, "more_body": False})` done directly:
+        the last chunk and the chunked body's end, then what uvicorn's `send` does as a response
+        completes. False (nothing done) wherever `send` would wait or do anything else."""
+        c = self._cycle
+        if c.flow.write_paused or c.disconnected or c.response_complete:
+            return False
+        self._write(CHUNK_FRAME % (len(data), data) + b"0\r\n\r\n" if data else b"0\r\n\r\n")
+        c.response_complete = True
+        c.message_event.set()
+        if not c.keep_alive:
+            c.transport.close()
+        c.on_response()
+        return True
 
     def write(self, data: bytes) -> bool:
         c = self._cycle
@@ -274,6 +324,79 @@ class DirectBody:
         return get_protocol is not None and getattr(get_protocol(), "reports_write_side", False)
 
 
+class _Recorder:
+    """A transport that keeps what is written to it (for `_HeadCache`)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _NoFlow:
+    write_paused = False
+
+
+class _HeadCache:
+    """Response heads, each made once by uvicorn's own `send` on a scratch cycle of the same
+    default headers, keep-alive and method, with what that `send` left on the cycle: (bytes,
+    chunked_encoding, expected_content_length, keep_alive), or None where it raised (the real
+    `send` then raises the same). Known by the identity of the default-headers list and of the
+    headers (the server makes a new default list when the `date` changes, once a second), so a
+    few are kept; `last`: the one made or found last, with what it was made for."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple, tuple] = {}
+        self.last: tuple = (None, None, None, None, None, None)
+
+    def get(self, cycle: Any, status: int, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bool, int, bool] | None:
+        defaults = cycle.default_headers
+        keep_alive, method = cycle.keep_alive, cycle.scope["method"]
+        key = (id(defaults), id(headers), status, keep_alive, method)
+        hit = self._by.get(key)
+        if hit is None or hit[0] is not defaults or hit[1] is not headers:  # (an id reused)
+            if len(self._by) >= 16:
+                self._by.clear()
+            hit = self._by[key] = (defaults, headers, status, keep_alive, method,
+                                   _made_head(defaults, status, headers, keep_alive, method))
+        self.last = hit
+        return hit[5]
+
+
+_CYCLE_ARGS = ("scope", "transport", "flow", "logger", "access_logger", "access_log", "default_headers",
+               "message_event", "expect_100_continue", "keep_alive", "on_response")
+
+
+def _made_head(defaults: list[tuple[bytes, bytes]], status: int, headers: list[tuple[bytes, bytes]],
+               keep_alive: bool, method: str) -> tuple[bytes, bool, int, bool] | None:
+    transport = _Recorder()
+    scratch = _HttptoolsCycle(scope={"type": "http", "method": method}, transport=transport, flow=_NoFlow(),
+                              logger=None, access_logger=None, access_log=False, default_headers=defaults,
+                              message_event=asyncio.Event(), expect_100_continue=False, keep_alive=keep_alive,
+                              on_response=lambda: None)
+    step = scratch.send({"type": "http.response.start", "status": status, "headers": headers})
+    try:
+        step.send(None)  # (it does not wait: the scratch flow is never paused)
+    except StopIteration:
+        pass
+    except Exception:  # a header uvicorn refuses: the real `send` refuses it too
+        return None
+    else:  # pragma: no cover - a uvicorn whose start waits
+        step.close()
+        return None
+    return b"".join(transport.written), scratch.chunked_encoding, scratch.expected_content_length, scratch.keep_alive
+
+
+_HEADS = _HeadCache()
+
+
 def transport_of(send: Callable) -> Any:
     """The transport under uvicorn's `send` (None under another server)."""
     return getattr(getattr(send, "__self__", None), "transport", None)
@@ -292,4 +415,10 @@ def check() -> list[str]:
             missing.append(f"HttpToolsProtocol.{name}")
     if not callable(getattr(_HttptoolsCycle, "send", None)):
         missing.append("RequestResponseCycle.send")
+    import inspect
+
+    params = set(inspect.signature(_HttptoolsCycle).parameters)
+    for name in _CYCLE_ARGS:  # (_made_head builds a scratch cycle by these keywords)
+        if name not in params:
+            missing.append(f"RequestResponseCycle({name}=)")
     return missing

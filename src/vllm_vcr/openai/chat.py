@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -450,6 +451,12 @@ async def plan_engine_outputs(plan: ChatOutputPlan, tokenizer: Any, seed: int | 
             attach_planned_ids(er, ids)
 
 
+@lru_cache(maxsize=64)
+def _role_delta(role: str) -> bytes:
+    """A role chunk's delta, up to the end of its choice (the role's JSON made once per role)."""
+    return b'{"role":' + encode(role) + b',"content":""},"logprobs":null,"finish_reason":null}]'
+
+
 class ChatStream(ChoiceStream):
     """Renders one chat completion stream, chunk by chunk, in vLLM 0.32's exact bytes."""
 
@@ -497,14 +504,13 @@ class ChatStream(ChoiceStream):
 
     def opening(self) -> bytes:
         """The role chunk for every choice, then the echoed last message (vLLM's order)."""
-        parts = []
         cont = self.continuous
-        for i in range(self.total):
-            parts.append(self.head_idx[i] + b'{"role":' + encode(self.role)
-                         + b',"content":""},"logprobs":null,"finish_reason":null}]'
-                         + (self.usage_part(0) if cont else b"")
-                         + b',"prompt_token_ids":' + (encode(self.prompt_ids) if self.rti else b"null")
-                         + b',"prompt_text":null}\n\n')
+        after = (_role_delta(self.role) + (self.usage_part(0) if cont else b"")
+                 + (b',"prompt_token_ids":' + encode(self.prompt_ids) if self.rti else b',"prompt_token_ids":null')
+                 + b',"prompt_text":null}\n\n')
+        if self.single and not self.echo_text:
+            return self.head_idx[0] + after
+        parts = [head + after for head in self.head_idx]
         if self.echo_text:
             for i in range(self.total):
                 parts.append(self.heads[i] + encode(self.echo_text) + b'},"logprobs":null,"finish_reason":null}]'

@@ -11,6 +11,8 @@ import asyncio
 import hashlib
 import hmac
 import time
+from itertools import compress, repeat
+from operator import eq, itemgetter
 from typing import Any, Awaitable, Callable
 
 from ..frontend.errors import HTTPError, error_body
@@ -20,7 +22,7 @@ from ..http.faults_adapter import FaultEnded
 from ..http.middleware import check_json_content_type, cors_middleware, redirect_location, with_request_id
 from ..http.routes import Family, served
 from ..http.serving_base import RequestContext, ServeSettings, encode, logger
-from ..http.sse import send_bytes
+from ..http.sse import HeadObserver, send_bytes
 from ..http.uvicorn_internals import CLIENT_GONE, ON_DISCONNECT
 from .engine_types import front_door
 from .extensions import ServeExtensions
@@ -32,6 +34,7 @@ _NOT_FOUND = encode({"detail": "Not Found"})
 _NOT_ALLOWED = encode({"detail": "Method Not Allowed"})
 _UNAUTHORIZED = encode({"error": "Unauthorized"})
 _MAX_BODY = 64 * 1024 * 1024
+_NAME, _VALUE = itemgetter(0), itemgetter(1)  # a header's name and value
 _GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # the prefixes vLLM's AuthenticationMiddleware guards
 
 
@@ -190,13 +193,12 @@ class OpenAIApp:
             await OpenAIApp._route(self, scope, receive, seen)
         finally:
             size = 0
-            for name, value in scope.get("headers") or ():
-                if name == b"content-length":
-                    try:
-                        size = int(value)
-                    except ValueError:
-                        pass
-                    break
+            value = _first_header(scope.get("headers"), b"content-length")
+            if value is not None:
+                try:
+                    size = int(value)
+                except ValueError:
+                    pass
             metrics.observe(handler, scope["method"], seen.status, size, seen.size, time.perf_counter() - start)
 
     async def _route(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -355,10 +357,10 @@ class _Disconnected(Exception):
     pass
 
 
-class _ResponseHead:
+class _ResponseHead(HeadObserver):
     """`send` that notes the response's status and Content-Length (for the http_* series)."""
 
-    __slots__ = ("send", "status", "size")
+    __slots__ = ("status", "size")
 
     def __init__(self, send: Callable) -> None:
         self.send = send
@@ -367,12 +369,15 @@ class _ResponseHead:
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            self.status = message["status"]
-            for name, value in message.get("headers") or ():
-                if name == b"content-length":
-                    self.size = int(value)
-                    break
+            self.saw_head(message["status"], message.get("headers"))
         await self.send(message)
+
+    def saw_head(self, status: int, headers: Any) -> None:
+        self.status = status
+        for name, value in headers or ():
+            if name == b"content-length":
+                self.size = int(value)
+                break
 
 
 async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
@@ -384,7 +389,14 @@ async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
 
 
 def _has_header(scope: dict[str, Any], name: bytes) -> bool:
-    return any(k == name for k, _ in scope.get("headers") or ())
+    return name in map(_NAME, scope.get("headers") or ())  # (the loop in C)
+
+
+def _first_header(headers: Any, name: bytes) -> bytes | None:
+    """The value of the first header called `name` (None if there is none), found in C."""
+    if not headers:
+        return None
+    return next(compress(map(_VALUE, headers), map(eq, map(_NAME, headers), repeat(name))), None)
 
 
 def build_app(engine: Any, tokenizer: Tokenizer, settings: ServeSettings, **kwargs: Any) -> OpenAIApp:

@@ -1,0 +1,71 @@
+"""The http_* series keep each request as a row and fold the rows in bulk (HttpMetrics.fold): the
+counts, sizes, sums and buckets equal adding each request at once, one addition at a time in
+arrival order, for hostile handlers, methods, statuses, sizes and durations, whenever the rows
+are folded (a small FOLD_AT folds them mid-way, a scrape at the end)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+
+from vllm_vcr.vllm.http_metrics import HttpMetrics
+
+requests = st.lists(st.tuples(
+    st.sampled_from(["/v1/chat/completions", "/v1/completions", "none"]) | st.text(max_size=8),
+    st.sampled_from(["POST", "GET"]) | st.text(max_size=4),
+    st.sampled_from([200, 400, 404, 500, 599]),
+    st.integers(-2**62, 2**62) | st.integers(0, 10_000),
+    st.integers(-2**62, 2**62) | st.integers(0, 10_000),
+    st.floats(allow_nan=True, allow_infinity=True) | st.floats(0, 100)), max_size=60)
+
+
+def one_at_a_time(m: HttpMetrics, handler, method, status, request_size, response_size, duration) -> None:  # noqa: ANN001
+    """Each request added at once (what the rows, folded, must equal)."""
+    key = (method, status, handler)
+    entry = m._entries.get(key)
+    if entry is None:
+        entry = m._entries[key] = m._entry(method, status, handler)
+    c, s_in, s_out, lowr = entry
+    c[0] += 1
+    s_in[0] += 1
+    s_in[1] += request_size
+    s_out[0] += 1
+    s_out[1] += response_size
+    m.highr.observe(duration)
+    lowr.observe(duration)
+
+
+def values(m: HttpMetrics) -> tuple:
+    def r(x):  # noqa: ANN001 - NaN compares by its repr
+        return repr(x) if isinstance(x, float) and math.isnan(x) else x
+
+    return ({k: r(v[0]) for k, v in m.requests.items()},
+            {k: tuple(map(r, v[:2])) for k, v in m.in_size.items()},
+            {k: tuple(map(r, v[:2])) for k, v in m.out_size.items()},
+            (tuple(m.highr.counts), r(m.highr.total)),
+            {k: (tuple(h.counts), r(h.total)) for k, h in m.lowr.items()})
+
+
+@settings(max_examples=300, deadline=None)
+@given(reqs=requests, fold_at=st.integers(1, 8))
+def test_folded_rows_equal_one_request_at_a_time(reqs, fold_at):
+    folded, plain = HttpMetrics(), HttpMetrics()
+    folded.FOLD_AT = fold_at
+    for r in reqs:
+        folded.observe(*r)
+        one_at_a_time(plain, *r)
+    folded.fold()
+    assert values(folded) == values(plain)
+
+
+def test_a_scrape_folds_the_rows_first():
+    registry = CollectorRegistry()
+    m = HttpMetrics(registry)
+    m.observe("/v1/chat/completions", "POST", 200, 120, 0, 0.3)
+    text = generate_latest(registry).decode()
+    assert 'http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 1.0' in text
+    assert 'http_request_size_bytes_sum{handler="/v1/chat/completions"} 120.0' in text
+    assert 'http_request_duration_seconds_bucket{handler="/v1/chat/completions",le="0.5",method="POST"} 1.0' in text
