@@ -153,13 +153,13 @@ def _startup(repeat: int) -> dict:
         for name in _WARM:  # untimed: what an earlier run keeps
             _cli(STARTUP_CASES[name] + ["-o", tmp], cache)
         for i in range(repeat):
-            for name, argv in STARTUP_CASES.items():
-                argv = argv(i) if callable(argv) else argv
-                argv = argv + (["-o", tmp] if "--help" not in argv else [])
+            for name, case in STARTUP_CASES.items():
                 env = {**cache, "VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else cache
                 row = out.setdefault(name, {"cpu_s": [], "wall_s": [], "source_cpu_s": [], "source_wall_s": []})
                 kinds = ("bytecode", "source") if i % 2 == 0 else ("source", "bytecode")  # alternate A/B
                 for kind in kinds:
+                    argv = case(2 * i + (kind == "source")) if callable(case) else case  # (new compositions each)
+                    argv = argv + (["-o", tmp] if "--help" not in argv else [])
                     src, extra = trees[kind]
                     r = _cli(argv, {**env, **extra}, src)
                     prefix = "" if kind == "bytecode" else "source_"
