@@ -18,9 +18,10 @@ shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way
 shape; Dynamo too with `--dynamo`), `--startup` the `vllm-vcr simulate` process itself (CPU
 seconds, child-process rusage: `--help`; a 10-request run with the latency knobs; with the perf
 model, nothing kept, then with the estimator kept by an earlier run but step compositions no
-earlier run priced, then with its step prices kept; a whole 1,000-request run with them kept),
-`--startup-only` that table alone, and `--markdown` prints the tables of docs/benchmarks.md
-after the JSON.
+earlier run priced, then with its step prices kept; a whole 1,000-request run with them kept;
+each with the package compiled to bytecode beforehand, as installed, and without, every module
+compiled by the process, alternating), `--startup-only` that table alone, and `--markdown`
+prints the tables of docs/benchmarks.md after the JSON.
 
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
@@ -30,10 +31,12 @@ usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--is
 from __future__ import annotations
 
 import argparse
+import compileall
 import gc
 import json
 import os
 import resource
+import shutil
 import statistics
 import tempfile
 import subprocess
@@ -96,9 +99,12 @@ def _child_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _cli(argv: list[str], env: dict[str, str] | None = None) -> dict:
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def _cli(argv: list[str], env: dict[str, str] | None = None, src: Path = SRC) -> dict:
     """One `python -m vllm_vcr` process: its CPU seconds (user + system) and wall seconds."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src"), **(env or {})}
+    env = {**os.environ, "PYTHONPATH": str(src), **(env or {})}
     c0, w0 = _child_cpu(), time.perf_counter()
     subprocess.run([sys.executable, "-m", "vllm_vcr", *argv], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=600)
@@ -125,23 +131,43 @@ STARTUP_CASES = {
 _WARM = ("10 requests, --perf-model aic, its step prices kept", "1,000 requests, --perf-model aic, its step prices kept")
 
 
+def _trees(tmp: str) -> dict[str, tuple[Path, dict[str, str]]]:
+    """The package as the timed processes import it: a copy of src/ compiled to bytecode (as an
+    installed package is: pip compiles it at install; a source checkout writes it at its first
+    run), and a copy without bytecode whose every module is compiled by each process
+    (PYTHONDONTWRITEBYTECODE=1, as on a box that sets it)."""
+    trees = {}
+    for kind in ("bytecode", "source"):
+        root = Path(tmp) / kind / "src"
+        shutil.copytree(SRC, root, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        trees[kind] = (root, {"PYTHONDONTWRITEBYTECODE": "1"})
+    compileall.compile_dir(str(trees["bytecode"][0]), quiet=1)
+    return trees
+
+
 def _startup(repeat: int) -> dict:
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = {"VLLM_VCR_CACHE_DIR": os.path.join(tmp, "cache")}
+        trees = _trees(tmp)
         for name in _WARM:  # untimed: what an earlier run keeps
             _cli(STARTUP_CASES[name] + ["-o", tmp], cache)
         for i in range(repeat):
-            for name, argv in STARTUP_CASES.items():
-                argv = argv(i) if callable(argv) else argv
-                argv = argv + (["-o", tmp] if "--help" not in argv else [])
+            for name, case in STARTUP_CASES.items():
                 env = {**cache, "VLLM_VCR_PERF_CACHE": "0"} if "PERF_CACHE=0" in name else cache
-                r = _cli(argv, env)
-                row = out.setdefault(name, {"cpu_s": [], "wall_s": []})
-                row["cpu_s"].append(round(r["cpu_s"], 3))
-                row["wall_s"].append(round(r["wall_s"], 3))
+                row = out.setdefault(name, {"cpu_s": [], "wall_s": [], "source_cpu_s": [], "source_wall_s": []})
+                kinds = ("bytecode", "source") if i % 2 == 0 else ("source", "bytecode")  # alternate A/B
+                for kind in kinds:
+                    argv = case(2 * i + (kind == "source")) if callable(case) else case  # (new compositions each)
+                    argv = argv + (["-o", tmp] if "--help" not in argv else [])
+                    src, extra = trees[kind]
+                    r = _cli(argv, {**env, **extra}, src)
+                    prefix = "" if kind == "bytecode" else "source_"
+                    row[prefix + "cpu_s"].append(round(r["cpu_s"], 3))
+                    row[prefix + "wall_s"].append(round(r["wall_s"], 3))
     for row in out.values():
         row["median_cpu_s"] = statistics.median(row["cpu_s"])
+        row["median_source_cpu_s"] = statistics.median(row["source_cpu_s"])
     return out
 
 
@@ -243,9 +269,13 @@ def _markdown(result: dict) -> str:
                 row += [f"{med(v) * 1e6:.0f}", f"{1 / med(v):,.0f}"] if v else ["-", "-"]
             lines.append("| " + " | ".join(row) + " |")
     if result["startup"]:
-        lines += ["", "| `python -m vllm_vcr ...` (one process) | CPU s (median) | runs |", "|---|---:|---|"]
+        lines += ["", "| `python -m vllm_vcr ...` (one process) | CPU s (median) | runs | source compiled "
+                      "each run: CPU s (median) | runs |", "|---|---:|---|---:|---|"]
         for name, row in result["startup"].items():
-            lines.append(f"| {name} | {row['median_cpu_s']:.2f} | {', '.join(f'{x:.2f}' for x in row['cpu_s'])} |")
+            runs = ", ".join(f"{x:.2f}" for x in row["cpu_s"])
+            source = ", ".join(f"{x:.2f}" for x in row["source_cpu_s"])
+            lines.append(f"| {name} | {row['median_cpu_s']:.2f} | {runs} | {row['median_source_cpu_s']:.2f} | "
+                         f"{source} |")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ the deferral is run under each interpreter found, not only the one running the s
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import subprocess
 import sys
@@ -62,3 +63,30 @@ def test_a_deferred_module_executes_once_at_its_first_use(python, tmp_path):
     out = subprocess.run([python, "-c", _PROBE, str(LEAN), str(tmp_path)], capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PYTHONPATH": ""})
     assert out.returncode == 0 and out.stdout.strip() == "ok", (python, out.stdout, out.stderr[-2000:])
+
+
+_NETWORK = """
+import sys
+from vllm_vcr.perf.sdk_lean import defer_network
+defer_network()
+import aiconfigurator_core.sdk.utils as utils  # (imports urllib.request at its top)
+assert "http.client" not in sys.modules, "urllib.request was executed by an import statement"
+import urllib.request
+assert urllib.request is sys.modules["urllib.request"] is utils.urllib.request
+request = utils.urllib.request.Request("http://127.0.0.1:9/x")  # a first use executes it
+assert "http.client" in sys.modules and request.full_url == "http://127.0.0.1:9/x"
+from urllib.request import urlopen
+import urllib.error
+assert callable(urlopen) and issubclass(urllib.error.HTTPError, OSError)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None, reason="the aic extra is not installed")
+def test_the_sdks_network_module_is_deferred_and_works_at_its_first_use():
+    """perf/sdk_lean.py `defer_network`: the SDK's `import urllib.request` leaves it unexecuted (and
+    http.client unloaded); its names, the package attribute and `from ... import` still work."""
+    src = Path(__file__).resolve().parents[2] / "src"
+    out = subprocess.run([sys.executable, "-c", _NETWORK], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(src)})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", (out.stdout, out.stderr[-2000:])

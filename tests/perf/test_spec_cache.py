@@ -132,3 +132,13 @@ def test_kept_prices_equal_the_estimators_for_any_step(cache, rows):
     warm = _fresh_handle()
     assert [StepPricer(warm)._price(*r) for r in rows] == cold
     assert warm._handle is None
+
+
+def test_the_version_in_the_keys_is_the_installed_packages():
+    """spec_key's version, read from the package's METADATA without importlib.metadata, is the one
+    importlib.metadata reads (a kept file's name depends on it)."""
+    from importlib import metadata
+
+    from vllm_vcr.perf.spec_cache import aic_version
+
+    assert aic_version() == metadata.version("aiconfigurator-core")

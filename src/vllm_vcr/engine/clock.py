@@ -4,11 +4,13 @@ The engine never calls time functions directly: it asks its clock. `RealClock` i
 monotonic clock (vLLM stamps events with time.monotonic()). `VirtualClock` jumps straight to the
 next deadline instead of sleeping, so engine tests run instantly and deterministically and a whole
 workload can be simulated offline.
+
+asyncio is imported where a clock sleeps, not here: an offline simulation (`simulate`) steps its
+engines synchronously and never loads it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 
@@ -21,6 +23,8 @@ class RealClock:
     async def sleep_until(self, deadline: float) -> None:
         delay = deadline - time.monotonic()
         if delay > 0:
+            import asyncio
+
             await asyncio.sleep(delay)
 
 
@@ -39,6 +43,8 @@ class VirtualClock:
 
     async def sleep_until(self, deadline: float) -> None:
         self.advance_to(deadline)
+        import asyncio
+
         await asyncio.sleep(0)
 
 

@@ -11,16 +11,17 @@ latency/base.py), apply its work and sample its tokens (`update_from_output`, ou
 Admission is in admission.py, P/D state in kv_transfer.py, the step in flight in step.py; the
 inbox, pause/drain and the control surface in inbox.py, lifecycle.py and controls.py.
 Inputs (latency model, planner, replay table) are built by the caller (engine_inputs.py).
+asyncio is imported by the loop (`run`) and `call`: an offline simulation drives its engines
+synchronously (`run_until_idle`) and never loads it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import math
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from .admission import Admission, TokenSourceFactory, finish_output, reject
 from .block_hash import make_block_hasher
@@ -43,6 +44,9 @@ from .scheduler import TRANSFER, Scheduler
 from .stats import EngineStats
 from .step import Bursts, StepInFlight, TimedSteps, compose, log_step
 from .types import EngineCoreOutputs, EngineCoreRequest, FinishReason, RequestError
+
+if TYPE_CHECKING:
+    import asyncio
 
 logger = logging.getLogger("vllm_vcr.engine")
 T = TypeVar("T")
@@ -185,6 +189,8 @@ class EngineCore(EngineControls):
 
     def call(self, fn: Callable[["EngineCore"], T]) -> "asyncio.Future[T]":
         """Run fn(core) between two steps; the result (or exception) arrives on the future."""
+        import asyncio
+
         fut = asyncio.get_running_loop().create_future()
         if self.dead is not None or self.lifecycle.stopped:
             fut.set_exception(EngineDeadError(f"engine {self.engine_index} loop is gone"))
@@ -243,6 +249,8 @@ class EngineCore(EngineControls):
 
     # --- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
+        import asyncio
+
         clock = self.clock
         last_yield = clock.now()
         busy_slice = BUSY_SLICE if self.args.max_burst > 1 else 0.0

@@ -1,12 +1,15 @@
 """The single way into an EngineCore: messages (add, abort, control call, shutdown, ...) posted
 from anywhere in the loop and applied by the core between two steps, and the loop's sleep until
-one arrives (or its next step is due)."""
+one arrives (or its next step is due). asyncio is imported where the loop waits (an offline
+simulation steps its engines synchronously and never loads it)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class Inbox:
@@ -22,6 +25,8 @@ class Inbox:
 
     async def wait(self, timeout: float | None) -> None:
         """Sleep until a message is posted or `timeout` seconds pass (None: no timeout)."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
         handle = loop.call_later(timeout, _wake_up, waiter) if timeout is not None else None

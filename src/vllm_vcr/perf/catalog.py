@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import AIC_EXTRA_HINT, PerfModelError
+from .sdk_lean import defer_network
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 # data-center Blackwell (compute capability 10.x): its own kernels (MXFP8 MoE inputs) and defaults
@@ -39,7 +40,9 @@ def package_root() -> Path:
 
 
 def configure_data_roots() -> None:
-    """Point the estimator at its bundled data (it reads these variables, never the network)."""
+    """Point the estimator at its bundled data (it reads these variables, never the network, whose
+    modules the SDK imports are deferred: perf/sdk_lean.py `defer_network`)."""
+    defer_network()
     root = package_root()
     os.environ.setdefault("AICONFIGURATOR_SYSTEMS_PATH", str(root / "systems"))
     os.environ.setdefault("AICONFIGURATOR_MODEL_CONFIGS_PATH", str(root / "model_configs"))

@@ -10,7 +10,9 @@ densities are equal; `lean_compile()` then answers the second from the first. Be
 probe the SDK also resolves the sources of all its ~40 table kinds once more, for diagnostics
 only (`PerfDatabase._materialize_source_reports`: `data_provenance` and resolver warnings the
 engine does not read; ~0.2 CPU s); `lean_compile()` skips that sweep unless provenance is
-strict (`AIC_STRICT_PROVENANCE`), where the sweep may refuse a database.
+strict (`AIC_STRICT_PROVENANCE`), where the sweep may refuse a database. `defer_network()`
+defers the standard library's `urllib.request`, which the SDK imports at its top to fetch model
+configs from the network, which a bundled model never does.
 
 The KV-cache estimate (`sdk/memory.py`) is plain arithmetic on the model and the system spec,
 but importing it imports pandas (~0.3 CPU s) for DataFrame paths it never takes.
@@ -125,7 +127,8 @@ class _Deferred(_LAZY):  # type: ignore[misc,valid-type]
 
 
 def _defer(name: str) -> None:
-    """`name` in sys.modules as a lazy module: executed at the first use of one of its names."""
+    """`name` in sys.modules as a lazy module: executed at the first use of one of its names (a
+    submodule is also its package's attribute, as an import would make it)."""
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         return
@@ -135,6 +138,23 @@ def _defer(name: str) -> None:
     sys.modules[name] = module
     loader.exec_module(module)
     module.__class__ = _Deferred
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+
+
+# imported at the top of the SDK's sdk/utils.py (through its model builders) for fetching a
+# model's config from the Hugging Face Hub, which a bundled model never does; with it http.client
+# and the e-mail parser: ~25 ms of a compile's start-up
+NETWORK_MODULES = ("urllib.request",)
+
+
+def defer_network() -> None:
+    """The SDK's network modules deferred (see NETWORK_MODULES) unless already imported: the
+    first use of one of their names imports them."""
+    for name in NETWORK_MODULES:
+        if name not in sys.modules:
+            _defer(name)
 
 
 def _import_postponed(name: str) -> None:

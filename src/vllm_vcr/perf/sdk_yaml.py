@@ -8,7 +8,8 @@ libyaml parser (`CSafeLoader`, PyYAML's own C binding) builds the same objects ~
 them back after; without libyaml it changes nothing. tests/perf/test_sdk_yaml.py checks
 that every YAML file the package ships loads to equal objects both ways and that a compile
 gives the same spec bytes; the module names are the package's internals, pinned below 0.13
-in pyproject.toml.
+in pyproject.toml. PyYAML is imported by the first compile, not with this module: a run whose
+estimator loads from its kept spec reads no YAML.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ import sys
 import types
 from typing import Any, Iterator
 
-import yaml
-
 # the SDK modules that `import yaml` and read the package's files with it
 SDK_MODULES = ("aiconfigurator_core.sdk.perf_database", "aiconfigurator_core.sdk.attention_lanes",
                "aiconfigurator_core.sdk.operations.base", "aiconfigurator_core.sdk.utils")
 
 
 def _c_safe_load(stream: Any) -> Any:
+    import yaml
+
     return yaml.load(stream, Loader=yaml.CSafeLoader)
 
 
 def _c_load(stream: Any, Loader: Any = None) -> Any:  # noqa: N803 - PyYAML's keyword
+    import yaml
+
     return yaml.load(stream, Loader=yaml.CSafeLoader if Loader in (None, yaml.SafeLoader) else Loader)
 
 
@@ -43,12 +46,16 @@ class _CYaml(types.ModuleType):
         self.load = _c_load
 
     def __getattr__(self, name: str) -> Any:
+        import yaml
+
         return getattr(yaml, name)
 
 
 @contextlib.contextmanager
 def c_yaml() -> Iterator[None]:
     """The SDK's YAML reads on libyaml within the block (unchanged without it)."""
+    import yaml
+
     if not getattr(yaml, "__with_libyaml__", False):
         yield
         return

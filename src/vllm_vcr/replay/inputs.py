@@ -4,17 +4,18 @@ perf model of `--perf-model` (its estimator compiled by vllm_vcr.perf, not read 
 
 The engine loads no files: the CLIs (serve, play, calibrate) build these here and inject them
 into every EngineCore they create. Each is built once per process and shared by all engines (one
-planner per trace keeps consume-once matching global across engines)."""
+planner per trace keeps consume-once matching global across engines). Each loader is imported
+where its flag is given: a run without trace flags (a `simulate` run) loads none of them."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..engine.config import ConfigError, EngineArgs
-from .latency_fit import load_latency_model
-from .table import ResponseReplayTable
-from .planner import build_planner
+
+if TYPE_CHECKING:
+    from .table import ResponseReplayTable
 
 T = TypeVar("T")
 
@@ -48,16 +49,22 @@ def _load(flag: str, loader: Callable[..., T], *args: Any) -> T:
 
 @functools.lru_cache(maxsize=8)
 def shared_latency_model(path: str, time_scale: float, which: str = "auto"):
+    from .latency_fit import load_latency_model
+
     return load_latency_model(path, time_scale, which)
 
 
 @functools.lru_cache(maxsize=8)
 def shared_planner(tokens: str | None, steps: str | None, match: str, block_size: int):
+    from .planner import build_planner
+
     return build_planner(tokens, steps, match, block_size)
 
 
 @functools.lru_cache(maxsize=8)
 def shared_replay_table(path: str) -> ResponseReplayTable:
+    from .table import ResponseReplayTable
+
     return ResponseReplayTable.from_path(path)
 
 
