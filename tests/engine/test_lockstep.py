@@ -226,7 +226,9 @@ async def test_on_the_real_clock_serves_ranks_step_together(engine_type):
     finally:
         await engine.stop(0)
     assert short[-1].finish_reason is not None and long[-1].finish_reason is not None
-    assert max(gaps(stamps[0])) >= 0.2  # rank 0 waited for rank 1's prefill
+    # rank 0 waited for rank 1's prefill (210 ms; a token stamped late by a busy loop can shorten
+    # the gap after it, so the bound is below the step, still far above a decode step's few ms)
+    assert max(gaps(stamps[0])) >= 0.15
 
 
 _ARRIVAL = st.tuples(st.integers(0, 400), st.integers(0, 2), st.integers(1, 3000), st.integers(1, 12))
