@@ -175,6 +175,6 @@ class KVCacheManager:
         blocks = req.blocks
         if blocks:
             req.blocks = []
-            blocks.reverse()  # tail first: evicted before the shared prefix (the list is the request's alone)
+            blocks.reverse()  # tail first: evicted before the shared prefix (a deferred chain reads it so)
             self.pool.free(blocks)
         req.num_hashed_blocks = 0
