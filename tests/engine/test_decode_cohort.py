@@ -177,7 +177,7 @@ def test_counted_tokens_spell_the_request_in_two_disjoint_ids():
 
 
 def _drive(timing_only: bool, args: EngineArgs, prompts: list[list[int]], max_tokens: list[int],
-           arrivals: list[float], aborts: dict[int, float]):
+           arrivals: list[float], aborts: dict[int, float], **core_kw):
     """One engine on the virtual clock, requests added and aborted at their times, the cohort's
     decode-only steps run ahead to the next event as the simulator does. Per request: its first
     token's time, its finish (time, reason), its tokens (silent ones counted) and its prompt's cached
@@ -194,9 +194,10 @@ def _drive(timing_only: bool, args: EngineArgs, prompts: list[list[int]], max_to
             r["n"] += len(o.new_token_ids)
             if o.finish_reason is not None:
                 r["finish"] = (outs.timestamp, o.finish_reason)
+                r["last"] = list(o.new_token_ids)
 
     clock = VirtualClock(0.0)
-    core = EngineCore(args, clock=clock, output_sink=sink, latency=_latency(), timing_only=timing_only)
+    core = EngineCore(args, clock=clock, output_sink=sink, latency=_latency(), timing_only=timing_only, **core_kw)
     if timing_only:
         def silent(req, first, last):
             seen[req.request_id]["n"] += last - first + 1
@@ -220,7 +221,9 @@ def _drive(timing_only: bool, args: EngineArgs, prompts: list[list[int]], max_to
     core.run_until_idle()
     pool = core.block_pool
     assert not core.requests and pool.num_free_blocks == pool.num_blocks and pool._multi == 0
-    result = {rid: (r["first"], r["finish"], r["n"], r["cached"]) for rid, r in seen.items()
+    # (the last token's id only with a factory's ids: plain random ids differ between the paths)
+    result = {rid: (r["first"], r["finish"], r["n"], r["cached"], r.get("last") if core_kw else None)
+              for rid, r in seen.items()
               if int(rid[1:]) not in aborts}
     firsts = {rid: (r["first"], r["cached"]) for rid, r in seen.items() if int(rid[1:]) in aborts}
     return result, firsts, core.scheduler.total_preemptions, pool.free_queue()
@@ -253,3 +256,53 @@ def test_aborts_shared_prefixes_and_preemption_change_nothing_but_the_outputs(da
     assert fast[0] == plain[0]  # every request not aborted: first token, finish, tokens, cached tokens
     assert fast[1] == plain[1]  # the aborted ones' first tokens and cached tokens (None: aborted before)
     assert fast[2:] == plain[2:]  # preemptions, free queue
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(1, 10), kv_blocks=st.integers(18, 70), max_len=st.sampled_from([0, 40, 80]))
+def test_a_finishing_members_silent_tokens_count_as_its_materialized_ones(data, n, kv_blocks, max_len):
+    """A finishing cohort member's tokens before its last are counted, never made (`sample`'s
+    `silent`): its last token's id (counted ids alternate by output index), its finish at
+    max_tokens or the model's length, and the token count its finish logs are the plain path's."""
+    import logging
+
+    from vllm_vcr.engine.decode_cohort import counted_token_source
+
+    args = _args(kv_blocks, 4, 64, 8, max_len)
+    args.config.log_requests = True
+    prompts, max_tokens, arrivals, aborts = [], [], [], {}
+    for i in range(n):
+        prompts.append([2000 + 50 * i + j for j in range(data.draw(st.integers(1, 39), label=f"isl{i}"))])
+        max_tokens.append(data.draw(st.integers(1, 60), label=f"osl{i}"))
+        arrivals.append(data.draw(st.floats(0.0, 0.2), label=f"arrival{i}"))
+        if data.draw(st.integers(0, 3), label=f"abort{i}") == 0:
+            aborts[i] = arrivals[i] + data.draw(st.sampled_from([0.0, 0.01, 0.05]), label=f"after{i}")
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.lines = []
+
+        def emit(self, record):
+            msg = record.getMessage()
+            if "finished:" in msg:
+                self.lines.append(msg)
+
+    results = []
+    logger = logging.getLogger("vllm_vcr.engine")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        for timing_only in (False, True):
+            handler = Lines()
+            logger.addHandler(handler)
+            try:
+                results.append((_drive(timing_only, args, prompts, max_tokens, arrivals, aborts,
+                                       token_source_factory=counted_token_source(32000)), sorted(handler.lines)))
+            finally:
+                logger.removeHandler(handler)
+    finally:
+        logger.setLevel(level)
+    (plain, plain_log), (fast, fast_log) = results
+    assert fast == plain
+    assert fast_log == plain_log

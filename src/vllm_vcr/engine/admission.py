@@ -211,7 +211,7 @@ class Admission:
         if remote_decode:
             max_tokens = min(max_tokens, 1)  # a prefill worker serves only the first token
         self.seq += 1
-        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq, self.adopt_prompts)
+        req = Request(ecr, sp, max(max_tokens, 0), now, self.seq, self.adopt_prompts, not self._clock.virtual)
         req.planned = plan.token_ids if plan is not None else None
         req.plan = plan
         req.eos_at = eos_at

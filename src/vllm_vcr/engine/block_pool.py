@@ -46,15 +46,23 @@ class DeferredChain:
     deferred_hashes.py). Once its request freed them, they sit in the free queue as one run (tail
     first) from entry `start` on: block i is still the chain's until entry `start + n - 1 - i` is read."""
 
-    __slots__ = ("h0", "tokens", "req", "blocks", "start", "n")
+    __slots__ = ("h0", "tokens", "req", "blocks", "count", "start", "n")
 
     def __init__(self, h0, tokens: list[int], req) -> None:
         self.h0 = h0  # the hash of its first block
         self.tokens = tokens  # the request's token ids (its prompt and outputs), by reference
         self.req = req  # None once the request freed its blocks
-        self.blocks: list[KVCacheBlock] = []  # its blocks 0..len-1
+        # its blocks 0..count-1: the first `count` of its request's block list, by reference (the
+        # list is the request's until it frees them; then, reversed in place, the chain's alone)
+        self.blocks: list[KVCacheBlock] = []
+        self.count = 0
         self.start = -1  # the free-queue entry of its request's last block (-1: not freed yet)
         self.n = 0  # its request's blocks, freed as one run
+
+    def own_blocks(self) -> list[KVCacheBlock]:
+        """Its blocks 0..count-1, in order (its request's list is tail first once freed)."""
+        blocks = self.blocks[::-1] if self.start >= 0 else self.blocks
+        return blocks[:self.count]
 
     def holds(self, i: int, read: int) -> bool:
         """Whether block i still holds the chain's tokens (`read`: the free queue's entries read)."""

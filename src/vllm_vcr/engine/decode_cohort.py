@@ -121,26 +121,31 @@ class DecodeCohort:
             last = min(last, max_model_len - req.num_prompt_tokens - 1)
         heapq.heappush(self._finishes, (d0 + 1 + max(last - idx, 0), due, req.seq, gen, req))
 
-    def leave(self, req: Request, materialize: bool, last: int | None = None, placeholders: bool = False) -> None:
+    def leave(self, req: Request, materialize: bool, last: int | None = None, silent: bool = False) -> int:
         """Take `req` out; with `materialize`, its tokens and computed count catch up first (to
-        cohort step `last`, default the current one): its source's ids, or with `placeholders`
-        (it is finishing: nothing will hash or read them) zeros."""
+        cohort step `last`, default the current one): its source's ids, or with `silent` (it is
+        finishing: nothing will hash or read them) only their count, which it returns (the tokens
+        it has beyond its lists: `OutputProcessor.sample`'s `silent`)."""
         d0, t0, _, slot, bucket = self.members.pop(req)
         self._tokens_minus_join -= t0 - d0
         bucket.remove(slot)
         if not materialize:
-            return
+            return 0
         if last is None:
             last = self.step
         k = t0 + last - d0 - len(req.all_token_ids)
         if k > 0:
-            new = [0] * k if placeholders else req.token_source.take(k)
-            req.output_token_ids += new
-            req.all_token_ids += new
+            if not silent:
+                new = req.token_source.take(k)
+                req.output_token_ids += new
+                req.all_token_ids += new
             if self.on_tokens is not None:
                 self.on_tokens(req, last - k + 1, last)
-        req.num_computed_tokens = len(req.all_token_ids) - 1
+        else:
+            k = 0
+        req.num_computed_tokens = len(req.all_token_ids) - 1 + (k if silent else 0)
         req.steady_left = 0  # counted before these tokens: `sample` counts it again
+        return k if silent else 0
 
     def extend(self, batch: StepBatch) -> StepBatch:
         """The step's composition with the cohort's decodes (their count and summed context)."""
@@ -194,22 +199,23 @@ class DecodeCohort:
             heapq.heappop(heap)
         return math.inf
 
-    def advance(self, now: float) -> list[Request]:
+    def advance(self, now: float) -> list[tuple[Request, int]]:
         """Cohort step D+1 ended at `now`: every member has one more token. Returns the members
-        whose last token this step sampled, materialized up to it and out of the cohort."""
+        whose last token this step sampled, out of the cohort, each with its tokens up to it that
+        are counted but not in its lists (`leave`'s `silent`)."""
         self.step = step = self.step + 1
         self.step_ends.append(now)
         heap, members = self._finishes, self.members
-        done: list[Request] = []
+        done: list[tuple[Request, int]] = []
         while heap and heap[0][0] <= step:
             entry = heapq.heappop(heap)
             req = entry[4]
             m = members.get(req)
             if m is None or m[2] != entry[3]:
                 continue
-            self.leave(req, materialize=True, last=step - 1, placeholders=True)  # the last token is `sample`'s
+            silent = self.leave(req, materialize=True, last=step - 1, silent=True)  # the last token is `sample`'s
             req.num_computed_tokens += 1
-            done.append(req)
+            done.append((req, silent))
         return done
 
     def run_alone(self, end: float, horizon: float, pool: BlockPool, on_step: Callable[[], None],
@@ -335,8 +341,8 @@ class CohortOutputProcessor(OutputProcessor):
     def update_from_output(self, scheduled, pulled, now: float, burst: int = 1, timed: bool = False) -> None:
         outputs: list = []
         finished: list = []
-        for req in self.cohort.advance(now):
-            self.sample(req, now, outputs, finished)
+        for req, silent in self.cohort.advance(now):
+            self.sample(req, now, outputs, finished, 1, silent)
         self._pending = (outputs, finished) if outputs or finished else None
         OutputProcessor.update_from_output(self, scheduled, pulled, now, burst, timed)
         if self._pending is not None:

@@ -48,7 +48,7 @@ class DeferredHashes:
     def enter(self, chain: DeferredChain) -> None:
         """Hash a deferred chain and enter its blocks still holding its tokens in the prefix cache."""
         pool = self.pool
-        blocks = chain.blocks
+        blocks = chain.own_blocks()
         hashes = self.hasher.chain(None, chain.tokens, 0, len(blocks), self.block_size)
         cached, read = pool.cached, pool.entries_read
         for i, (h, b) in enumerate(zip(hashes, blocks)):
@@ -57,7 +57,7 @@ class DeferredHashes:
                 cached.setdefault(h, b)
         del pool.deferred[chain.h0]
         pool.shared_first_blocks.add(chain.h0)
-        chain.blocks = []
+        chain.blocks, chain.count = [], 0
         req = chain.req
         if req is not None:  # still running: hashed eagerly from now on
             del self.by_request[req]
@@ -65,8 +65,11 @@ class DeferredHashes:
             chain.req = None
 
     def register(self, chain: DeferredChain, req: Request, start: int, full: int) -> None:
-        """Blocks `start`..`full - 1` of `req` are full of computed tokens: the chain's (unhashed)."""
-        chain.blocks += req.blocks[start:full]
+        """Blocks `start`..`full - 1` of `req` are full of computed tokens: the chain's (unhashed).
+        (Its blocks so far are the request's first `start`: a reference to the request's list and a
+        count, not a copy; the list's later blocks are not the chain's.)"""
+        chain.blocks = req.blocks
+        chain.count = full
 
     def release(self, req: Request) -> None:
         """`req` is about to free its blocks (finished or preempted): its chain stays until entered,
@@ -74,7 +77,7 @@ class DeferredHashes:
         chain = self.by_request.pop(req, None)
         if chain is not None:
             chain.req = None
-            if not chain.blocks:  # (aborted before a block was computed: nothing to keep)
+            if not chain.count:  # (aborted before a block was computed: nothing to keep)
                 del self.pool.deferred[chain.h0]
             else:
                 self.pool.release_deferred(chain, len(req.blocks))

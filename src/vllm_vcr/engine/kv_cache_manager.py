@@ -172,7 +172,9 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         if self.deferred is not None:
             self.deferred.release(req)
-        if req.blocks:
-            self.pool.free(req.blocks[::-1])  # tail first: evicted before the shared prefix
+        blocks = req.blocks
+        if blocks:
             req.blocks = []
+            blocks.reverse()  # tail first: evicted before the shared prefix (a deferred chain reads it so)
+            self.pool.free(blocks)
         req.num_hashed_blocks = 0

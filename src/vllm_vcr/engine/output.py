@@ -117,12 +117,14 @@ class OutputProcessor:
         self.tokens_taken = 0  # by token sinks since the last batch went out
         self.steady = SteadyBatches(scheduler, kv, DUE_SLACK)
 
-    def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1) -> None:
+    def sample(self, req: Request, now: float, outputs: list, finished: list, burst: int = 1, silent: int = 0) -> None:
         """Append this step's token(s) (one, a recorded chunk or a zero-latency burst), check stop
-        conditions, then finish the request or set its next deadline."""
+        conditions, then finish the request or set its next deadline. `silent`: output tokens the
+        request has beyond its lists (a timing-only cohort's finishing member, whose tokens before
+        its last nothing reads: counted, never made; only a source that ends by length alone)."""
         source = req.token_source
         max_len = self.max_model_len
-        idx = len(req.output_token_ids)
+        idx = len(req.output_token_ids) + silent
         count = burst if burst > 1 else req.chunk
         new: list[int]
         reason: FinishReason | None
@@ -136,7 +138,7 @@ class OutputProcessor:
             all_ids = req.all_token_ids
             limit = req.max_tokens - idx
             if max_len:
-                limit = min(limit, max_len - len(all_ids))
+                limit = min(limit, max_len - len(all_ids) - silent)
             k = max(min(count, limit), 1)
             new = source.take(k) if type(source) is RandomTokens else source.take_from(idx, k)
             out_ids += new
@@ -167,7 +169,7 @@ class OutputProcessor:
                 out.finish_reason = reason
                 out.stop_reason = stop_reason
                 out.kv_transfer_params = params
-                self.free_request(req)
+                self.free_request(req, silent)
                 finished.append((req.client_index, req.request_id))
         else:
             pacing = req.pacing
@@ -294,8 +296,9 @@ class OutputProcessor:
                                            timestamp=ts, finished_requests=fin or None))
             stats = None
 
-    def free_request(self, req: Request) -> None:
-        """A request finished: it leaves the engine (its blocks stay if held for a decode side)."""
+    def free_request(self, req: Request, silent: int = 0) -> None:
+        """A request finished: it leaves the engine (its blocks stay if held for a decode side;
+        `silent`: its output tokens beyond its list, see `sample`)."""
         rid = req.request_id
         self._requests.pop(rid, None)
         kv_transfer = self._kv_transfer
@@ -306,4 +309,4 @@ class OutputProcessor:
             kv_transfer.end_handoff(rid)
         self._stats.requests_completed += 1
         if self._config().log_requests:
-            logger.info("request %s finished: %d tokens", rid, req.num_output_tokens)
+            logger.info("request %s finished: %d tokens", rid, req.num_output_tokens + silent)

@@ -49,7 +49,7 @@ class Request:
     )
 
     def __init__(self, req: EngineCoreRequest, sp: SamplingParams, max_tokens: int, queued_ts: float, seq: int,
-                 adopt_prompt: bool = False) -> None:
+                 adopt_prompt: bool = False, wall_clock: bool = True) -> None:
         self.request_id = req.request_id
         self.external_id = req.external_req_id  # the id the client knows (vLLM's abort by request id)
         self.prompt_token_ids: list[int] = req.prompt_token_ids or []
@@ -66,8 +66,11 @@ class Request:
         self.priority = req.priority
         self.arrival_time = req.arrival_time
         # wall-clock seconds between the frontend's arrival_time and the engine getting the request
-        # (the server's parsing, templating, tokenizing): the configured TTFT absorbs them
-        self.frontend_delay = max(0.0, time.time() - req.arrival_time) if req.arrival_time > 0 else 0.0
+        # (the server's parsing, templating, tokenizing): the configured TTFT absorbs them; read only
+        # on a real clock (`wall_clock`: an engine on the virtual clock, whose arrival times are its
+        # own, leaves it 0)
+        self.frontend_delay = max(0.0, time.time() - req.arrival_time) if wall_clock and req.arrival_time > 0 \
+            else 0.0
         self.received_in = -1  # the engine loop's busy run (EngineCore.idle_waits) that received it
         # an in-process reader that takes a steady decode's token directly (see OutputProcessor._steady_decode)
         self.token_sink: TokenSink | None = None

@@ -139,7 +139,11 @@ class SyntheticWorkload:
         while len(ids) < n:
             ids = ids + ids
         at = self._place.randrange(len(ids) - n + 1)  # (not self._rng: the lengths a seed draws stay)
-        out = ids[at:at + n]
+        # cut two ids longer and drop them: the list keeps room for them, so the engine that adopts it
+        # (timing-only, `fresh_prompts`) appends a request's first and last tokens without regrowing
+        # it (a copy of the whole prompt); its tokens in between are counted, never appended
+        out = ids[at:at + n + 2]
+        del out[n:]
         out[:2] = [i // _VOCAB + 1, i % _VOCAB + 1][:n]
         return out
 
