@@ -10,6 +10,7 @@ import msgspec
 import zmq
 
 from vllm_vcr.fpm import decode
+from vllm_vcr.testing.waits import free_port_run
 from vllm_vcr.trace.io import read_trace
 
 N_REQUESTS = 6
@@ -23,7 +24,7 @@ def _metric(text: str, name: str, engine: str) -> float:
 
 
 def test_subscriber_gets_one_record_per_step(serve_process, serve_harness, tmp_path):
-    base = serve_harness.free_port()
+    base = free_port_run(2)  # rank r publishes on base + r
     control = serve_harness.free_port()
     sp = serve_process("-dp", "2", "--forward-pass-metrics-port", str(base), "--inter-token-latency", "2",
                        "--control-address", f"127.0.0.1:{control}",

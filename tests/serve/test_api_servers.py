@@ -25,7 +25,7 @@ from tests.conftest import ServeProcess, scaled, subprocess_env
 from vllm_vcr.fpm import decode as decode_fpm
 from vllm_vcr.kv_events.events import decode_batch
 from vllm_vcr.trace.io import read_trace
-from vllm_vcr.testing.waits import free_port, wait_until
+from vllm_vcr.testing.waits import free_port, free_port_run, wait_until
 
 MODEL = "vllm-vcr/sim"
 HEADER = "x-vllm-vcr-api-server"
@@ -284,21 +284,6 @@ def _abort_one_stream(sp) -> None:
     assert events[-1] == "data: [DONE]" and '"finish_reason":"abort"' in events[-2], events[-3:]
 
 
-def _two_free_ports() -> int:
-    """A free port whose next one is free too (rank r publishes on base + r)."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("0.0.0.0", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two free ports in a row")
-
-
 def _subscribers(ctx, base: int, ranks: int) -> list:
     subs = []
     for rank in range(ranks):
@@ -314,10 +299,10 @@ def test_data_parallel_size_alone_runs_one_engine_core_process_per_rank(tmp_path
     """`--data-parallel-size 2` alone: vLLM's default of as many API servers as ranks, one
     engine-core process per rank; each publishes its own KV events (the endpoint's port + rank) and
     forward-pass metrics (--forward-pass-metrics-port + rank); both serve; SIGTERM ends them all."""
-    kv = _two_free_ports()
-    fpm = _two_free_ports()
+    kv = free_port_run(2)
+    fpm = free_port_run(2)
     while fpm in (kv - 1, kv, kv + 1):
-        fpm = _two_free_ports()
+        fpm = free_port_run(2)
     sp = start(tmp_path, "dp", "--data-parallel-size", "2", "--inter-token-latency", "2",
                "--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                                  "endpoint": f"tcp://*:{kv}", "topic": "kv"}),

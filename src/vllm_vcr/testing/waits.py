@@ -33,6 +33,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int) -> int:
+    """The first of `n` consecutive TCP ports nothing listens on, for a server that binds port + i
+    for each rank i (KV events, forward-pass metrics). Taken below the range the kernel hands out
+    for port 0 (/proc/sys/net/ipv4/ip_local_port_range), so no later `free_port()` or outgoing
+    connection lands on one of them; each is checked on 0.0.0.0, as such servers bind it."""
+    import random
+
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    top = low - n
+    if top <= 10000:  # (a machine that hands out nearly every port: any run of free ones)
+        top = 65535 - n
+    for _ in range(200):
+        base = random.randint(10000, top)
+        with contextlib.ExitStack() as held:
+            try:
+                for i in range(n):
+                    s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    s.bind(("0.0.0.0", base + i))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports found")
+
+
 def listening(port: int) -> set[str] | None:
     """The local addresses (hex, as Linux's /proc/net/tcp{,6} write them) whose TCP sockets listen on
     `port`, or None where the machine has no such tables. A check that never connects: a connection
