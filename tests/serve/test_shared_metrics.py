@@ -115,3 +115,35 @@ def test_an_event_gauge_shows_the_last_set_even_of_an_unchanged_value(tmp_path):
     a.set_sleep_state(None, 2)
     assert samples(sa.render_text())[("vllm:engine_sleep_state",
                                       (("engine", "0"), ("model_name", "m"), ("sleep_state", "discard_all")))] == 1
+
+
+def test_a_cleared_scripted_gauge_is_cleared_whichever_process_renders(tmp_path):
+    """Scripted gauges (the control API's /gauges) with two API servers: a process that never
+    rendered the scripted value still shows the engines' value once they are cleared, although
+    the other process's file holds the scripted one, stamped later than its own."""
+    from vllm_vcr.faults.shared import SharedFaultController
+    from vllm_vcr.http.faults_adapter import install_gauges
+
+    state = str(tmp_path / "faults")
+    parent = SharedFaultController(state, create=True)
+    metrics_dir = tmp_path / "prometheus"
+    metrics_dir.mkdir()
+    processes = []
+    for p in range(2):
+        m = FrontendMetrics("m")
+        install_gauges(m, SharedFaultController(state, create=False))
+        shared = SharedMetrics(m, str(metrics_dir))
+        shared._pid = 2000 + p
+        processes.append(shared)
+    a, b = processes
+    key = ("vllm:num_requests_waiting", (("engine", "0"), ("model_name", "m")))
+    assert samples(a.render_text())[key] == 0
+    parent.set_gauges({"vllm:num_requests_waiting": {"function": "constant", "value": 7}})
+    time.sleep(0.01)
+    assert samples(b.render_text())[key] == 7  # only b dumps while the scripted value holds
+    parent.clear_gauges()
+    time.sleep(0.01)
+    assert samples(a.render_text())[key] == 0
+    assert samples(b.render_text())[key] == 0
+    parent.set_gauges({"vllm:num_requests_waiting": {"function": "constant", "value": 3}})
+    assert samples(a.render_text())[key] == 3

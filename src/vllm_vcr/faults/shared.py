@@ -7,10 +7,13 @@ counts every process's requests, and a gauge has the same start time everywhere.
 (the parent serving the control API and each API server) opens the file itself; the parent
 creates it in the server's private directory before it starts the others.
 
-The first bytes of the file are mapped: a version, bumped on every write, and a flag "a fault may
-apply", so a request with nothing configured costs one byte read and no lock.
+The first bytes of the file are mapped: a version, bumped on every write, a flag "a fault may
+apply", so a request with nothing configured costs one byte read and no lock, and the gauges'
+epoch, bumped when gauges are set or cleared (an API server's /metrics files re-stamp its gauges
+when it changes: vllm/metrics_multiproc.py).
 
-    offset 0: u64 version   8: u8 may_fault   9: u8 has_gauges   16: u32 body length   64: body (msgpack)
+    offset 0: u64 version   8: u8 may_fault   9: u8 has_gauges   16: u32 body length
+    24: u32 gauges epoch    64: body (msgpack)
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .rules import FaultAction, FaultScript, RequestInfo
 HEADER = 64
 _VERSION = struct.Struct("<Q")
 _LENGTH = struct.Struct("<I")
-_MAY_FAULT, _HAS_GAUGES, _LENGTH_AT = 8, 9, 16
+_MAY_FAULT, _HAS_GAUGES, _LENGTH_AT, _EPOCH_AT = 8, 9, 16, 24
 _encoder, _decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder()
 
 
@@ -148,11 +151,21 @@ class SharedFaultController(FaultController):
 
     def set_gauges(self, body: Any) -> dict[str, dict]:
         with self._locked(write=True):
-            return super().set_gauges(body)
+            out = super().set_gauges(body)
+            self._bump_gauges_epoch()
+            return out
 
     def clear_gauges(self) -> None:
         with self._locked(write=True):
             super().clear_gauges()
+            self._bump_gauges_epoch()
+
+    def _bump_gauges_epoch(self) -> None:
+        _LENGTH.pack_into(self._mm, _EPOCH_AT, (self.gauges_epoch() + 1) & 0xFFFFFFFF)
+
+    def gauges_epoch(self) -> int:
+        """How many times the gauges were set or cleared (mod 2**32), by any process."""
+        return _LENGTH.unpack_from(self._mm, _EPOCH_AT)[0]
 
     def describe_gauges(self) -> dict[str, dict]:
         with self._locked(write=False):

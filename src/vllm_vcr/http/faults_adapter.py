@@ -189,3 +189,5 @@ def install_gauges(metrics: Any, controller: FaultController) -> None:
 
     metrics.family_rewrite_key = key
     metrics.family_rewrite = rewrite
+    # (several API servers: when the shared gauges change, each re-stamps its gauges)
+    metrics.gauges_epoch = getattr(controller, "gauges_epoch", None)

@@ -669,6 +669,9 @@ class FrontendMetrics:
     # the family of a given name depends on (part of its memo key); see http/faults_adapter.py
     family_rewrite: Callable[[Any], Any] | None = None
     family_rewrite_key: Callable[[str], Any] | None = None
+    # (faults shared by several API servers) the scripted gauges' epoch, changed by every set or
+    # clear in any process (vllm/metrics_multiproc.py re-stamps the gauges when it changes)
+    gauges_epoch: Callable[[], int] | None = None
 
     def get(self, name: str, key: Any, build: Callable[[], Any]) -> Any:
         """The family `name` through the memo (exposition.FamilyMemo.get), rewritten if a rewrite is set."""

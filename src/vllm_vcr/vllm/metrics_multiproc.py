@@ -52,6 +52,7 @@ class SharedMetrics:
         self._registry = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(self._registry, path=directory)
         self._task: asyncio.Task | None = None
+        self._epoch: int | None = None  # the scripted gauges' epoch at the last dump
         metrics.on_gauge_set = self.dump  # an event's gauge reaches the other processes at once
 
     def __getattr__(self, name: str) -> Any:
@@ -65,8 +66,16 @@ class SharedMetrics:
         return f
 
     def dump(self) -> None:
-        """Write this process's current values into its files."""
+        """Write this process's current values into its files. A gauge is written when its value
+        changed, or was set by an event, since the last dump, and every gauge when the scripted
+        gauges were set or cleared since (by any process: a process that never rendered a scripted
+        value has nothing changed of its own, while another's file may still hold that value as the
+        most recent)."""
         now = time.time()
+        epoch_of = getattr(self._metrics, "gauges_epoch", None)
+        epoch = epoch_of() if epoch_of is not None else None
+        restamp = epoch != self._epoch
+        self._epoch = epoch
         for fam in self._metrics.registry.collect():
             if fam.name.startswith(NOT_SHARED):
                 continue
@@ -75,7 +84,7 @@ class SharedMetrics:
             elif fam.type == "histogram":
                 self._dump_histogram(fam, self._file("histogram"))
             elif fam.type == "gauge":
-                self._dump_gauge(fam, self._file(f"gauge_{gauge_mode(fam.name)}"), now)
+                self._dump_gauge(fam, self._file(f"gauge_{gauge_mode(fam.name)}"), now, restamp)
 
     @staticmethod
     def _key(fam: Any, sample: Any) -> str:
@@ -99,7 +108,7 @@ class SharedMetrics:
             elif s.name.endswith("_sum"):
                 f.write_value(self._key(fam, s), float(s.value), 0.0)
 
-    def _dump_gauge(self, fam: Any, f: MmapedDict, now: float) -> None:
+    def _dump_gauge(self, fam: Any, f: MmapedDict, now: float, restamp: bool = False) -> None:
         set_at = self._metrics.gauge_set_at.get(fam.name)
         for s in fam.samples:
             key = self._key(fam, s)
@@ -107,7 +116,7 @@ class SharedMetrics:
             last = self._gauges.get(key)
             if set_at is not None and (last is None or set_at > last[1]):
                 when = set_at  # set (to whatever value) since the last dump: prometheus_client stamps every set
-            elif last is not None and last[0] == value:
+            elif not restamp and last is not None and last[0] == value:
                 continue
             else:
                 when = now
