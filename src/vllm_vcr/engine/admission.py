@@ -139,7 +139,7 @@ class Admission:
         err = self.check(ecr)
         if err is None:
             req = self.new_request(ecr, now)
-            ktp = req.kv_transfer_params  # (the EngineCoreRequest's)
+            ktp = req.kv_transfer_params
             if has_handoff_metadata(ktp):
                 # registered first, so that a request ended right here still ends its handoff:
                 # the other side is told at once (a decoder waiting for this prefill gets ABORT),
@@ -197,8 +197,7 @@ class Admission:
         max_len = self._config().max_model_len or args.advertised_max_model_len
         room = min(max_len, self.kv_capacity_tokens) - prompt_len
         max_tokens = room if sp.max_tokens is None else min(sp.max_tokens, room)
-        extra = sp.extra_args  # (ecr.kv_transfer_params, inline)
-        ktp = (extra.get("kv_transfer_params") if extra else None) or _NO_PARAMS
+        ktp = ecr.kv_transfer_params or _NO_PARAMS
         remote_decode = bool(ktp.get("do_remote_decode")) or args.worker_type == "prefill"
         plan = self.plan_for(ecr)
         if plan is not None and plan.num_tokens is not None:

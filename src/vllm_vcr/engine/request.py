@@ -93,9 +93,7 @@ class Request:
         self.cache_salt = req.cache_salt
         self.client_index = req.client_index
         self.trace_headers = req.trace_headers
-        esp = req.sampling_params  # (EngineCoreRequest.kv_transfer_params, inline)
-        self.kv_transfer_params = esp.extra_args.get("kv_transfer_params") \
-            if esp is not None and esp.extra_args else None
+        self.kv_transfer_params = req.kv_transfer_params
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # known at first scheduling

@@ -374,10 +374,9 @@ class _ResponseHead(HeadObserver):
 
     def saw_head(self, status: int, headers: Any) -> None:
         self.status = status
-        for name, value in headers or ():
-            if name == b"content-length":
-                self.size = int(value)
-                break
+        value = _first_header(headers, b"content-length")
+        if value is not None:
+            self.size = int(value)
 
 
 async def _watch(receive: Callable, client_gone: Callable[[], None]) -> None:
