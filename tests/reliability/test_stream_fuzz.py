@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import scaled
+from vllm_vcr.http.uvicorn_internals import MAX_HEAD_BYTES
 from tests.reliability.hostile import (
     DONE,
     FIGURES,
@@ -178,6 +179,11 @@ headers_st = st.lists(st.tuples(st.one_of(st.sampled_from(_HEADER_NAMES), _custo
 
 
 # -- one request, every event checked -------------------------------------------------------------
+
+# the server echoes X-Request-Id as vLLM does, a hostile one of any length its request head may carry
+# (up to uvicorn_internals.MAX_HEAD_BYTES); http.client reads response header lines of 64 KiB at most
+http.client._MAXLINE = max(http.client._MAXLINE, 2 * MAX_HEAD_BYTES)
+
 
 def _send(port: int, path: str, body: Any, headers: list[tuple[str, bytes]], ascii_json: bool
           ) -> tuple[int, str, bytes]:
