@@ -69,3 +69,36 @@ def test_a_scrape_folds_the_rows_first():
     assert 'http_requests_total{handler="/v1/chat/completions",method="POST",status="2xx"} 1.0' in text
     assert 'http_request_size_bytes_sum{handler="/v1/chat/completions"} 120.0' in text
     assert 'http_request_duration_seconds_bucket{handler="/v1/chat/completions",le="0.5",method="POST"} 1.0' in text
+
+
+def test_records_shared_by_kinds_of_request_take_their_rows_in_arrival_order():
+    """A 200 and a 400 to one handler share its size summaries and its latency histogram: a float
+    sum near 2**53 tells the order its additions ran in."""
+    folded, plain = HttpMetrics(), HttpMetrics()
+    reqs = [("/v1/chat/completions", "POST", 400, 0, 0, 3.0), ("/v1/chat/completions", "POST", 200, 0, 0, 0.0),
+            ("/v1/chat/completions", "POST", 200, 2**53 - 2, 2**53 - 2, 9007199254740990.0),
+            ("/v1/chat/completions", "POST", 400, 3, 3, 1.0)]
+    for r in reqs:
+        folded.observe(*r)
+        one_at_a_time(plain, *r)
+    folded.fold()
+    assert values(folded) == values(plain)
+
+
+near_2_53 = st.sampled_from([0, 1, 3, 2**53 - 2, 2**53, -2**53])
+mixed_kinds = st.lists(st.tuples(
+    st.sampled_from(["/v1/chat/completions", "/v1/completions"]), st.sampled_from(["POST", "GET"]),
+    st.sampled_from([200, 201, 400, 404]), near_2_53, near_2_53, near_2_53.map(float)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reqs=mixed_kinds, fold_at=st.integers(1, 40))
+def test_mixed_kinds_of_request_fold_in_arrival_order(reqs, fold_at):
+    """Few handlers, methods and statuses (so records are shared) and sums where order shows."""
+    folded, plain = HttpMetrics(), HttpMetrics()
+    folded.FOLD_AT = fold_at
+    for r in reqs:
+        folded.observe(*r)
+        one_at_a_time(plain, *r)
+    folded.fold()
+    assert values(folded) == values(plain)

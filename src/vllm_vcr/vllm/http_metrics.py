@@ -52,6 +52,19 @@ def register_process_collectors(registry: CollectorRegistry) -> None:
     GCCollector(registry=registry)
 
 
+def _add_sizes(summary: list, n: int, sizes: Any) -> None:
+    summary[0] += n
+    summary[1] = reduce(add, sizes, summary[1])
+
+
+_FOLDERS = (  # (a row entry's field, how that record takes its rows)
+    (0, lambda c, mine: c.__setitem__(0, c[0] + len(mine))),
+    (1, lambda s, mine: _add_sizes(s, len(mine), map(_IN, mine))),
+    (2, lambda s, mine: _add_sizes(s, len(mine), map(_OUT, mine))),
+    (3, lambda h, mine: h.observe_all(list(map(_DURATION, mine)))),
+)
+
+
 class HttpMetrics:
     """prometheus-fastapi-instrumentator's default series, counted by `observe` once per request."""
 
@@ -93,25 +106,29 @@ class HttpMetrics:
 
     def fold(self) -> None:
         """The kept rows into the series, as adding each row at once would: the same additions in
-        the same order per record (a record's rows in arrival order, the latency
-        histogram with no labels over all of them), with the loops in C."""
+        the same order per record (each record's rows in arrival order: a size summary is shared by
+        every method and status of its handler, a latency histogram by every status of its method
+        and handler, the histogram with no labels by all of them), with the loops in C."""
         rows = self._rows
         if not rows:
             return
         self._rows = []
-        self.highr.observe_all(list(map(_DURATION, rows)))
+        durations = list(map(_DURATION, rows))
+        self.highr.observe_all(durations)
         entries = list(map(_ENTRY, rows))
         distinct = {id(e): e for e in entries}
-        for entry in distinct.values():
-            mine = rows if len(distinct) == 1 else list(compress(rows, map(is_, entries, repeat(entry))))
-            c, s_in, s_out, lowr = entry
-            n = len(mine)
+        if len(distinct) == 1:  # one kind of request
+            c, s_in, s_out, lowr = entries[0]
+            n = len(rows)
             c[0] += n
-            s_in[0] += n
-            s_in[1] = reduce(add, map(_IN, mine), s_in[1])
-            s_out[0] += n
-            s_out[1] = reduce(add, map(_OUT, mine), s_out[1])
-            lowr.observe_all(list(map(_DURATION, mine)))
+            _add_sizes(s_in, n, map(_IN, rows))
+            _add_sizes(s_out, n, map(_OUT, rows))
+            lowr.observe_all(durations)
+            return
+        for field, fold_into in _FOLDERS:
+            records = list(map(itemgetter(field), entries))
+            for record in {id(r): r for r in records}.values():
+                fold_into(record, list(compress(rows, map(is_, records, repeat(record)))))
 
     def _entry(self, method: str, status: int, handler: str) -> tuple[list, list, list, Histogram]:
         """The records a request of this method, status and handler adds to, made on first use."""
