@@ -41,13 +41,6 @@ def spawn(name: str, cmd: list[str], log: Path, env: dict[str, str] | None = Non
     return peers._spawn(name, cmd, env if env is not None else dict(os.environ), log, cwd=log.parent)
 
 
-def _vllm_env(workdir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
-               VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
-    return env
-
-
 def _vcr_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
@@ -97,7 +90,7 @@ def start(workdir: Path, *, engine: str = "real", trace_out: Path | None = None,
             vllm, "serve", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(st.http_port),
             "--data-parallel-size", "1", "--data-parallel-size-local", "0",
             "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(st.rpc_port),
-            "--max-model-len", str(MAX_MODEL_LEN)], workdir / "frontend.log", _vllm_env(workdir)))
+            "--max-model-len", str(MAX_MODEL_LEN)], workdir / "frontend.log", peers.vllm_env(version)))
         engine_port = st.rpc_port
         if trace_out is not None:
             engine_port = st.engine_rpc
@@ -118,7 +111,7 @@ def start(workdir: Path, *, engine: str = "real", trace_out: Path | None = None,
                 "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(engine_port),
                 "--load-format", "dummy", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
                 "--max-num-seqs", str(MAX_NUM_SEQS), "--kv-cache-memory-bytes", str(KV_BYTES), *engine_args],
-                workdir / "engine.log", _vllm_env(workdir)))
+                workdir / "engine.log", peers.vllm_env(version)))
         else:
             st.procs.append(spawn("play", [
                 sys.executable, "-m", "vllm_vcr", "play",

@@ -62,6 +62,21 @@ def missing_reason(version: str) -> str | None:
 
 
 
+VLLM_CACHE = Path(tempfile.gettempdir()) / "vllm-vcr-vllm-cache"
+
+
+def vllm_env(version: str, **extra: str) -> dict[str, str]:
+    """The environment a real vLLM process of `version` runs in: this one without VLLM_* and MOCK_*,
+    offline, on CPU, and one VLLM_CACHE_ROOT per version shared by all its processes, as a user's
+    ~/.cache/vllm is. vLLM keeps there what it learnt about a model class by importing its module in
+    a subprocess (`modelinfos/`, checked against the module's hash on every read): ~6 s of each
+    start-up when missing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CACHE_ROOT=str(VLLM_CACHE / version),
+               VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
 def _tail(path: Path, n: int = 40) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -169,10 +184,7 @@ def start_stack(version: str, *, engine_count: int = 1, api_server_count: int | 
     workdir = _new_workdir(version)
     st = Stack(version, free_port(), free_port(), free_port(), workdir, engine_count=engine_count,
                model_dir=model_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
-               VLLM_SERVER_DEV_MODE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+    env = vllm_env(version, VLLM_SERVER_DEV_MODE="1")
     env.update(frontend_env or {})
     fe_cmd = [str(venv(version) / "bin" / "vllm"), "serve", str(model_dir),
               "--host", "127.0.0.1", "--port", str(st.http_port),

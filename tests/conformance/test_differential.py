@@ -523,12 +523,10 @@ def _start_up_error(cmd: list[str], env: dict[str, str]) -> str:
      "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/no/such/model/dir'. Use `repo_type` "
      "argument if needed."),
 ])
-def test_same_start_up_errors(vllm_version, tmp_path, case, args, message):
+def test_same_start_up_errors(vllm_version, case, args, message):
     """What `vllm serve` says about the model configuration, `serve` says too (and exits)."""
     port = str(peers.free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
-               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+    env = peers.vllm_env(vllm_version)
     real = _start_up_error([str(peers.venv(vllm_version) / "bin" / "vllm"), "serve", *args, "--port", port], env)
     env["PYTHONPATH"] = os.pathsep.join([str(peers.REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     ours = _start_up_error([sys.executable, "-m", "vllm_vcr", "serve", *args, "--port", port], env)

@@ -249,9 +249,7 @@ def test_play_in_the_image_behind_a_real_vllm_frontend(image, tmp_path):
     if reason:
         pytest.skip(reason)
     http_port, rpc_port, control_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MOCK_"))}
-    env.update(HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1",
-               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"), PYTHONUNBUFFERED="1")
+    env = peers.vllm_env("0.32")
     frontend = peers._spawn("vllm 0.32 frontend", [
         str(peers.venv("0.32") / "bin" / "vllm"), "serve", str(peers.MODEL_DIR), "--host", "127.0.0.1",
         "--port", str(http_port), "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
