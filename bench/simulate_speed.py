@@ -14,6 +14,12 @@ its default timing: it has no AIC without aiconfigurator-core in its venv) on th
 shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way, and
 `--fixed` runs our side on that shape too.
 
+`--trace` also writes a Mooncake-format trace of the same number of requests (timestamps of a
+Poisson process at `--trace-rate` requests per second, ISL/OSL drawn from `--isl`/`--osl`, every
+request's 512-token blocks its own) and has both sides replay that file (ours: `TraceWorkload`,
+the simulation timed without the file's reading; Dynamo: `run_trace_replay`, its reading
+included): the same arrivals and lengths on both, not a closed loop of one fixed shape.
+
 `--sizes 1000,10000,100000` measures the cost per request at each size (timing-only path, fixed
 shape; Dynamo too with `--dynamo`), `--startup` the `vllm-vcr simulate` process itself (CPU
 seconds, child-process rusage: `--help`; a 10-request run with the latency knobs; with the perf
@@ -25,7 +31,7 @@ prints the tables of docs/benchmarks.md after the JSON.
 
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
-          [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
+          [--trace [--trace-rate 25]] [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import compileall
 import gc
 import json
 import os
+import random
 import resource
 import shutil
 import statistics
@@ -50,7 +57,7 @@ from vllm_vcr.engine.config import EngineArgs, EngineConfig  # noqa: E402
 from vllm_vcr.perf.aic import AicTarget, compile_target  # noqa: E402
 from vllm_vcr.perf.kv_sizing import estimate_kv_capacity  # noqa: E402
 from vllm_vcr.simulate.runner import simulate  # noqa: E402
-from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload  # noqa: E402
+from vllm_vcr.simulate.workload import MOONCAKE_BLOCK, LengthDist, SyntheticWorkload, TraceWorkload  # noqa: E402
 
 DYNAMO_RUN = """
 import json, sys, time
@@ -63,6 +70,17 @@ s = r["summary"] if isinstance(r, dict) else r.summary
 print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
                   "output_tokens": s["total_output_tokens"]}))
 """
+DYNAMO_TRACE = """
+import json, sys, time
+from dynamo.replay import run_trace_replay
+c0, w0 = time.process_time(), time.perf_counter()
+r = run_trace_replay([sys.argv[1]], trace_block_size=512)
+cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+s = r["summary"] if isinstance(r, dict) else r.summary
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
+                  "output_tokens": s["total_output_tokens"]}))
+"""
+TRACE_SHAPE = "Mooncake trace"
 
 
 def _engine_args() -> tuple[EngineArgs, float]:
@@ -92,6 +110,44 @@ def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int,
     return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed, "n": requests,
             "cpu_s": cpu, "wall_s": wall, "requests_per_cpu_s": len(sim.done) / cpu,
             "requests_per_wall_s": len(sim.done) / wall, "output_tokens": tokens, "loadavg_1m_before": load}
+
+
+def write_trace(path: str, requests: int, isl: str, osl: str, rate: float, seed: int = 7) -> None:
+    """A Mooncake-format trace (timestamp in ms, input_length, output_length, hash_ids of 512-token
+    blocks): Poisson arrivals at `rate` per second, lengths drawn as the synthetic workload draws
+    them, every request's blocks its own."""
+    rng = random.Random(seed)
+    isl_d, osl_d = LengthDist.parse(isl, "--isl"), LengthDist.parse(osl, "--osl")
+    t, next_id = 0.0, 1
+    with open(path, "w") as f:
+        for _ in range(requests):
+            t += rng.expovariate(rate)
+            n_in, n_out = isl_d.draw(rng), osl_d.draw(rng)
+            blocks = -(-n_in // MOONCAKE_BLOCK)
+            f.write(json.dumps({"timestamp": round(t * 1000), "input_length": n_in, "output_length": n_out,
+                                "hash_ids": list(range(next_id, next_id + blocks))}) + "\n")
+            next_id += blocks
+
+
+def _ours_trace(args: EngineArgs, path: str, label: str, timing_only: bool) -> dict:
+    wl = TraceWorkload.from_path(path)  # (read before the clock starts)
+    gc.collect()
+    load = os.getloadavg()[0]
+    w0, c0 = time.perf_counter(), time.process_time()
+    sim = simulate(args, wl, concurrency=0, timing_only=timing_only)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    return {"path": "timing_only" if timing_only else "plain", "shape": label, "n": wl.num_requests,
+            "cpu_s": cpu, "wall_s": wall, "requests_per_cpu_s": len(sim.done) / cpu,
+            "requests_per_wall_s": len(sim.done) / wall, "output_tokens": sum(r.num_out for r in sim.done),
+            "loadavg_1m_before": load}
+
+
+def _dynamo_trace(python: str, path: str, label: str) -> dict:
+    load = os.getloadavg()[0]
+    out = subprocess.run([python, "-c", DYNAMO_TRACE, path], capture_output=True, text=True, timeout=600, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"path": "dynamo_offline_replay", "shape": label, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
+            "requests_per_wall_s": r["requests"] / r["wall_s"], "loadavg_1m_before": load}
 
 
 def _child_cpu() -> float:
@@ -190,6 +246,10 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--fixed", action="store_true", help="also run ISL 1024 / OSL 256 exactly (Dynamo's shape)")
     ap.add_argument("--dynamo", metavar="PYTHON", help="the interpreter of a venv with ai-dynamo installed")
+    ap.add_argument("--trace", action="store_true",
+                    help="also replay one Mooncake-format trace (Poisson arrivals, --isl/--osl lengths) on both sides")
+    ap.add_argument("--trace-rate", type=float, default=25.0,
+                    help="the trace's arrivals per second (25: about 64 requests in flight on our side)")
     ap.add_argument("--sizes", default="", help="comma list of request counts: cost per request at each size")
     ap.add_argument("--startup", action="store_true", help="time `vllm-vcr simulate` processes (CPU seconds)")
     ap.add_argument("--startup-only", action="store_true", help="only the start-up table (implies --startup)")
@@ -211,6 +271,17 @@ def main() -> int:
             runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
         if a.dynamo:
             runs.append(_dynamo(a.dynamo, a.requests, a.concurrency))
+    if a.trace:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "trace.jsonl")
+            write_trace(path, a.requests, a.isl, a.osl, a.trace_rate)
+            label = (f"{TRACE_SHAPE}: {a.requests:,} requests, Poisson {a.trace_rate:g}/s, ISL {a.isl}, "
+                     f"OSL {a.osl}")
+            for i in range(a.repeat):
+                order = (False, True) if i % 2 == 0 else (True, False)
+                runs += [_ours_trace(args, path, label, t) for t in order]
+                if a.dynamo:
+                    runs.append(_dynamo_trace(a.dynamo, path, label))
     scaling = []
     for size in [int(x) for x in a.sizes.split(",") if x]:
         for i in range(a.repeat):
@@ -220,7 +291,7 @@ def main() -> int:
     startup = _startup(a.repeat) if a.startup else None
     summary: dict[str, dict] = {}
     for r in runs:
-        key = f"{r['path']} isl={r['isl']} osl={r['osl']}"
+        key = f"{r['path']} {r['shape']}" if "shape" in r else f"{r['path']} isl={r['isl']} osl={r['osl']}"
         summary.setdefault(key, {"cpu_s": [], "requests_per_cpu_s": []})
         summary[key]["cpu_s"].append(round(r["cpu_s"], 4))
         summary[key]["requests_per_cpu_s"].append(round(r["requests_per_cpu_s"]))
@@ -240,7 +311,7 @@ def _markdown(result: dict) -> str:
     lines = []
     by_path: dict[tuple[str, str], list[dict]] = {}
     for r in result["runs"]:
-        by_path.setdefault((r["path"], f"ISL {r['isl']}, OSL {r['osl']}"), []).append(r)
+        by_path.setdefault((r["path"], r.get("shape") or f"ISL {r['isl']}, OSL {r['osl']}"), []).append(r)
     shapes = list(dict.fromkeys(shape for _, shape in by_path))
     if shapes:
         lines += ["| requests per CPU second (median; runs) | plain path | timing-only (default) | "

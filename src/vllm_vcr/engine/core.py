@@ -21,6 +21,7 @@ import enum
 import logging
 import math
 import time
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from .admission import Admission, TokenSourceFactory, finish_output, reject
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     import asyncio
 
 logger = logging.getLogger("vllm_vcr.engine")
+_kind = itemgetter(2)  # a scheduled entry's kind
 T = TypeVar("T")
 TRACE_LEVEL = 5  # below DEBUG, like tracing's `trace` (the control API's PUT /log can enable it)
 BUSY_SLICE = 0.002  # longest run of back-to-back steps before the loop lets I/O in (their outputs merge)
@@ -565,11 +567,11 @@ class EngineCore(EngineControls):
                 self.timed.release(now, self.scheduler, self.requests)
             if kvt.transfers.remaining:  # (a DP rank whose step another rank's round starts polls here)
                 self._pulled += kvt.pop_pulled(now)
-            pulled = kvt.complete_pulls(self._pulled, self.requests)
+            pulled = kvt.complete_pulls(self._pulled, self.requests) if self._pulled else []
             # (the step runs anyway when KV pulls complete or cohort decodes are due)
             scheduled = self.timed.schedule(self.scheduler, now,
                                                  bool(pulled) or bool(self.cohort and self.cohort.members))
-            if any(kind == TRANSFER for _, _, kind in scheduled):  # pulls run beside the steps
+            if TRANSFER in map(_kind, scheduled):  # pulls run beside the steps
                 for req, n, kind in scheduled:
                     if kind == TRANSFER:
                         kvt.schedule_pull(req, n, now)
