@@ -57,12 +57,25 @@ def _add_sizes(summary: list, n: int, sizes: Any) -> None:
     summary[1] = reduce(add, sizes, summary[1])
 
 
-_FOLDERS = (  # (a row entry's field, how that record takes its rows)
-    (0, lambda c, mine: c.__setitem__(0, c[0] + len(mine))),
-    (1, lambda s, mine: _add_sizes(s, len(mine), map(_IN, mine))),
-    (2, lambda s, mine: _add_sizes(s, len(mine), map(_OUT, mine))),
-    (3, lambda h, mine: h.observe_all(list(map(_DURATION, mine)))),
-)
+def _fold_count(counter: list, rows: list) -> None:
+    counter[0] += len(rows)
+
+
+def _fold_in(summary: list, rows: list) -> None:
+    _add_sizes(summary, len(rows), map(_IN, rows))
+
+
+def _fold_out(summary: list, rows: list) -> None:
+    _add_sizes(summary, len(rows), map(_OUT, rows))
+
+
+def _fold_duration(histogram: Histogram, rows: list) -> None:
+    histogram.observe_all(list(map(_DURATION, rows)))
+
+
+# a kept row's entry, field by field (requests counter, request sizes, response sizes, latency
+# histogram), and how that record takes its rows
+_FOLDERS = tuple(zip(map(itemgetter, range(4)), (_fold_count, _fold_in, _fold_out, _fold_duration)))
 
 
 class HttpMetrics:
@@ -126,7 +139,7 @@ class HttpMetrics:
             lowr.observe_all(durations)
             return
         for field, fold_into in _FOLDERS:
-            records = list(map(itemgetter(field), entries))
+            records = list(map(field, entries))
             for record in {id(r): r for r in records}.values():
                 fold_into(record, list(compress(rows, map(is_, records, repeat(record)))))
 
