@@ -31,7 +31,7 @@ prints the tables of docs/benchmarks.md after the JSON.
 
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
-          [--trace [--trace-rate 25]] [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
+          [--trace [--trace-rate 15]] [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
 """
 
 from __future__ import annotations
@@ -248,8 +248,8 @@ def main() -> int:
     ap.add_argument("--dynamo", metavar="PYTHON", help="the interpreter of a venv with ai-dynamo installed")
     ap.add_argument("--trace", action="store_true",
                     help="also replay one Mooncake-format trace (Poisson arrivals, --isl/--osl lengths) on both sides")
-    ap.add_argument("--trace-rate", type=float, default=25.0,
-                    help="the trace's arrivals per second (25: about 64 requests in flight on our side)")
+    ap.add_argument("--trace-rate", type=float, default=15.0,
+                    help="the trace's arrivals per second (15: about 64 requests in flight on our side)")
     ap.add_argument("--sizes", default="", help="comma list of request counts: cost per request at each size")
     ap.add_argument("--startup", action="store_true", help="time `vllm-vcr simulate` processes (CPU seconds)")
     ap.add_argument("--startup-only", action="store_true", help="only the start-up table (implies --startup)")
