@@ -49,9 +49,8 @@ def values(m: HttpMetrics) -> tuple:
             {k: (tuple(h.counts), r(h.total)) for k, h in m.lowr.items()})
 
 
-@settings(max_examples=300, deadline=None)
-@given(reqs=requests, fold_at=st.integers(1, 8))
-def test_folded_rows_equal_one_request_at_a_time(reqs, fold_at):
+def assert_folds_alike(reqs: list, fold_at: int = HttpMetrics.FOLD_AT) -> None:
+    """The rows of `reqs`, folded every `fold_at` and at the end, equal each request added at once."""
     folded, plain = HttpMetrics(), HttpMetrics()
     folded.FOLD_AT = fold_at
     for r in reqs:
@@ -59,6 +58,12 @@ def test_folded_rows_equal_one_request_at_a_time(reqs, fold_at):
         one_at_a_time(plain, *r)
     folded.fold()
     assert values(folded) == values(plain)
+
+
+@settings(max_examples=300, deadline=None)
+@given(reqs=requests, fold_at=st.integers(1, 8))
+def test_folded_rows_equal_one_request_at_a_time(reqs, fold_at):
+    assert_folds_alike(reqs, fold_at)
 
 
 def test_a_scrape_folds_the_rows_first():
@@ -74,15 +79,10 @@ def test_a_scrape_folds_the_rows_first():
 def test_records_shared_by_kinds_of_request_take_their_rows_in_arrival_order():
     """A 200 and a 400 to one handler share its size summaries and its latency histogram: a float
     sum near 2**53 tells the order its additions ran in."""
-    folded, plain = HttpMetrics(), HttpMetrics()
-    reqs = [("/v1/chat/completions", "POST", 400, 0, 0, 3.0), ("/v1/chat/completions", "POST", 200, 0, 0, 0.0),
-            ("/v1/chat/completions", "POST", 200, 2**53 - 2, 2**53 - 2, 9007199254740990.0),
-            ("/v1/chat/completions", "POST", 400, 3, 3, 1.0)]
-    for r in reqs:
-        folded.observe(*r)
-        one_at_a_time(plain, *r)
-    folded.fold()
-    assert values(folded) == values(plain)
+    assert_folds_alike([("/v1/chat/completions", "POST", 400, 0, 0, 3.0),
+                        ("/v1/chat/completions", "POST", 200, 0, 0, 0.0),
+                        ("/v1/chat/completions", "POST", 200, 2**53 - 2, 2**53 - 2, 9007199254740990.0),
+                        ("/v1/chat/completions", "POST", 400, 3, 3, 1.0)])
 
 
 near_2_53 = st.sampled_from([0, 1, 3, 2**53 - 2, 2**53, -2**53])
@@ -95,10 +95,4 @@ mixed_kinds = st.lists(st.tuples(
 @given(reqs=mixed_kinds, fold_at=st.integers(1, 40))
 def test_mixed_kinds_of_request_fold_in_arrival_order(reqs, fold_at):
     """Few handlers, methods and statuses (so records are shared) and sums where order shows."""
-    folded, plain = HttpMetrics(), HttpMetrics()
-    folded.FOLD_AT = fold_at
-    for r in reqs:
-        folded.observe(*r)
-        one_at_a_time(plain, *r)
-    folded.fold()
-    assert values(folded) == values(plain)
+    assert_folds_alike(reqs, fold_at)
