@@ -35,8 +35,15 @@ class LinearKernels:
         return 0.0, shared, 0.002 * tokens * (tokens + prefix) / 1024, 0.0004 * decodes * dec_ctx
 
 
-def _latency() -> AicStepLatency:
-    return AicStepLatency(StepPricer(LinearKernels()), step_overhead_ms=1.5)
+def _latency(held: bool = False) -> AicStepLatency:
+    """`held`: as the perf model's defaults have it, async scheduling (a request reaching the engine
+    during a step waits for the step after the next) and the frontend's time (a request is held
+    before the scheduler sees it): the cohort's runs stop at the time a held request may join."""
+    if not held:
+        return AicStepLatency(StepPricer(LinearKernels()), step_overhead_ms=1.5)
+    return AicStepLatency(StepPricer(LinearKernels()), step_overhead_ms=1.5, async_scheduling=True,
+                          async_exposed_ms=0.3, frontend_ms=2.0, frontend_ms_per_1k_tokens=9.5,
+                          frontend_ms_per_request=0.4)
 
 
 def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0) -> EngineArgs:
@@ -45,8 +52,8 @@ def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0) 
                       advertised_max_model_len=1 << 16).validate()
 
 
-def _run(monkeypatch, args, workload_kw, engines, router, timing_only):
-    monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
+def _run(monkeypatch, args, workload_kw, engines, router, timing_only, held=False):
+    monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency(held)})
     wl = SyntheticWorkload(**workload_kw)
     sim = simulate(args, wl, engines=engines, router=router, concurrency=workload_kw.get("concurrency", 1),
                    timing_only=timing_only)
@@ -71,15 +78,17 @@ def _free_queues(sim) -> list[list[int]]:
        osl=st.sampled_from(["uniform:1:60", "exp:20", "1", "2"]), arrival=st.sampled_from(["closed", "poisson"]),
        concurrency=st.integers(1, 12), kv_blocks=st.integers(40, 200), block=st.sampled_from([4, 16]),
        budget=st.integers(32, 256), seqs=st.integers(1, 16), engines=st.integers(1, 2),
-       prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), max_len=st.sampled_from([0, 0, 96]))
+       prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), max_len=st.sampled_from([0, 0, 96]),
+       held=st.booleans())
 def test_timing_only_decodes_change_nothing_but_the_outputs(monkeypatch, n, isl, osl, arrival, concurrency, kv_blocks,
-                                                            block, budget, seqs, engines, prefixes, seed, max_len):
+                                                            block, budget, seqs, engines, prefixes, seed, max_len,
+                                                            held):
     args = _args(kv_blocks, block, budget, min(seqs, budget), max_len)
     wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
               concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
     router = "kv" if prefixes else "round_robin"
-    plain, expected = _run(monkeypatch, args, wl, engines, router, False)
-    fast, got = _run(monkeypatch, args, wl, engines, router, True)
+    plain, expected = _run(monkeypatch, args, wl, engines, router, False, held)
+    fast, got = _run(monkeypatch, args, wl, engines, router, True, held)
     assert got == expected
     assert fast.timeline.preemptions == plain.timeline.preemptions
     assert fast.timeline.steps == plain.timeline.steps

@@ -624,7 +624,13 @@ class EngineCore(EngineControls):
         cohort, timed = self.cohort, self.timed
         batch = timed.in_flight
         if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon \
-                or not cohort.members or not self._quiet():
+                or not cohort.members:
+            return 0
+        quiet = self._quiet_until()
+        if quiet is None:
+            return 0
+        horizon = min(horizon, quiet)  # (a held request joins the steps that start from then on)
+        if batch.end >= horizon:
             return 0
         steps, now, end, pressure = cohort.run_alone(batch.end, horizon, self.kv.pool,
                                                      self.scheduler.engine_policy.on_step,
@@ -638,14 +644,29 @@ class EngineCore(EngineControls):
             self._end_fast_run(now, steps)
         return steps
 
-    def _quiet(self) -> bool:
-        """Nothing but the cohort's decodes can happen in this engine's next steps (until an input)."""
-        sched, life, kvt = self.scheduler, self.lifecycle, self.kv_transfer
-        return not (self._inbox or sched.waiting or sched.prefilling or sched.decode_heap or sched.bootstrapping
-                    or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
-                    or kvt.holds or kvt.transfers.remaining or self._pulled or self.timed.gate.hidden
-                    or self.timed.arriving or self.lockstep is not None
-                    or self._step_observers or logger.isEnabledFor(TRACE_LEVEL))
+    def _quiet_until(self) -> float | None:
+        """Until when nothing but the cohort's decodes can happen in this engine's steps (until an
+        input): a step that starts before then schedules the cohort alone. None: something else may
+        happen now; inf: nothing is held. A request held in the frontend (`timed.arriving`, released
+        at the first step that starts at its time or later) or hidden by the input gate (async
+        scheduling's look-ahead, the input path's delay: left out of the steps that start before its
+        time) waits for that time; any other work (a waiting request the gate does not hide, a
+        prefill, a plain decode, a KV transfer, a drain, a pause) ends the run at once."""
+        sched, life, kvt, timed = self.scheduler, self.lifecycle, self.kv_transfer, self.timed
+        if (self._inbox or sched.prefilling or sched.decode_heap or sched.bootstrapping
+                or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
+                or kvt.holds or kvt.transfers.remaining or self._pulled or timed.recv_interval > 1
+                or self.lockstep is not None or self._step_observers or logger.isEnabledFor(TRACE_LEVEL)):
+            return None
+        until = timed.arriving[0][0] if timed.arriving else math.inf  # (released in order, FIFO)
+        if sched.waiting:
+            hidden = timed.gate.hidden
+            for req in sched.waiting:
+                t = hidden.get(req.request_id)
+                if t is None:
+                    return None
+                until = min(until, t)
+        return until
 
     def _end_fast_run(self, now: float, priced: int) -> None:
         """The engine's clock and counters after fast-forwarded steps, the last ending at `now`
