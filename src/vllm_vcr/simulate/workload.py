@@ -212,9 +212,33 @@ def _read_rows(path: str, limit: int | None) -> Iterator[dict]:
                 return
 
 
+_KEY_IDS = 4  # leading ids of a keyed run that spell its key (in base _VOCAB: distinct below _VOCAB**4)
+
+
+@functools.lru_cache(maxsize=1)
+def _ring() -> list[int]:
+    """Random ids that keyed runs are cut from: a fixed pool, twice over (a run may wrap)."""
+    pool = np.random.default_rng(0x5EED).integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
+    return pool + pool
+
+
 def _block_tokens(key: int, n: int) -> list[int]:
-    """The same `n` token ids for the same block key, everywhere."""
-    return np.random.default_rng(abs(key) * 2 + (key < 0)).integers(1, _VOCAB + 1, size=n).tolist()
+    """The same `n` token ids for the same block key, everywhere (a longer run for the key starts
+    with a shorter one), and different ones for a different key: a run of a fixed pool of random
+    ids from a place the key picks, its first ids spelling the key. One slice per block, not a
+    random generator seeded per block (the trace loaders call this for every block)."""
+    k = abs(key) * 2 + (key < 0)
+    ring = _ring()
+    at = (k * 0x9E3779B97F4A7C15 >> 17) % _SUFFIX_POOL
+    if n <= _SUFFIX_POOL:
+        out = ring[at:at + n]
+    else:  # (longer than the pool: it repeats)
+        out = (ring[at:_SUFFIX_POOL] + ring[:_SUFFIX_POOL] * (n // _SUFFIX_POOL + 1))[:n]
+    spelled = min(_KEY_IDS, n)
+    for j in range(spelled):
+        out[j] = k % _VOCAB + 1
+        k //= _VOCAB
+    return out
 
 
 def _mooncake_request(i: int, row: dict) -> SimRequest:
