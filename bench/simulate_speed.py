@@ -59,27 +59,20 @@ from vllm_vcr.perf.kv_sizing import estimate_kv_capacity  # noqa: E402
 from vllm_vcr.simulate.runner import simulate  # noqa: E402
 from vllm_vcr.simulate.workload import MOONCAKE_BLOCK, LengthDist, SyntheticWorkload, TraceWorkload  # noqa: E402
 
-DYNAMO_RUN = """
+# a child process of Dynamo's venv: one replay (the call given), timed, its counts as JSON
+_DYNAMO_TIMED = """
 import json, sys, time
-from dynamo.replay import run_synthetic_trace_replay
-isl, osl, n, c = (int(x) for x in sys.argv[1:5])
+from dynamo.replay import run_synthetic_trace_replay, run_trace_replay
 c0, w0 = time.process_time(), time.perf_counter()
-r = run_synthetic_trace_replay(isl, osl, n, replay_concurrency=c)
+r = {call}
 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
 s = r["summary"] if isinstance(r, dict) else r.summary
-print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
-                  "output_tokens": s["total_output_tokens"]}))
+print(json.dumps({{"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
+                  "output_tokens": s["total_output_tokens"]}}))
 """
-DYNAMO_TRACE = """
-import json, sys, time
-from dynamo.replay import run_trace_replay
-c0, w0 = time.process_time(), time.perf_counter()
-r = run_trace_replay([sys.argv[1]], trace_block_size=512)
-cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-s = r["summary"] if isinstance(r, dict) else r.summary
-print(json.dumps({"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
-                  "output_tokens": s["total_output_tokens"]}))
-"""
+DYNAMO_RUN = _DYNAMO_TIMED.format(call="run_synthetic_trace_replay(*(int(x) for x in sys.argv[1:4]), "
+                                       "replay_concurrency=int(sys.argv[4]))")
+DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_block_size=512)")
 TRACE_SHAPE = "Mooncake trace"
 
 
@@ -142,14 +135,6 @@ def _ours_trace(args: EngineArgs, path: str, label: str, timing_only: bool) -> d
             "cpu_s": cpu, "wall_s": wall, "read_cpu_s": read, "requests_per_cpu_s": len(sim.done) / cpu,
             "requests_per_wall_s": len(sim.done) / wall, "output_tokens": sum(r.num_out for r in sim.done),
             "loadavg_1m_before": load}
-
-
-def _dynamo_trace(python: str, path: str, label: str) -> dict:
-    load = os.getloadavg()[0]
-    out = subprocess.run([python, "-c", DYNAMO_TRACE, path], capture_output=True, text=True, timeout=600, check=True)
-    r = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"path": "dynamo_offline_replay", "shape": label, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
-            "requests_per_wall_s": r["requests"] / r["wall_s"], "loadavg_1m_before": load}
 
 
 def _child_cpu() -> float:
@@ -229,14 +214,21 @@ def _startup(repeat: int) -> dict:
     return out
 
 
-def _dynamo(python: str, requests: int, concurrency: int) -> dict:
+def _dynamo_child(python: str, script: str, argv: list[str], **fields: str) -> dict:
+    """One replay in Dynamo's venv (`script`: DYNAMO_RUN or DYNAMO_TRACE), its row."""
     load = os.getloadavg()[0]
-    out = subprocess.run([python, "-c", DYNAMO_RUN, "1024", "256", str(requests), str(concurrency)],
-                         capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=600, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"path": "dynamo_offline_replay", "isl": "1024", "osl": "256", **r,
-            "requests_per_cpu_s": r["requests"] / r["cpu_s"], "requests_per_wall_s": r["requests"] / r["wall_s"],
-            "loadavg_1m_before": load}
+    return {"path": "dynamo_offline_replay", **fields, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
+            "requests_per_wall_s": r["requests"] / r["wall_s"], "loadavg_1m_before": load}
+
+
+def _dynamo(python: str, requests: int, concurrency: int) -> dict:
+    return _dynamo_child(python, DYNAMO_RUN, ["1024", "256", str(requests), str(concurrency)], isl="1024", osl="256")
+
+
+def _dynamo_trace(python: str, path: str, label: str) -> dict:
+    return _dynamo_child(python, DYNAMO_TRACE, [path], shape=label)
 
 
 def main() -> int:
