@@ -23,7 +23,7 @@ import time
 from functools import reduce
 from itertools import compress, repeat
 from operator import add, is_, itemgetter
-from typing import Any
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, SummaryMetricFamily
@@ -52,21 +52,15 @@ def register_process_collectors(registry: CollectorRegistry) -> None:
     GCCollector(registry=registry)
 
 
-def _add_sizes(summary: list, n: int, sizes: Any) -> None:
-    summary[0] += n
-    summary[1] = reduce(add, sizes, summary[1])
-
-
 def _fold_count(counter: list, rows: list) -> None:
     counter[0] += len(rows)
 
 
-def _fold_in(summary: list, rows: list) -> None:
-    _add_sizes(summary, len(rows), map(_IN, rows))
-
-
-def _fold_out(summary: list, rows: list) -> None:
-    _add_sizes(summary, len(rows), map(_OUT, rows))
+def _fold_sizes(size_of: Callable[[tuple], int]) -> Callable[[list, list], None]:
+    def fold(summary: list, rows: list) -> None:
+        summary[0] += len(rows)
+        summary[1] = reduce(add, map(size_of, rows), summary[1])
+    return fold
 
 
 def _fold_duration(histogram: Histogram, rows: list) -> None:
@@ -75,7 +69,7 @@ def _fold_duration(histogram: Histogram, rows: list) -> None:
 
 # a kept row's entry, field by field (requests counter, request sizes, response sizes, latency
 # histogram), and how that record takes its rows
-_FOLDERS = tuple(zip(map(itemgetter, range(4)), (_fold_count, _fold_in, _fold_out, _fold_duration)))
+_FOLDERS = tuple(zip(map(itemgetter, range(4)), (_fold_count, _fold_sizes(_IN), _fold_sizes(_OUT), _fold_duration)))
 
 
 class HttpMetrics:
@@ -126,22 +120,14 @@ class HttpMetrics:
         if not rows:
             return
         self._rows = []
-        durations = list(map(_DURATION, rows))
-        self.highr.observe_all(durations)
+        self.highr.observe_all(list(map(_DURATION, rows)))
         entries = list(map(_ENTRY, rows))
-        distinct = {id(e): e for e in entries}
-        if len(distinct) == 1:  # one kind of request
-            c, s_in, s_out, lowr = entries[0]
-            n = len(rows)
-            c[0] += n
-            _add_sizes(s_in, n, map(_IN, rows))
-            _add_sizes(s_out, n, map(_OUT, rows))
-            lowr.observe_all(durations)
-            return
         for field, fold_into in _FOLDERS:
             records = list(map(field, entries))
-            for record in {id(r): r for r in records}.values():
-                fold_into(record, list(compress(rows, map(is_, records, repeat(record)))))
+            distinct = {id(r): r for r in records}
+            for record in distinct.values():  # (one record: every row is its own)
+                mine = rows if len(distinct) == 1 else list(compress(rows, map(is_, records, repeat(record))))
+                fold_into(record, mine)
 
     def _entry(self, method: str, status: int, handler: str) -> tuple[list, list, list, Histogram]:
         """The records a request of this method, status and handler adds to, made on first use."""
