@@ -12,7 +12,12 @@ the cyclic garbage of the previous one is collected (untimed): a `simulate` proc
 `--dynamo PYTHON` also runs Dynamo's offline replay (`dynamo.replay.run_synthetic_trace_replay`,
 its default timing: it has no AIC without aiconfigurator-core in its venv) on the fixed-length
 shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way, and
-`--fixed` runs our side on that shape too.
+`--fixed` runs our side on that shape too. Dynamo simulates the deployment ours does (its
+`extra_engine_args`: KV blocks of 16 tokens, our KV estimate's block count, 1,024 sequences and
+8,192 batched tokens per step), so both replay one workload; and once more with its own defaults
+(16,384 blocks of 64 tokens, 256 sequences), whose load is lighter (a KV usage its timing model
+prices lower), for reference. Each row also says what was simulated (seconds of
+simulated time, mean TPOT).
 
 `--trace` also writes a Mooncake-format trace of the same number of requests (timestamps of a
 Poisson process at `--trace-rate` requests per second, ISL/OSL drawn from `--isl`/`--osl`, every
@@ -60,19 +65,23 @@ from vllm_vcr.simulate.runner import simulate  # noqa: E402
 from vllm_vcr.simulate.workload import MOONCAKE_BLOCK, LengthDist, SyntheticWorkload, TraceWorkload  # noqa: E402
 
 # a child process of Dynamo's venv: one replay (the call given), timed, its counts as JSON
+# (its last argument: the engine's arguments as JSON, `{}` for Dynamo's defaults)
 _DYNAMO_TIMED = """
 import json, sys, time
 from dynamo.replay import run_synthetic_trace_replay, run_trace_replay
+engine = json.loads(sys.argv[-1]) or None
 c0, w0 = time.process_time(), time.perf_counter()
 r = {call}
 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
 s = r["summary"] if isinstance(r, dict) else r.summary
 print(json.dumps({{"cpu_s": cpu, "wall_s": wall, "requests": s["completed_requests"],
-                  "output_tokens": s["total_output_tokens"]}}))
+                  "output_tokens": s["total_output_tokens"], "simulated_s": s["duration_ms"] / 1e3,
+                  "mean_tpot_ms": s["mean_tpot_ms"]}}))
 """
 DYNAMO_RUN = _DYNAMO_TIMED.format(call="run_synthetic_trace_replay(*(int(x) for x in sys.argv[1:4]), "
-                                       "replay_concurrency=int(sys.argv[4]))")
-DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_block_size=512)")
+                                       "replay_concurrency=int(sys.argv[4]), extra_engine_args=engine)")
+DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_block_size=512, "
+                                         "extra_engine_args=engine)")
 TRACE_SHAPE = "Mooncake trace"
 
 
@@ -90,6 +99,21 @@ def _engine_args() -> tuple[EngineArgs, float]:
     return args, compile_s
 
 
+def dynamo_engine(args: EngineArgs) -> dict:
+    """Dynamo's `extra_engine_args` for the deployment `args` simulates (its KV blocks and their
+    size, the scheduler's limits): the same workload on both sides."""
+    return {"engine": {"block_size": args.tokens_per_block, "num_gpu_blocks": args.kv_cache_size,
+                       "max_num_seqs": args.config.max_num_seqs,
+                       "max_num_batched_tokens": args.config.max_num_batched_tokens}}
+
+
+def _simulated(done: list) -> dict:
+    """What a run simulated: seconds from the first arrival to the last finish, mean TPOT."""
+    t0 = min(r.arrival for r in done)
+    tpot = [(r.end - r.first) / (r.num_out - 1) for r in done if r.num_out > 1]
+    return {"simulated_s": max(r.end for r in done) - t0, "mean_tpot_ms": 1e3 * sum(tpot) / len(tpot)}
+
+
 def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int, seed: int,
           timing_only: bool) -> dict:
     wl = SyntheticWorkload(num_requests=requests, isl=LengthDist.parse(isl, "--isl"),
@@ -102,7 +126,8 @@ def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int,
     tokens = sum(r.num_out for r in sim.done)
     return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed, "n": requests,
             "cpu_s": cpu, "wall_s": wall, "requests_per_cpu_s": len(sim.done) / cpu,
-            "requests_per_wall_s": len(sim.done) / wall, "output_tokens": tokens, "loadavg_1m_before": load}
+            "requests_per_wall_s": len(sim.done) / wall, "output_tokens": tokens, "loadavg_1m_before": load,
+            **_simulated(sim.done)}
 
 
 def write_trace(path: str, requests: int, isl: str, osl: str, rate: float, seed: int = 7) -> None:
@@ -134,7 +159,7 @@ def _ours_trace(args: EngineArgs, path: str, label: str, timing_only: bool) -> d
     return {"path": "timing_only" if timing_only else "plain", "shape": label, "n": wl.num_requests,
             "cpu_s": cpu, "wall_s": wall, "read_cpu_s": read, "requests_per_cpu_s": len(sim.done) / cpu,
             "requests_per_wall_s": len(sim.done) / wall, "output_tokens": sum(r.num_out for r in sim.done),
-            "loadavg_1m_before": load}
+            "loadavg_1m_before": load, **_simulated(sim.done)}
 
 
 def _child_cpu() -> float:
@@ -214,21 +239,25 @@ def _startup(repeat: int) -> dict:
     return out
 
 
-def _dynamo_child(python: str, script: str, argv: list[str], **fields: str) -> dict:
-    """One replay in Dynamo's venv (`script`: DYNAMO_RUN or DYNAMO_TRACE), its row."""
+def _dynamo_child(python: str, script: str, argv: list[str], engine: dict | None, **fields: str) -> dict:
+    """One replay in Dynamo's venv (`script`: DYNAMO_RUN or DYNAMO_TRACE) of the deployment
+    `engine` (`dynamo_engine`; None: Dynamo's defaults), its row."""
     load = os.getloadavg()[0]
-    out = subprocess.run([python, "-c", script, *argv], capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run([python, "-c", script, *argv, json.dumps(engine or {})], capture_output=True, text=True,
+                         timeout=600, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"path": "dynamo_offline_replay", **fields, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
+    path = "dynamo_offline_replay" if engine else "dynamo_defaults"
+    return {"path": path, **fields, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
             "requests_per_wall_s": r["requests"] / r["wall_s"], "loadavg_1m_before": load}
 
 
-def _dynamo(python: str, requests: int, concurrency: int) -> dict:
-    return _dynamo_child(python, DYNAMO_RUN, ["1024", "256", str(requests), str(concurrency)], isl="1024", osl="256")
+def _dynamo(python: str, requests: int, concurrency: int, engine: dict | None) -> dict:
+    return _dynamo_child(python, DYNAMO_RUN, ["1024", "256", str(requests), str(concurrency)], engine,
+                         isl="1024", osl="256")
 
 
-def _dynamo_trace(python: str, path: str, label: str) -> dict:
-    return _dynamo_child(python, DYNAMO_TRACE, [path], shape=label)
+def _dynamo_trace(python: str, path: str, label: str, engine: dict | None) -> dict:
+    return _dynamo_child(python, DYNAMO_TRACE, [path], engine, shape=label)
 
 
 def main() -> int:
@@ -264,7 +293,7 @@ def main() -> int:
             order = (False, True) if i % 2 == 0 else (True, False)  # alternate A/B on a shared box
             runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
         if a.dynamo:
-            runs.append(_dynamo(a.dynamo, a.requests, a.concurrency))
+            runs += [_dynamo(a.dynamo, a.requests, a.concurrency, e) for e in (dynamo_engine(args), None)]
     if a.trace:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.jsonl")
@@ -275,13 +304,13 @@ def main() -> int:
                 order = (False, True) if i % 2 == 0 else (True, False)
                 runs += [_ours_trace(args, path, label, t) for t in order]
                 if a.dynamo:
-                    runs.append(_dynamo_trace(a.dynamo, path, label))
+                    runs += [_dynamo_trace(a.dynamo, path, label, e) for e in (dynamo_engine(args), None)]
     scaling = []
     for size in [int(x) for x in a.sizes.split(",") if x]:
         for i in range(a.repeat):
             scaling.append(_ours(args, "1024", "256", size, a.concurrency, i, True))
             if a.dynamo:
-                scaling.append(_dynamo(a.dynamo, size, a.concurrency))
+                scaling.append(_dynamo(a.dynamo, size, a.concurrency, dynamo_engine(args)))
     startup = _startup(a.repeat) if a.startup else None
     summary: dict[str, dict] = {}
     for r in runs:
@@ -307,12 +336,13 @@ def _markdown(result: dict) -> str:
     for r in result["runs"]:
         by_path.setdefault((r["path"], r.get("shape") or f"ISL {r['isl']}, OSL {r['osl']}"), []).append(r)
     shapes = list(dict.fromkeys(shape for _, shape in by_path))
+    paths = ("plain", "timing_only", "dynamo_offline_replay", "dynamo_defaults")
     if shapes:
         lines += ["| requests per CPU second (median; runs) | plain path | timing-only (default) | "
-                  "Dynamo offline replay |", "|---|---:|---:|---:|"]
+                  "Dynamo offline replay, the same deployment | Dynamo, its defaults |", "|---|---:|---:|---:|---:|"]
     for shape in shapes:
         cells = []
-        for path in ("plain", "timing_only", "dynamo_offline_replay"):
+        for path in paths:
             rs = by_path.get((path, shape))
             if not rs:
                 cells.append("-")
@@ -320,8 +350,18 @@ def _markdown(result: dict) -> str:
             v = [r["requests_per_cpu_s"] for r in rs]
             cells.append(f"{med(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})")
         lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    if any((path, shape) in by_path for path in paths[2:] for shape in shapes):
+        lines += ["", "| what was simulated: seconds, mean TPOT | timing-only (default) | "
+                      "Dynamo, the same deployment | Dynamo, its defaults |", "|---|---:|---:|---:|"]
+        for shape in shapes:
+            cells = []
+            for path in paths[1:]:
+                r = (by_path.get((path, shape)) or [{}])[0]
+                cells.append(f"{r['simulated_s']:.1f} s, {r['mean_tpot_ms']:.1f} ms" if "simulated_s" in r else "-")
+            lines.append(f"| {shape} | " + " | ".join(cells) + " |")
     if result["scaling"]:
-        lines += ["", "| requests (ISL 1024, OSL 256, C 64) | simulate µs/request | simulate req/CPU-s | "
+        lines += ["", "| requests (ISL 1024, OSL 256, C 64; the same deployment) | simulate µs/request | "
+                      "simulate req/CPU-s | "
                       "Dynamo µs/request | Dynamo req/CPU-s |", "|---:|---:|---:|---:|---:|"]
         by_size: dict[tuple[str, int], list[float]] = {}
         for r in result["scaling"]:

@@ -1,11 +1,15 @@
-"""bench/simulate_speed.py's trace workload: the Mooncake-format file both sides replay holds the
-arrivals and lengths it says, and our reader turns it into those requests (own blocks each)."""
+"""bench/simulate_speed.py: the Mooncake-format file both sides replay holds the arrivals and
+lengths it says, and our reader turns it into those requests (own blocks each); Dynamo is given the
+deployment we simulate."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -38,3 +42,31 @@ def test_the_trace_is_what_both_sides_replay(tmp_path):
 
     ss.write_trace(str(tmp_path / "again.jsonl"), 300, "lognormal:1024:512", "lognormal:256:128", rate=25.0)
     assert (tmp_path / "again.jsonl").read_text() == path.read_text()  # one seed, one trace
+
+
+
+PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/peers")
+DYNAMO = PEERS / "dynamo" / "bin" / "python"
+
+
+def _deployment():
+    from vllm_vcr.engine.config import EngineArgs, EngineConfig
+
+    return EngineArgs(config=EngineConfig(max_num_seqs=512, max_num_batched_tokens=4096), kv_cache_size=5000,
+                      tokens_per_block=32).validate()
+
+
+def test_dynamo_is_given_the_deployment_we_simulate():
+    assert _load().dynamo_engine(_deployment()) == {"engine": {
+        "block_size": 32, "num_gpu_blocks": 5000, "max_num_seqs": 512, "max_num_batched_tokens": 4096}}
+
+
+@pytest.mark.skipif(not DYNAMO.exists(), reason="Dynamo's venv is a benchmark peer (bench/install-peers-bench.sh)")
+def test_dynamo_replays_that_deployment():
+    """The fields are the ones Dynamo's engine launch config takes (it refuses unknown ones): a
+    short replay of our deployment runs, and one of Dynamo's defaults; each says what it simulated."""
+    ss = _load()
+    rows = [ss._dynamo(str(DYNAMO), 40, 8, e) for e in (ss.dynamo_engine(_deployment()), None)]
+    assert [r["path"] for r in rows] == ["dynamo_offline_replay", "dynamo_defaults"]
+    assert all(r["requests"] == 40 and r["simulated_s"] > 0 and r["mean_tpot_ms"] > 0 for r in rows)
+    assert rows[0]["simulated_s"] != rows[1]["simulated_s"]  # another KV shape: another load on its timing model
