@@ -49,6 +49,43 @@ def test_the_frozen_split_of_each_row_kind_is_whole_groups_by_the_same_rule(kind
     assert not vllm_groups & set(named)  # a kind's groups are its own
 
 
+def test_an_sglang_row_spelled_tp_times_ep_runs_the_deployment_its_twins_name():
+    """The sample spells SGLang's `--tp T --ep E` two ways: `T·E / T / E` (tp / MoE TP / MoE EP) in
+    InferenceX's database dump and its 2026-04-06 export, `T / T÷E / E` in its other rows. The same
+    measurement appears in both spellings; a row of the first runs its twin's deployment (not T·E
+    GPUs of attention TP) and keeps its recorded group, the one the frozen split names."""
+    import csv
+
+    from vllm_vcr.simulate.silicon_beyond import _sample_path, sglang_agg_rows
+
+    def measurement(r) -> tuple:
+        return (r["model_path"], r["system"], int(r["isl"]), int(r["osl"]), float(r["silicon_ttft_ms"]),
+                float(r["silicon_tpot_ms"]))
+
+    with open(_sample_path(None), newline="") as f:
+        raw = [r for r in csv.DictReader(f) if r["backend"] == "sglang" and r["mode"] == "agg"]
+    spelled_by_sglang: dict[tuple, set] = {}
+    for r in raw:
+        if r["moe_tp_size"] == "1" or r["moe_ep_size"] == "1":
+            spelled_by_sglang.setdefault(measurement(r), set()).add(
+                (int(r["tp_size"]), int(r["moe_tp_size"]), int(r["moe_ep_size"])))
+    by_id = {r["id"]: r for r in raw}
+    split = json.loads(_bench().split_file("sglang-agg").read_text())
+    named = {g for side in ("train", "dev", "test") for g in split[side]}
+    mapped = [row for row in sglang_agg_rows() if row.recorded_group]
+    twins = 0
+    for row in mapped:
+        r = by_id[row.id]
+        assert row.tp * row.moe_ep == int(r["tp_size"]) and row.moe_tp == 1  # T·E / T / E -> T / 1 / E
+        assert row.recorded_group == row.columns_group().replace(f"|tp{row.tp}", f"|tp{r['tp_size']}")
+        assert row.group in named
+        twin = spelled_by_sglang.get(measurement(r), set())
+        if twin:
+            assert twin == {(row.tp, row.moe_tp, row.moe_ep)}
+            twins += 1
+    assert len(mapped) == 172 and twins == 41  # 16/4/4, 64/8/8 and 4/2/2 rows; twins in 4/1/4 and 8/1/8
+
+
 def test_an_sglang_row_runs_sglangs_scheduler_on_sglangs_kernel_data():
     from vllm_vcr.simulate.silicon import HostTime
     from vllm_vcr.simulate.silicon_beyond import SGLangRow, simulate_any, static_any, supported_any

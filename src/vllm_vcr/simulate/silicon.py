@@ -84,6 +84,7 @@ class SiliconRow:
     tpot_ms: float
     source: str = ""
     precision_label: str = ""  # the sample's GEMM precision label, before the checkpoint's own replaces it
+    recorded_group: str = ""  # the group of the sample's columns, where the deployment run differs from them
 
     @property
     def inferencex(self) -> bool:
@@ -101,9 +102,14 @@ class SiliconRow:
 
     @property
     def group(self) -> str:
-        """The row's configuration (model x GPU x precision x parallelism, as deployed, with the
-        sample's own precision label): every repeat of one configuration shares it, and the
-        validation's splits are made of whole groups."""
+        """The row's configuration (model x GPU x precision x parallelism, with the sample's own
+        precision label): every repeat of one configuration shares it, and the validation's splits
+        are made of whole groups. A row whose deployment was read from more than its columns keeps
+        the group of its columns (the split is made of recorded groups)."""
+        return self.recorded_group or self.columns_group()
+
+    def columns_group(self) -> str:
+        """The group the sample's columns give."""
         dp = f"-dp{self.attention_dp}" if self.attention_dp > 1 else ""
         return f"{self.model}|{self.gpu}|{self.precision_label}|tp{self.tp}{dp}"
 

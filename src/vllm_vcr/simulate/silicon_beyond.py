@@ -153,9 +153,8 @@ class SGLangRow(SiliconRow):
 
     engine_type: str = "sglang"
 
-    @property
-    def group(self) -> str:
-        return "sglang|" + super().group
+    def columns_group(self) -> str:
+        return "sglang|" + super().columns_group()
 
     @property
     def async_scheduling(self) -> bool:
@@ -213,7 +212,22 @@ def sglang_agg_rows(path: str | None = None) -> Iterator[SGLangRow]:
                 continue
             row = SGLangRow(**_row_common(r), tp=_int(r["tp_size"], 1), attention_dp=_int(r["attention_dp_size"], 1),
                             moe_tp=_int(r["moe_tp_size"]), moe_ep=_int(r["moe_ep_size"]))
-            yield _sglang_kernels(_checkpoint_precision(_data_parallel(row)))
+            yield _sglang_kernels(_checkpoint_precision(_data_parallel(_expert_parallel(row))))
+
+
+def _expert_parallel(row: SGLangRow) -> SGLangRow:
+    """The deployment of a row whose columns spell expert parallelism as InferenceX's database dump
+    and its dashboard export of 2026-04-06 do: `tp_size` = TP x EP, `moe_tp_size` = TP,
+    `moe_ep_size` = EP. SGLang's `--tp 4 --ep 4` (attention TP 4, experts spread over the same 4
+    GPUs, MoE TP = TP / EP = 1) is `16 / 4 / 4` there and `4 / 1 / 4` in the sample's other rows,
+    which carry the same measurements (tests/perf/test_silicon_beyond.py), and the rows' InferenceX
+    search spaces list exactly these points (`{ tp: 4, ep: 4 }`, `{ tp: 8, ep: 8 }` for DeepSeek-R1,
+    `{ tp: 2, ep: 2 }` for Qwen3.5 NVFP4 on B300, in `.github/configs/nvidia-master.yaml`); read as
+    written they were 16 and 64 GPUs of attention TP. The row keeps its recorded group."""
+    tp, ep = row.moe_tp or 1, row.moe_ep or 1
+    if tp > 1 and ep > 1 and row.tp == tp * ep and row.attention_dp == 1 and tp % ep == 0:
+        return replace(row, recorded_group=row.group, tp=tp, moe_tp=tp // ep, moe_ep=ep)
+    return row
 
 
 def _engine_args(target: AicTarget, *, gpu_util: float, budget: int, seqs: int, block_size: int,
@@ -286,12 +300,8 @@ class DisaggRow(SiliconRow):
     prefill_moe_tp: int | None = None
     prefill_moe_ep: int | None = None
     decode_workers: int = 1
-    recorded_group: str = ""  # the group of the sample's columns, where the deployment run differs from them
 
-    @property
-    def group(self) -> str:
-        if self.recorded_group:
-            return self.recorded_group
+    def columns_group(self) -> str:
         return (f"disagg-{self.engine_type}|{self.model}|{self.gpu}|{self.precision_label}|"
                 f"p{self.prefill_workers}x(tp{self.prefill_tp}-dp{self.prefill_dp})|"
                 f"d{self.decode_workers}x(tp{self.tp}-dp{self.attention_dp})")
