@@ -108,3 +108,29 @@ def test_int4_experts_carry_their_group_scales():
     delta = weights_correction(t, {"context_embedding": 0.0, "context_moe": moe})
     dense = 3 * 7168 * 18432 * (1.0 / (384 * 3 * 7168 * 2048 / 8)) / 8
     assert delta == pytest.approx(-(1.0 - dense) + 60 * (2 / 32) / 0.5)
+
+
+def test_sglangs_static_fraction_holds_the_weights_and_the_kv_pool_not_the_activations(monkeypatch):
+    """SGLang's KV pool (`ModelRunner.profile_max_num_token`) is what is free after loading less
+    `(1 - mem_fraction_static)` of the GPU: the fraction holds the weights, the runtime and the pool,
+    and the activations live in the rest. vLLM's pool is its utilization share less weights,
+    runtime and the profiled activations. So a deployment SGLang runs with a small pool (Qwen3-32B
+    in BF16 on one H100 at SGLang's default 0.83) has one, where taking the activations out of the
+    fraction too leaves none."""
+    from vllm_vcr.perf import kv_sizing
+    from vllm_vcr.perf.aic import AicTarget
+
+    monkeypatch.setenv("VLLM_VCR_PERF_CACHE", "0")
+    kw = dict(block_size=16, gpu_memory_utilization=0.83, max_num_batched_tokens=8192, max_num_seqs=256)
+    sglang = AicTarget(model="Qwen/Qwen3-32B", gpu="h100_sxm", tensor_parallel_size=2, backend="sglang")
+    est = kv_sizing._estimate(sglang.resolved(), 8192, 256, 0.83)
+    m = est["memory_breakdown"]
+    assert m["activations_bytes"] > 1 << 30
+    pool = 0.83 * est["total_gpu_capacity_bytes"] - m["weights_bytes"] - m["runtime_overhead_bytes"] \
+        - m["comm_overhead_bytes"]
+    cap = kv_sizing.estimate_kv_capacity(sglang, **kw)
+    assert abs(cap.tokens * cap.bytes_per_token - pool) < 2 * cap.bytes_per_token
+    one_gpu = replace(sglang, tensor_parallel_size=1)
+    assert kv_sizing.estimate_kv_capacity(one_gpu, **kw).tokens > 0
+    m = kv_sizing._estimate(one_gpu.resolved(), 8192, 256, 0.83)["memory_breakdown"]
+    assert 0.83 * est["total_gpu_capacity_bytes"] < sum(m.values())  # (with the activations taken out too: none)

@@ -13,6 +13,13 @@ vLLM's `VocabParallelEmbedding` shards it over tensor parallelism, and experts i
 where the checkpoint's first `first_k_dense_replace` layers are dense MLPs; and int4 experts'
 group scales, which it leaves out. For Kimi-K2.5 in NVFP4 at TP 4 that is 3.8 GiB per GPU less,
 116k more FP8 KV tokens; in its own int4 checkpoint at TP 8, 4.5 GiB more.
+
+SGLang divides the memory another way (`ModelRunner.profile_max_num_token`): the KV pool is what
+is free after the weights are loaded less `(1 - mem_fraction_static)` × total memory, so
+`mem_fraction_static` × total holds the weights, the runtime already allocated and the KV pool,
+and the activations and CUDA graphs of the forward passes live in the rest (SGLang's own default
+fraction reserves room for them, `simulate/silicon_beyond.py` `sglang_server_defaults`). For the
+`sglang` backend the activations are not taken out of the fraction a second time.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ def estimate_kv_capacity(target: AicTarget, *, block_size: int, gpu_memory_utili
     level, quiet.level = quiet.level, logging.ERROR
     call = dict(model=t.model, gpu=t.gpu, backend=t.backend, version=t.backend_version or "current",
                 max_num_tokens=max_num_batched_tokens, max_batch_size=max_num_seqs,
-                memory_fraction_value=gpu_memory_utilization, weights="vllm-loaded-2", **t.compile_kwargs())
+                memory_fraction_value=gpu_memory_utilization, weights="vllm-loaded-2", **t.compile_kwargs(),
+                **({"static_fraction": "weights+kv"} if t.backend == "sglang" else {}))
     try:
         est = load_or_compute("kv-estimate", call, lambda: _json_safe(_estimate(
             t, max_num_batched_tokens, max_num_seqs, gpu_memory_utilization)))
@@ -84,6 +92,8 @@ def _estimate(t: AicTarget, max_num_batched_tokens: int, max_num_seqs: int, frac
     delta = weights_correction(t, breakdown_model_ops(t))
     breakdown["weights_bytes"] += delta
     breakdown["non_kv_bytes"] += delta
+    if t.backend == "sglang":  # its static fraction holds weights, runtime and KV; activations are outside it
+        breakdown["non_kv_bytes"] -= breakdown["activations_bytes"]
     return KVCacheEstimator(breakdown).estimate(is_of_free=False, fraction=fraction,
                                                 gpu_memory_capacity_bytes_override=None)
 
