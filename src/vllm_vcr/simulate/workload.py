@@ -112,7 +112,7 @@ class SyntheticWorkload:
         self._rng = random.Random(self.seed)
         self._prefixes = [_block_tokens(-(self.seed + 1) * 1000 - g, self.prefix_len)
                           for g in range(self.num_prefixes)]
-        self._ids = np.random.default_rng(self.seed).integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
+        self._ids = _random_ids(self.seed)
         self._place = random.Random(self.seed * 2 + 1)  # where each suffix is cut from the ids
 
     @property
@@ -215,11 +215,16 @@ def _read_rows(path: str, limit: int | None) -> Iterator[dict]:
 _KEY_IDS = 4  # leading ids of a keyed run that spell its key (in base _VOCAB: distinct below _VOCAB**4)
 
 
+@functools.lru_cache(maxsize=8)
+def _random_ids(seed: int) -> list[int]:
+    """The pool of random ids a seed gives, that runs are cut from (callers slice it, never change it)."""
+    return np.random.default_rng(seed).integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
+
+
 @functools.lru_cache(maxsize=1)
 def _ring() -> list[int]:
     """Random ids that keyed runs are cut from: a fixed pool, twice over (a run may wrap)."""
-    pool = np.random.default_rng(0x5EED).integers(1, _VOCAB + 1, size=_SUFFIX_POOL).tolist()
-    return pool + pool
+    return _random_ids(0x5EED) * 2
 
 
 def _block_tokens(key: int, n: int) -> list[int]:
