@@ -12,6 +12,10 @@ from vllm_vcr.simulate.disagg import DisaggSimulation
 from vllm_vcr.simulate.runner import simulate
 from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
 
+from ..perf.conftest import needs_aic
+
+pytestmark = needs_aic
+
 
 def _token_times(model: str, engine_type: str = "vllm"):
     target = AicTarget(model, "h100_sxm", attention_dp_size=2).resolved()
