@@ -255,7 +255,8 @@ TABLES = (  # (key, title)
     (_conc_band, "load (concurrency)"),
     (lambda r: f"tp {r.tp}" + (f" × dp {r.attention_dp}" if r.attention_dp > 1 else ""), "parallelism"),
     (lambda r: r.precision_label, "precision (sample's label)"),
-    (lambda r: "InferenceX (burst, 10·C prompts)" if r.inferencex else "other (steady state)", "harness"),
+    (lambda r: "InferenceX (burst, 10·C prompts)" if r.inferencex else
+     "other (burst)" if r.burst else "other (steady state)", "harness"),
 )
 
 

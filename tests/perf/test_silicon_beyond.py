@@ -103,6 +103,36 @@ def test_an_sglang_row_runs_sglangs_scheduler_on_sglangs_kernel_data():
     assert s_ttft > 0 and s_tpot > 0
 
 
+def test_sglang_rows_of_the_gap_analysis_harness_run_as_bursts_whose_waves_persist(monkeypatch):
+    """The gap-analysis harness starts its users together. Under SGLang a wave's requests decode in
+    lockstep and the next wave arrives together again, so the measured TTFT does not change with the
+    output length (train rows: 493 / 528 / 413 ms at 128 / 256 / 512 tokens), and is several times
+    what users started apart would wait. vLLM's rows of the same harness stay a steady state (vLLM
+    mixes prefills into its decodes, so a wave's requests end at different steps)."""
+    from vllm_vcr.simulate import silicon
+    from vllm_vcr.simulate.silicon import HostTime, SiliconRow, plan_for, row_workload
+    from vllm_vcr.simulate.silicon_beyond import SGLangRow, simulate_any
+
+    short = _row("sglang-agg", SGLANG_ROW)
+    long = _row("sglang-agg", "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_sglang_agg_1024x512_c16_tp4_epnone_20")
+    assert not short.inferencex and short.burst and short.range_ratio == 1.0
+    assert row_workload(short, plan_for(short, 20_000)).ramp_up == 0.0
+    vllm_gap = _row("vllm-agg", "qwen_qwen3_32b_qwen_qwen3_32b_h100_sxm_vllm_agg_1024x512_c16_tp8_epnone_21")
+    assert not vllm_gap.inferencex and not vllm_gap.burst
+    assert row_workload(vllm_gap, plan_for(vllm_gap, 20_000)).ramp_up > 0
+
+    host = HostTime.fitted()
+    burst = [simulate_any(r, host=host, max_tokens=20_000)["ttft_ms"] for r in (short, long)]
+    assert burst[1] == pytest.approx(burst[0], rel=0.15)  # every wave a burst: the output length hardly matters
+    for r, ttft in zip((short, long), burst):
+        assert ttft == pytest.approx(r.ttft_ms, rel=0.25)
+    monkeypatch.setattr(SGLangRow, "burst", property(SiliconRow.burst.fget))  # as a steady state instead
+    assert silicon.row_workload(long, plan_for(long, 20_000)).ramp_up > 0
+    steady = [simulate_any(r, host=host, max_tokens=20_000)["ttft_ms"] for r in (short, long)]
+    for r, ttft in zip((short, long), steady):  # a steady state queues far less than these rows measured
+        assert ttft < 0.3 * r.ttft_ms
+
+
 def test_a_disaggregated_row_prices_both_sides_and_the_kv_transfer():
     from vllm_vcr.simulate.silicon import HostTime
     from vllm_vcr.simulate.silicon_beyond import DisaggRow, kv_link, simulate_any, supported_any

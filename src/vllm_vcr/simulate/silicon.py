@@ -96,6 +96,14 @@ class SiliconRow:
         return self.source.startswith(("db-dump", "source_file=2026-", "source_file=qwen3.5-397b-gap-analysis.csv"))
 
     @property
+    def burst(self) -> bool:
+        """Whether the benchmark's users keep starting together: InferenceX's harness (10·C prompts,
+        all measured). The gap-analysis harness also starts its C users at once, but under vLLM its
+        waves dissolve (vLLM mixes prefills into the decodes, so requests finish at different steps;
+        the measured TTFT follows a steady state): those rows run as one (SGLangRow overrides this)."""
+        return self.inferencex
+
+    @property
     def range_ratio(self) -> float:
         """`--random-range-ratio` of the row's benchmark: lengths uniform in [r L, L]."""
         return 0.8 if self.inferencex else 1.0
@@ -282,7 +290,7 @@ def plan_for(row: SiliconRow, max_tokens: int) -> SimPlan:
     two waves of shorter requests (at least 256 tokens and 4x the steps of the first wave's
     prefill burst, so the burst stays a small part of a request's life)."""
     c = row.concurrency
-    full = BENCH_WAVES * c if row.inferencex else 2 * max(c, 8)
+    full = BENCH_WAVES * c if row.burst else 2 * max(c, 8)
     n = min(full, max(max_tokens // max(row.osl, 1), 2 * c))
     if n * row.osl <= max_tokens:
         return SimPlan(n, row.osl)
@@ -323,7 +331,7 @@ def _context_correction_ms(row: SiliconRow, plan: SimPlan) -> float:
 
 def row_workload(row: SiliconRow, plan: SimPlan) -> Any:
     """The row's benchmark as a closed-loop workload: its lengths (uniform below the range ratio),
-    its concurrency, the users ramping up over a request's lifetime unless InferenceX's harness ran it."""
+    its concurrency, the users ramping up over a request's lifetime unless they start together (`burst`)."""
     from .workload import LengthDist, SyntheticWorkload
 
     r = row.range_ratio
@@ -331,14 +339,14 @@ def row_workload(row: SiliconRow, plan: SimPlan) -> Any:
     osl = LengthDist("uniform", int(plan.osl * r), plan.osl) if r < 1 else LengthDist("fixed", plan.osl)
     return SyntheticWorkload(num_requests=plan.requests, isl=isl, osl=osl, arrival="closed",
                              concurrency=row.concurrency, seed=zlib.crc32(row.id.encode()),
-                             ramp_up=0.0 if row.inferencex else request_lifetime_s(row))
+                             ramp_up=0.0 if row.burst else request_lifetime_s(row))
 
 
 def row_latencies(row: SiliconRow, done: list) -> tuple[float, float]:
     """(TTFT, TPOT) means in ms over the finished requests the benchmark measures: InferenceX's
     waves, or the steady state after the users' first requests."""
     done = sorted(done, key=lambda rec: int(rec.request_id.rsplit("-", 1)[1]))
-    if row.inferencex:
+    if row.burst:
         total = BENCH_WAVES * row.concurrency
     else:  # steady state: the users' first requests (the ramp) are not measured
         done, total = done[row.concurrency:], len(done) - row.concurrency

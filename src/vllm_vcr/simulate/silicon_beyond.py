@@ -161,6 +161,15 @@ class SGLangRow(SiliconRow):
         return True  # the overlap scheduler, on by default
 
     @property
+    def burst(self) -> bool:
+        """Every SGLang row's users keep starting together, the gap-analysis harness's too: SGLang
+        runs a prefill batch whenever requests wait and mixes none into the decodes (no
+        `--enable-mixed-chunk`), so a wave's requests start decoding in one step, end in one step
+        (fixed lengths) and the next wave arrives together again. Its measured TTFT shows it: at one
+        prompt length and load it does not change with the output length, as a steady state's would."""
+        return True
+
+    @property
     def flags(self) -> SGLangFlags:
         return inferencex_sglang_flags(self)
 
