@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from vllm_vcr.perf.catalog import resolve_model  # noqa: E402
 from vllm_vcr.perf.qk_norm import bundled_config, qk_norm_layers  # noqa: E402
 from vllm_vcr.simulate.silicon import (HostTime, SiliconRow, plan_for, simulate_row, static_estimate,  # noqa: E402
-                                        supported, vllm_agg_rows)
+                                        supported)
 from vllm_vcr.simulate.silicon_beyond import (ROW_KINDS, kind_label, row_from_dict, rows_of_kind,  # noqa: E402
                                                simulate_any, static_any, supported_any)
 
