@@ -109,7 +109,6 @@ def test_sglang_rows_of_the_gap_analysis_harness_run_as_bursts_whose_waves_persi
     output length (train rows: 493 / 528 / 413 ms at 128 / 256 / 512 tokens), and is several times
     what users started apart would wait. vLLM's rows of the same harness stay a steady state (vLLM
     mixes prefills into its decodes, so a wave's requests end at different steps)."""
-    from vllm_vcr.simulate import silicon
     from vllm_vcr.simulate.silicon import HostTime, SiliconRow, plan_for, row_workload
     from vllm_vcr.simulate.silicon_beyond import SGLangRow, simulate_any
 
@@ -127,7 +126,7 @@ def test_sglang_rows_of_the_gap_analysis_harness_run_as_bursts_whose_waves_persi
     for r, ttft in zip((short, long), burst):
         assert ttft == pytest.approx(r.ttft_ms, rel=0.25)
     monkeypatch.setattr(SGLangRow, "burst", property(SiliconRow.burst.fget))  # as a steady state instead
-    assert silicon.row_workload(long, plan_for(long, 20_000)).ramp_up > 0
+    assert row_workload(long, plan_for(long, 20_000)).ramp_up > 0
     steady = [simulate_any(r, host=host, max_tokens=20_000)["ttft_ms"] for r in (short, long)]
     for r, ttft in zip((short, long), steady):  # a steady state queues far less than these rows measured
         assert ttft < 0.3 * r.ttft_ms

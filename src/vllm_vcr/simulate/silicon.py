@@ -100,7 +100,8 @@ class SiliconRow:
         """Whether the benchmark's users keep starting together: InferenceX's harness (10·C prompts,
         all measured). The gap-analysis harness also starts its C users at once, but under vLLM its
         waves dissolve (vLLM mixes prefills into the decodes, so requests finish at different steps;
-        the measured TTFT follows a steady state): those rows run as one (SGLangRow overrides this)."""
+        the measured TTFT follows a steady state): those rows run as a steady state (SGLang's keep
+        their waves: SGLangRow)."""
         return self.inferencex
 
     @property
