@@ -44,7 +44,8 @@ def test_smg_routes_chat_to_a_grpc_worker(tmp_path, model_dir):
     log = open(tmp_path / "smg.log", "wb")
     proc = subprocess.Popen([str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
                              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                             "--worker-urls", f"grpc://127.0.0.1:{worker.port}", "--model-path", str(model_dir)],
+                             "--worker-urls", f"grpc://127.0.0.1:{worker.port}", "--model-path", str(model_dir),
+                             "--shutdown-grace-period-secs", "0"],  # (its 5 s wait at exit: nothing is in flight)
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         def exited() -> str | None:

@@ -17,7 +17,8 @@ SGLANG = ("--engine-type", "sglang", "--time-to-first-token", "0", "--inter-toke
 
 
 def smg(fleet, *args: str):
-    return fleet.router(SMG, "launch", *args, "--prometheus-port", FREE,
+    # (no grace period at exit: nothing is in flight by then, and smg would wait 5 s at each test's end)
+    return fleet.router(SMG, "launch", *args, "--prometheus-port", FREE, "--shutdown-grace-period-secs", "0",
                         "--prometheus-host", "127.0.0.1", "--log-level", "debug", ready_path="/readiness")
 
 
