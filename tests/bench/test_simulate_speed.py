@@ -49,16 +49,21 @@ PEERS = Path(os.environ.get("VLLM_VCR_PEERS") or Path.home() / ".cache/vllm-vcr/
 DYNAMO = PEERS / "dynamo" / "bin" / "python"
 
 
-def _deployment():
+def _deployment(engine_type: str = "vllm"):
     from vllm_vcr.engine.config import EngineArgs, EngineConfig
 
     return EngineArgs(config=EngineConfig(max_num_seqs=512, max_num_batched_tokens=4096), kv_cache_size=5000,
-                      tokens_per_block=32).validate()
+                      tokens_per_block=32, engine_type=engine_type).validate()
 
 
 def test_dynamo_is_given_the_deployment_we_simulate():
-    assert _load().dynamo_engine(_deployment()) == {"engine": {
+    ss = _load()
+    assert ss.dynamo_engine(_deployment()) == {"engine": {
         "block_size": 32, "num_gpu_blocks": 5000, "max_num_seqs": 512, "max_num_batched_tokens": 4096}}
+    assert ss.dynamo_defaults(_deployment()) is None
+    # --engine-type sglang: Dynamo's SGLang scheduler on both of its deployments
+    assert ss.dynamo_engine(_deployment("sglang"))["engine"]["backend"] == "sglang"
+    assert ss.dynamo_defaults(_deployment("sglang")) == {"engine": {"backend": "sglang"}}
 
 
 @pytest.mark.skipif(not DYNAMO.exists(), reason="Dynamo's venv is a benchmark peer (bench/install-peers-bench.sh)")
@@ -67,6 +72,9 @@ def test_dynamo_replays_that_deployment():
     short replay of our deployment runs, and one of Dynamo's defaults; each says what it simulated."""
     ss = _load()
     rows = [ss._dynamo(str(DYNAMO), 40, 8, e) for e in (ss.dynamo_engine(_deployment()), None)]
-    assert [r["path"] for r in rows] == ["dynamo_offline_replay", "dynamo_defaults"]
+    rows += [ss._dynamo(str(DYNAMO), 40, 8, e) for e in (ss.dynamo_engine(_deployment("sglang")),
+                                                         ss.dynamo_defaults(_deployment("sglang")))]
+    assert [r["path"] for r in rows] == ["dynamo_offline_replay", "dynamo_defaults"] * 2
     assert all(r["requests"] == 40 and r["simulated_s"] > 0 and r["mean_tpot_ms"] > 0 for r in rows)
     assert rows[0]["simulated_s"] != rows[1]["simulated_s"]  # another KV shape: another load on its timing model
+    assert rows[0]["simulated_s"] != rows[2]["simulated_s"]  # another scheduler

@@ -46,10 +46,16 @@ def _latency(held: bool = False) -> AicStepLatency:
                           frontend_ms_per_request=0.4)
 
 
-def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0) -> EngineArgs:
+def _args(kv_blocks: int, block: int, budget: int, seqs: int, max_len: int = 0, engine_type: str = "vllm",
+          recv_interval: int = 1) -> EngineArgs:
     cfg = EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=max_len)
-    return EngineArgs(config=cfg, kv_cache_size=kv_blocks, tokens_per_block=block,
-                      advertised_max_model_len=1 << 16).validate()
+    return EngineArgs(config=cfg, kv_cache_size=kv_blocks, tokens_per_block=block, engine_type=engine_type,
+                      scheduler_recv_interval=recv_interval, advertised_max_model_len=1 << 16).validate()
+
+
+# the engine types timing-only decodes reproduce: vLLM's steps, and SGLang's (prefills alone, the
+# new-token-ratio reserve, retraction, the scheduler's receive interval)
+ENGINES = st.sampled_from([("vllm", 1), ("sglang", 1), ("sglang", 3), ("sglang", 30)])
 
 
 def _run(monkeypatch, args, workload_kw, engines, router, timing_only, held=False):
@@ -79,11 +85,11 @@ def _free_queues(sim) -> list[list[int]]:
        concurrency=st.integers(1, 12), kv_blocks=st.integers(40, 200), block=st.sampled_from([4, 16]),
        budget=st.integers(32, 256), seqs=st.integers(1, 16), engines=st.integers(1, 2),
        prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), max_len=st.sampled_from([0, 0, 96]),
-       held=st.booleans())
+       held=st.booleans(), engine=ENGINES)
 def test_timing_only_decodes_change_nothing_but_the_outputs(monkeypatch, n, isl, osl, arrival, concurrency, kv_blocks,
                                                             block, budget, seqs, engines, prefixes, seed, max_len,
-                                                            held):
-    args = _args(kv_blocks, block, budget, min(seqs, budget), max_len)
+                                                            held, engine):
+    args = _args(kv_blocks, block, budget, min(seqs, budget), max_len, *engine)
     wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
               concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
     router = "kv" if prefixes else "round_robin"
@@ -240,14 +246,14 @@ def _drive(timing_only: bool, args: EngineArgs, prompts: list[list[int]], max_to
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(1, 14), kv_blocks=st.integers(18, 70), budget=st.integers(32, 160),
-       seqs=st.integers(1, 10), max_len=st.sampled_from([0, 0, 80]))
+       seqs=st.integers(1, 10), max_len=st.sampled_from([0, 0, 80]), engine=ENGINES)
 def test_aborts_shared_prefixes_and_preemption_change_nothing_but_the_outputs(data, n, kv_blocks, budget, seqs,
-                                                                              max_len):
+                                                                              max_len, engine):
     """Hostile inputs at the engine: a tiny KV cache (blocks of 4), prompts sharing prefixes (cache hits
     on blocks in use and on free ones), lognormal-ish lengths, requests aborted before, during or after
     their decodes: the timing-only engine gives every request the same first token, finish and token
     count, the same preemptions and prefix hits, and leaves the same free queue."""
-    args = _args(kv_blocks, 4, budget, min(seqs, budget), max_len)
+    args = _args(kv_blocks, 4, budget, min(seqs, budget), max_len, *engine)
     prefixes = [list(range(100 * g + 1, 100 * g + 1 + 24)) for g in range(2)]
     prompts, max_tokens, arrivals, aborts = [], [], [], {}
     for i in range(n):

@@ -118,6 +118,19 @@ def test_victims():
     assert SGLangPolicy().pick_victim(running) is running[2]  # fewest outputs, then longest prompt
 
 
+def test_a_decode_retracted_in_its_step_is_not_in_the_step():
+    """SGLang retracts before its forward: a decode scheduled earlier in the step and then retracted
+    to make room for a later one is not computed (nor priced) in that step, as vLLM drops its victims."""
+    h = Harness("sglang", kv=4)  # 4 blocks of 16: a's 2 and b's 1, one free
+    h.add("a", 32, 3)  # scheduled first in each decode step (admitted first); the victim (longer prompt)
+    h.add("b", 16, 3)
+    h.run()
+    assert h.batches[0].num_prefills == 2  # both prompts in one step
+    # the first decode step: each needs a new block; a gets the free one, then b's allocation retracts a
+    assert h.batches[1].num_prefills == 0 and h.batches[1].num_decodes == 1
+    assert h.finished == {"a": FinishReason.LENGTH, "b": FinishReason.LENGTH} and h.tokens == {"a": 3, "b": 3}
+
+
 @settings(max_examples=25, deadline=None)
 @given(engine_type=st.sampled_from(ENGINE_TYPES), kv=st.integers(8, 64),
        reqs=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 40)), min_size=1, max_size=12))

@@ -17,13 +17,13 @@ from ..perf.conftest import needs_aic
 pytestmark = needs_aic
 
 
-def _token_times(model: str, engine_type: str = "vllm"):
+def _token_times(model: str, engine_type: str = "vllm", timing_only: bool | None = None, kv_blocks: int = 4000):
     target = AicTarget(model, "h100_sxm", attention_dp_size=2).resolved()
-    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192), kv_cache_size=4000, tokens_per_block=16,
+    args = EngineArgs(config=EngineConfig(max_num_batched_tokens=8192), kv_cache_size=kv_blocks, tokens_per_block=16,
                       perf_model=target.to_dict(), advertised_max_model_len=20000, engine_type=engine_type).validate()
     workload = SyntheticWorkload(num_requests=16, isl=LengthDist("uniform", 1000, 4000), osl=LengthDist("fixed", 64),
                                  arrival="closed", concurrency=4, seed=1)
-    sim = simulate(args, workload, engines=2, concurrency=4)
+    sim = simulate(args, workload, engines=2, concurrency=4, timing_only=timing_only)
     assert len(sim.done) == 16
     times: list[set[float]] = [set(), set()]
     for rec in sim.done:
@@ -39,6 +39,21 @@ def test_an_moe_models_ranks_emit_their_tokens_at_the_same_step_ends(engine_type
     assert sim.cores[0].lockstep.rule.per_step == (engine_type == "sglang")
     shared = len(t0 & t1) / min(len(t0), len(t1))
     assert shared > 0.9  # (both ranks decode most of the run: their steps are the same steps)
+
+
+@pytest.mark.parametrize("engine_type", ["vllm", "sglang"])
+@pytest.mark.parametrize("kv_blocks", [4000, 300])  # 300: the ranks preempt (retract)
+def test_lockstep_ranks_time_their_tokens_alike_on_the_timing_only_path(engine_type, kv_blocks):
+    """The timing-only path (simulate's default) against the plain one, ranks tied: the same token
+    times on each rank, the same finishes and preemptions."""
+    runs = [_token_times("Qwen/Qwen3-30B-A3B", engine_type, t, kv_blocks) for t in (False, True)]
+    (plain, plain_times), (fast, fast_times) = runs
+    assert fast.timing_only and not plain.timing_only
+    assert fast_times == plain_times
+    assert {r.request_id: (r.engine, r.first, r.end, r.num_out) for r in fast.done} == \
+        {r.request_id: (r.engine, r.first, r.end, r.num_out) for r in plain.done}
+    assert fast.timeline.preemptions == plain.timeline.preemptions
+    assert kv_blocks == 4000 or sum(plain.timeline.preemptions) > 0
 
 
 def test_a_dense_models_ranks_step_independently():

@@ -592,7 +592,7 @@ class EngineCore(EngineControls):
         duration = 0.0
         if timed or self._step_observers:
             batch = compose(scheduled, pulled, self.timed.after_idle(now))
-            if self.cohort is not None:
+            if self.cohort is not None and self.scheduler.cohort_decodes():
                 batch = self.cohort.extend(batch)
             if timed:
                 duration = max(self.latency.step_duration(batch, self.timed.rng), 0.0) + self.admission.take_lora_time()
@@ -655,7 +655,7 @@ class EngineCore(EngineControls):
         sched, life, kvt, timed = self.scheduler, self.lifecycle, self.kv_transfer, self.timed
         if (self._inbox or sched.prefilling or sched.decode_heap or sched.bootstrapping
                 or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
-                or kvt.holds or kvt.transfers.remaining or self._pulled or timed.recv_interval > 1
+                or kvt.holds or kvt.transfers.remaining or self._pulled or timed.unread
                 or self.lockstep is not None or self._step_observers or logger.isEnabledFor(TRACE_LEVEL)):
             return None
         until = timed.arriving[0][0] if timed.arriving else math.inf  # (released in order, FIFO)
@@ -672,5 +672,6 @@ class EngineCore(EngineControls):
         """The engine's clock and counters after fast-forwarded steps, the last ending at `now`
         (`priced`: the steps that started)."""
         self.timed.last_end = now
+        self.timed.count_decode_steps(priced)
         self.step_counter += priced
         self.clock.advance_to(now)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from .block_pool import BlockPool
 from .latency import AicStepLatency, StepBatch
 from .output import OutputProcessor
-from .request import Request, RequestStatus
+from .request import Request
 from .scheduler import Scheduler
 from .tokens import CountedTokens, RandomTokens
 
@@ -163,8 +163,10 @@ class DecodeCohort:
         """Before scheduling step D+1: the members whose next token needs a new block get it, in the
         plain scheduler's decode order (`allocate_or_preempt`: the scheduler's, a member preempted
         there leaves through its preemption)."""
-        if self._prepared == self.step:
-            return  # (the input gate may schedule twice in one step)
+        if self._prepared == self.step or not self.members:
+            # (the input gate may schedule twice in one step; with no member, nothing is prepared:
+            # under SGLang's policy a request joins after a prefill step, with the step count unchanged)
+            return
         if self.allocate_if_free(pool):
             return
         self._prepared = step = self.step
@@ -287,12 +289,15 @@ class DecodeCohort:
 
 
 class CohortScheduler(Scheduler):
-    """The vLLM scheduler with eligible decodes in a DecodeCohort instead of the decode heap."""
+    """The shared scheduler with eligible decodes in a DecodeCohort instead of the decode heap. The
+    cohort decodes in every step of vLLM's policy; in SGLang's (`extend_first`) only in the steps
+    without a prefill (`cohort_step`), as the plain scheduler runs its decodes."""
 
     def __init__(self, cohort: DecodeCohort, max_model_len: Callable[[], int], *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.cohort = cohort
         self.max_model_len = max_model_len
+        self.cohort_step = True  # the step just scheduled runs the cohort's decodes
 
     def push_decode(self, req: Request, due: float) -> None:
         if cohort_eligible(req):
@@ -303,6 +308,15 @@ class CohortScheduler(Scheduler):
 
     def has_immediate_work(self) -> bool:
         return bool(self.cohort.members) or super().has_immediate_work()
+
+    def output_counts(self) -> list[int]:
+        members, step = self.cohort.members, self.cohort.step
+        # a member's: its tokens at cohort step `step` (DecodeCohort.tokens), less its prompt
+        return [len(r.output_token_ids) if (m := members.get(r)) is None else m[1] + step - m[0] - r.num_prompt_tokens
+                for r in self.running]
+
+    def cohort_decodes(self) -> int:
+        return len(self.cohort.members) if self.cohort_step else 0
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         if req in self.cohort.members:
@@ -316,14 +330,26 @@ class CohortScheduler(Scheduler):
         super()._preempt(req, now)
 
     def schedule(self, now: float) -> list:
-        self.engine_policy.on_step()
+        policy = self.engine_policy
+        policy.on_step()
         before = self.total_preemptions
+        budget = self._config().max_num_batched_tokens
+        if policy.extend_first:  # prefills and admissions alone when there are any (Scheduler.schedule)
+            scheduled, budget = self._schedule_prefills([], budget, now)
+            if self.total_preemptions == before and self.waiting and not self.paused_new:
+                scheduled, budget = self._schedule_waiting(scheduled, budget, now)
+            self.cohort_step = not scheduled
+            if scheduled:
+                return scheduled
+            self.cohort.allocate(self.kv.pool, self._allocate_or_preempt, now)
+            scheduled = self._schedule_decodes([], budget - len(self.cohort.members), now)[0]
+            return self.without_victims(scheduled, before)
         self.cohort.allocate(self.kv.pool, self._allocate_or_preempt, now)
-        budget = self._config().max_num_batched_tokens - len(self.cohort.members)
+        budget -= len(self.cohort.members)
         scheduled, budget = self._schedule_decodes([], budget, now)  # ineligible decodes, if any
         scheduled, budget = self._schedule_prefills(scheduled, budget, now)
         if self.total_preemptions != before:
-            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
+            return self.without_victims(scheduled, before)
         if not self.waiting or self.paused_new:
             return scheduled
         return self._schedule_waiting(scheduled, budget, now)[0]
@@ -341,8 +367,9 @@ class CohortOutputProcessor(OutputProcessor):
     def update_from_output(self, scheduled, pulled, now: float, burst: int = 1, timed: bool = False) -> None:
         outputs: list = []
         finished: list = []
-        for req, silent in self.cohort.advance(now):
-            self.sample(req, now, outputs, finished, 1, silent)
+        if self._scheduler.cohort_step:  # (SGLang's prefill steps run no decodes)
+            for req, silent in self.cohort.advance(now):
+                self.sample(req, now, outputs, finished, 1, silent)
         self._pending = (outputs, finished) if outputs or finished else None
         OutputProcessor.update_from_output(self, scheduled, pulled, now, burst, timed)
         if self._pending is not None:
@@ -365,7 +392,7 @@ def timing_only_unsupported(latency: LatencyModel, policy: EnginePolicy, config:
     if not latency.times_steps:
         return "steps are not timed (no step-time or perf model)"
     if not policy.decode_cohort:
-        return "the engine type is not vllm"
+        return f"the engine type {policy.name} does not support them"
     if config.max_num_seqs > config.max_num_batched_tokens:
         return "max_num_seqs exceeds max_num_batched_tokens (the budget could cut decodes)"
     return None

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, mul, sub
 from typing import Protocol, Sequence
 
 
@@ -81,9 +83,16 @@ class KVSpace(Protocol):
 
 
 class SchedulerState(Protocol):
-    """The scheduler, as an admission check reads it: the running requests and the KV cache."""
+    """The scheduler, as an admission check reads it: the running requests, their output so far
+    (timing-only decodes count it without the request's lists: decode_cohort.py) and the KV cache."""
     running: Sequence[PolicyRequest]
     kv: KVSpace
+
+    def output_counts(self) -> list[int]:
+        """Each running request's output tokens so far, in `running`'s order."""
+
+
+_max_tokens = attrgetter("max_tokens")
 
 
 # --- the policies ------------------------------------------------------------------------------------
@@ -95,8 +104,8 @@ class EnginePolicy:
     name = ""
     extend_first = False  # True: a step with prefills runs no decodes
     handoff_order: HandoffOrder | None = None  # None: no disaggregated handoff
-    # timing-only decodes (decode_cohort.py) reproduce this policy's steps: only vLLM's, which the
-    # cohort's scheduler re-implements
+    # timing-only decodes (decode_cohort.py) reproduce this policy's steps (the cohort's scheduler
+    # re-implements the shared scheduler's step for both compositions)
     decode_cohort = False
     # how the data-parallel ranks of an MoE model step together; None: they run independently
     dp_lockstep: LockstepRule | None = LockstepRule()
@@ -111,7 +120,8 @@ class EnginePolicy:
         """Tokens of a prompt remainder `num_tokens` computed with `budget` left."""
         return min(num_tokens, budget)
 
-    def pick_victim(self, running: Sequence[PolicyRequest]) -> PolicyRequest:
+    def pick_victim(self, running: Sequence[PolicyRequest], outputs: Sequence[int] | None = None) -> PolicyRequest:
+        """The running request to preempt (`outputs`: their output tokens so far, default their lists')."""
         return running[-1]
 
     def on_retract(self) -> None:
@@ -183,6 +193,7 @@ class SGLangPolicy(EnginePolicy):
     extend_first = True
     handoff_order: HandoffOrder | None = HandoffOrder.DESTINATION_FIRST
     dp_lockstep: LockstepRule | None = LockstepRule(per_step=True, sync_interval=1)
+    decode_cohort = True
 
     def __init__(self, conservativeness: float = 1.0) -> None:
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * conservativeness, 1.0)
@@ -203,7 +214,9 @@ class SGLangPolicy(EnginePolicy):
             return True
         kv = sched.kv
         available = kv.pool.num_free_blocks * kv.block_size  # free blocks include evictable cached ones
-        rem_total = available - sum(self.reserve(r) for r in sched.running)
+        # Σ reserve(r) over the running requests, each term as `reserve` computes it, in C
+        left = map(max, map(sub, map(_max_tokens, sched.running), sched.output_counts()), repeat(0))
+        rem_total = available - sum(map(mul, map(min, left, repeat(CLIP_MAX_NEW_TOKENS)), repeat(self.new_token_ratio)))
         extend = kv.blocks_needed(num_new_tokens) * kv.block_size
         return extend + self.reserve(req) < rem_total
 
@@ -212,8 +225,11 @@ class SGLangPolicy(EnginePolicy):
             return num_tokens
         return budget // page * page
 
-    def pick_victim(self, running: Sequence[PolicyRequest]) -> PolicyRequest:
-        return min(running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens, -r.seq))
+    def pick_victim(self, running: Sequence[PolicyRequest], outputs: Sequence[int] | None = None) -> PolicyRequest:
+        if outputs is None:
+            outputs = [r.num_output_tokens for r in running]
+        i = min(range(len(running)), key=lambda i: (outputs[i], -running[i].num_prompt_tokens, -running[i].seq))
+        return running[i]
 
     def on_retract(self) -> None:
         self.new_token_ratio = self.init_ratio

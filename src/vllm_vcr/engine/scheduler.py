@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from operator import attrgetter
 from typing import Any, Callable
 
 from .config import EngineConfig
@@ -23,6 +24,8 @@ from .policy import EnginePolicy, VLLMPolicy
 from .request import Request, RequestStatus
 from .steady_batch import SteadyBatch
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
+
+_output_ids = attrgetter("output_token_ids")
 
 PREFILL, DECODE, TRANSFER, STEADY = 0, 1, 2, 3
 # (request, tokens, PREFILL | DECODE | TRANSFER), or (SteadyBatch, its members, STEADY): the first
@@ -156,14 +159,20 @@ class Scheduler:
                 scheduled, budget = self._schedule_waiting(scheduled, budget, now)
             if scheduled:
                 return scheduled
-            return self._schedule_decodes([], budget, now)[0]
+            return self.without_victims(self._schedule_decodes([], budget, now)[0], preemptions_before)
         scheduled, budget = self._schedule_running([], budget, now)
         if self.total_preemptions != preemptions_before:
-            # victims may have been scheduled earlier in this step; their blocks are gone
-            return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]  # no admissions, as vLLM
+            return self.without_victims(scheduled, preemptions_before)  # no admissions, as vLLM
         if not self.waiting or self.paused_new:  # paused (vLLM's PAUSED_NEW): new requests queue
             return scheduled
         return self._schedule_waiting(scheduled, budget, now)[0]
+
+    def without_victims(self, scheduled: Scheduled, preemptions_before: int) -> Scheduled:
+        """The batch less the requests this step preempted after scheduling them (their blocks are
+        gone: vLLM drops them from the step, SGLang retracts them before its forward)."""
+        if self.total_preemptions == preemptions_before:
+            return scheduled
+        return [s for s in scheduled if s[0].status is RequestStatus.RUNNING]
 
     def _schedule_running(self, scheduled: Scheduled, budget: int, now: float) -> tuple[Scheduled, int]:
         """Running requests: due decodes (earliest deadline first), then unfinished prefills."""
@@ -321,7 +330,16 @@ class Scheduler:
     def _pick_victim(self) -> Request:
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.seq))
-        return self.engine_policy.pick_victim(self.running)
+        return self.engine_policy.pick_victim(self.running, self.output_counts())
+
+    def output_counts(self) -> list[int]:
+        """Each running request's output tokens so far, in `running`'s order (what the engine
+        policy weighs)."""
+        return list(map(len, map(_output_ids, self.running)))
+
+    def cohort_decodes(self) -> int:
+        """Decodes of the step just scheduled that are not in its batch (a timing-only cohort's)."""
+        return 0
 
     def _preempt(self, req: Request, now: float) -> None:
         if req.steady_batch is not None:

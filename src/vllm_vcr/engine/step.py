@@ -138,13 +138,20 @@ class TimedSteps:
                     prefill = True
                 if self.unread and self.unread.pop(req.request_id, None) is not None:
                     self.gate.hidden.pop(req.request_id, None)  # nothing else to run: the idle loop read it
-            self._last_step_decode_only = bool(scheduled) and not prefill
+            self._last_step_decode_only = (bool(scheduled) or sched.cohort_decodes() > 0) and not prefill
             if self.unread:  # aborted before the read
                 waiting = {r.request_id for r in sched.waiting}
                 for rid in [rid for rid in self.unread if rid not in waiting]:
                     del self.unread[rid]
                     self.gate.hidden.pop(rid, None)
         return scheduled
+
+    def count_decode_steps(self, k: int) -> None:
+        """`k` decode-only steps started back to back without being scheduled here (a timing-only
+        cohort's run, nothing unread): the read counter moves as their `schedule` calls would move it."""
+        if self.recv_interval > 1 and k > 0:
+            self._recv_counter = (self._recv_counter + k) % self.recv_interval
+            self._last_step_decode_only = True
 
     def hold(self, req: Request, until: float) -> None:
         """Keep `req` from the scheduler until `until` (never before one that arrived before it)."""
