@@ -17,7 +17,8 @@ shape ISL 1024 / OSL 256 in a subprocess of that interpreter, timed the same way
 8,192 batched tokens per step), so both replay one workload; and once more with its own defaults
 (16,384 blocks of 64 tokens, 256 sequences), whose load is lighter (a KV usage its timing model
 prices lower), for reference. Each row also says what was simulated (seconds of
-simulated time, mean TPOT).
+simulated time, mean TPOT). `--engine-type sglang` runs SGLang's scheduler and kernel data on
+our side and Dynamo's SGLang scheduler (`backend: sglang`) on its side.
 
 `--trace` also writes a Mooncake-format trace of the same number of requests (timestamps of a
 Poisson process at `--trace-rate` requests per second, ISL/OSL drawn from `--isl`/`--osl`, every
@@ -37,6 +38,7 @@ prints the tables of docs/benchmarks.md after the JSON.
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
           [--trace [--trace-rate 15]] [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
+          [--engine-type vllm|sglang]
 """
 
 from __future__ import annotations
@@ -85,16 +87,16 @@ DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_
 TRACE_SHAPE = "Mooncake trace"
 
 
-def _engine_args() -> tuple[EngineArgs, float]:
+def _engine_args(engine_type: str = "vllm") -> tuple[EngineArgs, float]:
     t0 = time.perf_counter()
-    target = AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm").resolved()
+    target = AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm", backend=engine_type).resolved()
     handle = compile_target(target)
     getattr(handle, "handle", None)  # kept price answers: load the estimator now, not in a timed run
     compile_s = time.perf_counter() - t0
     cap = estimate_kv_capacity(target, block_size=16, gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
                                max_num_seqs=1024)
     args = EngineArgs(config=EngineConfig(max_num_seqs=1024, max_num_batched_tokens=8192),
-                      kv_cache_size=cap.num_blocks, perf_model=target.to_dict(),
+                      kv_cache_size=cap.num_blocks, perf_model=target.to_dict(), engine_type=engine_type,
                       advertised_max_model_len=1 << 20).validate()
     return args, compile_s
 
@@ -102,9 +104,16 @@ def _engine_args() -> tuple[EngineArgs, float]:
 def dynamo_engine(args: EngineArgs) -> dict:
     """Dynamo's `extra_engine_args` for the deployment `args` simulates (its KV blocks and their
     size, the scheduler's limits): the same workload on both sides."""
-    return {"engine": {"block_size": args.tokens_per_block, "num_gpu_blocks": args.kv_cache_size,
-                       "max_num_seqs": args.config.max_num_seqs,
-                       "max_num_batched_tokens": args.config.max_num_batched_tokens}}
+    engine = {"block_size": args.tokens_per_block, "num_gpu_blocks": args.kv_cache_size,
+              "max_num_seqs": args.config.max_num_seqs, "max_num_batched_tokens": args.config.max_num_batched_tokens}
+    if args.engine_type != "vllm":  # (its scheduler's model: Dynamo's `backend`, vllm by default)
+        engine["backend"] = args.engine_type
+    return {"engine": engine}
+
+
+def dynamo_defaults(args: EngineArgs) -> dict | None:
+    """Dynamo's own deployment (None: its defaults), with our engine type's scheduler."""
+    return None if args.engine_type == "vllm" else {"engine": {"backend": args.engine_type}}
 
 
 def _simulated(done: list) -> dict:
@@ -241,12 +250,12 @@ def _startup(repeat: int) -> dict:
 
 def _dynamo_child(python: str, script: str, argv: list[str], engine: dict | None, **fields: str) -> dict:
     """One replay in Dynamo's venv (`script`: DYNAMO_RUN or DYNAMO_TRACE) of the deployment
-    `engine` (`dynamo_engine`; None: Dynamo's defaults), its row."""
+    `engine` (`dynamo_engine`; `dynamo_defaults`: Dynamo's own), its row."""
     load = os.getloadavg()[0]
     out = subprocess.run([python, "-c", script, *argv, json.dumps(engine or {})], capture_output=True, text=True,
                          timeout=600, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    path = "dynamo_offline_replay" if engine else "dynamo_defaults"
+    path = "dynamo_offline_replay" if engine and "num_gpu_blocks" in engine["engine"] else "dynamo_defaults"
     return {"path": path, **fields, **r, "requests_per_cpu_s": r["requests"] / r["cpu_s"],
             "requests_per_wall_s": r["requests"] / r["wall_s"], "loadavg_1m_before": load}
 
@@ -277,6 +286,8 @@ def main() -> int:
     ap.add_argument("--startup", action="store_true", help="time `vllm-vcr simulate` processes (CPU seconds)")
     ap.add_argument("--startup-only", action="store_true", help="only the start-up table (implies --startup)")
     ap.add_argument("--markdown", action="store_true", help="also print the tables of docs/benchmarks.md")
+    ap.add_argument("--engine-type", choices=("vllm", "sglang"), default="vllm",
+                    help="the engines' scheduler and kernel data on both sides (Dynamo's `backend`)")
     a = ap.parse_args()
     if a.startup_only:
         result = {"workload": vars(a), "cpus": os.cpu_count(), "runs": [], "summary": {}, "scaling": [],
@@ -285,7 +296,7 @@ def main() -> int:
         if a.markdown:
             print(_markdown(result))
         return 0
-    args, compile_s = _engine_args()
+    args, compile_s = _engine_args(a.engine_type)
     shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
     for i in range(a.repeat):
@@ -293,7 +304,8 @@ def main() -> int:
             order = (False, True) if i % 2 == 0 else (True, False)  # alternate A/B on a shared box
             runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
         if a.dynamo:
-            runs += [_dynamo(a.dynamo, a.requests, a.concurrency, e) for e in (dynamo_engine(args), None)]
+            dynamos = (dynamo_engine(args), dynamo_defaults(args))
+            runs += [_dynamo(a.dynamo, a.requests, a.concurrency, e) for e in dynamos]
     if a.trace:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.jsonl")
@@ -304,7 +316,8 @@ def main() -> int:
                 order = (False, True) if i % 2 == 0 else (True, False)
                 runs += [_ours_trace(args, path, label, t) for t in order]
                 if a.dynamo:
-                    runs += [_dynamo_trace(a.dynamo, path, label, e) for e in (dynamo_engine(args), None)]
+                    dynamos = (dynamo_engine(args), dynamo_defaults(args))
+                    runs += [_dynamo_trace(a.dynamo, path, label, e) for e in dynamos]
     scaling = []
     for size in [int(x) for x in a.sizes.split(",") if x]:
         for i in range(a.repeat):
