@@ -139,6 +139,34 @@ def test_members_are_silent_between_first_and_last_token_and_an_abort_frees_them
     assert core.cohort.step == len(core.cohort.step_ends) and not core.cohort.members
 
 
+@settings(max_examples=30, deadline=None)
+@given(reqs=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 90), st.floats(0.0, 0.05)), min_size=1, max_size=12),
+       kv_blocks=st.integers(12, 80))
+def test_the_reserve_a_cohort_sums_is_the_plain_schedulers(reqs, kv_blocks):
+    """SGLang's admission weighs Σ min(remaining output, clip) over the running requests: a cohort
+    sums its members' from its context (and each one's when one exceeds the clip); at every step
+    boundary, for any clip, it is what the plain engine's running requests give, one by one."""
+    cores = []
+    for timing_only in (False, True):
+        args = _args(kv_blocks, 4, 64, 8, 0, "sglang")
+        cores.append(EngineCore(args, clock=VirtualClock(0.0), latency=_latency(), timing_only=timing_only))
+    events = sorted((t, i) for i, (_, _, t) in enumerate(reqs))
+    for t in sorted({t for t, _ in events} | {0.002 * k for k in range(1, 200)}):
+        for core in cores:
+            for t_arr, i in events:
+                if t_arr == t:
+                    isl, osl, _ = reqs[i]
+                    prompt = [5000 + 100 * i + j for j in range(isl)]
+                    core.add_request(EngineCoreRequest(request_id=f"r{i}", prompt_token_ids=prompt,
+                                                       sampling_params=SamplingParams(max_tokens=osl, ignore_eos=True)))
+            core.run_until_idle(until=t)
+        plain, fast = (c.scheduler for c in cores)
+        assert [r.request_id for r in fast.running] == [r.request_id for r in plain.running]
+        assert fast.output_counts() == plain.output_counts()
+        for clip in (1, 3, 40, 4096):
+            assert fast.reserve_tokens(clip) == plain.reserve_tokens(clip)
+
+
 def test_timing_only_needs_timed_steps():
     args = _args(64, 16, 512, 16)
     with pytest.raises(ValueError, match="steps are not timed"):

@@ -26,11 +26,14 @@ import math
 import random
 from array import array
 from bisect import insort
+from itertools import filterfalse
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .block_pool import BlockPool
 from .latency import AicStepLatency, StepBatch
 from .output import OutputProcessor
+from .policy import reserve_tokens
 from .request import Request
 from .scheduler import Scheduler
 from .tokens import CountedTokens, RandomTokens
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from .latency import LatencyModel
     from .policy import EnginePolicy
 
+_output_ids = attrgetter("output_token_ids")
 TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
 # (request, tokens, now) -> False when the request itself was preempted: Scheduler's allocation
 AllocateOrPreempt = Callable[[Request, int, float], bool]
@@ -84,6 +88,11 @@ class DecodeCohort:
         self.step_ends = array("d")  # step_ends[D - 1]: when cohort step D ended
         self.members: dict[Request, _Member] = {}
         self._tokens_minus_join = 0  # sum over members of (t0 - d0): their context is this + n * D
+        # sum over members of (max_tokens + prompt): less their context, the output they may still produce
+        self._limits = 0
+        # (-(max_tokens + prompt - t0 + d0), gen, req): the member whose remaining output is largest
+        # first (a member's is that K less D); entries of members that left are dropped when on top
+        self._most_left: list[tuple] = []
         # members by the phase (step % block_size) at which they need their next block, each bucket
         # in the plain decode order (due, seq): a member's tokens cross a block every block_size steps
         self._buckets: list[list[tuple]] = [[] for _ in range(block_size)]
@@ -115,6 +124,13 @@ class DecodeCohort:
         insort(bucket, slot)
         self.members[req] = (d0, t0, gen, slot, bucket)
         self._tokens_minus_join += t0 - d0
+        limit = req.max_tokens + req.num_prompt_tokens
+        self._limits += limit
+        most = self._most_left
+        if len(most) > 2 * len(self.members) + 64:  # (entries of members that left, rebuilt away)
+            most[:] = [e for e in most if (m := self.members.get(e[2])) is not None and m[2] == e[1]]
+            heapq.heapify(most)
+        heapq.heappush(most, (t0 - d0 - limit, gen, req))
         idx = len(req.output_token_ids)
         last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
         if max_model_len:
@@ -128,6 +144,7 @@ class DecodeCohort:
         it has beyond its lists: `OutputProcessor.sample`'s `silent`)."""
         d0, t0, _, slot, bucket = self.members.pop(req)
         self._tokens_minus_join -= t0 - d0
+        self._limits -= req.max_tokens + req.num_prompt_tokens
         bucket.remove(slot)
         if not materialize:
             return 0
@@ -158,6 +175,20 @@ class DecodeCohort:
     def context(self) -> int:
         """The members' summed tokens: the context their decodes attend to in the next step."""
         return self._tokens_minus_join + len(self.members) * self.step
+
+    def remaining_outputs(self, clip: int) -> int | None:
+        """Σ over members of the output each may still produce (max_tokens less its output so far,
+        at least 1 while a member), or None when a member's exceeds `clip` (not summed here)."""
+        most, members = self._most_left, self.members
+        while most:
+            entry = most[0]
+            m = members.get(entry[2])
+            if m is not None and m[2] == entry[1]:
+                if -entry[0] - self.step > clip:
+                    return None
+                break
+            heapq.heappop(most)
+        return self._limits - self.context()
 
     def allocate(self, pool: BlockPool, allocate_or_preempt: AllocateOrPreempt, now: float) -> None:
         """Before scheduling step D+1: the members whose next token needs a new block get it, in the
@@ -317,6 +348,14 @@ class CohortScheduler(Scheduler):
 
     def cohort_decodes(self) -> int:
         return len(self.cohort.members) if self.cohort_step else 0
+
+    def reserve_tokens(self, clip: int) -> int:
+        members = self.cohort.members
+        total = self.cohort.remaining_outputs(clip)
+        if total is None:  # (a member's remaining output is clipped: each one's, as the plain scheduler)
+            return super().reserve_tokens(clip)
+        others = list(filterfalse(members.__contains__, self.running))
+        return total + reserve_tokens(others, list(map(len, map(_output_ids, others))), clip) if others else total
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         if req in self.cohort.members:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from itertools import repeat
-from operator import attrgetter, mul, sub
+from operator import attrgetter, sub
 from typing import Protocol, Sequence
 
 
@@ -90,6 +90,14 @@ class SchedulerState(Protocol):
 
     def output_counts(self) -> list[int]:
         """Each running request's output tokens so far, in `running`'s order."""
+
+    def reserve_tokens(self, clip: int) -> int:
+        """Σ over the running requests of the output each may still produce, at most `clip` each."""
+
+
+def reserve_tokens(running: Sequence[PolicyRequest], outputs: Sequence[int], clip: int) -> int:
+    """Σ min(max(max_tokens - output, 0), clip) over `running` (`outputs`: their output tokens so far)."""
+    return sum(map(min, map(max, map(sub, map(_max_tokens, running), outputs), repeat(0)), repeat(clip)))
 
 
 _max_tokens = attrgetter("max_tokens")
@@ -214,9 +222,8 @@ class SGLangPolicy(EnginePolicy):
             return True
         kv = sched.kv
         available = kv.pool.num_free_blocks * kv.block_size  # free blocks include evictable cached ones
-        # Σ reserve(r) over the running requests, each term as `reserve` computes it, in C
-        left = map(max, map(sub, map(_max_tokens, sched.running), sched.output_counts()), repeat(0))
-        rem_total = available - sum(map(mul, map(min, left, repeat(CLIP_MAX_NEW_TOKENS)), repeat(self.new_token_ratio)))
+        # Σ reserve(r) over the running requests: their clipped remaining outputs (an exact int), scaled once
+        rem_total = available - sched.reserve_tokens(CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
         extend = kv.blocks_needed(num_new_tokens) * kv.block_size
         return extend + self.reserve(req) < rem_total
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .lora import admissible
-from .policy import EnginePolicy, VLLMPolicy
+from .policy import EnginePolicy, VLLMPolicy, reserve_tokens
 from .request import Request, RequestStatus
 from .steady_batch import SteadyBatch
 from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, SchedulerStats
@@ -336,6 +336,11 @@ class Scheduler:
         """Each running request's output tokens so far, in `running`'s order (what the engine
         policy weighs)."""
         return list(map(len, map(_output_ids, self.running)))
+
+    def reserve_tokens(self, clip: int) -> int:
+        """Σ over the running requests of the output each may still produce, at most `clip` each
+        (SGLang's admission reserve, before its new-token ratio)."""
+        return reserve_tokens(self.running, self.output_counts(), clip)
 
     def cohort_decodes(self) -> int:
         """Decodes of the step just scheduled that are not in its batch (a timing-only cohort's)."""
