@@ -27,7 +27,6 @@ import random
 from array import array
 from bisect import insort
 from itertools import filterfalse
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .block_pool import BlockPool
@@ -35,7 +34,7 @@ from .latency import AicStepLatency, StepBatch
 from .output import OutputProcessor
 from .policy import reserve_tokens
 from .request import Request
-from .scheduler import Scheduler
+from .scheduler import Scheduler, output_counts
 from .tokens import CountedTokens, RandomTokens
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ if TYPE_CHECKING:
     from .latency import LatencyModel
     from .policy import EnginePolicy
 
-_output_ids = attrgetter("output_token_ids")
 TokensListener = Callable[[Request, int, int], None]  # (request, first step, last step) of silent tokens
 # (request, tokens, now) -> False when the request itself was preempted: Scheduler's allocation
 AllocateOrPreempt = Callable[[Request, int, float], bool]
@@ -355,7 +353,7 @@ class CohortScheduler(Scheduler):
         if total is None:  # (a member's remaining output is clipped: each one's, as the plain scheduler)
             return super().reserve_tokens(clip)
         others = list(filterfalse(members.__contains__, self.running))
-        return total + reserve_tokens(others, list(map(len, map(_output_ids, others))), clip) if others else total
+        return total + reserve_tokens(others, output_counts(others), clip) if others else total
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         if req in self.cohort.members:

@@ -95,12 +95,12 @@ class SchedulerState(Protocol):
         """Σ over the running requests of the output each may still produce, at most `clip` each."""
 
 
+_max_tokens = attrgetter("max_tokens")
+
+
 def reserve_tokens(running: Sequence[PolicyRequest], outputs: Sequence[int], clip: int) -> int:
     """Σ min(max(max_tokens - output, 0), clip) over `running` (`outputs`: their output tokens so far)."""
     return sum(map(min, map(max, map(sub, map(_max_tokens, running), outputs), repeat(0)), repeat(clip)))
-
-
-_max_tokens = attrgetter("max_tokens")
 
 
 # --- the policies ------------------------------------------------------------------------------------

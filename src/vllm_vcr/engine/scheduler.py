@@ -27,6 +27,12 @@ from .types import EngineCoreEvent, EngineCoreEventType, PrefixCacheStats, Sched
 
 _output_ids = attrgetter("output_token_ids")
 
+
+def output_counts(reqs: list[Request]) -> list[int]:
+    """Each request's output tokens so far (`num_output_tokens`, read from the lists in C)."""
+    return list(map(len, map(_output_ids, reqs)))
+
+
 PREFILL, DECODE, TRANSFER, STEADY = 0, 1, 2, 3
 # (request, tokens, PREFILL | DECODE | TRANSFER), or (SteadyBatch, its members, STEADY): the first
 # item is either, hence Any
@@ -335,7 +341,7 @@ class Scheduler:
     def output_counts(self) -> list[int]:
         """Each running request's output tokens so far, in `running`'s order (what the engine
         policy weighs)."""
-        return list(map(len, map(_output_ids, self.running)))
+        return output_counts(self.running)
 
     def reserve_tokens(self, clip: int) -> int:
         """Σ over the running requests of the output each may still produce, at most `clip` each
