@@ -297,6 +297,7 @@ def main() -> int:
             print(_markdown(result))
         return 0
     args, compile_s = _engine_args(a.engine_type)
+    dynamos = (dynamo_engine(args), dynamo_defaults(args))  # our deployment, then Dynamo's own
     shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
     for i in range(a.repeat):
@@ -304,7 +305,6 @@ def main() -> int:
             order = (False, True) if i % 2 == 0 else (True, False)  # alternate A/B on a shared box
             runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
         if a.dynamo:
-            dynamos = (dynamo_engine(args), dynamo_defaults(args))
             runs += [_dynamo(a.dynamo, a.requests, a.concurrency, e) for e in dynamos]
     if a.trace:
         with tempfile.TemporaryDirectory() as tmp:
@@ -316,7 +316,6 @@ def main() -> int:
                 order = (False, True) if i % 2 == 0 else (True, False)
                 runs += [_ours_trace(args, path, label, t) for t in order]
                 if a.dynamo:
-                    dynamos = (dynamo_engine(args), dynamo_defaults(args))
                     runs += [_dynamo_trace(a.dynamo, path, label, e) for e in dynamos]
     scaling = []
     for size in [int(x) for x in a.sizes.split(",") if x]:

@@ -86,11 +86,12 @@ class DecodeCohort:
         self.step_ends = array("d")  # step_ends[D - 1]: when cohort step D ended
         self.members: dict[Request, _Member] = {}
         self._tokens_minus_join = 0  # sum over members of (t0 - d0): their context is this + n * D
-        # sum over members of (max_tokens + prompt): less their context, the output they may still produce
-        self._limits = 0
-        # (-(max_tokens + prompt - t0 + d0), gen, req): the member whose remaining output is largest
-        # first (a member's is that K less D); entries of members that left are dropped when on top
-        self._most_left: list[tuple] = []
+        # kept from the first `remaining_outputs` on (an engine policy that weighs reserves; None before):
+        # the sum over members of (max_tokens + prompt), which less their context is the output they
+        # may still produce, and (t0 - d0 - max_tokens - prompt, gen, req) per member, whose negation
+        # less D is its remaining output: largest first, entries of members that left dropped on top
+        self._limits: int | None = None
+        self._most_left: list[tuple] | None = None
         # members by the phase (step % block_size) at which they need their next block, each bucket
         # in the plain decode order (due, seq): a member's tokens cross a block every block_size steps
         self._buckets: list[list[tuple]] = [[] for _ in range(block_size)]
@@ -122,13 +123,13 @@ class DecodeCohort:
         insort(bucket, slot)
         self.members[req] = (d0, t0, gen, slot, bucket)
         self._tokens_minus_join += t0 - d0
-        limit = req.max_tokens + req.num_prompt_tokens
-        self._limits += limit
-        most = self._most_left
-        if len(most) > 2 * len(self.members) + 64:  # (entries of members that left, rebuilt away)
-            most[:] = [e for e in most if (m := self.members.get(e[2])) is not None and m[2] == e[1]]
-            heapq.heapify(most)
-        heapq.heappush(most, (t0 - d0 - limit, gen, req))
+        if self._limits is not None:
+            limit = req.max_tokens + req.num_prompt_tokens
+            self._limits += limit
+            most = self._most_left
+            if len(most) > 2 * len(self.members) + 64:  # (entries of members that left: rebuilt away)
+                self._most_left = most = self._reserve_heap()
+            heapq.heappush(most, (t0 - d0 - limit, gen, req))
         idx = len(req.output_token_ids)
         last = req.max_tokens - 1  # the output index whose sample ends it (see OutputProcessor.sample)
         if max_model_len:
@@ -142,7 +143,8 @@ class DecodeCohort:
         it has beyond its lists: `OutputProcessor.sample`'s `silent`)."""
         d0, t0, _, slot, bucket = self.members.pop(req)
         self._tokens_minus_join -= t0 - d0
-        self._limits -= req.max_tokens + req.num_prompt_tokens
+        if self._limits is not None:
+            self._limits -= req.max_tokens + req.num_prompt_tokens
         bucket.remove(slot)
         if not materialize:
             return 0
@@ -177,6 +179,9 @@ class DecodeCohort:
     def remaining_outputs(self, clip: int) -> int | None:
         """Σ over members of the output each may still produce (max_tokens less its output so far,
         at least 1 while a member), or None when a member's exceeds `clip` (not summed here)."""
+        if self._limits is None:
+            self._limits = sum(r.max_tokens + r.num_prompt_tokens for r in self.members)
+            self._most_left = self._reserve_heap()
         most, members = self._most_left, self.members
         while most:
             entry = most[0]
@@ -187,6 +192,11 @@ class DecodeCohort:
                 break
             heapq.heappop(most)
         return self._limits - self.context()
+
+    def _reserve_heap(self) -> list[tuple]:
+        most = [(t0 - d0 - r.max_tokens - r.num_prompt_tokens, gen, r) for r, (d0, t0, gen, *_) in self.members.items()]
+        heapq.heapify(most)
+        return most
 
     def allocate(self, pool: BlockPool, allocate_or_preempt: AllocateOrPreempt, now: float) -> None:
         """Before scheduling step D+1: the members whose next token needs a new block get it, in the
