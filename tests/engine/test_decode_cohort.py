@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -349,3 +351,69 @@ def test_a_finishing_members_silent_tokens_count_as_its_materialized_ones(data, 
     (plain, plain_log), (fast, fast_log) = results
     assert fast == plain
     assert fast_log == plain_log
+
+
+def _disagg(monkeypatch, kv, block, budget, seqs, engine, workers, dp, moe, held, wl, timing_only):
+    """A disaggregated run (simulate/disagg.py): prefill workers hand each prompt's KV to decode
+    workers, which pull it over the link and decode; every record and every pool at the end."""
+    from vllm_vcr.simulate.disagg import DisaggSimulation
+
+    def latency(_args):
+        lat = _latency(held)
+        lat.data_parallel_lockstep = moe  # (an MoE model: a worker's DP ranks step together)
+        return {"latency": lat}
+
+    monkeypatch.setattr(driver_mod, "engine_inputs", latency)
+    p_args, d_args = (msgspec.structs.replace(_args(kv[i], block, budget, seqs, 0, *engine), worker_type=worker,
+                                              kv_bytes_per_token=4096, kv_transfer_bandwidth=2.0).validate()
+                      for i, worker in enumerate(("prefill", "decode")))
+    sim = DisaggSimulation(p_args, d_args, workers[0] * dp[0], workers[1] * dp[1], SyntheticWorkload(**wl),
+                           concurrency=wl["concurrency"], prefill_dp=dp[0], decode_dp=dp[1],
+                           timing_only=timing_only).run()
+    assert sim.timing_only is timing_only
+    assert not sim.records and not sim.prompts
+    for core in sim.prefill + sim.decode:
+        assert core.block_pool.num_free_blocks == core.block_pool.num_blocks and not core.requests
+    done = {r.request_id: (r.engine, r.first, r.last, r.end, r.num_out, r.finish, list(r.gaps())) for r in sim.done}
+    return sim, done
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 30), isl=st.sampled_from(["uniform:1:120", "uniform:40:80", "17"]),
+       osl=st.sampled_from(["uniform:1:60", "uniform:20:40", "1", "2"]), arrival=st.sampled_from(["closed", "poisson"]),
+       concurrency=st.integers(1, 16), p_kv=st.integers(20, 120), d_kv=st.integers(0, 60),
+       block=st.sampled_from([4, 16]), budget=st.integers(32, 256), seqs=st.integers(1, 16),
+       workers=st.tuples(st.integers(1, 2), st.integers(1, 2)), dp=st.sampled_from([(1, 1), (1, 2), (2, 2)]),
+       moe=st.booleans(), prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), held=st.booleans(),
+       engine=ENGINES)
+def test_a_disaggregated_runs_decode_workers_time_their_pulled_requests_alike(
+        monkeypatch, n, isl, osl, arrival, concurrency, p_kv, d_kv, block, budget, seqs, workers, dp, moe, prefixes,
+        seed, held, engine):
+    """Decode workers whose requests arrive with a remote prefill (their KV pulled, then decoded in
+    the cohort) against the plain path: the same times, gaps, finishes, preemptions and steps on
+    every worker, and every worker's free blocks in the same eviction order at the end."""
+    wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
+              concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
+    # (a decode worker holds one longest request: 180 tokens; with few blocks more, it preempts)
+    kw = dict(kv=(max(p_kv, 120 // block + 2), 180 // block + 2 + d_kv), block=block, budget=budget,
+              seqs=min(seqs, budget), engine=engine, workers=workers, dp=dp, moe=moe, held=held, wl=wl)
+    plain, expected = _disagg(monkeypatch, timing_only=False, **kw)
+    fast, got = _disagg(monkeypatch, timing_only=True, **kw)
+    assert got == expected and len(got) == n
+    assert fast.timeline.preemptions == plain.timeline.preemptions
+    assert fast.timeline.steps == plain.timeline.steps
+    assert [c.block_pool.free_queue() for c in fast.prefill + fast.decode] == \
+        [c.block_pool.free_queue() for c in plain.prefill + plain.decode]
+
+
+@pytest.mark.parametrize("engine", [("vllm", 1), ("sglang", 1), ("sglang", 3)])
+def test_a_decode_worker_short_of_blocks_preempts_pulled_requests_alike(monkeypatch, engine):
+    wl = dict(num_requests=24, isl=LengthDist.parse("uniform:40:80", "--isl"), osl=LengthDist.parse("uniform:20:40", "--osl"),
+              arrival="closed", concurrency=12, seed=1)
+    kw = dict(kv=(60, 40), block=4, budget=128, seqs=16, engine=engine, workers=(2, 1), dp=(1, 1), moe=False,
+              held=False, wl=wl)
+    plain, expected = _disagg(monkeypatch, timing_only=False, **kw)
+    fast, got = _disagg(monkeypatch, timing_only=True, **kw)
+    assert sum(plain.timeline.preemptions) > 0 and fast.timeline.preemptions == plain.timeline.preemptions
+    assert got == expected and fast.timeline.steps == plain.timeline.steps

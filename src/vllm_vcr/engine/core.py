@@ -582,7 +582,9 @@ class EngineCore(EngineControls):
         self._pulled = []
         if self.output.steady.touched:  # (members preempted by the scheduling)
             self.output.steady.flush()
-        if not scheduled and not pulled and not (self.cohort and self.cohort.members):
+        if not scheduled and not pulled and not (self.cohort is not None and self.scheduler.cohort_decodes()):
+            # (under SGLang's policy a step that only starts KV pulls runs no decodes: as the plain
+            # path's, it is no step, and the decodes are scheduled again at once)
             # a DP rank of an MoE model runs a dummy step while the other ranks work
             return timed and self.lockstep is not None and self.lockstep.idle(self, now)
         self.step_counter += 1
@@ -623,8 +625,7 @@ class EngineCore(EngineControls):
         way. Returns the steps."""
         cohort, timed = self.cohort, self.timed
         batch = timed.in_flight
-        if cohort is None or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon \
-                or not cohort.members:
+        if not self.may_fast_forward() or batch is None or batch.scheduled or batch.pulled or batch.end >= horizon:
             return 0
         quiet = self._quiet_until()
         if quiet is None:
@@ -644,6 +645,11 @@ class EngineCore(EngineControls):
             self._end_fast_run(now, steps)
         return steps
 
+    def may_fast_forward(self) -> bool:
+        """Whether `fast_forward` may run steps ahead at all: timing-only decodes, some running,
+        and no other DP rank to keep in step."""
+        return self.cohort is not None and bool(self.cohort.members) and self.lockstep is None
+
     def _quiet_until(self) -> float | None:
         """Until when nothing but the cohort's decodes can happen in this engine's steps (until an
         input): a step that starts before then schedules the cohort alone. None: something else may
@@ -656,7 +662,7 @@ class EngineCore(EngineControls):
         if (self._inbox or sched.prefilling or sched.decode_heap or sched.bootstrapping
                 or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
                 or kvt.holds or kvt.transfers.remaining or self._pulled or timed.unread
-                or self.lockstep is not None or self._step_observers or logger.isEnabledFor(TRACE_LEVEL)):
+                or self._step_observers or logger.isEnabledFor(TRACE_LEVEL)):
             return None
         until = timed.arriving[0][0] if timed.arriving else math.inf  # (released in order, FIFO)
         if sched.waiting:

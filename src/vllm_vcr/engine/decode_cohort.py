@@ -57,7 +57,7 @@ class LoRACharge(Protocol):
 def cohort_eligible(req: Request) -> bool:
     """A request whose decodes only the length can end, one token per step, with no gap of its own."""
     return (req.burstable and req.chunk == 1 and type(req.token_source) in _LENGTH_ONLY and not req.pooling
-            and req.plan is None and req.remote_prefill is None and not req.remote_decode)
+            and req.plan is None and not req.remote_decode)
 
 
 def counted_token_source(vocab_size: int):

@@ -11,6 +11,11 @@ client's first token is the decode worker's first: TTFT = prefill (queueing incl
 + the decode worker's first step. A worker of attention DP D is D engines (its ranks) that step
 together when the model is an MoE one, by the engine type's rule (engine/lockstep.py), as one
 deployment's DP ranks do; the workers step independently of each other.
+
+As `simulate`'s, the engines run timing-only decodes whenever their steps are timed
+(engine/decode_cohort.py): a decode worker's requests decode as a cohort once their KV is pulled
+and their first token sampled, and nothing is emitted between a request's first and last token.
+`timing_only=False` runs every token as an output: the same times, finishes and preemptions.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.lockstep import DataParallelLockstep
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
-from ..replay.inputs import engine_inputs
-from .driver import START, RequestRecord, Timeline, _rare_collections, first_arrivals, run_events
+from .driver import (START, RequestRecord, Timeline, _rare_collections, fast_forward, first_arrivals,
+                     listen_for_silent_tokens, run_events, timed_engine_inputs)
 from .workload import SimRequest
 
 
@@ -34,7 +39,8 @@ class DisaggSimulation:
     engines of a side being one worker's attention-DP ranks; `done` holds the decode side's records."""
 
     def __init__(self, prefill_args: EngineArgs, decode_args: EngineArgs, prefill_workers: int, decode_workers: int,
-                 workload, *, concurrency: int = 0, prefill_dp: int = 1, decode_dp: int = 1) -> None:
+                 workload, *, concurrency: int = 0, prefill_dp: int = 1, decode_dp: int = 1,
+                 timing_only: bool | None = None) -> None:
         if prefill_args.worker_type != "prefill" or decode_args.worker_type != "decode":
             raise ValueError("prefill_args must be a prefill worker's, decode_args a decode worker's")
         self.clock = VirtualClock(START)
@@ -48,11 +54,15 @@ class DisaggSimulation:
         self.timeline = Timeline()
         self.timeline.preemptions = [0] * (prefill_workers + decode_workers)
         self.timeline.steps = [0] * (prefill_workers + decode_workers)
-        p_inputs, d_inputs = engine_inputs(prefill_args), engine_inputs(decode_args)
+        # (a prefill worker's requests end at their first token: it decodes nothing, timing-only or not)
+        p_inputs, p_timed, _ = timed_engine_inputs(prefill_args, timing_only)
+        d_inputs, self.timing_only, d_counted = timed_engine_inputs(decode_args, timing_only)
         self.prefill = [EngineCore(prefill_args, engine_index=i, clock=self.clock, output_sink=self._prefill_sink(i),
-                                   **p_inputs) for i in range(prefill_workers)]
+                                   timing_only=p_timed, **p_inputs) for i in range(prefill_workers)]
         self.decode = [EngineCore(decode_args, engine_index=i, clock=self.clock, output_sink=self._decode_sink(i),
-                                  **d_inputs) for i in range(decode_workers)]
+                                  timing_only=self.timing_only, **d_inputs) for i in range(decode_workers)]
+        # a decode worker may take over the prompt list it is given (its prefill worker copied it)
+        listen_for_silent_tokens(self.decode, self.records, d_counted and getattr(workload, "fresh_prompts", False))
         for cores, dp in ((self.prefill, prefill_dp), (self.decode, decode_dp)):
             for first in range(0, len(cores), max(dp, 1)):  # a worker's ranks (an MoE model's step together)
                 DataParallelLockstep.attach(cores[first:first + dp])
@@ -140,6 +150,8 @@ class DisaggSimulation:
         with _rare_collections():
             wall = time.perf_counter()
             first_arrivals(self.workload, self.concurrency, self._push)
-            run_events(self.clock, self.prefill + self.decode, self._arrivals, self._deliver)
+            cores = self.prefill + self.decode
+            run_events(self.clock, cores, self._arrivals, self._deliver,
+                       (lambda now: fast_forward(cores, self._arrivals)) if self.timing_only else None)
             self.wall_s = time.perf_counter() - wall
         return self

@@ -148,6 +148,63 @@ def run_events(clock: Any, cores: list, arrivals: list, deliver: Callable[[Any, 
             fast_forward(now)
 
 
+def timed_engine_inputs(args: EngineArgs, timing_only: bool | None) -> tuple[dict[str, Any], bool, bool]:
+    """The engines' built inputs (engine_inputs), whether they run timing-only decodes (None: when
+    they can: their steps are timed, nothing plans or replays their tokens), and whether their
+    random outputs are counted instead of drawn (nothing reads the ids)."""
+    inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
+    if timing_only is None:  # nothing reads the tokens: by default, when the engine can
+        latency = inputs.get("latency")
+        timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
+            timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
+    counted = False
+    if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
+        inputs["block_hasher"] = ContentHasher()
+        if args.mode == "random" and not args.reasoning:  # nothing reads the ids: none are drawn
+            inputs["token_source_factory"] = counted_token_source(args.vocab_size)
+            counted = True
+    return inputs, timing_only, counted
+
+
+def listen_for_silent_tokens(cores: list, records: dict[str, RequestRecord], adopt_prompts: bool) -> None:
+    """Each timing-only engine's decodes between a request's first and last token, produced without
+    outputs (one per cohort step first..last), go to the request's record (`records`, by id, while
+    it runs); `adopt_prompts`: the engines extend the prompt lists they are given instead of copying."""
+    for core in cores:
+        core.admission.adopt_prompts = adopt_prompts
+        if core.cohort is None:
+            continue
+        step_ends = core.cohort.step_ends
+
+        def on_tokens(req, first: int, last: int, step_ends: array = step_ends) -> None:
+            rec = records.get(req.request_id)
+            if rec is None:
+                return
+            rec.times.extend(step_ends[first - 1:last])
+            rec.num_out += last - first + 1
+            rec.last = step_ends[last - 1]
+
+        core.cohort.on_tokens = on_tokens
+
+
+def fast_forward(cores: list, arrivals: list) -> None:
+    """Let each timing-only engine run its decode-only steps up to the next event that could reach
+    it: the next arrival (a heap of (time, seq, request)), or any other engine's next step end (a
+    finish there may route a request here, a prefill worker's may hand it one)."""
+    first = arrivals[0][0] if arrivals else math.inf
+    if len(cores) == 1:
+        cores[0].fast_forward(first)
+        return
+    wakes = None
+    for i, core in enumerate(cores):
+        if not core.may_fast_forward():
+            continue
+        if wakes is None:  # (read again after an engine ran ahead: it moved the shared clock)
+            wakes = [math.inf if (w := c.next_wake()) is None else w for c in cores]
+        horizon = min(first, min(wakes[:i], default=math.inf), min(wakes[i + 1:], default=math.inf))
+        if core.fast_forward(horizon):
+            wakes = None
+
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
                  *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
@@ -163,28 +220,13 @@ class Simulation:
         self.timeline.preemptions = [0] * num_engines
         self.timeline.steps = [0] * num_engines
         self._progress = progress
-        inputs = engine_inputs(args)  # the latency model (perf model, trace) and other built inputs
-        if timing_only is None:  # nothing reads the tokens: by default, when the engine can
-            latency = inputs.get("latency")
-            timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
-                timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
-        self.timing_only = timing_only
-        counted = False
-        if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
-            inputs["block_hasher"] = ContentHasher()
-            if args.mode == "random" and not args.reasoning:  # nothing reads the ids: none are drawn
-                inputs["token_source_factory"] = counted_token_source(args.vocab_size)
-                counted = True
+        inputs, self.timing_only, counted = timed_engine_inputs(args, timing_only)
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
-                                 timing_only=timing_only, **inputs) for i in range(num_engines)]
+                                 timing_only=self.timing_only, **inputs) for i in range(num_engines)]
         DataParallelLockstep.attach(self.cores)  # an MoE model's DP ranks step together, as in vLLM
         # a synthetic workload's prompt lists are made per request and never read after delivery: the
         # engines extend them instead of copying (not with a token source that reads the prompt)
-        adopt = counted and getattr(workload, "fresh_prompts", False)
-        for core in self.cores:
-            core.admission.adopt_prompts = adopt
-            if core.cohort is not None:
-                core.cohort.on_tokens = self._silent_tokens(core.cohort.step_ends)
+        listen_for_silent_tokens(self.cores, self.records, counted and getattr(workload, "fresh_prompts", False))
         self._arrivals: list[tuple[float, int, SimRequest]] = []
         self._closed_loop = workload.closed_loop
         self._seq = 0
@@ -195,17 +237,6 @@ class Simulation:
         def sink(client: int, outs: EngineCoreOutputs) -> None:
             self._on_outputs(engine, outs)
         return sink
-
-    def _silent_tokens(self, step_ends: array):
-        """Tokens a timing-only engine produced without outputs: one per cohort step first..last."""
-        def on_tokens(req, first: int, last: int) -> None:
-            rec = self.records.get(req.request_id)
-            if rec is None:
-                return
-            rec.times.extend(step_ends[first - 1:last])
-            rec.num_out += last - first + 1
-            rec.last = step_ends[last - 1]
-        return on_tokens
 
     def _on_outputs(self, engine: int, outs: EngineCoreOutputs) -> None:
         t = outs.timestamp
@@ -260,21 +291,7 @@ class Simulation:
             request_id=req.request_id, prompt_token_ids=req.prompt, sampling_params=sp, arrival_time=now))
 
     def _fast_forward(self, now: float) -> None:
-        """Let each engine run its decode-only steps up to the next event that could reach it: the
-        next arrival, or any other engine's next step end (a finish there may route a request here)."""
-        cores, arrivals = self.cores, self._arrivals
-        first = arrivals[0][0] if arrivals else math.inf
-        if len(cores) == 1:
-            cores[0].fast_forward(first)
-            return
-        for i, core in enumerate(cores):
-            horizon = first
-            for j, other in enumerate(cores):
-                if j != i:
-                    w = other.next_wake()
-                    if w is not None and w < horizon:
-                        horizon = w
-            core.fast_forward(horizon)
+        fast_forward(self.cores, self._arrivals)
 
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
