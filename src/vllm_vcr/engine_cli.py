@@ -249,8 +249,6 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         worker_type=ns.worker_type,
         engine_type=getattr(ns, "engine_type", None) or "vllm",
         scheduler_recv_interval=int(getattr(ns, "scheduler_recv_interval", None) or 1),
-        kv_bytes_per_token=int(ns.kv_bytes_per_token),
-        kv_transfer_bandwidth=float(ns.kv_transfer_bandwidth),
         kv_hold_timeout=float(ns.kv_hold_timeout),
         side_channel_host=str(getattr(ns, "side_channel_host", None) or "127.0.0.1"),
         side_channel_port=int(getattr(ns, "side_channel_port", None) or 5600),
@@ -261,6 +259,9 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         replay_steps=ns.replay_steps,
         replay_match=ns.replay_match,
         startup_failure=ns.startup_failure,
+        # (None, as `simulate` leaves them unless given: the engine's defaults)
+        **{dest: kind(getattr(ns, dest)) for dest, kind in (("kv_bytes_per_token", int), ("kv_transfer_bandwidth", float))
+           if getattr(ns, dest, None) is not None},
         **{"none_hash_seed": none_hash_seed_from_env(), **overrides},
     )
     if ns.vocab_size is not None:

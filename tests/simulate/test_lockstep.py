@@ -87,8 +87,8 @@ def test_a_disaggregated_workers_attention_dp_ranks_step_together(model, tied):
     assert groups == [p0, p0, p1, p1, d0, d0] and len({id(p0), id(p1), id(d0)}) == 3 and p0.rule.per_step
     # the decode worker's ranks emit their tokens at the same step ends
     times: list[set[float]] = [set(), set()]
-    for rec in sim.done:
-        times[rec.engine].update(np.round(np.frombuffer(rec.times, dtype=np.float64), 9).tolist())
+    for rec in sim.done:  # (a record's engine: its index among the prefill engines, then the decode ones)
+        times[rec.engine - len(sim.prefill)].update(np.round(np.frombuffer(rec.times, dtype=np.float64), 9).tolist())
     assert len(times[0] & times[1]) / min(len(times[0]), len(times[1])) > 0.5
 
 

@@ -39,6 +39,28 @@ def package_root() -> Path:
     return Path(import_aic().__file__).parent
 
 
+
+@functools.lru_cache(maxsize=16)
+def gpu_system(gpu: str) -> dict:
+    """The estimator's system file of `gpu` (`systems/<gpu>.yaml`: its node, links, memory)."""
+    import yaml
+
+    with open(package_root() / "systems" / f"{gpu}.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def kv_link(gpu: str, gpus: int) -> tuple[float, str]:
+    """(bytes per second per GPU, which link) a prompt's KV crosses from a prefill worker to a decode
+    worker, in a deployment of `gpus` GPUs of `gpu`: the node's NVLink when all of them fit in one
+    node (a GB200/GB300 rack is one NVLink domain, whose `inter_node_bw` it is), else the NICs'."""
+    node = gpu_system(gpu).get("node") or {}
+    per_node = int(node.get("num_gpus_per_node", 8))
+    if gpu.startswith("gb") or gpus <= per_node:
+        key = "inter_node_bw" if gpu.startswith("gb") else "intra_node_bw"
+    else:
+        key = "inter_node_bw"
+    return float(node[key]), key
+
 def configure_data_roots() -> None:
     """Point the estimator at its bundled data (it reads these variables, never the network, whose
     modules the SDK imports are deferred: perf/sdk_lean.py `defer_network`)."""

@@ -228,9 +228,7 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
         raise PerfModelError("--perf-model prices every step; it cannot be combined with "
                              + ", ".join("--" + f.replace("_", "-") for f in knobs))
     from .aic import AicTarget, compile_target, describe, with_capture_size
-    from .kv_sizing import estimate_kv_capacity
 
-    util = _vllm_flag(ns, "gpu_memory_utilization", float)
     graphs = _cuda_graphs(ns)
     target = with_capture_size(target, args.config.max_num_seqs, args.config.max_num_batched_tokens,
                                given=graphs.get("given"), sizes=graphs.get("sizes"))
@@ -238,14 +236,24 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     compile_target(t)
     args.perf_model = target
     if blocks_override is None and not _explicit_kv_size(ns):
-        cap = estimate_kv_capacity(t, block_size=args.tokens_per_block,
-                                   gpu_memory_utilization=0.9 if util is None else util,
-                                   max_num_batched_tokens=args.config.max_num_batched_tokens,
-                                   max_num_seqs=args.config.max_num_seqs)
+        cap = kv_capacity(ns, args)
         args.kv_cache_size = cap.num_blocks
         logger.info("perf model: %s; KV cache %d blocks (%d tokens, %d B/token)", describe(t),
                     cap.num_blocks, cap.tokens, cap.bytes_per_token)
     return args
+
+
+def kv_capacity(ns: argparse.Namespace, args: EngineArgs):
+    """The KV cache the GPU holds for `args`'s perf model (kv_sizing.KVCapacity: blocks, tokens,
+    bytes per token per GPU), at vLLM's --gpu-memory-utilization (0.9 unless given)."""
+    from .aic import AicTarget
+    from .kv_sizing import estimate_kv_capacity
+
+    util = _vllm_flag(ns, "gpu_memory_utilization", float)
+    return estimate_kv_capacity(AicTarget.from_dict(args.perf_model), block_size=args.tokens_per_block,
+                                gpu_memory_utilization=0.9 if util is None else util,
+                                max_num_batched_tokens=args.config.max_num_batched_tokens,
+                                max_num_seqs=args.config.max_num_seqs)
 
 
 def _explicit_kv_size(ns: argparse.Namespace) -> bool:

@@ -46,12 +46,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
     e.add_argument("--max-model-len", type=int, default=0, help="0: no limit")
     e.add_argument("--block-size", type=int, default=None)
+    d = p.add_argument_group(
+        "prefill/decode disaggregation",
+        "With --num-prefill-workers, the engines are a disaggregated deployment: each request is prefilled "
+        "on a prefill worker, whose KV a decode worker pulls over the KV link before it decodes (round robin "
+        "on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks.")
+    d.add_argument("--num-prefill-workers", type=int, default=0, metavar="N",
+                   help="prefill workers (0: aggregated engines, the default)")
+    d.add_argument("--num-decode-workers", type=int, default=1, metavar="N", help="decode workers (default 1)")
+    d.add_argument("--prefill-engine-count", type=int, default=1, metavar="N",
+                   help="a prefill worker's engines (attention-DP ranks; default 1)")
+    d.add_argument("--prefill-tensor-parallel-size", type=int, default=None, metavar="TP",
+                   help="(--perf-model) a prefill worker's tensor parallelism (default: the decode side's -tp)")
     o = p.add_argument_group("output")
     o.add_argument("-o", "--output-dir", default="simulate-out", help="report.json and PNG figures go here")
     o.add_argument("--no-figures", action="store_true")
     o.add_argument("--no-progress", action="store_true")
     add_engine_args(p)
     add_perf_args(p, vllm_gpu_flags=True)
+    # (unset: the perf model's KV bytes per token and the GPU's link in a disaggregated deployment)
+    p.set_defaults(kv_bytes_per_token=None, kv_transfer_bandwidth=None)
     return p
 
 
@@ -70,12 +84,11 @@ def _workload(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine_cli import engine_args_from_cli
     from ..engine.config import ConfigError
     from .runner import run_simulation
 
     try:
-        eargs = engine_args_from_cli(args, advertised_max_model_len=args.max_model_len or 1 << 20)
+        eargs, disagg = _deployment(args)
         workload = _workload(args)
     except (ConfigError, ValueError, OSError) as e:
         print(f"vllm-vcr simulate: error: {e}", file=sys.stderr)
@@ -83,9 +96,67 @@ def run(args: argparse.Namespace) -> int:
     _say_latency_model(eargs)
     report = run_simulation(eargs, workload, engines=args.engine_count, router=args.router,
                             concurrency=args.concurrency, out_dir=Path(args.output_dir),
-                            figures=not args.no_figures, progress=not args.no_progress)
+                            figures=not args.no_figures, progress=not args.no_progress, disagg=disagg)
     _print_summary(report, Path(args.output_dir))
     return 0
+
+
+def _deployment(ns: argparse.Namespace):
+    """The engines' args and, for a disaggregated deployment (--num-prefill-workers), its prefill side
+    (disagg.Disaggregation; the engine args are then the decode workers'). With the perf model, the
+    KV a decode worker pulls is the prefill workers' KV bytes per token per GPU, over the GPU's link
+    (the node's NVLink when every GPU of the deployment fits in one node, else its NICs), unless
+    --kv-bytes-per-token / --kv-transfer-bandwidth say otherwise."""
+    from argparse import Namespace
+
+    from ..engine.config import ConfigError
+    from ..engine_cli import engine_args_from_cli
+    from .disagg import Disaggregation
+
+    max_len = ns.max_model_len or 1 << 20
+    prefill = ns.num_prefill_workers
+    if prefill < 0 or ns.num_decode_workers < 1 or ns.prefill_engine_count < 1:
+        flag = "--num-prefill-workers" if prefill < 0 else \
+            "--num-decode-workers" if ns.num_decode_workers < 1 else "--prefill-engine-count"
+        raise ConfigError(f"{flag}: must be >= {0 if prefill < 0 else 1}")
+    if not prefill:
+        for flag, dest, default in (("--num-decode-workers", "num_decode_workers", 1),
+                                    ("--prefill-engine-count", "prefill_engine_count", 1),
+                                    ("--prefill-tensor-parallel-size", "prefill_tensor_parallel_size", None)):
+            if getattr(ns, dest) != default:
+                raise ConfigError(f"{flag}: only for a disaggregated deployment (give --num-prefill-workers)")
+        return engine_args_from_cli(ns, advertised_max_model_len=max_len), None
+    if ns.worker_type != "aggregated":
+        raise ConfigError("--worker-type: a disaggregated simulation sets each side's (--num-prefill-workers, "
+                          "--num-decode-workers)")
+    if ns.router != "round_robin":
+        raise ConfigError("--router: a disaggregated deployment is routed round robin on each side")
+    p_ns, d_ns = Namespace(**{**vars(ns), "worker_type": "prefill"}), Namespace(**{**vars(ns), "worker_type": "decode"})
+    if ns.prefill_tensor_parallel_size is not None:
+        if ns.prefill_tensor_parallel_size < 1:
+            raise ConfigError("--prefill-tensor-parallel-size: must be >= 1")
+        p_ns.perf_tp = ns.prefill_tensor_parallel_size
+    p_args = engine_args_from_cli(p_ns, advertised_max_model_len=max_len)
+    d_args = engine_args_from_cli(d_ns, advertised_max_model_len=max_len)
+    if p_args.perf_model:
+        from ..perf.catalog import kv_link
+        from ..perf.cli import kv_capacity
+
+        if ns.kv_bytes_per_token is None:
+            p_args.kv_bytes_per_token = d_args.kv_bytes_per_token = kv_capacity(p_ns, p_args).bytes_per_token
+        if ns.kv_transfer_bandwidth is None:
+            p, d = p_args.perf_model, d_args.perf_model
+            gpus = (prefill * ns.prefill_engine_count * p["tensor_parallel_size"]
+                    + ns.num_decode_workers * ns.engine_count * d["tensor_parallel_size"])
+            bandwidth, link = kv_link(d["gpu"], gpus)
+            p_args.kv_transfer_bandwidth = d_args.kv_transfer_bandwidth = bandwidth / 1e9
+            logger.info("KV link: %s of %s, %.0f GB/s per GPU (%d GPUs); %d KV bytes per token", link, d["gpu"],
+                        bandwidth / 1e9, gpus, d_args.kv_bytes_per_token)
+    elif ns.prefill_tensor_parallel_size is not None:
+        raise ConfigError("--prefill-tensor-parallel-size: only with --perf-model (it prices the prefill workers' "
+                          "steps)")
+    return d_args.validate(), Disaggregation(p_args.validate(), prefill, ns.prefill_engine_count,
+                                             ns.num_decode_workers)
 
 
 def _say_latency_model(eargs) -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from ..engine.clock import VirtualClock
 from ..engine.config import EngineArgs
@@ -33,14 +35,27 @@ from .driver import (START, RequestRecord, Timeline, _rare_collections, fast_for
 from .workload import SimRequest
 
 
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """A disaggregated deployment's prefill side (the decode side: the engine args and ranks the
+    caller runs): `prefill_workers` workers of `prefill_ranks` attention-DP ranks, each an engine of
+    `prefill_args` (worker_type prefill), and how many decode workers there are."""
+
+    prefill_args: EngineArgs
+    prefill_workers: int = 1
+    prefill_ranks: int = 1
+    decode_workers: int = 1
+
 class DisaggSimulation:
     """`prefill_workers` engines of `prefill_args` (worker_type prefill) and `decode_workers` of
     `decode_args` (worker_type decode) on one virtual clock, `prefill_dp` and `decode_dp` consecutive
-    engines of a side being one worker's attention-DP ranks; `done` holds the decode side's records."""
+    engines of a side being one worker's attention-DP ranks; `done` holds the requests' records
+    (their `engine`: the decode engine's index in `cores`, the prefill engines first)."""
 
     def __init__(self, prefill_args: EngineArgs, decode_args: EngineArgs, prefill_workers: int, decode_workers: int,
                  workload, *, concurrency: int = 0, prefill_dp: int = 1, decode_dp: int = 1,
-                 timing_only: bool | None = None) -> None:
+                 timing_only: bool | None = None, progress: Callable[[int], None] | None = None) -> None:
         if prefill_args.worker_type != "prefill" or decode_args.worker_type != "decode":
             raise ValueError("prefill_args must be a prefill worker's, decode_args a decode worker's")
         self.clock = VirtualClock(START)
@@ -51,6 +66,7 @@ class DisaggSimulation:
         self.prefill_of: dict[str, int] = {}  # request id -> the prefill worker holding its KV
         self.prefill_done: dict[str, float] = {}  # request id -> when its prefill worker answered
         self.done: list[RequestRecord] = []
+        self._progress = progress
         self.timeline = Timeline()
         self.timeline.preemptions = [0] * (prefill_workers + decode_workers)
         self.timeline.steps = [0] * (prefill_workers + decode_workers)
@@ -66,6 +82,8 @@ class DisaggSimulation:
         for cores, dp in ((self.prefill, prefill_dp), (self.decode, decode_dp)):
             for first in range(0, len(cores), max(dp, 1)):  # a worker's ranks (an MoE model's step together)
                 DataParallelLockstep.attach(cores[first:first + dp])
+        self.cores = self.prefill + self.decode
+        self.served = [0] * len(self.cores)  # requests each engine was given (prefill engines first)
         for core in self.decode:
             core.kv_transfer.add_pulled_listener(self._pulled)
         self._next_p = self._next_d = 0
@@ -77,8 +95,7 @@ class DisaggSimulation:
     def _stats(self, engine: int, outs: EngineCoreOutputs) -> None:
         stats = outs.scheduler_stats
         if stats is not None:
-            self.timeline.preemptions[engine] += stats.num_preemptions
-            self.timeline.steps[engine] = stats.step_counter
+            self.timeline.record(engine, outs.timestamp, stats)
 
     def _prefill_sink(self, engine: int):
         def sink(client: int, outs: EngineCoreOutputs) -> None:
@@ -114,7 +131,8 @@ class DisaggSimulation:
         self._next_d = (d + 1) % len(self.decode)
         self.prefill_done[req.request_id] = now
         rec = self.records[req.request_id]
-        rec.engine = d
+        rec.engine = len(self.prefill) + d
+        self.served[rec.engine] += 1
         sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, extra_args={"kv_transfer_params": params})
         self.decode[d].add_request(EngineCoreRequest(request_id=req.request_id, prompt_token_ids=req.prompt,
                                                      sampling_params=sp, arrival_time=now))
@@ -128,6 +146,8 @@ class DisaggSimulation:
             nxt = self.workload.next_closed()
             if nxt is not None:
                 self._push(t, nxt)
+        if self._progress is not None:
+            self._progress(len(self.done))
 
     # --- arrivals -------------------------------------------------------------------------------------
     def _push(self, t: float, req: SimRequest) -> None:
@@ -139,6 +159,7 @@ class DisaggSimulation:
         self._next_p = (p + 1) % len(self.prefill)
         self.prompts[req.request_id] = req
         self.prefill_of[req.request_id] = p
+        self.served[p] += 1
         self.records[req.request_id] = RequestRecord(req.request_id, -1, len(req.prompt), req.max_tokens, now)
         sp = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True,
                             extra_args={"kv_transfer_params": {"do_remote_decode": True}})
@@ -150,8 +171,7 @@ class DisaggSimulation:
         with _rare_collections():
             wall = time.perf_counter()
             first_arrivals(self.workload, self.concurrency, self._push)
-            cores = self.prefill + self.decode
-            run_events(self.clock, cores, self._arrivals, self._deliver,
-                       (lambda now: fast_forward(cores, self._arrivals)) if self.timing_only else None)
+            run_events(self.clock, self.cores, self._arrivals, self._deliver,
+                       (lambda now: fast_forward(self.cores, self._arrivals)) if self.timing_only else None)
             self.wall_s = time.perf_counter() - wall
         return self

@@ -85,6 +85,16 @@ class Timeline:
     preemptions: list[int] = field(default_factory=list)  # per engine
     steps: list[int] = field(default_factory=list)  # per engine: its step counter
 
+    def record(self, engine: int, t: float, stats: Any) -> None:
+        """Engine `engine`'s scheduler stats of an output batch at `t`."""
+        self.t.append(t - START)
+        self.engine.append(engine)
+        self.running.append(stats.num_running_reqs)
+        self.waiting.append(stats.num_waiting_reqs)
+        self.kv_usage.append(stats.kv_cache_usage)
+        self.preemptions[engine] += stats.num_preemptions
+        self.steps[engine] = stats.step_counter
+
 
 @contextmanager
 def _rare_collections():
@@ -242,14 +252,7 @@ class Simulation:
         t = outs.timestamp
         stats = outs.scheduler_stats
         if stats is not None:
-            tl = self.timeline
-            tl.t.append(t - START)
-            tl.engine.append(engine)
-            tl.running.append(stats.num_running_reqs)
-            tl.waiting.append(stats.num_waiting_reqs)
-            tl.kv_usage.append(stats.kv_cache_usage)
-            tl.preemptions[engine] += stats.num_preemptions
-            tl.steps[engine] = stats.step_counter
+            self.timeline.record(engine, t, stats)
         for o in outs.outputs:
             rec = self.records.get(o.request_id)
             if rec is None:

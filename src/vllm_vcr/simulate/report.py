@@ -85,11 +85,13 @@ def _engine_summary(sim: Simulation) -> list[dict[str, Any]]:
     tl = sim.timeline
     eng = np.frombuffer(tl.engine, dtype=np.int32) if len(tl.engine) else np.array([], dtype=np.int32)
     rows = []
+    served = getattr(sim, "served", None)  # (a disaggregated run: requests per engine, prefill ones too)
     for i, core in enumerate(sim.cores):
         sel = eng == i
         kv = np.frombuffer(tl.kv_usage, dtype=np.float64)[sel] if sel.any() else np.array([0.0])
         wait = np.frombuffer(tl.waiting, dtype=np.int32)[sel] if sel.any() else np.array([0])
-        rows.append({"engine": i, "requests": sum(1 for r in sim.done if r.engine == i),
+        rows.append({"engine": i, "worker_type": core.args.worker_type,
+                     "requests": served[i] if served is not None else sum(1 for r in sim.done if r.engine == i),
                      "kv_cache_blocks": core.args.kv_cache_size, "max_kv_usage": float(kv.max()),
                      "max_waiting": int(wait.max()), "preemptions": tl.preemptions[i],
                      "steps": tl.steps[i]})

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
 from ..perf.errors import PerfModelError
-from ..perf.catalog import package_root, resolve_model
+from ..perf.catalog import kv_link as catalog_kv_link, package_root, resolve_model
 from ..perf.checkpoint import FP8_BLOCK
 from ..perf.qk_norm import bundled_config
 from .silicon import (HostTime, SiliconRow, _checkpoint_precision, _data_parallel, _int, _str, plan_for,
@@ -378,23 +378,9 @@ def _recipe_deployment(row: DisaggRow) -> DisaggRow:
                    tp=d.tp, attention_dp=d.attention_dp, moe_tp=d.moe_tp, moe_ep=d.ep)
 
 
-@functools.lru_cache(maxsize=16)
-def _system(gpu: str) -> dict:
-    import yaml
-
-    with open(package_root() / "systems" / f"{gpu}.yaml") as f:
-        return yaml.safe_load(f)
-
-
 def kv_link(row: DisaggRow) -> tuple[float, str]:
     """(bytes per second per GPU, which link) the KV of a prompt crosses from prefill to decode."""
-    node = (_system(row.gpu).get("node") or {})
-    per_node = int(node.get("num_gpus_per_node", 8))
-    if row.gpu.startswith("gb") or row.gpus <= per_node:  # one NVLink domain (a GB200/GB300 rack, or one node)
-        key = "inter_node_bw" if row.gpu.startswith("gb") else "intra_node_bw"
-    else:
-        key = "inter_node_bw"
-    return float(node[key]), key
+    return catalog_kv_link(row.gpu, row.gpus)
 
 
 def disagg_static(row: DisaggRow) -> tuple[float, float]:
@@ -414,8 +400,10 @@ def disagg_static(row: DisaggRow) -> tuple[float, float]:
 
 
 def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tokens: int = 40_000) -> dict[str, Any]:
-    """A disaggregated row's benchmark: its prefill and decode workers on one virtual clock."""
-    from .disagg import DisaggSimulation
+    """A disaggregated row's benchmark: its prefill and decode workers on one virtual clock (what
+    `simulate --num-prefill-workers` runs)."""
+    from .disagg import Disaggregation
+    from .runner import simulate
 
     pt, dt = row.prefill_target(host).resolved(), row.target(host).resolved()
     compile_target(pt)
@@ -431,10 +419,8 @@ def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tok
                                  engine_type=row.engine_type, worker_type="decode",
                                  kv_bytes_per_token=p_cap.bytes_per_token, kv_transfer_bandwidth=bw / 1e9)
     plan = plan_for(row, max_tokens)
-    sim = DisaggSimulation(p_args, d_args, row.prefill_workers * max(row.prefill_dp, 1),
-                           row.decode_workers * max(row.attention_dp, 1), row_workload(row, plan),
-                           concurrency=row.concurrency, prefill_dp=max(row.prefill_dp, 1),
-                           decode_dp=max(row.attention_dp, 1)).run()
+    sim = simulate(d_args, row_workload(row, plan), engines=max(row.attention_dp, 1), concurrency=row.concurrency,
+                   disagg=Disaggregation(p_args, row.prefill_workers, max(row.prefill_dp, 1), row.decode_workers))
     transfer = p_cap.bytes_per_token * row.isl / bw * 1e3
     return _means(row, sim.done, plan, {
         "kv_blocks": d_cap.num_blocks, "prefill_kv_blocks": p_cap.num_blocks,

@@ -1,0 +1,85 @@
+"""`vllm-vcr simulate --num-prefill-workers`: a disaggregated deployment through the real CLI process
+(prefill workers, decode workers, the KV pull between them), the same simulation the fidelity
+harness runs for the measured disaggregated rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_vcr.cli import main
+from vllm_vcr.testing.waits import scaled
+
+from ..perf.conftest import needs_aic
+
+
+def _simulate(tmp_path: Path, *flags: str) -> dict:
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "vllm_vcr", "simulate", "--no-progress", "--no-figures", "-o", str(out), *flags]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(180), env=clean)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def test_a_request_is_prefilled_then_pulled_then_decoded(tmp_path):
+    """Latency knobs, one request at a time: TTFT is the prefill worker's first token (40 ms) plus
+    the pull of 128 tokens x 1 MB at 1 GB/s (128 ms); the decode worker paces the rest (10 ms)."""
+    report = _simulate(tmp_path, "--num-prefill-workers", "2", "--num-decode-workers", "1", "--num-requests", "10",
+                       "--concurrency", "1", "--isl", "128", "--osl", "16", "--time-to-first-token", "40",
+                       "--inter-token-latency", "10", "--kv-bytes-per-token", "1000000",
+                       "--kv-transfer-bandwidth", "1")
+    assert report["requests"] == 10 and report["finish_reasons"] == {"length": 10}
+    assert report["latency_ms"]["ttft"]["p50"] == pytest.approx(40 + 128, abs=0.5)
+    assert report["latency_ms"]["tpot"]["p50"] == pytest.approx(10, abs=0.1)
+    assert [(e["worker_type"], e["requests"]) for e in report["engines"]] == \
+        [("prefill", 5), ("prefill", 5), ("decode", 10)]
+    d = report["meta"]["disaggregated"]
+    assert (d["prefill_workers"], d["decode_workers"], d["kv_transfer_gb_s"], d["kv_bytes_per_token"]) == \
+        (2, 1, 1.0, 1_000_000)
+    assert report["engines"][2]["steps"] > report["engines"][0]["steps"]  # (the decode worker runs every token)
+
+
+@needs_aic
+def test_with_the_perf_model_the_kv_is_the_prefill_workers_over_the_gpus_link(tmp_path):
+    """Llama-3.1-8B on H100: prefill workers of TP 2, a decode worker of TP 1; the KV bytes per
+    token are a prefill GPU's (half of TP 1's), the link the node's NVLink (4 GPUs in one node)."""
+    from vllm_vcr.perf.aic import AicTarget
+    from vllm_vcr.perf.catalog import kv_link
+    from vllm_vcr.perf.kv_sizing import estimate_kv_capacity
+
+    report = _simulate(tmp_path, "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic", "--gpu", "h100_sxm",
+                       "--num-prefill-workers", "1", "--prefill-tensor-parallel-size", "2", "--num-decode-workers", "2",
+                       "--num-requests", "60", "--concurrency", "8", "--isl", "2000", "--osl", "64")
+    d = report["meta"]["disaggregated"]
+    assert d["prefill_perf_model"]["tensor_parallel_size"] == 2 and report["meta"]["perf_model"]["tensor_parallel_size"] == 1
+    per_token = {tp: estimate_kv_capacity(AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm",
+                                                    tensor_parallel_size=tp).resolved(), block_size=16,
+                                          gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
+                                          max_num_seqs=256).bytes_per_token for tp in (1, 2)}
+    assert d["kv_bytes_per_token"] == per_token[2] == per_token[1] // 2
+    assert d["kv_transfer_gb_s"] * 1e9 == kv_link("h100_sxm", 4)[0] and kv_link("h100_sxm", 4)[1] == "intra_node_bw"
+    assert [(e["worker_type"], e["requests"]) for e in report["engines"]] == [("prefill", 60), ("decode", 30),
+                                                                              ("decode", 30)]
+    ttft, tpot = report["latency_ms"]["ttft"]["p50"], report["latency_ms"]["tpot"]["p50"]
+    assert 0 < tpot < ttft  # (a 2,000-token prefill and its pull against one decode step)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--num-decode-workers", "2"], "--num-decode-workers: only for a disaggregated deployment"),
+    (["--prefill-engine-count", "2"], "--prefill-engine-count: only for a disaggregated deployment"),
+    (["--num-prefill-workers", "-1"], "--num-prefill-workers: must be >= 0"),
+    (["--num-prefill-workers", "1", "--num-decode-workers", "0"], "--num-decode-workers: must be >= 1"),
+    (["--num-prefill-workers", "1", "--router", "kv"], "--router: a disaggregated deployment is routed round robin"),
+    (["--num-prefill-workers", "1", "--worker-type", "decode"], "--worker-type: a disaggregated simulation sets"),
+    (["--num-prefill-workers", "1", "--prefill-tensor-parallel-size", "2"],
+     "--prefill-tensor-parallel-size: only with --perf-model"),
+])
+def test_disaggregation_flags_out_of_place_are_a_cli_error_naming_the_flag(tmp_path, capsys, flags, message):
+    assert main(["simulate", "--num-requests", "4", "-o", str(tmp_path), "--no-progress", *flags]) == 2
+    assert message in capsys.readouterr().err
