@@ -26,6 +26,11 @@ request's 512-token blocks its own) and has both sides replay that file (ours: `
 the simulation timed without the file's reading; Dynamo: `run_trace_replay`, its reading
 included): the same arrivals and lengths on both, not a closed loop of one fixed shape.
 
+`--disagg P:D` makes both sides one disaggregated deployment of P prefill and D decode workers,
+each with the same engine args (ours: `simulate --num-prefill-workers`, the KV pulled at the
+engine's default 131,072 bytes per token over 25 GB/s; Dynamo: its disaggregated replay with
+`prefill_engine_args` / `decode_engine_args` and its own transfer model).
+
 `--sizes 1000,10000,100000` measures the cost per request at each size (timing-only path, fixed
 shape; Dynamo too with `--dynamo`), `--startup` the `vllm-vcr simulate` process itself (CPU
 seconds, child-process rusage: `--help`; a 10-request run with the latency knobs; with the perf
@@ -38,7 +43,7 @@ prints the tables of docs/benchmarks.md after the JSON.
 usage: python bench/simulate_speed.py [--requests 1000] [--concurrency 64] [--isl lognormal:1024:512]
           [--osl lognormal:256:128] [--repeat 3] [--fixed] [--dynamo ~/.cache/vllm-vcr/peers/dynamo/bin/python]
           [--trace [--trace-rate 15]] [--sizes 1000,10000,100000] [--startup | --startup-only] [--markdown]
-          [--engine-type vllm|sglang]
+          [--engine-type vllm|sglang] [--disagg 2:1]
 """
 
 from __future__ import annotations
@@ -58,11 +63,14 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from vllm_vcr.engine.config import EngineArgs, EngineConfig  # noqa: E402
 from vllm_vcr.perf.aic import AicTarget, compile_target  # noqa: E402
 from vllm_vcr.perf.kv_sizing import estimate_kv_capacity  # noqa: E402
+from vllm_vcr.simulate.disagg import Disaggregation  # noqa: E402
 from vllm_vcr.simulate.runner import simulate  # noqa: E402
 from vllm_vcr.simulate.workload import MOONCAKE_BLOCK, LengthDist, SyntheticWorkload, TraceWorkload  # noqa: E402
 
@@ -72,6 +80,8 @@ _DYNAMO_TIMED = """
 import json, sys, time
 from dynamo.replay import run_synthetic_trace_replay, run_trace_replay
 engine = json.loads(sys.argv[-1]) or None
+# (a disaggregated deployment: its two sides' engine args and worker counts; else one engine's args)
+replay = engine.pop("disagg") if engine and "disagg" in engine else {{"extra_engine_args": engine}}
 c0, w0 = time.process_time(), time.perf_counter()
 r = {call}
 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
@@ -81,9 +91,8 @@ print(json.dumps({{"cpu_s": cpu, "wall_s": wall, "requests": s["completed_reques
                   "mean_tpot_ms": s["mean_tpot_ms"]}}))
 """
 DYNAMO_RUN = _DYNAMO_TIMED.format(call="run_synthetic_trace_replay(*(int(x) for x in sys.argv[1:4]), "
-                                       "replay_concurrency=int(sys.argv[4]), extra_engine_args=engine)")
-DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_block_size=512, "
-                                         "extra_engine_args=engine)")
+                                       "replay_concurrency=int(sys.argv[4]), **replay)")
+DYNAMO_TRACE = _DYNAMO_TIMED.format(call="run_trace_replay([sys.argv[1]], trace_block_size=512, **replay)")
 TRACE_SHAPE = "Mooncake trace"
 
 
@@ -111,6 +120,16 @@ def dynamo_engine(args: EngineArgs) -> dict:
     return {"engine": engine}
 
 
+def dynamo_disagg(args: EngineArgs, prefill_workers: int, decode_workers: int) -> dict:
+    """Dynamo's disaggregated replay of the deployment `simulate --num-prefill-workers` runs: the
+    same engine args on both sides, their worker counts."""
+    engine = dynamo_engine(args)["engine"]
+    return {"engine": engine, "disagg": {
+        "prefill_engine_args": {"engine": {**engine, "worker_type": "prefill"}},
+        "decode_engine_args": {"engine": {**engine, "worker_type": "decode"}},
+        "num_prefill_workers": prefill_workers, "num_decode_workers": decode_workers}}
+
+
 def dynamo_defaults(args: EngineArgs) -> dict | None:
     """Dynamo's own deployment (None: its defaults), with our engine type's scheduler."""
     return None if args.engine_type == "vllm" else {"engine": {"backend": args.engine_type}}
@@ -123,14 +142,23 @@ def _simulated(done: list) -> dict:
     return {"simulated_s": max(r.end for r in done) - t0, "mean_tpot_ms": 1e3 * sum(tpot) / len(tpot)}
 
 
+def _disaggregation(args: EngineArgs, workers: str | None) -> tuple[EngineArgs, Disaggregation | None]:
+    """For `--disagg P:D`: the decode workers' args and the prefill side (the same engine args)."""
+    if not workers:
+        return args, None
+    p, d = (int(x) for x in workers.split(":"))
+    side = lambda worker: msgspec.structs.replace(args, worker_type=worker).validate()  # noqa: E731
+    return side("decode"), Disaggregation(side("prefill"), p, 1, d)
+
+
 def _ours(args: EngineArgs, isl: str, osl: str, requests: int, concurrency: int, seed: int,
-          timing_only: bool) -> dict:
+          timing_only: bool, disagg: Disaggregation | None = None) -> dict:
     wl = SyntheticWorkload(num_requests=requests, isl=LengthDist.parse(isl, "--isl"),
                            osl=LengthDist.parse(osl, "--osl"), arrival="closed", concurrency=concurrency, seed=seed)
     gc.collect()  # the previous run's object graph (cyclic) is freed here, not inside this run's time
     load = os.getloadavg()[0]
     w0, c0 = time.perf_counter(), time.process_time()
-    sim = simulate(args, wl, concurrency=concurrency, timing_only=timing_only)
+    sim = simulate(args, wl, concurrency=concurrency, timing_only=timing_only, disagg=disagg)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     tokens = sum(r.num_out for r in sim.done)
     return {"path": "timing_only" if timing_only else "plain", "isl": isl, "osl": osl, "seed": seed, "n": requests,
@@ -156,14 +184,15 @@ def write_trace(path: str, requests: int, isl: str, osl: str, rate: float, seed:
             next_id += blocks
 
 
-def _ours_trace(args: EngineArgs, path: str, label: str, timing_only: bool) -> dict:
+def _ours_trace(args: EngineArgs, path: str, label: str, timing_only: bool,
+                disagg: Disaggregation | None = None) -> dict:
     r0 = time.process_time()
     wl = TraceWorkload.from_path(path)  # (read before the clock starts, timed apart)
     read = time.process_time() - r0
     gc.collect()
     load = os.getloadavg()[0]
     w0, c0 = time.perf_counter(), time.process_time()
-    sim = simulate(args, wl, concurrency=0, timing_only=timing_only)
+    sim = simulate(args, wl, concurrency=0, timing_only=timing_only, disagg=disagg)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     return {"path": "timing_only" if timing_only else "plain", "shape": label, "n": wl.num_requests,
             "cpu_s": cpu, "wall_s": wall, "read_cpu_s": read, "requests_per_cpu_s": len(sim.done) / cpu,
@@ -288,6 +317,9 @@ def main() -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the tables of docs/benchmarks.md")
     ap.add_argument("--engine-type", choices=("vllm", "sglang"), default="vllm",
                     help="the engines' scheduler and kernel data on both sides (Dynamo's `backend`)")
+    ap.add_argument("--disagg", metavar="P:D", default=None,
+                    help="a disaggregated deployment of P prefill and D decode workers on both sides (ours: "
+                         "`simulate --num-prefill-workers`; Dynamo: its disaggregated replay), the same engine args")
     a = ap.parse_args()
     if a.startup_only:
         result = {"workload": vars(a), "cpus": os.cpu_count(), "runs": [], "summary": {}, "scaling": [],
@@ -298,12 +330,15 @@ def main() -> int:
         return 0
     args, compile_s = _engine_args(a.engine_type)
     dynamos = (dynamo_engine(args), dynamo_defaults(args))  # our deployment, then Dynamo's own
+    if a.disagg:  # (the same deployment only: Dynamo's defaults are one aggregated worker)
+        dynamos = (dynamo_disagg(args, *(int(x) for x in a.disagg.split(":"))),)
+    args, disagg = _disaggregation(args, a.disagg)
     shapes = [(a.isl, a.osl)] + ([("1024", "256")] if a.fixed else [])
     runs = []
     for i in range(a.repeat):
         for isl, osl in shapes:
             order = (False, True) if i % 2 == 0 else (True, False)  # alternate A/B on a shared box
-            runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t) for t in order]
+            runs += [_ours(args, isl, osl, a.requests, a.concurrency, i, t, disagg) for t in order]
         if a.dynamo:
             runs += [_dynamo(a.dynamo, a.requests, a.concurrency, e) for e in dynamos]
     if a.trace:
@@ -314,15 +349,15 @@ def main() -> int:
                      f"OSL {a.osl}")
             for i in range(a.repeat):
                 order = (False, True) if i % 2 == 0 else (True, False)
-                runs += [_ours_trace(args, path, label, t) for t in order]
+                runs += [_ours_trace(args, path, label, t, disagg) for t in order]
                 if a.dynamo:
                     runs += [_dynamo_trace(a.dynamo, path, label, e) for e in dynamos]
     scaling = []
     for size in [int(x) for x in a.sizes.split(",") if x]:
         for i in range(a.repeat):
-            scaling.append(_ours(args, "1024", "256", size, a.concurrency, i, True))
+            scaling.append(_ours(args, "1024", "256", size, a.concurrency, i, True, disagg))
             if a.dynamo:
-                scaling.append(_dynamo(a.dynamo, size, a.concurrency, dynamo_engine(args)))
+                scaling.append(_dynamo(a.dynamo, size, a.concurrency, dynamos[0]))
     startup = _startup(a.repeat) if a.startup else None
     summary: dict[str, dict] = {}
     for r in runs:

@@ -353,7 +353,7 @@ def test_a_finishing_members_silent_tokens_count_as_its_materialized_ones(data, 
     assert fast_log == plain_log
 
 
-def _disagg(monkeypatch, kv, block, budget, seqs, engine, workers, dp, moe, held, wl, timing_only):
+def _disagg(monkeypatch, kv, block, budget, seqs, engine, workers, dp, moe, held, wl, timing_only, link=2.0):
     """A disaggregated run (simulate/disagg.py): prefill workers hand each prompt's KV to decode
     workers, which pull it over the link and decode; every record and every pool at the end."""
     from vllm_vcr.simulate.disagg import DisaggSimulation
@@ -365,7 +365,7 @@ def _disagg(monkeypatch, kv, block, budget, seqs, engine, workers, dp, moe, held
 
     monkeypatch.setattr(driver_mod, "engine_inputs", latency)
     p_args, d_args = (msgspec.structs.replace(_args(kv[i], block, budget, seqs, 0, *engine), worker_type=worker,
-                                              kv_bytes_per_token=4096, kv_transfer_bandwidth=2.0).validate()
+                                                  kv_bytes_per_token=4096, kv_transfer_bandwidth=link).validate()
                       for i, worker in enumerate(("prefill", "decode")))
     sim = DisaggSimulation(p_args, d_args, workers[0] * dp[0], workers[1] * dp[1], SyntheticWorkload(**wl),
                            concurrency=wl["concurrency"], prefill_dp=dp[0], decode_dp=dp[1],
@@ -386,18 +386,20 @@ def _disagg(monkeypatch, kv, block, budget, seqs, engine, workers, dp, moe, held
        block=st.sampled_from([4, 16]), budget=st.integers(32, 256), seqs=st.integers(1, 16),
        workers=st.tuples(st.integers(1, 2), st.integers(1, 2)), dp=st.sampled_from([(1, 1), (1, 2), (2, 2)]),
        moe=st.booleans(), prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3), held=st.booleans(),
-       engine=ENGINES)
+       engine=ENGINES, link=st.sampled_from([2.0, 0.05, 0.01]))
 def test_a_disaggregated_runs_decode_workers_time_their_pulled_requests_alike(
         monkeypatch, n, isl, osl, arrival, concurrency, p_kv, d_kv, block, budget, seqs, workers, dp, moe, prefixes,
-        seed, held, engine):
+        seed, held, engine, link):
     """Decode workers whose requests arrive with a remote prefill (their KV pulled, then decoded in
     the cohort) against the plain path: the same times, gaps, finishes, preemptions and steps on
-    every worker, and every worker's free blocks in the same eviction order at the end."""
+    every worker, and every worker's free blocks in the same eviction order at the end. On the
+    slower links (a 100-token prompt's pull lasts ~8 steps at 0.05 GB/s) the cohort runs ahead while
+    pulls are in flight and stops at the boundary where one completes."""
     wl = dict(num_requests=n, isl=LengthDist.parse(isl, "--isl"), osl=LengthDist.parse(osl, "--osl"), arrival=arrival,
               concurrency=concurrency, request_rate=200.0, num_prefixes=prefixes, prefix_len=24, seed=seed)
     # (a decode worker holds one longest request: 180 tokens; with few blocks more, it preempts)
     kw = dict(kv=(max(p_kv, 120 // block + 2), 180 // block + 2 + d_kv), block=block, budget=budget,
-              seqs=min(seqs, budget), engine=engine, workers=workers, dp=dp, moe=moe, held=held, wl=wl)
+              seqs=min(seqs, budget), engine=engine, workers=workers, dp=dp, moe=moe, held=held, wl=wl, link=link)
     plain, expected = _disagg(monkeypatch, timing_only=False, **kw)
     fast, got = _disagg(monkeypatch, timing_only=True, **kw)
     assert got == expected and len(got) == n

@@ -633,10 +633,11 @@ class EngineCore(EngineControls):
         horizon = min(horizon, quiet)  # (a held request joins the steps that start from then on)
         if batch.end >= horizon:
             return 0
-        steps, now, end, pressure = cohort.run_alone(batch.end, horizon, self.kv.pool,
-                                                     self.scheduler.engine_policy.on_step,
-                                                     self.latency, timed.rng, self.admission)
-        if pressure:  # the next step preempts: the plain way
+        pulls = self._pulls_done if self.kv_transfer.transfers.remaining else None
+        steps, now, end, plain = cohort.run_alone(batch.end, horizon, self.kv.pool,
+                                                  self.scheduler.engine_policy.on_step,
+                                                  self.latency, timed.rng, self.admission, pulls)
+        if plain:  # the next step preempts, or takes a pulled request: the plain way
             self._end_fast_run(now, steps - 1)
             timed.in_flight = None
             self._start_step(now)
@@ -644,6 +645,14 @@ class EngineCore(EngineControls):
             batch.end = end  # (the step in flight: nothing scheduled in it but the cohort)
             self._end_fast_run(now, steps)
         return steps
+
+    def _pulls_done(self, now: float) -> bool:
+        """At a step boundary of a fast run: take the KV pulls done by `now`, as `_step` does at
+        every boundary (the link's shares advance with the same arithmetic); True when one is."""
+        done = self.kv_transfer.pop_pulled(now)
+        if done:
+            self._pulled += done
+        return bool(done)
 
     def may_fast_forward(self) -> bool:
         """Whether `fast_forward` may run steps ahead at all: timing-only decodes, some running,
@@ -657,11 +666,12 @@ class EngineCore(EngineControls):
         at the first step that starts at its time or later) or hidden by the input gate (async
         scheduling's look-ahead, the input path's delay: left out of the steps that start before its
         time) waits for that time; any other work (a waiting request the gate does not hide, a
-        prefill, a plain decode, a KV transfer, a drain, a pause) ends the run at once."""
+        prefill, a plain decode, a drain, a pause) ends the run at once. A KV pull in flight does
+        not: the run takes it at the step boundary where the plain steps would (`_pulls_done`)."""
         sched, life, kvt, timed = self.scheduler, self.lifecycle, self.kv_transfer, self.timed
         if (self._inbox or sched.prefilling or sched.decode_heap or sched.bootstrapping
                 or life.draining_deadline is not None or life.frozen_at is not None or life.stopped
-                or kvt.holds or kvt.transfers.remaining or self._pulled or timed.unread
+                or kvt.holds or self._pulled or timed.unread
                 or self._step_observers or logger.isEnabledFor(TRACE_LEVEL)):
             return None
         until = timed.arriving[0][0] if timed.arriving else math.inf  # (released in order, FIFO)

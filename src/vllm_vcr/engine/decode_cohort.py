@@ -260,17 +260,20 @@ class DecodeCohort:
         return done
 
     def run_alone(self, end: float, horizon: float, pool: BlockPool, on_step: Callable[[], None],
-                  latency: LatencyModel, rng: random.Random, lora: LoRACharge) -> tuple[int, float, float, bool]:
+                  latency: LatencyModel, rng: random.Random, lora: LoRACharge,
+                  joins: Callable[[float], bool] | None = None) -> tuple[int, float, float, bool]:
         """The cohort's steps when nothing else runs (its engine knows no input arrives before
         `horizon`: the offline simulator), the first one starting at `end`, while they end before
         `horizon`, stopping before a step that samples a last token. Each step is what the plain
         loop would do (advance, block boundaries, a priced step: `on_step`, `latency.step_duration`
         with `rng`, `lora`'s loading time), without its generic scheduling. Cohorts in step repeat
         compositions (a closed loop's batches finish and refill alike), so with the perf model, whose
-        step time is a function of the composition alone, a composition is priced once. Returns (the steps that
-        ended, when the last of them ended, when the step they started ends, KV pressure): under
-        KV pressure the last step's blocks did not all fit and it started no step (the plain
-        step preempts)."""
+        step time is a function of the composition alone, a composition is priced once. `joins(t)`,
+        asked at each step boundary t (each time the plain engine would look), says whether other
+        work joins the step starting then (a KV pull completed). Returns (the steps that ended, when
+        the last of them ended, when the step they started ends, plain): with plain, the next step
+        starts at the last end the plain way (its blocks did not all fit: it preempts; or work
+        joins it), and no step was started."""
         # nobody joins or leaves in these steps: the count, the next finish and the context's slope stay
         n = len(self.members)
         last_step = self.next_finish() - 2  # the last cohort step to run here (the next one samples a last token)
@@ -294,6 +297,9 @@ class DecodeCohort:
             step_ends.append(end)
             now = end
             steps += 1
+            if joins is not None and joins(now):  # (a pulled request joins the next step)
+                pressure = True
+                break
             due = buckets[step % block_size]
             if due:
                 if wanted + len(due) > free:  # KV pressure: the plain step preempts
