@@ -35,17 +35,18 @@ from .driver import (START, RequestRecord, Timeline, _rare_collections, fast_for
 from .workload import SimRequest
 
 
-
 @dataclass(frozen=True)
 class Disaggregation:
-    """A disaggregated deployment's prefill side (the decode side: the engine args and ranks the
-    caller runs): `prefill_workers` workers of `prefill_ranks` attention-DP ranks, each an engine of
-    `prefill_args` (worker_type prefill), and how many decode workers there are."""
+    """A disaggregated deployment as `simulate(..., disagg=)` takes it: its prefill side
+    (`prefill_workers` workers of `prefill_ranks` attention-DP ranks, each an engine of
+    `prefill_args`, worker_type prefill) and how many decode workers it has (their engine args and
+    ranks are the ones `simulate` is given)."""
 
     prefill_args: EngineArgs
     prefill_workers: int = 1
     prefill_ranks: int = 1
     decode_workers: int = 1
+
 
 class DisaggSimulation:
     """`prefill_workers` engines of `prefill_args` (worker_type prefill) and `decode_workers` of

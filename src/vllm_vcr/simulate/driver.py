@@ -215,6 +215,7 @@ def fast_forward(cores: list, arrivals: list) -> None:
         if core.fast_forward(horizon):
             wakes = None
 
+
 class Simulation:
     def __init__(self, args: EngineArgs, num_engines: int, router: Router, workload,
                  *, concurrency: int = 0, progress: Callable[[int], None] | None = None,
@@ -293,9 +294,6 @@ class Simulation:
         self.cores[engine].add_request(EngineCoreRequest(
             request_id=req.request_id, prompt_token_ids=req.prompt, sampling_params=sp, arrival_time=now))
 
-    def _fast_forward(self, now: float) -> None:
-        fast_forward(self.cores, self._arrivals)
-
     # --- the loop --------------------------------------------------------------------------------
     def run(self) -> "Simulation":
         with _rare_collections():
@@ -305,6 +303,6 @@ class Simulation:
         wall = time.perf_counter()
         first_arrivals(self.workload, self.concurrency, self._push)
         run_events(self.clock, self.cores, self._arrivals, self._deliver,
-                   self._fast_forward if self.timing_only else None)
+                   (lambda now: fast_forward(self.cores, self._arrivals)) if self.timing_only else None)
         self.wall_s = time.perf_counter() - wall
         return self
