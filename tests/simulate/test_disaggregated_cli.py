@@ -36,6 +36,9 @@ def test_a_request_is_prefilled_then_pulled_then_decoded(tmp_path):
                        "--kv-transfer-bandwidth", "1")
     assert report["requests"] == 10 and report["finish_reasons"] == {"length": 10}
     assert report["latency_ms"]["ttft"]["p50"] == pytest.approx(40 + 128, abs=0.5)
+    # TTFT's two sides: the prefill worker's answer, then the pull and the decode worker's first token
+    assert report["latency_ms"]["prefill"]["p50"] == pytest.approx(40, abs=0.5)
+    assert report["latency_ms"]["handoff"]["p50"] == pytest.approx(128, abs=0.5)
     assert report["latency_ms"]["tpot"]["p50"] == pytest.approx(10, abs=0.1)
     assert [(e["worker_type"], e["requests"]) for e in report["engines"]] == \
         [("prefill", 5), ("prefill", 5), ("decode", 10)]

@@ -35,7 +35,13 @@ def request_metrics(sim: Simulation) -> dict[str, np.ndarray]:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n_out > 1, (end - first) / np.maximum(n_out - 1, 1), np.nan) * 1e3
     itl = np.concatenate([r.gaps() for r in done]) * 1e3 if done else np.array([])
-    return {"ttft": (first - arrival) * 1e3, "tpot": tpot, "e2e": (end - arrival) * 1e3, "itl": itl}
+    out = {"ttft": (first - arrival) * 1e3, "tpot": tpot, "e2e": (end - arrival) * 1e3, "itl": itl}
+    prefilled = getattr(sim, "prefill_done", None)
+    if prefilled is not None:  # a disaggregated run: TTFT's two sides
+        answered = np.array([prefilled.get(r.request_id, np.nan) for r in done])
+        out["prefill"] = (answered - arrival) * 1e3  # queue and prefill on a prefill worker
+        out["handoff"] = (first - answered) * 1e3  # queue, KV pull and first step on a decode worker
+    return out
 
 
 def build_report(sim: Simulation, meta: dict[str, Any] | None = None) -> dict[str, Any]:
