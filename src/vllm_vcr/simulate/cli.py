@@ -47,10 +47,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--max-model-len", type=int, default=0, help="0: no limit")
     e.add_argument("--block-size", type=int, default=None)
     d = p.add_argument_group(
-        "prefill/decode disaggregation",
+        "disaggregated deployment",
         "With --num-prefill-workers, the engines are a disaggregated deployment: each request is prefilled "
         "on a prefill worker, whose KV a decode worker pulls over the KV link before it decodes (round robin "
-        "on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks.")
+        "on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks. "
+        "With --perf-model, --kv-bytes-per-token defaults to a prefill GPU's KV bytes per token and "
+        "--kv-transfer-bandwidth to the GPU's link (NVLink within a node, else its NIC).")
     d.add_argument("--num-prefill-workers", type=int, default=0, metavar="N",
                    help="prefill workers (0: aggregated engines, the default)")
     d.add_argument("--num-decode-workers", type=int, default=1, metavar="N", help="decode workers (default 1)")
