@@ -78,7 +78,6 @@ def test_with_the_perf_model_the_kv_is_the_prefill_workers_over_the_gpus_link(tm
     (["--prefill-engine-count", "2"], "--prefill-engine-count: only for a disaggregated deployment"),
     (["--num-prefill-workers", "-1"], "--num-prefill-workers: must be >= 0"),
     (["--num-prefill-workers", "1", "--num-decode-workers", "0"], "--num-decode-workers: must be >= 1"),
-    (["--num-prefill-workers", "1", "--router", "kv"], "--router: a disaggregated deployment is routed round robin"),
     (["--num-prefill-workers", "1", "--worker-type", "decode"], "--worker-type: a disaggregated simulation sets"),
     (["--num-prefill-workers", "1", "--prefill-tensor-parallel-size", "2"],
      "--prefill-tensor-parallel-size: only with --perf-model"),
@@ -86,3 +85,18 @@ def test_with_the_perf_model_the_kv_is_the_prefill_workers_over_the_gpus_link(tm
 def test_disaggregation_flags_out_of_place_are_a_cli_error_naming_the_flag(tmp_path, capsys, flags, message):
     assert main(["simulate", "--num-requests", "4", "-o", str(tmp_path), "--no-progress", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_router_picks_the_worker_on_each_side(tmp_path):
+    """Eight groups of requests sharing a 1,024-token prefix (512 blocks), two prefill workers of 320
+    blocks: the KV-aware router keeps each group on the prefill worker that holds its prefix, round
+    robin sends every group to both and their caches evict each other's prefixes."""
+    flags = ["--num-prefill-workers", "2", "--num-decode-workers", "2", "--num-requests", "160", "--concurrency", "4",
+             "--num-prefixes", "8", "--prefix-len", "1024", "--isl", "1100", "--osl", "8",
+             "--time-to-first-token", "5", "--inter-token-latency", "5", "--kv-cache-size", "320"]
+    rr = _simulate(tmp_path / "rr", *flags, "--router", "round_robin")
+    kv = _simulate(tmp_path / "kv", *flags, "--router", "kv")
+    assert rr["meta"]["router"] == "round_robin" and kv["meta"]["router"] == "kv"
+    assert kv["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.15  # (the prefill workers' hits)
+    assert [e["requests"] for e in rr["engines"]] == [80, 80, 80, 80]
+    assert sum(e["requests"] for e in kv["engines"] if e["worker_type"] == "decode") == 160

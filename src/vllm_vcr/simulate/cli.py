@@ -49,8 +49,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     d = p.add_argument_group(
         "disaggregated deployment",
         "With --num-prefill-workers, the engines are a disaggregated deployment: each request is prefilled "
-        "on a prefill worker, whose KV a decode worker pulls over the KV link before it decodes (round robin "
-        "on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks. "
+        "on a prefill worker, whose KV a decode worker pulls over the KV link before it decodes (--router "
+        "picks the engine on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks. "
         "With --perf-model, --kv-bytes-per-token defaults to a prefill GPU's KV bytes per token and "
         "--kv-transfer-bandwidth to the GPU's link (NVLink within a node, else its NIC).")
     d.add_argument("--num-prefill-workers", type=int, default=0, metavar="N",
@@ -131,8 +131,6 @@ def _deployment(ns: argparse.Namespace):
     if ns.worker_type != "aggregated":
         raise ConfigError("--worker-type: a disaggregated simulation sets each side's (--num-prefill-workers, "
                           "--num-decode-workers)")
-    if ns.router != "round_robin":
-        raise ConfigError("--router: a disaggregated deployment is routed round robin on each side")
     p_ns, d_ns = Namespace(**{**vars(ns), "worker_type": "prefill"}), Namespace(**{**vars(ns), "worker_type": "decode"})
     if ns.prefill_tensor_parallel_size is not None:
         if ns.prefill_tensor_parallel_size < 1:

@@ -1,9 +1,10 @@
 """Prefill/decode disaggregation on the virtual clock: prefill workers and decode workers, each
 its own `EngineCore` (the same engine as `serve`), and the KV transfer between them.
 
-A request goes to a prefill worker (round robin) with `do_remote_decode`: the prefill worker
-computes the prompt, holds its KV and answers with the transfer parameters. The request then
-goes to a decode worker (round robin) with `do_remote_prefill`: the decode worker allocates the
+A request goes to a prefill worker (picked by the router: round robin unless asked otherwise) with
+`do_remote_decode`: the prefill worker computes the prompt, holds its KV and answers with the
+transfer parameters. The request then goes to a decode worker (picked by that side's router) with
+`do_remote_prefill`: the decode worker allocates the
 prompt's blocks, pulls its KV over the link (engine/kv_transfer.py: the request's
 `kv_bytes_per_token` x prompt tokens at `kv_transfer_bandwidth`, shared by the pulls in flight
 on that worker) and decodes. When a pull completes the prefill worker frees the held blocks. The
@@ -32,6 +33,7 @@ from ..engine.lockstep import DataParallelLockstep
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
 from .driver import (START, RequestRecord, Timeline, _rare_collections, fast_forward, first_arrivals,
                      listen_for_silent_tokens, run_events, timed_engine_inputs)
+from .router import make_router
 from .workload import SimRequest
 
 
@@ -56,7 +58,8 @@ class DisaggSimulation:
 
     def __init__(self, prefill_args: EngineArgs, decode_args: EngineArgs, prefill_workers: int, decode_workers: int,
                  workload, *, concurrency: int = 0, prefill_dp: int = 1, decode_dp: int = 1,
-                 timing_only: bool | None = None, progress: Callable[[int], None] | None = None) -> None:
+                 timing_only: bool | None = None, progress: Callable[[int], None] | None = None,
+                 router: str = "round_robin") -> None:
         if prefill_args.worker_type != "prefill" or decode_args.worker_type != "decode":
             raise ValueError("prefill_args must be a prefill worker's, decode_args a decode worker's")
         self.clock = VirtualClock(START)
@@ -87,7 +90,10 @@ class DisaggSimulation:
         self.served = [0] * len(self.cores)  # requests each engine was given (prefill engines first)
         for core in self.decode:
             core.kv_transfer.add_pulled_listener(self._pulled)
-        self._next_p = self._next_d = 0
+        # each side's router over its engines (routers.py: a KV-aware one remembers the prompts it sent
+        # where, as the prefix caches of that side hold them)
+        self.routers = [make_router(router, len(side), block_size=a.tokens_per_block, capacity_blocks=a.kv_cache_size)
+                        for side, a in ((self.prefill, prefill_args), (self.decode, decode_args))]
         self._arrivals: list[tuple[float, int, SimRequest]] = []
         self._seq = 0
         self.wall_s = 0.0
@@ -102,8 +108,12 @@ class DisaggSimulation:
         def sink(client: int, outs: EngineCoreOutputs) -> None:
             self._stats(engine, outs)
             for o in outs.outputs:
+                if o.prefill_stats is not None and o.request_id in self.records:  # (the prefill side's cache hits)
+                    self.records[o.request_id].cached = o.prefill_stats.num_cached_tokens or 0
                 if o.finish_reason is not None and o.kv_transfer_params and o.request_id in self.prompts:
-                    self._to_decode(self.prompts.pop(o.request_id), o.kv_transfer_params, outs.timestamp)
+                    req = self.prompts.pop(o.request_id)
+                    self.routers[0].on_finish(engine, len(req.prompt), 1)
+                    self._to_decode(req, o.kv_transfer_params, outs.timestamp)
         return sink
 
     def _decode_sink(self, engine: int):
@@ -128,8 +138,8 @@ class DisaggSimulation:
             self.prefill[p].release_kv_hold(rid)
 
     def _to_decode(self, req: SimRequest, params: dict, now: float) -> None:
-        d = self._next_d
-        self._next_d = (d + 1) % len(self.decode)
+        d = self.routers[1].route(req.prompt)
+        self.routers[1].on_start(d, req.prompt, req.max_tokens)
         self.prefill_done[req.request_id] = now
         rec = self.records[req.request_id]
         rec.engine = len(self.prefill) + d
@@ -142,6 +152,7 @@ class DisaggSimulation:
         rec.end = t
         rec.finish = str(getattr(reason, "name", reason)).lower()
         del self.records[rec.request_id]
+        self.routers[1].on_finish(rec.engine - len(self.prefill), rec.prompt_len, rec.max_tokens)
         self.done.append(rec)
         if self.workload.closed_loop:
             nxt = self.workload.next_closed()
@@ -156,8 +167,8 @@ class DisaggSimulation:
         heapq.heappush(self._arrivals, (t, self._seq, req))
 
     def _deliver(self, req: SimRequest, now: float) -> None:
-        p = self._next_p
-        self._next_p = (p + 1) % len(self.prefill)
+        p = self.routers[0].route(req.prompt)
+        self.routers[0].on_start(p, req.prompt, 1)
         self.prompts[req.request_id] = req
         self.prefill_of[req.request_id] = p
         self.served[p] += 1

@@ -19,13 +19,13 @@ def simulate(args: EngineArgs, workload, *, engines: int = 1, router: str = "rou
     """Run `workload` through `engines` EngineCores with `router`; returns the finished Simulation.
     `timing_only` (default: whenever the engines time their steps) runs decodes without token
     outputs (engine/decode_cohort.py); False runs the plain path, token by token. With `disagg`
-    the engines of `args` are a disaggregated deployment's decode workers' (`engines` ranks each,
-    the router then round robin), behind its prefill workers."""
+    the engines of `args` are a disaggregated deployment's decode workers' (`engines` ranks each),
+    behind its prefill workers; `router` picks the engine on each side."""
     if disagg is not None:
         return DisaggSimulation(disagg.prefill_args, args, disagg.prefill_workers * disagg.prefill_ranks,
                                 disagg.decode_workers * engines, workload, concurrency=concurrency,
                                 prefill_dp=disagg.prefill_ranks, decode_dp=engines, timing_only=timing_only,
-                                progress=progress).run()
+                                progress=progress, router=router).run()
     r = make_router(router, engines, block_size=args.tokens_per_block, capacity_blocks=args.kv_cache_size)
     return Simulation(args, engines, r, workload, concurrency=concurrency, progress=progress,
                       timing_only=timing_only).run()
@@ -48,7 +48,6 @@ def _meta(args: EngineArgs, workload, engines: int, router: str, concurrency: in
         meta["title"] = (f"{model}: {disagg.decode_workers} decode worker(s) of {engines} rank(s), "
                          f"{disagg.prefill_workers} prefill worker(s) ({p_model}) of {disagg.prefill_ranks} "
                          f"rank(s), {load}")
-        meta["router"] = "round_robin"
         meta["disaggregated"] = {
             "prefill_workers": disagg.prefill_workers, "prefill_ranks": disagg.prefill_ranks,
             "decode_workers": disagg.decode_workers, "decode_ranks": engines, "prefill_perf_model": p_perf,
