@@ -133,7 +133,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     pd = parser.add_argument_group("prefill/decode disaggregation")
     pd.add_argument("--worker-type", choices=["aggregated", "prefill", "decode"], default="aggregated",
                     help="prefill workers finish after the first token and hold KV for the decode side")
-    pd.add_argument("--kv-bytes-per-token", type=int, default=131072, help="KV bytes one token occupies")
+    pd.add_argument("--kv-bytes-per-token", type=int, default=None,
+                    help="KV bytes one token occupies (default: with --perf-model, the model's per GPU; else 131072)")
     pd.add_argument("--kv-transfer-bandwidth", type=float, default=25.0,
                     help="GB/s of the KV link, shared by concurrent transfers")
     pd.add_argument("--kv-hold-timeout", type=float, default=480.0,

@@ -60,6 +60,18 @@ def test_kv_cache_is_sized_from_the_gpu_as_vllm_would():
 
 
 @needs_aic
+@pytest.mark.parametrize("command", ["serve", "play"])
+def test_a_decode_workers_kv_pulls_move_the_models_bytes_per_token(command):
+    """With the perf model a P/D worker's KV pull is the model's KV bytes per token on one GPU
+    (Llama-3.1-8B: 128 KiB at TP 1, half at TP 2), unless --kv-bytes-per-token says otherwise."""
+    decode = ("--perf-model", "aic", "--gpu", "h100_sxm", "--worker-type", "decode", "--kv-cache-size", "500")
+    assert _engine_args(command, LLAMA_8B, *decode).kv_bytes_per_token == 128 * 1024
+    assert _engine_args(command, LLAMA_8B, *decode, "-tp", "2").kv_bytes_per_token == 64 * 1024
+    assert _engine_args(command, LLAMA_8B, *decode, "--kv-bytes-per-token", "777").kv_bytes_per_token == 777
+    assert _engine_args(command, LLAMA_8B, "--worker-type", "decode").kv_bytes_per_token == 131072  # (no perf model)
+
+
+@needs_aic
 def test_dynamo_mocker_flag_names_are_aliases():
     a = _engine_args("serve", "--aic-perf-model", "--aic-model-path", LLAMA_8B, "--aic-system", "h200_sxm",
                      "--aic-tp-size", "2", "--aic-backend", "vllm")

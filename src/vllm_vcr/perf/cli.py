@@ -211,8 +211,9 @@ _FITTED_FLAGS = {  # AicTarget field -> flag dest; unset: the fitted default
 
 def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     """Turn the perf model on in `args`: compile the estimator now (a bad model/GPU fails at
-    start-up, listing what is supported) and size the KV cache from the GPU unless the user
-    gave a size."""
+    start-up, listing what is supported), size the KV cache from the GPU unless the user gave a
+    size, and make a KV pull's bytes per token the model's per GPU unless --kv-bytes-per-token
+    says otherwise."""
     blocks_override = _vllm_flag(ns, "num_gpu_blocks_override", int)  # vLLM's flag: honoured always
     target = perf_target(ns)
     if blocks_override is not None:
@@ -235,8 +236,14 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
     t = AicTarget.from_dict(target)
     compile_target(t)
     args.perf_model = target
-    if blocks_override is None and not _explicit_kv_size(ns):
+    sized = blocks_override is None and not _explicit_kv_size(ns)
+    # a KV pull moves the model's bytes per token (asked for a P/D worker; free when the KV is sized)
+    pulls = getattr(ns, "kv_bytes_per_token", None) is None and (sized or args.worker_type != "aggregated")
+    if sized or pulls:
         cap = kv_capacity(ns, args)
+        if pulls:
+            args.kv_bytes_per_token = cap.bytes_per_token
+    if sized:
         args.kv_cache_size = cap.num_blocks
         logger.info("perf model: %s; KV cache %d blocks (%d tokens, %d B/token)", describe(t),
                     cap.num_blocks, cap.tokens, cap.bytes_per_token)

@@ -140,10 +140,9 @@ def _deployment(ns: argparse.Namespace):
     d_args = engine_args_from_cli(d_ns, advertised_max_model_len=max_len)
     if p_args.perf_model:
         from ..perf.catalog import kv_link
-        from ..perf.cli import kv_capacity
 
-        if ns.kv_bytes_per_token is None:
-            p_args.kv_bytes_per_token = d_args.kv_bytes_per_token = kv_capacity(p_ns, p_args).bytes_per_token
+        if ns.kv_bytes_per_token is None:  # (each side has its GPU's: a pull moves a prefill GPU's)
+            d_args.kv_bytes_per_token = p_args.kv_bytes_per_token
         if ns.kv_transfer_bandwidth is None:
             p, d = p_args.perf_model, d_args.perf_model
             gpus = (prefill * ns.prefill_engine_count * p["tensor_parallel_size"]
