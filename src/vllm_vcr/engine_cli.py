@@ -260,8 +260,9 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         replay_steps=ns.replay_steps,
         replay_match=ns.replay_match,
         startup_failure=ns.startup_failure,
-        # (None, as `simulate` leaves them unless given: the engine's defaults)
-        **{dest: kind(getattr(ns, dest)) for dest, kind in (("kv_bytes_per_token", int), ("kv_transfer_bandwidth", float))
+        # (None unless given: the engine's defaults, or what the perf model and `simulate` derive)
+        **{dest: kind(getattr(ns, dest))
+           for dest, kind in (("kv_bytes_per_token", int), ("kv_transfer_bandwidth", float))
            if getattr(ns, dest, None) is not None},
         **{"none_hash_seed": none_hash_seed_from_env(), **overrides},
     )

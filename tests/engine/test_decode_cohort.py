@@ -411,8 +411,8 @@ def test_a_disaggregated_runs_decode_workers_time_their_pulled_requests_alike(
 
 @pytest.mark.parametrize("engine", [("vllm", 1), ("sglang", 1), ("sglang", 3)])
 def test_a_decode_worker_short_of_blocks_preempts_pulled_requests_alike(monkeypatch, engine):
-    wl = dict(num_requests=24, isl=LengthDist.parse("uniform:40:80", "--isl"), osl=LengthDist.parse("uniform:20:40", "--osl"),
-              arrival="closed", concurrency=12, seed=1)
+    wl = dict(num_requests=24, isl=LengthDist.parse("uniform:40:80", "--isl"),
+              osl=LengthDist.parse("uniform:20:40", "--osl"), arrival="closed", concurrency=12, seed=1)
     kw = dict(kv=(60, 40), block=4, budget=128, seqs=16, engine=engine, workers=(2, 1), dp=(1, 1), moe=False,
               held=False, wl=wl)
     plain, expected = _disagg(monkeypatch, timing_only=False, **kw)

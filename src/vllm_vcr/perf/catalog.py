@@ -39,7 +39,6 @@ def package_root() -> Path:
     return Path(import_aic().__file__).parent
 
 
-
 @functools.lru_cache(maxsize=16)
 def gpu_system(gpu: str) -> dict:
     """The estimator's system file of `gpu` (`systems/<gpu>.yaml`: its node, links, memory)."""
@@ -60,6 +59,7 @@ def kv_link(gpu: str, gpus: int) -> tuple[float, str]:
     else:
         key = "inter_node_bw"
     return float(node[key]), key
+
 
 def configure_data_roots() -> None:
     """Point the estimator at its bundled data (it reads these variables, never the network, whose

@@ -50,8 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "disaggregated deployment",
         "With --num-prefill-workers, the engines are a disaggregated deployment: each request is prefilled "
         "on a prefill worker, whose KV a decode worker pulls over the KV link before it decodes (--router "
-        "picks the engine on each side). The engine flags apply to both sides; --engine-count is a decode worker's ranks. "
-        "With --perf-model, --kv-bytes-per-token defaults to a prefill GPU's KV bytes per token and "
+        "picks the engine on each side). The engine flags apply to both sides; --engine-count is a decode "
+        "worker's ranks. With --perf-model, --kv-bytes-per-token defaults to a prefill GPU's KV bytes per token and "
         "--kv-transfer-bandwidth to the GPU's link (NVLink within a node, else its NIC).")
     d.add_argument("--num-prefill-workers", type=int, default=0, metavar="N",
                    help="prefill workers (0: aggregated engines, the default)")
@@ -66,8 +66,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     o.add_argument("--no-progress", action="store_true")
     add_engine_args(p)
     add_perf_args(p, vllm_gpu_flags=True)
-    # (unset: the perf model's KV bytes per token and the GPU's link in a disaggregated deployment)
-    p.set_defaults(kv_bytes_per_token=None, kv_transfer_bandwidth=None)
+    # (unset: the GPU's link in a disaggregated deployment with the perf model, else the engine's default)
+    p.set_defaults(kv_transfer_bandwidth=None)
     return p
 
 
