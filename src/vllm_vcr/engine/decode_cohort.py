@@ -285,7 +285,7 @@ class DecodeCohort:
         # nothing else takes or frees a block in these steps, so the blocks the members crossing a
         # boundary get (in step order, each step's in decode order) are taken in one call at the
         # end: the same blocks the free queue would give one step at a time
-        free, wanted, pressure = pool.num_free_blocks, 0, False
+        free, wanted, plain = pool.num_free_blocks, 0, False
         step_duration = latency.step_duration
         prices = None
         if type(latency) is AicStepLatency:  # (exactly: a subclass may draw)
@@ -298,12 +298,12 @@ class DecodeCohort:
             now = end
             steps += 1
             if joins is not None and joins(now):  # (a pulled request joins the next step)
-                pressure = True
+                plain = True
                 break
             due = buckets[step % block_size]
             if due:
                 if wanted + len(due) > free:  # KV pressure: the plain step preempts
-                    pressure = True
+                    plain = True
                     break
                 wanted += len(due)
             on_step()
@@ -322,10 +322,10 @@ class DecodeCohort:
                 end += lora.take_lora_time()
         if wanted:
             blocks = iter(pool.allocate(wanted))
-            for s in range(first + 1, step + 1 - pressure):
+            for s in range(first + 1, step + 1 - plain):
                 for slot in buckets[s % block_size]:
                     slot[2].blocks.append(next(blocks))
-        if pressure:
+        if plain:
             self.step = step
             return steps, now, end, True
         if steps:

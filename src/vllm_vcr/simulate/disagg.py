@@ -71,9 +71,7 @@ class DisaggSimulation:
         self.prefill_done: dict[str, float] = {}  # request id -> when its prefill worker answered
         self.done: list[RequestRecord] = []
         self._progress = progress
-        self.timeline = Timeline()
-        self.timeline.preemptions = [0] * (prefill_workers + decode_workers)
-        self.timeline.steps = [0] * (prefill_workers + decode_workers)
+        self.timeline = Timeline.of_engines(prefill_workers + decode_workers)
         # (a prefill worker's requests end at their first token: it decodes nothing, timing-only or not)
         p_inputs, p_timed, _ = timed_engine_inputs(prefill_args, timing_only)
         d_inputs, self.timing_only, d_counted = timed_engine_inputs(decode_args, timing_only)

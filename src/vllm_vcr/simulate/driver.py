@@ -85,6 +85,10 @@ class Timeline:
     preemptions: list[int] = field(default_factory=list)  # per engine
     steps: list[int] = field(default_factory=list)  # per engine: its step counter
 
+    @classmethod
+    def of_engines(cls, n: int) -> "Timeline":
+        return cls(preemptions=[0] * n, steps=[0] * n)
+
     def record(self, engine: int, t: float, stats: Any) -> None:
         """Engine `engine`'s scheduler stats of an output batch at `t`."""
         self.t.append(t - START)
@@ -227,9 +231,7 @@ class Simulation:
         self.concurrency = concurrency
         self.records: dict[str, RequestRecord] = {}
         self.done: list[RequestRecord] = []
-        self.timeline = Timeline()
-        self.timeline.preemptions = [0] * num_engines
-        self.timeline.steps = [0] * num_engines
+        self.timeline = Timeline.of_engines(num_engines)
         self._progress = progress
         inputs, self.timing_only, counted = timed_engine_inputs(args, timing_only)
         self.cores = [EngineCore(args, engine_index=i, clock=self.clock, output_sink=self._sink(i),
