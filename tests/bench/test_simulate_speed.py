@@ -78,3 +78,23 @@ def test_dynamo_replays_that_deployment():
     assert all(r["requests"] == 40 and r["simulated_s"] > 0 and r["mean_tpot_ms"] > 0 for r in rows)
     assert rows[0]["simulated_s"] != rows[1]["simulated_s"]  # another KV shape: another load on its timing model
     assert rows[0]["simulated_s"] != rows[2]["simulated_s"]  # another scheduler
+
+
+def test_disagg_runs_one_deployment_of_prefill_and_decode_workers_on_both_sides():
+    """`--disagg 2:1`: ours is `simulate`'s disaggregated deployment (the same engine args on both
+    sides), Dynamo's its disaggregated replay of those engine args and worker counts."""
+    ss = _load()
+    args, disagg = ss._disaggregation(_deployment(), "2:1")
+    assert (args.worker_type, disagg.prefill_args.worker_type) == ("decode", "prefill")
+    assert (disagg.prefill_workers, disagg.prefill_ranks, disagg.decode_workers) == (2, 1, 1)
+    assert ss._disaggregation(_deployment(), None) == (_deployment(), None)
+    engine = ss.dynamo_engine(_deployment())["engine"]
+    replay = ss.dynamo_disagg(_deployment(), 2, 1)["disagg"]
+    assert replay == {"prefill_engine_args": {"engine": {**engine, "worker_type": "prefill"}},
+                      "decode_engine_args": {"engine": {**engine, "worker_type": "decode"}},
+                      "num_prefill_workers": 2, "num_decode_workers": 1}
+    row = ss._ours(args, "200", "8", 20, 4, 0, False, disagg)
+    assert row["n"] == 20 and row["output_tokens"] == 20 * 8
+    if DYNAMO.exists():  # (a benchmark peer: bench/install-peers-bench.sh)
+        dyn = ss._dynamo(str(DYNAMO), 40, 8, ss.dynamo_disagg(_deployment(), 2, 1))
+        assert dyn["path"] == "dynamo_offline_replay" and dyn["requests"] == 40 and dyn["simulated_s"] > 0
