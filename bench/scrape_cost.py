@@ -33,7 +33,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,6 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -60,6 +53,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def start_worker(args) -> tuple[subprocess.Popen, str]:
+    from vllm_vcr.testing.waits import free_port
+
     port = free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
     p = subprocess.Popen([sys.executable, "-m", "vllm_vcr", "serve", "--host", "127.0.0.1", "--port", str(port),

@@ -27,17 +27,18 @@ SCALE_ENV = "VLLM_VCR_TEST_TIMEOUT_SCALE"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS's pick for a bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on right now, taken below the range the kernel hands out for
+    port 0 (see `free_port_run`): a server started a moment later on it cannot find it taken by
+    another process's bind to port 0 (a vLLM frontend's ZMQ sockets) or outgoing connection."""
+    return free_port_run(1, host)
 
 
-def free_port_run(n: int) -> int:
+def free_port_run(n: int, host: str = "0.0.0.0") -> int:
     """The first of `n` consecutive TCP ports nothing listens on, for a server that binds port + i
-    for each rank i (KV events, forward-pass metrics). Taken below the range the kernel hands out
-    for port 0 (/proc/sys/net/ipv4/ip_local_port_range), so no later `free_port()` or outgoing
-    connection lands on one of them; each is checked on 0.0.0.0, as such servers bind it."""
+    for each rank i (KV events, forward-pass metrics). Taken at random below the range the kernel
+    hands out for port 0 (/proc/sys/net/ipv4/ip_local_port_range), so no later bind to port 0 or
+    outgoing connection lands on one of them; each is checked on `host` (0.0.0.0 by default, as
+    such servers bind it)."""
     import random
 
     low = 32768
@@ -53,7 +54,7 @@ def free_port_run(n: int) -> int:
             try:
                 for i in range(n):
                     s = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    s.bind(("0.0.0.0", base + i))
+                    s.bind((host, base + i))
             except OSError:
                 continue
         return base
