@@ -49,24 +49,31 @@ def test_a_request_is_prefilled_then_pulled_then_decoded(tmp_path):
 
 
 @needs_aic
-def test_with_the_perf_model_the_kv_is_the_prefill_workers_over_the_gpus_link(tmp_path):
-    """Llama-3.1-8B on H100: prefill workers of TP 2, a decode worker of TP 1; the KV bytes per
-    token are a prefill GPU's (half of TP 1's), the link the node's NVLink (4 GPUs in one node)."""
+@pytest.mark.parametrize("prefill_tp,decode_tp,pulled_tp", [(2, 1, 1), (1, 2, 1), (2, 2, 2)])
+def test_with_the_perf_model_the_kv_is_the_busier_gpus_over_the_gpus_link(tmp_path, prefill_tp, decode_tp,
+                                                                           pulled_tp):
+    """Llama-3.1-8B (GQA) on H100: the KV bytes per token a pull moves are the larger of a prefill
+    GPU's and a decode GPU's (a TP 2 GPU holds half of TP 1's heads: the end with fewer GPUs per
+    worker has the busier link); the link is the node's NVLink (all GPUs in one node)."""
     from vllm_vcr.perf.aic import AicTarget
     from vllm_vcr.perf.catalog import kv_link
     from vllm_vcr.perf.kv_sizing import estimate_kv_capacity
 
     report = _simulate(tmp_path, "meta-llama/Llama-3.1-8B-Instruct", "--perf-model", "aic", "--gpu", "h100_sxm",
-                       "--num-prefill-workers", "1", "--prefill-tensor-parallel-size", "2", "--num-decode-workers", "2",
+                       "--num-prefill-workers", "1", "--prefill-tensor-parallel-size", str(prefill_tp),
+                       "--num-decode-workers", "2", "--tensor-parallel-size", str(decode_tp),
                        "--num-requests", "60", "--concurrency", "8", "--isl", "2000", "--osl", "64")
     d = report["meta"]["disaggregated"]
-    assert d["prefill_perf_model"]["tensor_parallel_size"] == 2 and report["meta"]["perf_model"]["tensor_parallel_size"] == 1
+    assert d["prefill_perf_model"]["tensor_parallel_size"] == prefill_tp
+    assert report["meta"]["perf_model"]["tensor_parallel_size"] == decode_tp
     per_token = {tp: estimate_kv_capacity(AicTarget("meta-llama/Llama-3.1-8B-Instruct", "h100_sxm",
                                                     tensor_parallel_size=tp).resolved(), block_size=16,
                                           gpu_memory_utilization=0.9, max_num_batched_tokens=8192,
                                           max_num_seqs=256).bytes_per_token for tp in (1, 2)}
-    assert d["kv_bytes_per_token"] == per_token[2] == per_token[1] // 2
-    assert d["kv_transfer_gb_s"] * 1e9 == kv_link("h100_sxm", 4)[0] and kv_link("h100_sxm", 4)[1] == "intra_node_bw"
+    assert per_token[2] == per_token[1] // 2
+    assert d["kv_bytes_per_token"] == per_token[pulled_tp]
+    gpus = prefill_tp + 2 * decode_tp
+    assert d["kv_transfer_gb_s"] * 1e9 == kv_link("h100_sxm", gpus)[0] and kv_link("h100_sxm", gpus)[1] == "intra_node_bw"
     assert [(e["worker_type"], e["requests"]) for e in report["engines"]] == [("prefill", 60), ("decode", 30),
                                                                               ("decode", 30)]
     ttft, tpot = report["latency_ms"]["ttft"]["p50"], report["latency_ms"]["tpot"]["p50"]

@@ -61,6 +61,15 @@ def kv_link(gpu: str, gpus: int) -> tuple[float, str]:
     return float(node[key]), key
 
 
+def pull_bytes_per_token(prefill: int, decode: int) -> int:
+    """Bytes per prompt token a KV pull moves over one GPU's link, given a prefill GPU's and a
+    decode GPU's KV bytes per token: each prefill GPU sends its share, each decode GPU receives
+    its share, and the pull goes at the pace of the busier end. A GQA model's KV heads split over
+    more prefill GPUs than decode GPUs land on fewer links (the decode side's); an MLA latent is
+    whole on every GPU, the same at both ends."""
+    return max(prefill, decode)
+
+
 def configure_data_roots() -> None:
     """Point the estimator at its bundled data (it reads these variables, never the network, whose
     modules the SDK imports are deferred: perf/sdk_lean.py `defer_network`)."""

@@ -139,10 +139,10 @@ def _deployment(ns: argparse.Namespace):
     p_args = engine_args_from_cli(p_ns, advertised_max_model_len=max_len)
     d_args = engine_args_from_cli(d_ns, advertised_max_model_len=max_len)
     if p_args.perf_model:
-        from ..perf.catalog import kv_link
+        from ..perf.catalog import kv_link, pull_bytes_per_token
 
-        if ns.kv_bytes_per_token is None:  # (each side has its GPU's: a pull moves a prefill GPU's)
-            d_args.kv_bytes_per_token = p_args.kv_bytes_per_token
+        if ns.kv_bytes_per_token is None:  # (each side has its GPU's; a pull moves the busier end's)
+            d_args.kv_bytes_per_token = pull_bytes_per_token(p_args.kv_bytes_per_token, d_args.kv_bytes_per_token)
         if ns.kv_transfer_bandwidth is None:
             p, d = p_args.perf_model, d_args.perf_model
             gpus = (prefill * ns.prefill_engine_count * p["tensor_parallel_size"]

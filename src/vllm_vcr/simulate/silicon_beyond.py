@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from ..perf.aic import AicTarget, compile_target
 from ..perf.errors import PerfModelError
-from ..perf.catalog import kv_link as catalog_kv_link, package_root, resolve_model
+from ..perf.catalog import kv_link as catalog_kv_link, package_root, pull_bytes_per_token, resolve_model
 from ..perf.checkpoint import FP8_BLOCK
 from ..perf.qk_norm import bundled_config
 from .silicon import (HostTime, SiliconRow, _checkpoint_precision, _data_parallel, _int, _str, plan_for,
@@ -393,8 +393,9 @@ def disagg_static(row: DisaggRow) -> tuple[float, float]:
     ctx, _, _ = p.run_static(batch_size=1, isl=row.isl, osl=2)
     per_rank = max(row.concurrency // max(row.decode_workers * row.attention_dp, 1), 1)
     _, gen, _ = d.run_static(batch_size=per_rank, isl=row.isl, osl=row.osl)
-    bpt = estimate_kv_capacity(row.prefill_target(), block_size=16, gpu_memory_utilization=0.9,
-                               max_num_batched_tokens=8192, max_num_seqs=256).bytes_per_token
+    bpt = pull_bytes_per_token(*(estimate_kv_capacity(t, block_size=16, gpu_memory_utilization=0.9,
+                                                      max_num_batched_tokens=8192, max_num_seqs=256).bytes_per_token
+                                 for t in (row.prefill_target(), row.target())))
     bw, _ = kv_link(row)
     return ctx + bpt * row.isl / bw * 1e3, gen / max(row.osl - 1, 1)
 
@@ -416,17 +417,17 @@ def simulate_disagg_row(row: DisaggRow, *, host: HostTime | None = None, max_tok
     p_args, p_cap = _engine_args(pt, gpu_util=p_frac, budget=p_budget, seqs=p_seqs, block_size=16, max_len=max_len,
                                  engine_type=row.engine_type, worker_type="prefill")
     d_args, d_cap = _engine_args(dt, gpu_util=d_frac, budget=d_budget, seqs=d_seqs, block_size=16, max_len=max_len,
-                                 engine_type=row.engine_type, worker_type="decode",
-                                 kv_bytes_per_token=p_cap.bytes_per_token, kv_transfer_bandwidth=bw / 1e9)
+                                 engine_type=row.engine_type, worker_type="decode", kv_transfer_bandwidth=bw / 1e9)
+    d_args.kv_bytes_per_token = bpt = pull_bytes_per_token(p_cap.bytes_per_token, d_cap.bytes_per_token)
     plan = plan_for(row, max_tokens)
     sim = simulate(d_args, row_workload(row, plan), engines=max(row.attention_dp, 1), concurrency=row.concurrency,
                    disagg=Disaggregation(p_args, row.prefill_workers, max(row.prefill_dp, 1), row.decode_workers))
-    transfer = p_cap.bytes_per_token * row.isl / bw * 1e3
+    transfer = bpt * row.isl / bw * 1e3
     return _means(row, sim.done, plan, {
         "kv_blocks": d_cap.num_blocks, "prefill_kv_blocks": p_cap.num_blocks,
         "per_engine_concurrency": max(row.concurrency // max(row.decode_workers * row.attention_dp, 1), 1),
         "max_num_batched_tokens": p_budget, "max_num_seqs": d_seqs, "async_scheduling": row.async_scheduling,
-        "kv_bytes_per_token": p_cap.bytes_per_token, "kv_link": link, "kv_link_gb_s": bw / 1e9,
+        "kv_bytes_per_token": bpt, "kv_link": link, "kv_link_gb_s": bw / 1e9,
         "kv_transfer_ms_one_prompt": transfer, "preemptions": sum(sim.timeline.preemptions), "wall_s": sim.wall_s,
         "engine_type": row.engine_type, "disaggregated": True})
 
