@@ -245,7 +245,8 @@ def apply_perf_args(ns: argparse.Namespace, args: EngineArgs) -> EngineArgs:
             args.kv_bytes_per_token = cap.bytes_per_token
     if sized:
         args.kv_cache_size = cap.num_blocks
-        logger.info("perf model: %s; KV cache %d blocks (%d tokens, %d B/token)", describe(t),
+        side = "" if args.worker_type == "aggregated" else f" ({args.worker_type} worker)"
+        logger.info("perf model%s: %s; KV cache %d blocks (%d tokens, %d B/token)", side, describe(t),
                     cap.num_blocks, cap.tokens, cap.bytes_per_token)
     return args
 
