@@ -96,8 +96,9 @@ ALLOWED = [
      "incomplete message item's status"),
     (r"^0\.33 prompt_empty_list: \$\.error\.(message|param): ",
      "0.33 names the `prompt` parameter in \"You must pass at least one prompt\""),
-    (r"^0\.33 messages_tools_gate: \$\.error\.type: 'invalid_request_error' in real",
-     "0.33 changed the Anthropic error type of the tools gate"),
+    (r"^0\.33 (messages_tools_gate|lone_surrogate_messages|lone_surrogate_count_tokens): "
+     r"\$\.error\.type: 'invalid_request_error' in real",
+     "0.33 changed the Anthropic error type of a 400 (the tools gate, the tokenizer's refusal)"),
     (r"^0\.33 route POST /v1/decisions: served by vLLM, not by serve$",
      "a route vLLM 0.33 added: serve reproduces the 0.32 frontend's route set"),
     (r"^0\.33 metrics \w+ [\w ]+: family vllm[:_]cache_config_info labels ",
@@ -107,6 +108,12 @@ ALLOWED = [
      "/resume; serve's /pause is 0.32's, which holds them until /resume"),
     (r"^0\.33 is_scaling: \$\.(epoch|error|phase|requested_data_parallel_size): missing in serve",
      "0.33's /is_scaling_elastic_ep also reports the scaling phase; serve answers as 0.32"),
+    (r"^0\.\d+ lone_surrogate_in_stop: (HTTP 500 in real, 400 in serve|\$\.error\.(message|type|code): )",
+     "a lone surrogate escape in a stop string: vLLM fails with a 500 and an empty message; serve refuses it "
+     "with the 400 vLLM gives for one in a prompt"),
+    (r"^0\.\d+ lone_surrogate_in_user: ",
+     "a lone surrogate escape in a field vLLM never tokenizes (`user`): vLLM takes the request; serve refuses "
+     "any, with the 400 vLLM gives for one in a prompt (no string with one can be encoded, logged or sent back)"),
 ]
 # null fields only 0.33 writes (choices' weight_versions, stream chunks' kv_transfer_params): taken out
 # of the real answer before comparing, and reported as one allowed finding per case
@@ -304,7 +311,26 @@ MALFORMED.update({
     "utf16_bom": ("/v1/completions", b"\xff\xfe{}"),
     "nested_too_deep": ("/v1/completions", b'{"a": ' + b"[" * 20000 + b"]" * 20000 + b"}"),
     "truncated_json": ("/v1/completions", b'{"prompt": "x", "max_tokens": '),
+    # JSON's \u escapes of UTF-16 surrogates: a lone one is valid JSON but no Unicode text; a pair is one
+    # character, which both sides tokenize and echo alike
+    "lone_high_surrogate_chat": ("/v1/chat/completions",
+                                 b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}'),
+    "lone_low_surrogate_prompt": ("/v1/completions", b'{"prompt": "\\udc00", "max_tokens": 2}'),
+    "lone_surrogate_in_stop": ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "stop": ["\\ud83d"]}'),
+    "lone_surrogate_responses": ("/v1/responses", b'{"input": "\\ud800", "max_output_tokens": 2}'),
+    "surrogate_pair_prompt": ("/v1/completions", b'{"prompt": "\\ud83d\\ude00 ok", "max_tokens": 4}'),
+    "surrogate_pair_chat": ("/v1/chat/completions",
+                            b'{"messages": [{"role": "user", "content": "\\ud83d\\ude00"}], "max_tokens": 4}'),
+    # a field vLLM never tokenizes: it takes the request (serve refuses any lone surrogate: ALLOWED)
+    "lone_surrogate_in_user": ("/v1/completions", b'{"prompt": "x", "max_tokens": 2, "user": "\\ud83d"}'),
 })
+# raw bodies that name the model (MODEL: the served model's name)
+MALFORMED_WITH_MODEL = {
+    "lone_surrogate_messages": ("/v1/messages", b'{"model": "MODEL", "max_tokens": 2, '
+                                                b'"messages": [{"role": "user", "content": "\\ud800"}]}'),
+    "lone_surrogate_count_tokens": ("/v1/messages/count_tokens",
+                                    b'{"model": "MODEL", "messages": [{"role": "user", "content": "x\\udbff"}]}'),
+}
 
 
 def _compare(name: str, body: dict, a: tuple[int, object], b: tuple[int, object], version: str) -> list[str]:
@@ -339,7 +365,8 @@ def test_same_answers(real, sim, vllm_version):
         a = post(real.base_url, path, None, content=raw, headers={"content-type": content_type})
         b = post(sim["base_url"], path, None, content=raw, headers={"content-type": content_type})
         findings += _compare(name, {}, a, b, vllm_version)
-    for name, (path, raw) in MALFORMED.items():
+    for name, (path, raw) in [*MALFORMED.items(), *((k, (p, b.replace(b"MODEL", real.model.encode())))
+                                                    for k, (p, b) in MALFORMED_WITH_MODEL.items())]:
         headers = {"content-type": "application/json"}
         a = post(real.base_url, path, None, content=raw, headers=headers)
         b = post(sim["base_url"], path, None, content=raw, headers=headers)

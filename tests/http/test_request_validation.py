@@ -191,6 +191,32 @@ def test_a_body_that_is_not_an_object(server, body, kind, shown):
         assert f"'type': '{kind}', 'loc': 'body'" in err["message"] and f"'input': '{shown}'" in err["message"]
 
 
+TEXT_ENCODE_INPUT = "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]"
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}'),
+    ("/v1/completions", b'{"prompt": "\\udc00", "max_tokens": 2, "stream": true}'),
+    ("/v1/responses", b'{"input": "\\ud800", "max_output_tokens": 2}'),
+    ("/tokenize", b'{"prompt": "x\\udfff"}'),
+])
+def test_a_lone_surrogate_gets_the_tokenizer_s_400_as_vllm_answers_it(server, path, body):
+    """vLLM (0.32, 0.33) parses a lone surrogate escape and its tokenizer refuses the text: a 400
+    BadRequestError with the tokenizer's message (tests/conformance compares the two)."""
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": TEXT_ENCODE_INPUT, "type": "BadRequestError", "param": None,
+                                  "code": 400}}
+
+
+def test_a_lone_surrogate_in_a_messages_request_is_refused_in_anthropic_s_error_body(server):
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = b'{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud800"}]}' % MODEL.encode()
+        r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, path
+        assert r.json() == {"type": "error", "error": {"type": "BadRequestError", "message": TEXT_ENCODE_INPUT}}
+
+
 @pytest.mark.parametrize("body", [b'{"messages": [{"role": "user", "content": "\xff"}]}', b'{"a": ' + b"[" * 5000])
 def test_unparsable_bodies_get_fastapi_s_own_answer(server, body):
     r = httpx.post(server.url + "/v1/chat/completions", content=body, headers={"content-type": "application/json"})

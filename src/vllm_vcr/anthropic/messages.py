@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..frontend.errors import HTTPError
+from ..frontend.errors import HTTPError, UnencodableText
 from ..frontend.protocol import RequestValueError
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import SSEWriter, named_event, send_bytes
@@ -326,12 +326,21 @@ class _AnthropicHTTPError(HTTPError):
         return encode({"type": "error", "error": {"type": self.err_type, "message": self.message}})
 
 
+def _parse(body: bytes, model: type) -> Any:
+    """The request, as `parse_request` gives it; text the tokenizer cannot take is refused in
+    Anthropic's error body, where vLLM's tokenizer refuses it (its schema errors are vLLM's own)."""
+    try:
+        return parse_request(body, model)
+    except UnencodableText as e:
+        raise anthropic_error(e) from None
+
+
 class MessagesServing:
     def __init__(self, chat: Any) -> None:
         self.chat = chat
 
     async def create(self, ctx: RequestContext) -> None:
-        req: MessagesRequest = parse_request(ctx.body, MessagesRequest)
+        req: MessagesRequest = _parse(ctx.body, MessagesRequest)
         body = chat_body(req)
         try:
             if req.stream:
@@ -362,7 +371,7 @@ class MessagesServing:
         await w.close(events.close() + events.end())
 
     async def count_tokens(self, ctx: RequestContext) -> None:
-        req: CountTokensRequest = parse_request(ctx.body, CountTokensRequest)
+        req: CountTokensRequest = _parse(ctx.body, CountTokensRequest)
         try:
             self.chat.check_model(req.model)
             body: dict[str, Any] = {}

@@ -149,6 +149,17 @@ def unparsable_body() -> HTTPError:
     return FrameworkHTTPError(400, "There was an error parsing the body", HTTPStatus.BAD_REQUEST.phrase)
 
 
+class UnencodableText(HTTPError):
+    """A body with a lone surrogate escape (`\\ud800`: valid JSON, no Unicode text). vLLM parses it
+    and fails where the text meets the tokenizer, with the tokenizer's TypeError as a 400
+    BadRequestError (in the API family's error body); serve refuses it as it parses (no string
+    with one can be encoded, logged or sent back), with the same answer."""
+
+    def __init__(self) -> None:
+        super().__init__(400, "TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]",
+                         "BadRequestError")
+
+
 def not_an_object(value: Any) -> HTTPError:
     """A JSON body that is not an object, as FastAPI reports it: null is a missing body, any
     other value cannot give the request's fields."""

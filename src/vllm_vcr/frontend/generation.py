@@ -210,8 +210,8 @@ class SequenceState:
             text = self.detok.add(ids)
         else:
             # EOS / stop token ids end the sequence without their text, as in vLLM
+            # (a partial character left at the end is never shown: IncrementalDetokenizer.flush)
             text = self.detok.add(ids[:-1] if (fr is _STOP and ids and not isinstance(out.stop_reason, str)) else ids)
-            text += self.detok.flush()
             self.finish_reason = _FINISH_STR[fr]
             self.stop_reason = out.stop_reason
             self.finished = True
@@ -248,10 +248,7 @@ class SequenceState:
             else:
                 content.append(self.detok.add([tid]))
         self.num_tokens += n
-        if fr is not None:
-            content.append(self.detok.flush())
-            if self.phase == 1:
-                reasoning.append(self.rdetok.flush())
+        if fr is not None:  # (a partial character left at the end is never shown)
             self.finish_reason = _FINISH_STR[fr]
             self.stop_reason = out.stop_reason
             self.finished = True
@@ -297,8 +294,7 @@ class SequenceState:
                 self.finished = True
                 self.by_frontend = fr is None or used < n
                 break
-        if not self.finished and fr is not None:
-            self.text += detok.flush()
+        if not self.finished and fr is not None:  # (a partial character left at the end is never shown)
             self.finish_reason = _FINISH_STR[fr]
             self.stop_reason = stop_reason
             self.finished = True

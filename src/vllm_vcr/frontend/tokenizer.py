@@ -384,7 +384,10 @@ class IncrementalDetokenizer:
         return out
 
     def flush(self) -> str:
-        """At the end of a sequence: a dangling partial character becomes U+FFFD."""
+        """Where other text follows (a reasoning section's end marker): a dangling partial character
+        becomes U+FFFD, as decoding the whole text gives. At the end of a sequence nothing is
+        flushed: vLLM's incremental detokenizer holds back text that ends mid-character, and a
+        sequence that ends there never shows it."""
         self.pending = False
         return "" if self._dec is None else self._dec.decode(b"", True)
 

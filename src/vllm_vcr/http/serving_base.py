@@ -16,6 +16,7 @@ from ..frontend.errors import (
     ENGINE_DEAD_MESSAGE,
     INTERNAL_ERROR_BODY,
     HTTPError,
+    UnencodableText,
     json_decode_error,
     model_not_found,
     not_an_object,
@@ -177,8 +178,8 @@ def parse_request(body: bytes, model: type[BaseModel]) -> Any:
             raise json_decode_error(body) from None
     if not isinstance(data, dict):
         raise not_an_object(data)
-    if slow and lone_surrogate(body, data) is not None:  # as bytes that are not UTF-8 (msgspec refuses them)
-        raise unparsable_body()
+    if slow and lone_surrogate(body, data) is not None:  # (msgspec refuses them: only a slow parse has them)
+        raise UnencodableText()
     try:
         return model.model_validate(data, from_attributes=True)
     except RecursionError:
