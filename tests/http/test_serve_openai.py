@@ -170,8 +170,10 @@ def test_stop_string(echo_client):
 def test_completion_echo_flag(echo_client):
     r = echo_client.completions.create(model=MODEL, prompt="abc", max_tokens=2, echo=True)
     assert r.choices[0].text.startswith("abc")
-    r0 = echo_client.completions.create(model=MODEL, prompt="abc", max_tokens=0, echo=True)
-    assert r0.choices[0].text == "abc" and r0.usage.completion_tokens == 0
+    # max_tokens 0: the prompt alone; the engine samples one token nobody sees, which usage counts (as vLLM)
+    r0 = echo_client.completions.create(model=MODEL, prompt="abc", max_tokens=0, echo=True, n=2)
+    assert [c.text for c in r0.choices] == ["abc", "abc"] and r0.usage.completion_tokens == 2
+    assert r0.choices[0].finish_reason == "length"
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -30,7 +30,9 @@ _INT64_MAX = 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_N = 16384  # vLLM's VLLM_MAX_N_SEQUENCES
 MAX_PROMPTS = 1024  # vLLM's VLLM_MAX_COMPLETION_PROMPTS
-MAX_CHOICES = 16384  # n x prompts: ours, so one request cannot flood the engine
+# n x prompts: ours (vLLM checks n alone, as `n must be at most 16384`, and takes 1,024 prompts), so one
+# request cannot hold millions of sequences; far above what vLLM's own limits let a client ask in practice
+MAX_CHOICES = 1 << 18
 
 
 class RequestValueError(ValueError):
@@ -353,6 +355,11 @@ class CompletionRequest(_SamplingFields):
 
     _format_as_dict = field_validator("response_format", mode="after")(_as_dicts)
 
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_max_tokens(cls, v: Any) -> Any:
+        return 16 if v is None else v  # vLLM's normalize_null_max_tokens: null is the default, not "no limit"
+
     @model_validator(mode="after")
     def _check_prompt_and_logprobs(self) -> CompletionRequest:
         check_prompt_logprobs_field(self.prompt_logprobs, self.stream)
@@ -485,7 +492,8 @@ class DetokenizeRequest(_Base):
 
 def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | None, list[int] | None]:
     """`logit_bias` (int ids, biases clamped to [-100, 100]) and `allowed_token_ids`, checked in
-    vLLM's order and words (SamplingParams.from_optional, then its vocabulary checks)."""
+    vLLM's order and words (SamplingParams.from_optional, then its vocabulary checks, which also
+    refuse `stop_token_ids` outside the vocabulary)."""
     bias = getattr(req, "logit_bias", None)
     allowed = getattr(req, "allowed_token_ids", None)
     if bias is not None:
@@ -505,6 +513,13 @@ def token_choice_params(req: Any, vocab_size: int) -> tuple[dict[int, float] | N
             raise RequestValueError(f"token_id(s) {listed} in logit_bias contain out-of-vocab token ids. "
                                     f"Vocabulary size: {vocab_size}", "logit_bias", listed)
         bias = converted or None
+    stop_ids = getattr(req, "stop_token_ids", None)
+    if stop_ids:
+        out_of_vocab = [t for t in stop_ids if not 0 <= t < vocab_size]
+        if out_of_vocab:
+            listed = _listed(out_of_vocab)
+            raise RequestValueError(f"token_id(s) {listed} in stop_token_ids contain out-of-vocab token ids. "
+                                    f"Vocabulary size: {vocab_size}", "stop_token_ids", listed)
     if allowed is not None:
         if not allowed:
             raise RequestValueError("allowed_token_ids is not None and empty!", "allowed_token_ids", allowed)

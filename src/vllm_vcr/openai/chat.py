@@ -23,7 +23,7 @@ from ..frontend.generation import (
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
-from ..frontend.protocol import MAX_CHOICES, ChatCompletionRequest, RequestValueError, stop_list
+from ..frontend.protocol import ChatCompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
     check_conversation,
     check_greedy_n,
@@ -287,8 +287,6 @@ class ChatServing(ServingBase):
             tools=req.tools)
         prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
         check_prompt_tokens(len(prompt_ids), max_len, from_text=True)
-        if req.n > MAX_CHOICES:
-            raise RequestValueError(f"n must be at most {MAX_CHOICES}, got {req.n}.", "n")
         limit = effective_max_tokens(len(prompt_ids), max_len, max_tokens)
         check_sampling(req, limit)
         check_greedy_n(req)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ..engine.types import EngineCoreOutput, EngineCoreRequest
+from ..frontend.errors import HTTPError
 from ..frontend.generation import (
     SequenceState,
     as_http_error,
@@ -88,20 +89,23 @@ class CompletionServing(ServingBase):
         if req.prompt_embeds is not None and req.prompt_embeds != []:
             # vLLM without --enable-prompt-embeds (which needs a real model's hidden size)
             raise RequestValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
-        if req.suffix is not None:
-            raise RequestValueError("suffix is not currently supported")
+        if req.suffix is not None:  # (the mock's models have no fill-in-the-middle rendering)
+            raise HTTPError(400, "suffix is only supported for models with FIM completion rendering", "BadRequestError",
+                            "suffix")
         max_len = self.settings.max_model_len
         echo_only = bool(req.echo) and req.max_tokens == 0
         if not echo_only:
             check_output_budget(req.max_tokens, max_len)
         check_truncation(req.truncate_prompt_tokens, max_len)
         prompts = await self._prompts(req)
-        if req.n * len(prompts) > MAX_CHOICES:
-            raise RequestValueError(f"n x number of prompts must be at most {MAX_CHOICES}, "
-                                    f"got {req.n * len(prompts)}.", "n")
         # vLLM clamps max_tokens to the room the prompt leaves, then checks SamplingParams
         limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
         check_sampling(req, None if echo_only else min(limits))
+        if echo_only:  # vLLM runs the engine for one token, which the answer does not show (usage counts it)
+            limits = [1] * len(prompts)
+        if req.n * len(prompts) > MAX_CHOICES:
+            raise RequestValueError(f"n x number of prompts must be at most {MAX_CHOICES}, "
+                                    f"got {req.n * len(prompts)}.", "n")
         check_greedy_n(req)
         check_logprobs_limit(self.tokenizer.vocab_size if req.logprobs == -1 else req.logprobs)
         check_prompt_logprobs_limit(effective_prompt_logprobs(req, req.logprobs), self.tokenizer.vocab_size)
@@ -132,15 +136,15 @@ class CompletionServing(ServingBase):
                     logprobs=req.logprobs, stream=bool(req.stream), tokenizer=self.tokenizer, dp_rank=dp_rank,
                 replay_id=replay_id, lora_request=self.lora_request(req.model),
                 arrival_time=ctx.arrival, sglang_bootstrap=self.settings.engine_type == "sglang"))
-        if echo_only:
-            await self._echo_only(ctx, req, rid, created, model, prompts)
-            return
-        if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}):
+        if plan is not None and replay_id is None and "output_replay_id" not in (req.vllm_xargs or {}) \
+                and not echo_only:
             await plan.plan(self.tokenizer, req.seed, engine_reqs)
         self.admit(len(engine_reqs))
         metrics_arrival(self.metrics, ctx, engine_reqs, n, rid)
         try:
-            if req.stream:
+            if echo_only:
+                await self._echo_only(ctx, req, rid, created, model, prompts, states, engine_reqs)
+            elif req.stream:
                 await self._stream(ctx, req, rid, created, model, prompts, states, engine_reqs)
             else:
                 await self._full(ctx, req, rid, created, model, prompts, states, engine_reqs)
@@ -242,8 +246,11 @@ class CompletionServing(ServingBase):
         return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
     async def _echo_only(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
-                         prompts: list[Prompt]) -> None:
-        # max_tokens=0 with echo: the prompt is the whole answer, nothing is generated
+                         prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
+        # max_tokens=0 with echo: the prompt is the whole answer; the engine computes it and samples
+        # one token that is not shown (vLLM's echo_without_generation), which the usage counts
+        if not await self.run_to_end(ctx, states, engine_reqs):
+            return
         plp_k = effective_prompt_logprobs(req, req.logprobs)
         plps = [] if plp_k is None else await prompt_logprobs_many(self.tokenizer, [p.ids for p in prompts], plp_k)
         choices = []
@@ -259,7 +266,8 @@ class CompletionServing(ServingBase):
                 if plp_k is not None:
                     c["prompt_logprobs"] = plps[pi]
                 choices.append(c)
-        usage = usage_dict(prompt_tokens, 0, self.prompt_details(0))
+        details = self.prompt_details(states[-1].cached_tokens)
+        usage = usage_dict(prompt_tokens, sum(st.num_tokens for st in states), details)
         fp = self.settings.system_fingerprint
         ctx.finishing = True
         if not req.stream:
