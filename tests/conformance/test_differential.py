@@ -293,6 +293,10 @@ CASES = {
     "n_over_limit_chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 100000}),
     "n_times_prompts_over_n_limit": ("/v1/completions", {"prompt": ["a", "b"], "max_tokens": 1, "n": 9000}),
     "max_tokens_null": ("/v1/completions", {"prompt": "x", "max_tokens": None}),
+    # the model's generation config has EOS ids 1 and 5: the echoed template's 5 ends the answer (stop_reason 5)
+    "chat_max_tokens_null": ("/v1/chat/completions", {"messages": USER, "max_tokens": None}),
+    "chat_ignore_eos_generation_eos": ("/v1/chat/completions", {"messages": USER, "max_tokens": 12,
+                                                                "ignore_eos": True}),
     "tokenize": ("/tokenize", {"prompt": "hello world"}),
     "detokenize": ("/detokenize", {"tokens": [1, 50, 60]}),
     "detokenize_out_of_vocab": ("/detokenize", {"tokens": [1, 99999]}),

@@ -52,6 +52,36 @@ def read_hf_config(model_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def generation_eos_ids(model_dir: Path | None, generation_config: str | None = "auto") -> tuple[int, ...]:
+    """The end-of-sequence ids of the model's generation config, as vLLM reads them for every
+    request (`--generation-config`: `auto` and `vllm` read MODEL's `generation_config.json`, a
+    folder reads its own; without the file, `config.json`'s). Every one but the tokenizer's EOS
+    becomes a stop token id of a request that does not ignore EOS (SamplingParams.
+    update_from_generation_config); a Llama-3 instruct model ends its turns this way."""
+    value = generation_config or "auto"
+    folder = model_dir if value in ("auto", "vllm") else Path(value).expanduser()
+    if folder is None or not folder.is_dir():
+        return ()
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise ModelConfigError(f"cannot read {path}: {e}") from None
+        eos = data.get("eos_token_id") if isinstance(data, dict) else None
+        if name == "config.json" and isinstance(data, dict) and eos is None:
+            eos = text_config(data).get("eos_token_id")
+        if isinstance(eos, bool) or eos is None:
+            return ()
+        ids = [eos] if isinstance(eos, int) else eos
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ModelConfigError(f"{path}: eos_token_id must be an integer or a list of integers, got {eos!r}")
+        return tuple(sorted(set(ids)))
+    return ()
+
+
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The language model's part of a (possibly multimodal) config, as vLLM's hf_text_config."""
     sub = config.get("text_config")

@@ -91,6 +91,9 @@ class Tokenizer:
         self.eos_token = _token_content(config.get("eos_token"))
         self.bos_token_id = hf.token_to_id(self.bos_token) if self.bos_token else None
         self.eos_token_id = hf.token_to_id(self.eos_token) if self.eos_token else None
+        # the model's generation-config EOS ids other than eos_token_id (model_config.generation_eos_ids):
+        # stop token ids of every request that does not ignore EOS, as vLLM adds them
+        self.generation_eos_ids: tuple[int, ...] = ()
         self.model_max_length = config.get("model_max_length")
         # the embedded tokenizer numbers whole-character tokens first: random output stays clean text
         rv = config.get("vllm_vcr_random_vocab_size")

@@ -49,6 +49,10 @@ HONOURED: dict[str, Honoured] = {
                                         "--kv-bytes-per-token)"),
     "--num-gpu-blocks-override": Honoured("KV cache size in blocks (overrides --kv-cache-size)"),
     "--tokenizer": Honoured("local HF tokenizer directory (never downloaded)"),
+    "--generation-config": Honoured("where the generation config's EOS ids come from (auto and vllm: MODEL's "
+                                    "generation_config.json, else its config.json; a folder: its own): every one but "
+                                    "the tokenizer's EOS is a stop token id of a request that does not ignore EOS, as "
+                                    "vLLM; its default sampling values are not applied"),
     "--data-parallel-size": Honoured("D > 1: one engine-core process per rank behind --api-server-count API "
                                      "servers (default D), as vLLM (docs/api-servers.md)"),
     "--api-server-count": Honoured("N API server processes sharing --port in front of one engine-core process "

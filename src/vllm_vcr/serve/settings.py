@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..engine.config import ConfigError, EngineArgs
 from ..engine_cli import engine_args_from_cli
-from ..frontend.model_config import DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, max_model_len_for
+from ..frontend.model_config import (DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, generation_eos_ids,
+                                      max_model_len_for)
 from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer, ordinary_vocab_size
 from ..frontend.tools.calls import TOOL_CALL_PARSERS, ToolSettings
 from ..http.serving_base import VLLM_API_VERSION, ServeSettings
@@ -117,10 +118,16 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
     source = str(model_dir) if model_dir is not None else model
     template = _chat_template_source(args.chat_template)
     workers = int(getattr(args, "renderer_num_workers", 1) or 1)
-    key = (source, args.tokenizer, template, workers)
+    generation_config = getattr(args, "generation_config", None) or "auto"
+    try:
+        gen_eos = generation_eos_ids(model_dir, generation_config)
+    except ModelConfigError as e:
+        raise CLIError(f"--generation-config: {e}") from None
+    key = (source, args.tokenizer, template, workers, gen_eos)
     tok = tokenizers.get(key) if tokenizers is not None else None
     if tok is None:
         tok = _tokenizer(source, args.tokenizer, template, workers)
+        tok.generation_eos_ids = tuple(i for i in gen_eos if i != tok.eos_token_id)
         if tokenizers is not None:
             tokenizers[key] = tok
     engine_count = args.engine_count
