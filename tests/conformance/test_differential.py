@@ -285,6 +285,7 @@ CASES = {
     "stop_token_ids_out_of_vocab_chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 2,
                                                                   "stop_token_ids": [5, 99999999]}),
     "echo_max_tokens_zero": ("/v1/completions", {"prompt": "a b", "max_tokens": 0, "echo": True, "n": 2}),
+    "echo_max_tokens_zero_full_context": ("/v1/completions", {"prompt": [300] * 1024, "max_tokens": 0, "echo": True}),
     "echo_max_tokens_zero_stream": ("/v1/completions", {"prompt": "a b", "max_tokens": 0, "echo": True,
                                                         "stream": True, "stream_options": {"include_usage": True}}),
     "suffix": ("/v1/completions", {"prompt": "a", "max_tokens": 2, "suffix": "z"}),
