@@ -110,10 +110,10 @@ def _sampling_params(req: Any, max_tokens: int, seed: int | None, logprobs: int 
     if eos is not None and not req.ignore_eos:
         all_stop.append(eos)
     gen_eos = tokenizer.generation_eos_ids
-    if gen_eos:  # SamplingParams.update_from_generation_config
+    if gen_eos:  # SamplingParams.update_from_generation_config (gen_eos: sorted, without duplicates)
         all_stop += [i for i in gen_eos if i not in all_stop]
         if not req.ignore_eos:
-            stop_ids = sorted(set(gen_eos).union(stop_ids))
+            stop_ids = sorted(set(gen_eos).union(stop_ids)) if stop_ids else list(gen_eos)
     extra = dict(req.vllm_xargs) if req.vllm_xargs else {}
     if req.kv_transfer_params:
         extra["kv_transfer_params"] = req.kv_transfer_params

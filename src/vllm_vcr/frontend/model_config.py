@@ -38,9 +38,9 @@ class ModelConfigError(ValueError):
     """The model's config.json is unreadable, or --max-model-len exceeds what it allows."""
 
 
-def read_hf_config(model_dir: Path) -> dict[str, Any] | None:
-    """config.json of a local model directory (None when it has none)."""
-    path = model_dir / "config.json"
+def read_hf_config(model_dir: Path, name: str = "config.json") -> dict[str, Any] | None:
+    """config.json (or another JSON object file) of a local model directory (None when it has none)."""
+    path = model_dir / name
     if not path.is_file():
         return None
     try:
@@ -62,24 +62,19 @@ def generation_eos_ids(model_dir: Path | None, generation_config: str | None = "
     folder = model_dir if value in ("auto", "vllm") else Path(value).expanduser()
     if folder is None or not folder.is_dir():
         return ()
-    for name in ("generation_config.json", "config.json"):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ModelConfigError(f"cannot read {path}: {e}") from None
-        eos = data.get("eos_token_id") if isinstance(data, dict) else None
-        if name == "config.json" and isinstance(data, dict) and eos is None:
-            eos = text_config(data).get("eos_token_id")
-        if isinstance(eos, bool) or eos is None:
-            return ()
-        ids = [eos] if isinstance(eos, int) else eos
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise ModelConfigError(f"{path}: eos_token_id must be an integer or a list of integers, got {eos!r}")
-        return tuple(sorted(set(ids)))
-    return ()
+    generation = read_hf_config(folder, "generation_config.json")
+    if generation is not None:
+        eos, source = generation.get("eos_token_id"), "generation_config.json"
+    else:
+        config = read_hf_config(folder) or {}
+        eos, source = config.get("eos_token_id", text_config(config).get("eos_token_id")), "config.json"
+    if eos is None or isinstance(eos, bool):
+        return ()
+    ids = [eos] if isinstance(eos, int) else eos
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelConfigError(f"{folder / source}: eos_token_id must be an integer or a list of integers, "
+                               f"got {eos!r}")
+    return tuple(sorted(set(ids)))
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
