@@ -1030,3 +1030,54 @@ def test_wrong_type_bodies_same_answers(real, sim, vllm_version):
                 findings.append(f"{path} {name}: {a} in real, {b} in serve")
     assert httpx.get(sim["base_url"] + "/health").status_code == 200
     assert not findings, "\n".join(findings)
+
+
+# A server's own sampling defaults: a generation config folder (greedy, at most 7 tokens: vLLM reads
+# a folder's max_new_tokens as the default limit and as a cap) and an override merged over it
+GENERATION = {"eos_token_id": [1, 5], "temperature": 0.0, "max_new_tokens": 7}
+GENERATION_CASES = {
+    "gen_chat_default_limit": ("/v1/chat/completions", {"messages": MSGS, "ignore_eos": True}),
+    "gen_chat_capped": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 20, "ignore_eos": True}),
+    "gen_chat_stream": ("/v1/chat/completions", {"messages": MSGS, "ignore_eos": True, "stream": True,
+                                                 "stream_options": {"include_usage": True}}),
+    "gen_completion_capped": ("/v1/completions", {"prompt": "a b c d e f g h i j k l m n o p", "max_tokens": 12,
+                                                  "ignore_eos": True}),
+    "gen_completion_null": ("/v1/completions", {"prompt": "a b c d e f g h i j k l m n o p", "max_tokens": None,
+                                                "ignore_eos": True}),
+    "gen_greedy_n2": ("/v1/chat/completions", {"messages": MSGS, "n": 2}),
+    "gen_sampled_n2": ("/v1/chat/completions", {"messages": MSGS, "n": 2, "temperature": 1.0, "ignore_eos": True}),
+    "gen_messages_capped": ("/v1/messages", {"messages": USER, "max_tokens": 30}),
+    "responses_generation_defaults": ("/v1/responses", {"input": "Say hello to the world, please, at some length."}),
+}
+
+
+@pytest.fixture(scope="module")
+def generation_args(tmp_path_factory) -> list[str]:
+    folder = tmp_path_factory.mktemp("generation")
+    (folder / "generation_config.json").write_text(json.dumps(GENERATION))
+    return ["--generation-config", str(folder), "--override-generation-config", json.dumps({"top_p": 0.5})]
+
+
+def test_generation_config_defaults_same_answers(vllm_version, tmp_path_factory, generation_args):
+    """`--generation-config FOLDER --override-generation-config`: the defaults a request's unset
+    fields take, the default output limit and the cap, against the real frontend."""
+    real_gen = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=generation_args)
+    try:
+        sim_gen = _start_sim(tmp_path_factory, generation_args)
+        try:
+            findings: list[str] = []
+            answers = {}
+            for name, (path, body) in GENERATION_CASES.items():
+                body = {"model": real_gen.model, **body}
+                a, b = post(real_gen.base_url, path, body), post(sim_gen["base_url"], path, body)
+                answers[name] = b
+                findings += _compare(name, body, a, b, vllm_version)
+        finally:
+            sim_gen["proc"].stop()
+    finally:
+        real_gen.stop()
+    # what the defaults did (the comparison above holds serve to the real frontend's answers)
+    assert answers["gen_chat_default_limit"][1]["usage"]["completion_tokens"] == 7
+    assert answers["gen_completion_capped"][1]["usage"]["completion_tokens"] == 7
+    assert answers["gen_greedy_n2"][0] == 400
+    _check(findings, vllm_version)

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from .sampling_defaults import SAMPLING_FIELDS, SamplingDefaults
+
 logger = logging.getLogger("vllm_vcr.serve")
 
 # vLLM's possible keys, in its order (the smallest value wins; the key named in errors is the
@@ -75,6 +77,40 @@ def generation_eos_ids(model_dir: Path | None, generation_config: str | None = "
         raise ModelConfigError(f"{folder / source}: eos_token_id must be an integer or a list of integers, "
                                f"got {eos!r}")
     return tuple(sorted(set(ids)))
+
+
+def generation_defaults(model_dir: Path | None, generation_config: str | None = "auto",
+                        override: dict[str, Any] | None = None) -> SamplingDefaults:
+    """The server's default sampling values, as vLLM's ModelConfig.get_diff_sampling_param reads
+    them: the generation config's sampling fields and `max_new_tokens` (`auto`: MODEL's
+    `generation_config.json`; `vllm`: none; a folder: its own), `--override-generation-config`
+    merged over them (a null value removes one). `max_new_tokens` is the default output limit,
+    and a cap on every request when it comes from a folder or from the override."""
+    value = generation_config or "auto"
+    config: dict[str, Any] = {}
+    if value != "vllm":
+        folder = model_dir if value == "auto" else Path(value).expanduser()
+        if folder is not None and folder.is_dir():
+            config = read_hf_config(folder, "generation_config.json") or {}
+    config = {**config, **(override or {})}
+    for name in (*SAMPLING_FIELDS, "max_new_tokens"):
+        v = config.get(name)
+        if v is None:
+            continue
+        whole = name in ("top_k", "max_new_tokens")
+        if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or \
+                (name == "max_new_tokens" and v < 1):
+            kind = "a positive integer" if name == "max_new_tokens" else "an integer" if whole else "a number"
+            raise ModelConfigError(f"{name} must be {kind}, got {v!r}")
+    values = {k: config[k] for k in SAMPLING_FIELDS if config.get(k) is not None}
+    default_max = config.get("max_new_tokens")
+    cap = default_max if value not in ("auto", "vllm") else (override or {}).get("max_new_tokens")
+    defaults = SamplingDefaults(values, default_max, cap)
+    if defaults and value != "vllm":
+        logger.warning("Default vLLM sampling parameters have been overridden by %s: `%s`. If this is not "
+                       "intended, please relaunch vLLM instance with `--generation-config vllm`.",
+                       "the model's `generation_config.json`" if value == "auto" else value, defaults.describe())
+    return defaults
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:

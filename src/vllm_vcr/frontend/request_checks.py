@@ -20,6 +20,17 @@ def is_greedy(req: Any) -> bool:
     return req.temperature is not None and req.temperature < _GREEDY_EPS
 
 
+def sampling_values(req: Any) -> dict[str, float | int]:
+    """temperature, top_p, top_k and min_p as vLLM's SamplingParams holds them: OpenAI's defaults
+    for what the request leaves unset, and greedy sampling's own (a greedy request has no top_p,
+    top_k or min_p: SamplingParams resets them)."""
+    if is_greedy(req):
+        return {"temperature": req.temperature, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    return {"temperature": 1.0 if req.temperature is None else req.temperature,
+            "top_p": 1.0 if req.top_p is None else req.top_p, "top_k": getattr(req, "top_k", None) or 0,
+            "min_p": getattr(req, "min_p", None) or 0.0}
+
+
 def check_greedy_n(req: Any) -> None:
     """SamplingParams: greedy sampling has one answer only."""
     if is_greedy(req) and req.n > 1:
@@ -164,12 +175,6 @@ def check_prompt_chars(text: str, max_model_len: int, max_chars_per_token: int) 
             f"{len(text)} characters (more than {limit} characters, which is the upper bound for "
             f"{max_model_len} input tokens). Please reduce the length of the input prompt.",
             "input_text", len(text))
-
-
-def effective_max_tokens(prompt_len: int, max_model_len: int, max_tokens: int | None) -> int:
-    """vLLM's get_max_tokens: the request's value clamped to what the context leaves."""
-    room = max_model_len - prompt_len
-    return room if max_tokens is None else min(room, max_tokens)
 
 
 # vLLM's StructuredOutputsParams: its fields (in order), their defaults, and the constraint kinds

@@ -27,6 +27,7 @@ from ..frontend.generation import OutputStream, random_hex
 from ..frontend.isolated import BudgetExceeded, IsolatedPool
 from ..frontend.protocol import RequestSchemaError, RequestValueError, token_choice_params
 from ..frontend.request_checks import OFFLOAD_BIAS_ENTRIES
+from ..frontend.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from ..frontend.tokenizer import Tokenizer
 from ..frontend.tools.calls import ToolSettings
 from .sse import send_bytes
@@ -80,6 +81,8 @@ class ServeSettings:
     data_parallel_rank: int = 0  # --data-parallel-rank: the first engine's index in /metrics
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
     worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
+    # --generation-config / --override-generation-config: what a request leaves unset takes
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS
 
     @property
     def model_name(self) -> str:

@@ -36,7 +36,6 @@ from ..frontend.request_checks import (
     check_sampling,
     check_token_choice,
     check_truncation,
-    effective_max_tokens,
     OFFLOAD_BIAS_ENTRIES,
     effective_prompt_logprobs,
     is_greedy,
@@ -269,6 +268,8 @@ class ChatServing(ServingBase):
         """What a request's checks, template and tokenizer make of it, before anything of its own
         (ids, headers, time): (model, prompt ids, output limit, logprobs, output plan)."""
         top = req.top_logprobs
+        defaults = self.settings.sampling_defaults
+        defaults.fill(req)  # (before any check: vLLM checks the SamplingParams the defaults went into)
         plan = await ChatOutputPlan.for_request(req, self.settings.tools, self.settings.reasoning_ids)
         model = self.check_model(req.model)
         if plan is not None:
@@ -287,7 +288,7 @@ class ChatServing(ServingBase):
             tools=req.tools)
         prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
         check_prompt_tokens(len(prompt_ids), max_len, from_text=True)
-        limit = effective_max_tokens(len(prompt_ids), max_len, max_tokens)
+        limit = defaults.limit(len(prompt_ids), max_len, max_tokens)
         check_sampling(req, limit)
         check_greedy_n(req)
         want_lp = None

@@ -28,7 +28,6 @@ from ..frontend.request_checks import (
     check_sampling,
     check_token_choice,
     check_truncation,
-    effective_max_tokens,
     effective_prompt_logprobs,
     is_greedy,
     truncate_prompt,
@@ -86,6 +85,8 @@ class CompletionServing(ServingBase):
 
     async def _handle(self, ctx: RequestContext, req: CompletionRequest) -> None:
         model = self.check_model(req.model)
+        defaults = self.settings.sampling_defaults
+        defaults.fill(req)
         if req.prompt_embeds is not None and req.prompt_embeds != []:
             # vLLM without --enable-prompt-embeds (which needs a real model's hidden size)
             raise RequestValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
@@ -99,7 +100,7 @@ class CompletionServing(ServingBase):
         check_truncation(req.truncate_prompt_tokens, max_len)
         prompts = await self._prompts(req)
         # vLLM clamps max_tokens to the room the prompt leaves, then checks SamplingParams
-        limits = [effective_max_tokens(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
+        limits = [defaults.limit(len(pr.ids), max_len, req.max_tokens) for pr in prompts]
         check_sampling(req, None if echo_only else min(limits))
         if echo_only:  # vLLM runs the engine for one token, which the answer does not show (usage counts it)
             limits = [1] * len(prompts)

@@ -49,10 +49,15 @@ HONOURED: dict[str, Honoured] = {
                                         "--kv-bytes-per-token)"),
     "--num-gpu-blocks-override": Honoured("KV cache size in blocks (overrides --kv-cache-size)"),
     "--tokenizer": Honoured("local HF tokenizer directory (never downloaded)"),
-    "--generation-config": Honoured("where the generation config's EOS ids come from (auto and vllm: MODEL's "
-                                    "generation_config.json, else its config.json; a folder: its own): every one but "
-                                    "the tokenizer's EOS is a stop token id of a request that does not ignore EOS, as "
-                                    "vLLM; its default sampling values are not applied"),
+    "--generation-config": Honoured("the generation config, as vLLM reads it (auto: MODEL's generation_config.json; "
+                                    "vllm: no sampling defaults; a folder: its own): its EOS ids (else config.json's) "
+                                    "stop every request that does not ignore EOS; its sampling values (temperature, "
+                                    "top_p, top_k, min_p, penalties) fill what a request leaves unset, its "
+                                    "max_new_tokens is the output limit of a request that sets none (from a folder, "
+                                    "of every request)"),
+    "--override-generation-config": Honoured("JSON object merged over the generation config's sampling values and "
+                                             "max_new_tokens (null removes one); its max_new_tokens limits every "
+                                             "request, as vLLM"),
     "--data-parallel-size": Honoured("D > 1: one engine-core process per rank behind --api-server-count API "
                                      "servers (default D), as vLLM (docs/api-servers.md)"),
     "--api-server-count": Honoured("N API server processes sharing --port in front of one engine-core process "

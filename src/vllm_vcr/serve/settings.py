@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..engine.config import ConfigError, EngineArgs
 from ..engine_cli import engine_args_from_cli
-from ..frontend.model_config import (DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, generation_eos_ids,
-                                      max_model_len_for)
+from ..frontend.model_config import (DEFAULT_MAX_MODEL_LEN, ModelConfigError, check_model_path, generation_defaults,
+                                      generation_eos_ids, max_model_len_for)
 from ..frontend.tokenizer import DEFAULT_MODEL_NAME, Tokenizer, TokenizerError, load_tokenizer, ordinary_vocab_size
 from ..frontend.tools.calls import TOOL_CALL_PARSERS, ToolSettings
 from ..http.serving_base import VLLM_API_VERSION, ServeSettings
@@ -123,6 +123,15 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         gen_eos = generation_eos_ids(model_dir, generation_config)
     except ModelConfigError as e:
         raise CLIError(f"--generation-config: {e}") from None
+    override = getattr(args, "override_generation_config", None) or {}
+    if not isinstance(override, dict):
+        raise CLIError(f"--override-generation-config: must be a JSON object, got {override!r}")
+    try:
+        sampling_defaults = generation_defaults(model_dir, generation_config, override)
+    except ModelConfigError as e:
+        flag = "--override-generation-config" if any(str(e).startswith(k + " ") for k in override) \
+            else "--generation-config"
+        raise CLIError(f"{flag}: {e}") from None
     key = (source, args.tokenizer, template, workers, gen_eos)
     tok = tokenizers.get(key) if tokenizers is not None else None
     if tok is None:
@@ -210,6 +219,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         stream_interval=int(getattr(args, "stream_interval", 1) or 1),
         max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
         data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),
+        sampling_defaults=sampling_defaults,
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 

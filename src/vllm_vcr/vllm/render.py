@@ -9,7 +9,7 @@ from typing import Any
 
 from ..frontend.errors import HTTPError
 from ..frontend.protocol import ChatCompletionRequest, CompletionRequest, RequestValueError, stop_list
-from ..frontend.request_checks import check_output_budget, check_prompt_tokens, check_sampling, effective_max_tokens
+from ..frontend.request_checks import check_output_budget, check_prompt_tokens, check_sampling, sampling_values
 from ..frontend.structured.constraints import request_constraint
 from ..http.serving_base import RequestContext, encode, parse_request
 from ..http.sse import send_bytes
@@ -20,8 +20,7 @@ def sampling_params(req: Any, max_tokens: int, structured: dict[str, Any] | None
     return {"n": req.n, "presence_penalty": req.presence_penalty or 0.0,
             "frequency_penalty": req.frequency_penalty or 0.0,
             "repetition_penalty": 1.0 if req.repetition_penalty is None else req.repetition_penalty,
-            "temperature": 1.0 if req.temperature is None else req.temperature,
-            "top_p": 1.0 if req.top_p is None else req.top_p, "top_k": req.top_k or 0, "min_p": req.min_p or 0.0,
+            **sampling_values(req),
             "seed": req.seed, "stop": stop_list(req.stop), "stop_token_ids": list(req.stop_token_ids or []),
             "ignore_eos": req.ignore_eos, "max_tokens": max_tokens, "min_tokens": req.min_tokens,
             "logprobs": None, "prompt_logprobs": None, "skip_special_tokens": req.skip_special_tokens,
@@ -53,6 +52,8 @@ class RenderServing:
 
     def _chat(self, ctx: RequestContext, req: ChatCompletionRequest) -> dict[str, Any]:
         self.chat.check_model(req.model)
+        defaults = self.settings.sampling_defaults
+        defaults.fill(req)
         max_len = self.settings.max_model_len
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         check_output_budget(wanted, max_len)
@@ -61,7 +62,7 @@ class RenderServing:
                                          chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
                                          add_special_tokens=req.add_special_tokens, tools=req.tools)
         check_prompt_tokens(len(ids), max_len, from_text=True)
-        limit = effective_max_tokens(len(ids), max_len, wanted)
+        limit = defaults.limit(len(ids), max_len, wanted)
         check_sampling(req, limit)
         rid = f"chatcmpl-{self.chat.base_request_id(ctx, req.request_id)}"
         return generate_request(rid, ids, req, sampling_params(req, limit, _structured(req)))
@@ -75,6 +76,8 @@ class RenderServing:
 
         def build() -> list[dict[str, Any]]:
             self.chat.check_model(req.model)
+            defaults = self.settings.sampling_defaults
+            defaults.fill(req)
             prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) \
                 else [req.prompt]
             base = f"cmpl-{self.chat.base_request_id(ctx, req.request_id)}"
@@ -83,7 +86,7 @@ class RenderServing:
                 ids = list(p) if isinstance(p, list) else self.chat.tokenizer.encode(
                     p or "", add_special_tokens=req.add_special_tokens)
                 check_prompt_tokens(len(ids), self.settings.max_model_len, from_text=not isinstance(p, list))
-                limit = effective_max_tokens(len(ids), self.settings.max_model_len, req.max_tokens)
+                limit = defaults.limit(len(ids), self.settings.max_model_len, req.max_tokens)
                 check_sampling(req, limit)
                 out.append(generate_request(base if len(prompts) == 1 else f"{base}-{i}", ids, req,
                                             sampling_params(req, limit, _structured(req))))

@@ -68,7 +68,9 @@ class TokensServing(ServingBase):
         max_len = self.settings.max_model_len
         check_prompt_tokens(len(req.token_ids), max_len, from_text=False)
         max_tokens = sp.get("max_tokens")
-        limit = max_len - len(req.token_ids) if max_tokens is None else min(int(max_tokens), max_len - len(req.token_ids))
+        # (the server's default output limit and cap only where the request sets none, as vLLM's)
+        limit = self.settings.sampling_defaults.limit(len(req.token_ids), max_len, None) if max_tokens is None \
+            else min(int(max_tokens), max_len - len(req.token_ids))
         check_sampling(s, limit)
         constraint = request_constraint(None, sp.get("structured_outputs"))
         rid = f"generate-tokens-{self.base_request_id(ctx, req.request_id)}"

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs
 
 from ...frontend.errors import HTTPError
 from ...frontend.protocol import RequestValueError
-from ...frontend.request_checks import check_output_budget
+from ...frontend.request_checks import check_output_budget, sampling_values
 from ...http.serving_base import RequestContext, encode, parse_request
 from ...http.sse import SSEWriter, send_bytes
 from ..chat import CACHE_DETAILS_KEY
@@ -63,6 +63,7 @@ class ResponsesServing:
 
     async def create(self, ctx: RequestContext) -> None:
         req: ResponsesRequest = parse_request(ctx.body, ResponsesRequest)
+        self.settings.sampling_defaults.fill(req)  # (the response echoes the values the request ran with)
         check_tool_choice(req)
         model = self.chat.check_model(req.model)
         check_output_budget(req.max_output_tokens, self.settings.max_model_len, "max_output_tokens")
@@ -136,16 +137,17 @@ class ResponsesServing:
                       status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         max_tokens = req.max_output_tokens
         if usage is not None:
-            room = self.settings.max_model_len - usage["prompt_tokens"]
-            max_tokens = room if max_tokens is None else min(max_tokens, room)
+            max_tokens = self.settings.sampling_defaults.limit(usage["prompt_tokens"], self.settings.max_model_len,
+                                                               max_tokens)
+        sampling = sampling_values(req)
         return {
             "id": req.request_id, "created_at": created,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "metadata": req.metadata, "model": model, "object": "response",
             "output": output, "parallel_tool_calls": req.parallel_tool_calls if req.parallel_tool_calls is not None
-            else True, "temperature": 1.0 if req.temperature is None else req.temperature,
+            else True, "temperature": sampling["temperature"],
             "tool_choice": req.tool_choice, "tools": echoed_tools(req.tools),
-            "top_p": 1.0 if req.top_p is None else req.top_p, "background": req.background,
+            "top_p": sampling["top_p"], "background": req.background,
             "max_output_tokens": max_tokens, "max_tool_calls": req.max_tool_calls,
             "previous_response_id": req.previous_response_id, "prompt": req.prompt, "reasoning": req.reasoning,
             "service_tier": req.service_tier, "status": status, "text": echoed_text(req.text),
