@@ -1081,3 +1081,99 @@ def test_generation_config_defaults_same_answers(vllm_version, tmp_path_factory,
     assert answers["gen_completion_capped"][1]["usage"]["completion_tokens"] == 7
     assert answers["gen_greedy_n2"][0] == 400
     _check(findings, vllm_version)
+
+
+# A server template that reads a variable, the server's default for it, and logprobs that name
+# tokens by id (--return-tokens-as-token-ids): what a request leaves to the server, and overrides
+GREETING_TEMPLATE = ("{{ bos_token }}{% if greeting is defined %}{{ greeting }} {% endif %}"
+                     "{% if tools %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(',') }} "
+                     "{% endif %}{% for message in messages %}"
+                     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
+                     "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+                     "{% endif %}")
+FRONTEND_DEFAULTS_CASES = {
+    "defaults_template_kwargs": ("/v1/chat/completions", {"messages": USER, "max_tokens": 12, "ignore_eos": True}),
+    "defaults_template_kwargs_request": ("/v1/chat/completions", {
+        "messages": USER, "max_tokens": 12, "ignore_eos": True, "chat_template_kwargs": {"greeting": "yo"}}),
+    "defaults_tokenize_messages": ("/tokenize", {"messages": USER}),
+    "defaults_tools_choice_none": ("/v1/chat/completions", {"messages": USER, "max_tokens": 12, "ignore_eos": True,
+                                                            "tools": [TOOL], "tool_choice": "none"}),
+    # (tools without a tool_choice: "auto", which needs --enable-auto-tool-choice: vLLM's 400 on both)
+    "defaults_tools_no_choice": ("/v1/chat/completions", {"messages": USER, "max_tokens": 12, "ignore_eos": True,
+                                                          "tools": [TOOL]}),
+    "defaults_chat_logprobs_ids": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "logprobs": True,
+                                                            "top_logprobs": 2}),
+    "defaults_chat_logprobs_text": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "logprobs": True,
+                                                             "top_logprobs": 2, "return_tokens_as_token_ids": False}),
+    "defaults_chat_logprobs_stream": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "logprobs": True,
+                                                               "top_logprobs": 1, "stream": True}),
+    "defaults_completion_echo_logprobs": ("/v1/completions", {"prompt": "hello there", "max_tokens": 3, "echo": True,
+                                                              "logprobs": 2}),
+    "defaults_completion_logprobs_stream": ("/v1/completions", {"prompt": "hello there", "max_tokens": 3,
+                                                                "logprobs": 1, "stream": True}),
+}
+
+
+def _rounded(v: object) -> object:
+    """Logprob values to 3 decimals: the real frontend writes the engine's float32 values."""
+    if isinstance(v, float):
+        return round(v, 3)
+    if isinstance(v, list):
+        return [_rounded(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _rounded(x) for k, x in v.items()}
+    return v
+
+
+def _stream_logprobs(events: list) -> dict:
+    """A stream's logprobs joined across its chunks (how many tokens a chunk carries follows the
+    box's timing on the real frontend's side)."""
+    joined: dict = {}
+    for e in events:
+        for c in e.get("choices", []) if isinstance(e, dict) else ():
+            lp = c.get("logprobs") or {}
+            for key, value in lp.items():
+                if isinstance(value, list):
+                    joined.setdefault(key, []).extend(value)
+    return joined
+
+
+def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
+    """`--chat-template FILE --default-chat-template-kwargs --return-tokens-as-token-ids`: the
+    template's variables a request leaves to the server, and logprobs naming tokens by id (a
+    request's `return_tokens_as_token_ids` deciding for itself), against the real frontend."""
+    folder = tmp_path_factory.mktemp("template")
+    (folder / "greeting.jinja").write_text(GREETING_TEMPLATE)
+    args = ["--chat-template", str(folder / "greeting.jinja"), "--default-chat-template-kwargs",
+            json.dumps({"greeting": "hey"}), "--return-tokens-as-token-ids",
+            "--exclude-tools-when-tool-choice-none"]
+    real_st = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=args)
+    answers = {}
+    try:
+        sim_st = _start_sim(tmp_path_factory, args)
+        try:
+            findings: list[str] = []
+            for name, (path, body) in FRONTEND_DEFAULTS_CASES.items():
+                body = {"model": real_st.model, **body}
+                (sa, a), (sb, b) = post(real_st.base_url, path, body), post(sim_st["base_url"], path, body)
+                answers[name] = b
+                if body.get("stream") and sa == sb == 200:
+                    findings += [f"{name}: {d}" for d in diff(merge_stream(a), merge_stream(b), "$stream")]
+                    # (a chunk's text offsets count from the text before it: they follow the chunking)
+                    la, lb = _stream_logprobs(a), _stream_logprobs(b)
+                    la.pop("text_offset", None), lb.pop("text_offset", None)
+                    findings += [f"{name}: {d}" for d in diff(_rounded(la), _rounded(lb), "$logprobs")]
+                    continue
+                findings += _compare(name, body, (sa, _rounded(a)), (sb, _rounded(b)), vllm_version)
+        finally:
+            sim_st["proc"].stop()
+    finally:
+        real_st.stop()
+    # what the flags did (the comparison above holds serve to the real frontend's answers)
+    assert answers["defaults_template_kwargs"]["choices"][0]["message"]["content"].startswith("hey")
+    assert answers["defaults_template_kwargs_request"]["choices"][0]["message"]["content"].startswith("yo")
+    assert "tools:" not in answers["defaults_tools_choice_none"]["choices"][0]["message"]["content"]
+    assert answers["defaults_chat_logprobs_ids"]["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:")
+    assert not answers["defaults_chat_logprobs_text"]["choices"][0]["logprobs"]["content"][0]["token"].startswith(
+        "token_id:")
+    _check(findings, vllm_version)

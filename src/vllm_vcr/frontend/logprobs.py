@@ -62,11 +62,24 @@ def token_logprobs(token_id: int, position: int, k: int, vocab: int) -> tuple[fl
     return entries[0][1], [(t, lp) for t, lp, _ in entries] if k > 0 else []
 
 
+def tokens_as_ids(req: Any, server_default: bool) -> bool:
+    """Whether logprobs name tokens by id: the request's `return_tokens_as_token_ids`, else the
+    server's --return-tokens-as-token-ids."""
+    value = getattr(req, "return_tokens_as_token_ids", None)
+    return server_default if value is None else bool(value)
+
+
+def token_id_placeholder(token_id: int) -> str:
+    """A token named by its id (`return_tokens_as_token_ids`), as vLLM writes it."""
+    return f"token_id:{token_id}"
+
+
 def completion_logprobs(tok: Tokenizer, token_ids: list[int], k: int, start_position: int = 0,
                         initial_text_offset: int = 0, first_is_prompt_start: bool = False,
-                        greedy: bool = False) -> dict[str, Any]:
+                        greedy: bool = False, as_ids: bool = False) -> dict[str, Any]:
     """`CompletionLogProbs`: text_offset, token_logprobs, tokens, top_logprobs (up to k+1 entries
-    per token, keyed by text, as vLLM's frontend writes them)."""
+    per token, keyed by text, as vLLM's frontend writes them). `as_ids`: tokens named by their ids
+    (their offsets count those names, as vLLM's do)."""
     text_offset: list[int] = []
     lps: list[float | None] = []
     tokens: list[str] = []
@@ -74,8 +87,9 @@ def completion_logprobs(tok: Tokenizer, token_ids: list[int], k: int, start_posi
     offset = initial_text_offset
     vocab = tok.vocab_size
     every = k == -1
+    name = token_id_placeholder if as_ids else tok.token_text
     for j, tid in enumerate(token_ids):
-        text = tok.token_text(tid)
+        text = name(tid)
         tokens.append(text)
         text_offset.append(offset)
         offset += len(text)
@@ -85,26 +99,29 @@ def completion_logprobs(tok: Tokenizer, token_ids: list[int], k: int, start_posi
             continue
         entries = step_logprobs(tid, start_position + j, vocab if every else max(k, 0), vocab, greedy)
         lps.append(entries[0][1])
-        tops.append({tok.token_text(t): lp for t, lp, _ in entries})
+        tops.append({name(t): lp for t, lp, _ in entries})
     return {"text_offset": text_offset, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
 
 
 def chat_logprobs(tok: Tokenizer, token_ids: list[int], k: int, start_position: int = 0,
-                  greedy: bool = False) -> dict[str, Any]:
+                  greedy: bool = False, as_ids: bool = False) -> dict[str, Any]:
     """`ChatCompletionLogProbs`: {"content": [{token, logprob, bytes, top_logprobs}]}; top_logprobs
-    are the first k entries of the position's dict (the chosen token first), as vLLM lists them."""
+    are the first k entries of the position's dict (the chosen token first), as vLLM lists them.
+    `as_ids`: tokens named by their ids (a sampled token's `bytes` stay its text's, the top entries'
+    are their names', as vLLM writes them)."""
     content = []
     vocab = tok.vocab_size
     k = vocab if k == -1 else max(k, 0)
+    name = token_id_placeholder if as_ids else tok.token_text
     for j, tid in enumerate(token_ids):
         entries = step_logprobs(tid, start_position + j, k, vocab, greedy)
         text = tok.token_text(tid)
         content.append({
-            "token": text,
+            "token": token_id_placeholder(tid) if as_ids else text,
             "logprob": entries[0][1],
             "bytes": list(tok.token_bytes(tid)) or list(text.encode()),
             "top_logprobs": [
-                {"token": (t := tok.token_text(a)), "logprob": v, "bytes": list(t.encode("utf-8", "replace"))}
+                {"token": (t := name(a)), "logprob": v, "bytes": list(t.encode("utf-8", "replace"))}
                 for a, v, _ in entries[:k]
             ],
         })

@@ -321,6 +321,7 @@ class _SamplingFields(_Base):
     kv_transfer_params: dict[str, Any] | None = None
     vllm_xargs: XArgs | None = None
     return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None  # logprobs name tokens `token_id:N` (None: the server's flag)
     allowed_token_ids: list[int] | None = None
     use_beam_search: bool = False
     structured_outputs: dict[str, Any] | None = None  # json / regex / choice / grammar / json_object

@@ -83,6 +83,12 @@ class ServeSettings:
     worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
     # --generation-config / --override-generation-config: what a request leaves unset takes
     sampling_defaults: SamplingDefaults = NO_DEFAULTS
+    # --default-chat-template-kwargs: the chat template's variables a request's chat_template_kwargs override
+    default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # --return-tokens-as-token-ids: logprobs name tokens `token_id:N` unless a request says otherwise
+    return_tokens_as_token_ids: bool = False
+    # --exclude-tools-when-tool-choice-none: a request with tool_choice "none" renders without its tools
+    exclude_tools_when_tool_choice_none: bool = False
 
     @property
     def model_name(self) -> str:

@@ -20,7 +20,7 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many
+from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many, tokens_as_ids
 from ..frontend.planned_output import attach_planned_ids
 from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import ChatCompletionRequest, RequestValueError, stop_list
@@ -205,16 +205,16 @@ class ChatServing(ServingBase):
             raise RequestValueError(str(e)) from None
         return self._finish_text(text, conv, continue_final_message)
 
-    @staticmethod
-    def _render_args(messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
+    def _render_args(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
                      chat_template_kwargs: dict[str, Any] | None,
                      tools: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The checked conversation and the template's extra variables."""
+        """The checked conversation and the template's extra variables (the request's over the
+        server's --default-chat-template-kwargs, as vLLM merges them)."""
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
         conv = normalize_messages(messages)
-        kwargs = dict(chat_template_kwargs or {})
+        kwargs = {**self.settings.default_chat_template_kwargs, **(chat_template_kwargs or {})}
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
             kwargs.pop(reserved, None)
         return conv, kwargs
@@ -241,6 +241,13 @@ class ChatServing(ServingBase):
             await self._handle(ctx, req, ctx.body)
         except RequestValueError as e:
             raise as_http_error(e) from None
+
+    def template_tools(self, req: ChatCompletionRequest) -> Any:
+        """The tools the chat template sees: none for tool_choice "none" under
+        --exclude-tools-when-tool-choice-none, as vLLM renders it."""
+        if req.tool_choice == "none" and self.settings.exclude_tools_when_tool_choice_none:
+            return None
+        return req.tools
 
     def _prepared_owner(self) -> tuple:
         """What a prepared request depends on besides its body: the tokenizer, its template and the
@@ -285,7 +292,7 @@ class ChatServing(ServingBase):
             req.messages, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, chat_template=req.chat_template,
             chat_template_kwargs=req.chat_template_kwargs, add_special_tokens=req.add_special_tokens,
-            tools=req.tools)
+            tools=self.template_tools(req))
         prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side, max_len)
         check_prompt_tokens(len(prompt_ids), max_len, from_text=True)
         limit = defaults.limit(len(prompt_ids), max_len, max_tokens)
@@ -372,7 +379,8 @@ class ChatServing(ServingBase):
         for i, st in enumerate(states):
             lp = None
             if req.logprobs:
-                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0, greedy=is_greedy(req))
+                lp = chat_logprobs(self.tokenizer, st.token_ids, req.top_logprobs or 0, greedy=is_greedy(req),
+                                   as_ids=tokens_as_ids(req, self.settings.return_tokens_as_token_ids))
             # vLLM 0.32's ChatMessage; an empty tool_calls list is left out, as vLLM's serializer does
             content: str | None = st.full_text()
             reasoning = "".join(st.reasoning) if st.think else None
@@ -485,6 +493,7 @@ class ChatStream(ChoiceStream):
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
         self.greedy = is_greedy(req)
+        self.as_ids = tokens_as_ids(req, settings.return_tokens_as_token_ids)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
@@ -572,7 +581,7 @@ class ChatStream(ChoiceStream):
         i, st, before, _, ids = applied
         chunk.append(b',"logprobs":')
         chunk.append(encode(chat_logprobs(self.tokenizer, list(ids), self.k, start_position=before,
-                                          greedy=self.greedy))
+                                          greedy=self.greedy, as_ids=self.as_ids))
                      if self.want_lp else b"null")
         ids_part = encode(list(ids)) if self.rti else b"null"
         finished = st.finished

@@ -15,7 +15,7 @@ from ..frontend.generation import (
     parse_dp_rank,
     random_hex,
 )
-from ..frontend.logprobs import completion_logprobs, prompt_logprobs_many
+from ..frontend.logprobs import completion_logprobs, prompt_logprobs_many, tokens_as_ids
 from ..frontend.protocol import MAX_CHOICES, CompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
     check_greedy_n,
@@ -198,11 +198,13 @@ class CompletionServing(ServingBase):
                          delta_ids: list[int], start: int, text_offset: int) -> dict[str, Any]:
         k = req.logprobs or 0
         greedy = is_greedy(req)
+        as_ids = tokens_as_ids(req, self.settings.return_tokens_as_token_ids)
         if echo:
             return completion_logprobs(self.tokenizer, p.ids + list(delta_ids), k, start_position=-len(p.ids),
-                                       initial_text_offset=text_offset, first_is_prompt_start=True, greedy=greedy)
+                                       initial_text_offset=text_offset, first_is_prompt_start=True, greedy=greedy,
+                                       as_ids=as_ids)
         return completion_logprobs(self.tokenizer, list(delta_ids), k, start_position=start,
-                                   initial_text_offset=text_offset, greedy=greedy)
+                                   initial_text_offset=text_offset, greedy=greedy, as_ids=as_ids)
 
     async def _full(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
                     prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
@@ -262,7 +264,8 @@ class CompletionServing(ServingBase):
                 lp = None
                 if req.logprobs is not None:
                     lp = completion_logprobs(self.tokenizer, p.ids, req.logprobs, start_position=-len(p.ids),
-                                             first_is_prompt_start=True)
+                                             first_is_prompt_start=True,
+                                             as_ids=tokens_as_ids(req, self.settings.return_tokens_as_token_ids))
                 c = choice_dict(pi * req.n + j, self._prompt_text(p), lp, "length", None)
                 if plp_k is not None:
                     c["prompt_logprobs"] = plps[pi]
@@ -309,6 +312,7 @@ class CompletionStream(ChoiceStream):
         super().__init__(states, engine_reqs, b"" if self.include_usage else tpl.fingerprint)
         self.want_lp = req.logprobs is not None
         self.greedy = is_greedy(req)
+        self.as_ids = tokens_as_ids(req, serving.settings.return_tokens_as_token_ids)
         self.rti = bool(req.return_token_ids)
         self.echo = bool(req.echo) or self.rti  # both hand the prompt ids out with the first chunk
         self.echo_text = bool(req.echo)
@@ -353,7 +357,7 @@ class CompletionStream(ChoiceStream):
                 lp_bytes = encode(completion_logprobs(self.serving.tokenizer, list(ids), self.req.logprobs or 0,
                                                       start_position=before,
                                                       initial_text_offset=self.text_lens[i] - len(text),
-                                                      greedy=self.greedy))
+                                                      greedy=self.greedy, as_ids=self.as_ids))
         else:  # the first chunk of an echoing choice carries the prompt (text and ids)
             self.echoed[i] = True
             p = self.prompts[i // self.n]

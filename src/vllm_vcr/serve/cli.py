@@ -73,6 +73,12 @@ HONOURED: dict[str, Honoured] = {
     "--trust-request-chat-template": Honoured("render a chat_template sent in a request (bounded); without it such "
                                               "requests get a 400, as vLLM"),
     "--response-role": Honoured("role of generated chat messages"),
+    "--default-chat-template-kwargs": Honoured("JSON object of chat template variables (e.g. '{\"enable_thinking\": "
+                                               "false}'); a request's chat_template_kwargs override them"),
+    "--exclude-tools-when-tool-choice-none": Honoured("a request with tool_choice \"none\" renders its prompt "
+                                                      "without its tools, as vLLM"),
+    "--return-tokens-as-token-ids": Honoured("logprobs name each token `token_id:N` (a request's "
+                                             "return_tokens_as_token_ids decides for itself)"),
     "--enable-force-include-usage": Honoured("usage chunk on every stream"),
     "--enable-prompt-tokens-details": Honoured("usage.prompt_tokens_details.cached_tokens (the prefix-cache hit)"),
     "--fingerprint-mode": Honoured("system_fingerprint: vllm-<version>-<hash8> (full/hash), --fingerprint-value, "

@@ -123,6 +123,9 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         gen_eos = generation_eos_ids(model_dir, generation_config)
     except ModelConfigError as e:
         raise CLIError(f"--generation-config: {e}") from None
+    template_kwargs = getattr(args, "default_chat_template_kwargs", None) or {}
+    if not isinstance(template_kwargs, dict):
+        raise CLIError(f"--default-chat-template-kwargs: must be a JSON object, got {template_kwargs!r}")
     override = getattr(args, "override_generation_config", None) or {}
     if not isinstance(override, dict):
         raise CLIError(f"--override-generation-config: must be a JSON object, got {override!r}")
@@ -220,6 +223,9 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
         data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),
         sampling_defaults=sampling_defaults,
+        default_chat_template_kwargs=dict(template_kwargs),
+        return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
+        exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 

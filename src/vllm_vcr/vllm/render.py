@@ -60,7 +60,8 @@ class RenderServing:
         _, ids = self.chat.render_prompt(req.messages, add_generation_prompt=req.add_generation_prompt,
                                          continue_final_message=req.continue_final_message,
                                          chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
-                                         add_special_tokens=req.add_special_tokens, tools=req.tools)
+                                         add_special_tokens=req.add_special_tokens,
+                                         tools=self.chat.template_tools(req))
         check_prompt_tokens(len(ids), max_len, from_text=True)
         limit = defaults.limit(len(ids), max_len, wanted)
         check_sampling(req, limit)

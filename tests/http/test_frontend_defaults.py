@@ -1,0 +1,58 @@
+"""Frontend flags of `vllm serve` a client sees: `--default-chat-template-kwargs` (the chat
+template's variables a request's `chat_template_kwargs` override), `--exclude-tools-when-tool-choice-none`
+and `--return-tokens-as-token-ids` (logprobs naming tokens `token_id:N`, a request's
+`return_tokens_as_token_ids` deciding for itself).
+tests/conformance compares both with the real frontends."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import openai
+
+TEMPLATE = ("{% if greeting is defined %}{{ greeting }} {% endif %}{% if tools %}tools: {{ tools | length }} "
+            "{% endif %}{% for m in messages %}{{ m['role'] }}: "
+            "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+PLACEHOLDER = re.compile(r"token_id:\d+")
+
+
+def test_template_defaults_and_token_id_logprobs(tmp_path, serve_process):
+    template = tmp_path / "greeting.jinja"
+    template.write_text(TEMPLATE)
+    sp = serve_process("--served-model-name", "m", "--mode", "echo", "--inter-token-latency", "0", "--time-to-first-token", "0",
+                       "--chat-template", str(template), "--default-chat-template-kwargs",
+                       json.dumps({"greeting": "hey"}), "--return-tokens-as-token-ids",
+                       "--exclude-tools-when-tool-choice-none")
+    client = openai.OpenAI(base_url=sp.url + "/v1", api_key="x", max_retries=0)
+    user = [{"role": "user", "content": "hi"}]
+
+    def echoed(**extra) -> str:
+        r = client.chat.completions.create(model="m", messages=user, max_tokens=6, extra_body={"ignore_eos": True,
+                                                                                              **extra})
+        return r.choices[0].message.content
+
+    assert echoed().startswith("hey user")  # the server's variable
+    assert echoed(chat_template_kwargs={"greeting": "yo"}).startswith("yo user")  # the request's wins
+    tokens = httpx.post(sp.url + "/tokenize", json={"model": "m", "messages": user}, timeout=30).json()
+    plain = httpx.post(sp.url + "/tokenize", json={"model": "m", "messages": user,
+                                                   "chat_template_kwargs": {"greeting": ""}}, timeout=30).json()
+    assert tokens["count"] > plain["count"]  # /tokenize renders with the server's variables too
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    assert not echoed(tools=[tool], tool_choice="none").startswith("hey tools")  # left out of the prompt
+
+    r = client.chat.completions.create(model="m", messages=user, max_tokens=3, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert all(PLACEHOLDER.fullmatch(c.token) for c in content)
+    assert all(PLACEHOLDER.fullmatch(t.token) and bytes(t.bytes).decode() == t.token
+               for c in content for t in c.top_logprobs)  # (a top entry's bytes are its name's)
+    r = client.chat.completions.create(model="m", messages=user, max_tokens=3, logprobs=True,
+                                       extra_body={"return_tokens_as_token_ids": False})
+    assert not any(PLACEHOLDER.fullmatch(c.token) for c in r.choices[0].logprobs.content)
+
+    c = client.completions.create(model="m", prompt="hello there", max_tokens=3, logprobs=2, echo=True)
+    lp = c.choices[0].logprobs
+    assert all(PLACEHOLDER.fullmatch(t) for t in lp.tokens)
+    assert all(PLACEHOLDER.fullmatch(k) for top in lp.top_logprobs[1:] for k in top)
+    assert [b - a for a, b in zip(lp.text_offset, lp.text_offset[1:])] == [len(t) for t in lp.tokens[:-1]]
