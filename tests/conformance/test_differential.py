@@ -1139,14 +1139,16 @@ def _stream_logprobs(events: list) -> dict:
 
 
 def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
-    """`--chat-template FILE --default-chat-template-kwargs --return-tokens-as-token-ids`: the
-    template's variables a request leaves to the server, and logprobs naming tokens by id (a
-    request's `return_tokens_as_token_ids` deciding for itself), against the real frontend."""
+    """`--chat-template FILE --default-chat-template-kwargs --return-tokens-as-token-ids
+    --exclude-tools-when-tool-choice-none --disable-fastapi-docs`: the template's variables a
+    request leaves to the server, its tools for tool_choice "none", logprobs naming tokens by id (a
+    request's `return_tokens_as_token_ids` deciding for itself) and the docs pages, against the
+    real frontend."""
     folder = tmp_path_factory.mktemp("template")
     (folder / "greeting.jinja").write_text(GREETING_TEMPLATE)
     args = ["--chat-template", str(folder / "greeting.jinja"), "--default-chat-template-kwargs",
             json.dumps({"greeting": "hey"}), "--return-tokens-as-token-ids",
-            "--exclude-tools-when-tool-choice-none"]
+            "--exclude-tools-when-tool-choice-none", "--disable-fastapi-docs"]
     real_st = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=args)
     answers = {}
     try:
@@ -1165,6 +1167,11 @@ def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
                     findings += [f"{name}: {d}" for d in diff(_rounded(la), _rounded(lb), "$logprobs")]
                     continue
                 findings += _compare(name, body, (sa, _rounded(a)), (sb, _rounded(b)), vllm_version)
+            for page in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):  # (gone: 404 on both)
+                ra, rb = (httpx.get(base + page, timeout=60) for base in (real_st.base_url, sim_st["base_url"]))
+                if (ra.status_code, ra.text) != (rb.status_code, rb.text):
+                    findings.append(f"page {page}: {ra.status_code} {ra.text[:80]!r} in real, "
+                                    f"{rb.status_code} {rb.text[:80]!r} in serve")
         finally:
             sim_st["proc"].stop()
     finally:

@@ -56,3 +56,11 @@ def test_template_defaults_and_token_id_logprobs(tmp_path, serve_process):
     assert all(PLACEHOLDER.fullmatch(t) for t in lp.tokens)
     assert all(PLACEHOLDER.fullmatch(k) for top in lp.top_logprobs[1:] for k in top)
     assert [b - a for a, b in zip(lp.text_offset, lp.text_offset[1:])] == [len(t) for t in lp.tokens[:-1]]
+
+
+def test_disable_fastapi_docs_removes_the_docs_pages(serve_process):
+    on = serve_process("--inter-token-latency", "0")
+    off = serve_process("--inter-token-latency", "0", "--disable-fastapi-docs")
+    for page in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):
+        assert httpx.get(on.url + page, timeout=30).status_code == 200
+        assert httpx.get(off.url + page, timeout=30).status_code == 404

@@ -28,6 +28,7 @@ class RouteConfig:
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1
     runtime_lora: bool = False  # VLLM_ALLOW_RUNTIME_LORA_UPDATING=1
     load_tracking: bool = False  # --enable-server-load-tracking
+    fastapi_docs: bool = True  # not --disable-fastapi-docs
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ POOLING = Gate("`--runner pooling`", lambda c: c.runner == "pooling")
 SCALE_OUT = Gate("`--enable-scale-out` / `--tokens-only`", lambda c: c.scale_out)
 DEV_MODE = Gate("`VLLM_SERVER_DEV_MODE=1`", lambda c: c.dev_mode)
 RUNTIME_LORA = Gate("`VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`", lambda c: c.runtime_lora)
+DOCS = Gate("unless `--disable-fastapi-docs`", lambda c: c.fastapi_docs)
 
 
 def engine_type_gate(name: str) -> Gate:

@@ -28,6 +28,7 @@ class ServeExtensions:
     pooling: PoolingConfig = field(default_factory=PoolingConfig)
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE
     load_tracking: bool = False  # --enable-server-load-tracking
+    fastapi_docs: bool = True  # not --disable-fastapi-docs: /openapi.json, /docs, /redoc
     server_load: int = 0  # GET /load: in-flight requests of the tracked routes
     engine_args: Any = None  # for /server_info
     adapters: LoRAAdapters | None = None
@@ -41,7 +42,8 @@ class ServeExtensions:
         env = os.environ if environ is None else environ
         return cls(lora=LoRAConfig.from_cli(args, env), sleep=SleepConfig.from_cli(args),
                    pooling=PoolingConfig.from_cli(args), dev_mode=env_flag(env, "VLLM_SERVER_DEV_MODE"),
-                   load_tracking=bool(getattr(args, "enable_server_load_tracking", False)))
+                   load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
+                   fastapi_docs=not getattr(args, "disable_fastapi_docs", False))
 
     @property
     def generate(self) -> bool:

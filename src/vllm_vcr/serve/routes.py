@@ -22,7 +22,8 @@ def route_config(settings: Any, extensions: Any) -> RouteConfig:
     return RouteConfig(engine_type=settings.engine_type,
                        runner="pooling" if extensions.pooling.enabled else "generate",
                        scale_out=bool(settings.scale_out), dev_mode=extensions.dev_mode,
-                       runtime_lora=extensions.lora.runtime_updating, load_tracking=extensions.load_tracking)
+                       runtime_lora=extensions.lora.runtime_updating, load_tracking=extensions.load_tracking,
+                       fastapi_docs=extensions.fastapi_docs)
 
 
 def _methods(route: Route) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..http.routes import DEV_MODE, GENERATE, RUNTIME_LORA, SCALE_OUT, Family, Route, RouteConfig
+from ..http.routes import DEV_MODE, DOCS, GENERATE, RUNTIME_LORA, SCALE_OUT, Family, Route, RouteConfig
 from .basics import BasicServing
 from .management import Management
 from .rl import DevRoutes
@@ -53,7 +53,7 @@ FAMILY = Family("vllm", services=services, about="vLLM's own routes", routes=(
           doc='`{"version": "0.32.0", "vllm_vcr_version": ...}`: the vLLM release whose API is reproduced'),
     Route("/metrics", ("GET", "POST", "HEAD"), lambda a: a.basics.metrics,
           doc="Prometheus ([metrics.md](metrics.md)); HEAD answers no body", unlisted_methods=("POST", "HEAD")),
-    Route("/openapi.json", ("GET",), lambda a: a.openapi, in_schema=False,
+    Route("/openapi.json", ("GET",), lambda a: a.openapi, DOCS, in_schema=False,
           doc="the OpenAPI 3.1 description of the served routes"),
     Route("/invocations", ("POST",), lambda a: a.basics.invocations, generation=True,
           doc="SageMaker: chat or completion by the body's shape"),
@@ -76,10 +76,10 @@ FAMILY = Family("vllm", services=services, about="vLLM's own routes", routes=(
     _dev("/server_info", "GET", "server_info", _OPS),
     Route("/kv_event_sources", ("GET",), lambda a: a.dev.kv_event_sources,
           doc="each engine's KV-event publisher config by DP rank (`{}` without KV events)"),
-    Route("/docs", ("GET",), lambda a: a.basics.docs, in_schema=False, doc="Swagger UI over `/openapi.json`"),
-    Route("/docs/oauth2-redirect", ("GET",), lambda a: a.basics.oauth2_redirect, in_schema=False,
+    Route("/docs", ("GET",), lambda a: a.basics.docs, DOCS, in_schema=False, doc="Swagger UI over `/openapi.json`"),
+    Route("/docs/oauth2-redirect", ("GET",), lambda a: a.basics.oauth2_redirect, DOCS, in_schema=False,
           doc="Swagger UI's OAuth2 redirect page"),
-    Route("/redoc", ("GET",), lambda a: a.basics.redoc, in_schema=False, doc="ReDoc over `/openapi.json`"),
+    Route("/redoc", ("GET",), lambda a: a.basics.redoc, DOCS, in_schema=False, doc="ReDoc over `/openapi.json`"),
     _rl("/collective_rpc", "POST", "collective_rpc", "RPC into the workers: vLLM's checks, then a 500 (no workers)"),
     _rl("/abort_requests", "POST", "abort_requests", "abort the named requests (`request_ids`) or all in flight"),
     _rl("/get_world_size", "GET", "get_world_size", "TP x PP (x DP with `include_dp`)"),
