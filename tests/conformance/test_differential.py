@@ -234,6 +234,12 @@ CASES = {
     "completion_stream_interval": ("/v1/completions", {"prompt": "a b c d e f g h i j k l", "max_tokens": 9,
                                                        "stream": True, "stream_interval": 3}),
     "chat": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 6}),
+    # a template without the developer role: vLLM renders developer messages as one system message first
+    "chat_developer_role": ("/v1/chat/completions", {"messages": [
+        {"role": "developer", "content": "Be brief."}, *USER], "max_tokens": 40, "ignore_eos": True}),
+    "chat_developer_merged": ("/v1/chat/completions", {"messages": [
+        {"role": "system", "content": "A."}, *USER, {"role": "developer", "content": [
+            {"type": "text", "text": "B."}, {"type": "text", "text": "C."}]}], "max_tokens": 60, "ignore_eos": True}),
     "chat_stream": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 6, "stream": True,
                                              "stream_options": {"include_usage": True}}),
     "too_long": ("/v1/completions", {"prompt": "x", "max_tokens": 5000}),

@@ -95,6 +95,22 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def developer_as_system(conv: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:
+    """vLLM's rule for a template that never names the developer role: each developer message
+    becomes a system message (its tools dropped), and the system messages then merge into one,
+    first, when one stood later or there were several (their texts joined by a blank line)."""
+    if template is None or '"developer"' in template or "'developer'" in template \
+            or not any(m.get("role") == "developer" for m in conv):
+        return conv
+    conv = [{k: v for k, v in m.items() if k != "tools"} | {"role": "system"} if m.get("role") == "developer" else m
+            for m in conv]
+    systems = [i for i, m in enumerate(conv) if m.get("role") == "system"]
+    if not systems or systems == [0]:
+        return conv
+    merged = {"role": "system", "content": "\n\n".join(c for i in systems if (c := conv[i].get("content") or ""))}
+    return [merged, *(m for m in conv if m.get("role") != "system")]
+
+
 def _untokenizable(e: Exception) -> RequestValueError:
     return RequestValueError(f"cannot tokenize the prompt: {e}", "messages")
 
@@ -129,7 +145,8 @@ class ChatServing(ServingBase):
 
         render = dict(add_generation_prompt=kw["add_generation_prompt"],
                       continue_final_message=kw.get("continue_final_message", False), tools=kw.get("tools"))
-        conv, kwargs = self._render_args(messages, chat_template_kwargs=chat_template_kwargs, **render)
+        conv, kwargs = self._render_args(messages, chat_template_kwargs=chat_template_kwargs,
+                                         template=getattr(chat_template, "source", chat_template), **render)
         try:  # compiled and rendered in a worker process, under the time and memory bounds
             text = await render_isolated(chat_template, conv, add_generation_prompt=render["add_generation_prompt"],
                                          bos_token=self.tokenizer.bos_token or "",
@@ -193,9 +210,11 @@ class ChatServing(ServingBase):
     def render_text(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
                     continue_final_message: bool, chat_template: Any,
                     chat_template_kwargs: dict[str, Any] | None, tools: Any = None) -> str:
+        template = chat_template if chat_template is not None else self.tokenizer.chat_template
         conv, kwargs = self._render_args(messages, add_generation_prompt=add_generation_prompt,
                                          continue_final_message=continue_final_message,
-                                         chat_template_kwargs=chat_template_kwargs, tools=tools)
+                                         chat_template_kwargs=chat_template_kwargs, tools=tools,
+                                         template=getattr(template, "source", template))
         try:
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
                                                       chat_template=chat_template, tools=tools, **kwargs)
@@ -206,14 +225,15 @@ class ChatServing(ServingBase):
         return self._finish_text(text, conv, continue_final_message)
 
     def _render_args(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
-                     chat_template_kwargs: dict[str, Any] | None,
-                     tools: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The checked conversation and the template's extra variables (the request's over the
+                     chat_template_kwargs: dict[str, Any] | None, tools: Any = None,
+                     template: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The checked conversation (developer messages as vLLM gives them to `template`, the
+        source that renders it) and the template's extra variables (the request's over the
         server's --default-chat-template-kwargs, as vLLM merges them)."""
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
-        conv = normalize_messages(messages)
+        conv = developer_as_system(normalize_messages(messages), template)
         kwargs = {**self.settings.default_chat_template_kwargs, **(chat_template_kwargs or {})}
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
             kwargs.pop(reserved, None)
