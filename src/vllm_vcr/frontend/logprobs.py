@@ -10,6 +10,7 @@ fall strictly with the rank. Under greedy sampling the chosen token is always ra
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
 from .tokenizer import Tokenizer
@@ -26,12 +27,21 @@ def _rank(token_id: int, position: int, greedy: bool) -> int:
     return 1 if h < 10 else 2 if h < 13 else 3 if h < 14 else 4 if h < 15 else 9
 
 
+_F32 = struct.Struct("f")
+
+
+def _float32(v: float) -> float:
+    """The value a float32 holds (a real engine's logprobs are float32 tensors: -1.264 reaches a
+    client as -1.2640000581741333)."""
+    return _F32.unpack(_F32.pack(v))[0]
+
+
 def _ladder(token_id: int, position: int, n: int) -> list[float]:
-    """n strictly falling logprobs for ranks 1..n."""
+    """n strictly falling logprobs for ranks 1..n, as float32 values."""
     lp = -round(((token_id * _MULT + position * 40503) % 1500) / 1000.0, 4)
     out = []
     for j in range(n):
-        out.append(lp)
+        out.append(_float32(lp))
         lp = round(lp - 0.25 - (((token_id + j) * _MULT) % 1000) / 1000.0, 4)
     return out
 
