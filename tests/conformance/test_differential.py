@@ -1184,3 +1184,37 @@ def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
     assert not answers["defaults_chat_logprobs_text"]["choices"][0]["logprobs"]["content"][0]["token"].startswith(
         "token_id:")
     _check(findings, vllm_version)
+
+
+def _sse_blocks(base: str, path: str, body: dict) -> list[str]:
+    """A stream's SSE blocks as sent, comments included."""
+    with httpx.stream("POST", base + path, json=body, timeout=60) as r:
+        return [b.strip() for b in r.read().decode().split("\n\n") if b.strip()]
+
+
+def test_sse_keep_alive_same_comments(vllm_version, tmp_path_factory):
+    """`--sse-keep-alive-interval 1` with a 2.5 s TTFT: both sides send vLLM's `: keep-alive`
+    comment while a chat or completion stream waits for its first token, then the same events."""
+    args = ["--sse-keep-alive-interval", "1"]
+    slow = [*ENGINE_FLAGS, "--time-to-first-token", "2500"]
+    real_st = peers.start_stack(vllm_version, play_args=slow, frontend_args=args)
+    try:
+        sim_st = _start_sim(tmp_path_factory, [*args, "--time-to-first-token", "2500"])
+        try:
+            findings = []
+            for path, body in (("/v1/chat/completions", {"messages": USER, "max_tokens": 3}),
+                               ("/v1/completions", {"prompt": "hello there", "max_tokens": 3})):
+                body = {"model": real_st.model, **body, "stream": True}
+                got = [_sse_blocks(base, path, body) for base in (real_st.base_url, sim_st["base_url"])]
+                for side, blocks in zip(("real", "serve"), got):
+                    comments = [b for b in blocks if b.startswith(":")]
+                    if not comments or set(comments) != {": keep-alive"} or not blocks[0].startswith(":"):
+                        findings.append(f"{path}: {side} sent no leading keep-alive comment: {blocks[:3]}")
+                events = [[json.loads(b[6:]) if b != "data: [DONE]" else "[DONE]" for b in blocks
+                           if b.startswith("data: ")] for blocks in got]
+                findings += [f"{path}: {d}" for d in diff(merge_stream(events[0]), merge_stream(events[1]))]
+        finally:
+            sim_st["proc"].stop()
+    finally:
+        real_st.stop()
+    _check(findings, vllm_version)

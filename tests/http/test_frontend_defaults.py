@@ -64,3 +64,17 @@ def test_disable_fastapi_docs_removes_the_docs_pages(serve_process):
     for page in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"):
         assert httpx.get(on.url + page, timeout=30).status_code == 200
         assert httpx.get(off.url + page, timeout=30).status_code == 404
+
+
+def test_sse_keep_alive_comments_while_idle(serve_process):
+    """`--sse-keep-alive-interval 1`: `: keep-alive` while a stream waits for its first token; the
+    openai SDK reads past it."""
+    sp = serve_process("--served-model-name", "m", "--time-to-first-token", "2200", "--inter-token-latency", "0",
+                       "--sse-keep-alive-interval", "1")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", sp.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        blocks = [b for b in r.read().decode().split("\n\n") if b]
+    assert blocks[0] == ": keep-alive" and blocks[-1] == "data: [DONE]"
+    client = openai.OpenAI(base_url=sp.url + "/v1", api_key="x", max_retries=0)
+    chunks = list(client.completions.create(model="m", prompt="hi", max_tokens=2, stream=True))
+    assert sum(len(c.choices[0].text) > 0 for c in chunks if c.choices) >= 1

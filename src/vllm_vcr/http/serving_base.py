@@ -77,6 +77,7 @@ class ServeSettings:
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     stream_interval: int = 1
+    sse_keep_alive_interval: float = 0.0  # --sse-keep-alive-interval: an SSE comment per idle interval (s)
     max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: admission limit (vLLM's 503 beyond)
     data_parallel_rank: int = 0  # --data-parallel-rank: the first engine's index in /metrics
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes

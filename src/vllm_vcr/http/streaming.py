@@ -14,6 +14,8 @@ An endpoint supplies a renderer (sync: `feed(out)` turns one engine output into 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import weakref
 from array import array
 from collections import deque
@@ -240,12 +242,17 @@ def merge_outputs(first: EngineCoreOutput, then: EngineCoreOutput) -> EngineCore
     return merged
 
 
+KEEP_ALIVE = b": keep-alive\n\n"  # vLLM's SSE comment for an idle stream (--sse-keep-alive-interval)
+
+
 async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[EngineCoreRequest],
-                          renderer: ChoiceStream, interval: int = 1) -> None:
+                          renderer: ChoiceStream, interval: int = 1, keep_alive: float = 0.0) -> None:
+    """`keep_alive` > 0: an SSE comment after every `keep_alive` seconds without a chunk (the
+    outputs are then read by this task, not pushed into the socket by the engine's step)."""
     w = SSEWriter(ctx.send)
     # the server's own send (below any header-adding wrapper) writes to the transport directly
     raw_send = ctx.scope.get("vllm_vcr.send", ctx.send)
-    pushed = len(engine_reqs) == 1 and hasattr(engine, "push")
+    pushed = len(engine_reqs) == 1 and hasattr(engine, "push") and not keep_alive > 0
     # headers go out at once, as vLLM's StreamingResponse does (straight to the transport when
     # only an observer of the head wraps the server's send; then the end goes the same way)
     direct = direct_ends = w.start_direct(raw_send) if pushed else None
@@ -258,7 +265,7 @@ async def stream_response(ctx: RequestContext, engine: Any, engine_reqs: list[En
         if direct is not None:
             await _pushed(engine, engine_reqs[0], renderer, feed, direct, w)
         else:
-            await _pulled(engine, engine_reqs, renderer, feed, w)
+            await _pulled(engine, engine_reqs, renderer, feed, w, keep_alive)
     except Exception as e:
         if type(e).__name__ not in ENGINE_GONE:
             raise
@@ -311,15 +318,43 @@ async def _pushed(engine: Any, request: EngineCoreRequest, renderer: ChoiceStrea
 
 
 async def _pulled(engine: Any, engine_reqs: list[EngineCoreRequest], renderer: ChoiceStream,
-                  feed: Callable[[EngineCoreOutput], bytes], w: SSEWriter) -> None:
+                  feed: Callable[[EngineCoreOutput], bytes], w: SSEWriter, keep_alive: float = 0.0) -> None:
     async with OutputStream(engine, engine_reqs) as stream:
         renderer.cancel = stream.cancel
-        async for out in stream:
-            data = feed(out)
-            if data:
-                await w.write(data)
-            if renderer.done:
+        outputs = _kept_alive(stream, keep_alive, w) if keep_alive > 0 else stream
+        try:
+            async for out in outputs:
+                data = feed(out)
+                if data:
+                    await w.write(data)
+                if renderer.done:
+                    return
+        finally:
+            if outputs is not stream:
+                await outputs.aclose()  # (its pending read cancelled now, not when collected)
+
+
+async def _kept_alive(stream: Any, interval: float, w: SSEWriter) -> Any:
+    """The stream's outputs; meanwhile an SSE comment whenever `interval` seconds pass without a
+    chunk written (one pending read of the stream, never cancelled by a timeout)."""
+    outputs = aiter(stream)
+    reading = asyncio.ensure_future(anext(outputs))
+    try:
+        while True:
+            done, _ = await asyncio.wait((reading,), timeout=interval)
+            if not done:
+                await w.write(KEEP_ALIVE)
+                continue
+            try:
+                out = reading.result()
+            except StopAsyncIteration:
                 return
+            yield out
+            reading = asyncio.ensure_future(anext(outputs))
+    finally:
+        reading.cancel()
+        with contextlib.suppress(BaseException):
+            await reading
 
 
 class SteadyReader:

@@ -459,7 +459,8 @@ class ChatServing(ServingBase):
         else:
             renderer = ChatStream(self, req, rid, created, model, role, echo_text, prompt_ids, states, engine_reqs)
         await stream_response(ctx, self.engine, engine_reqs, renderer,
-                              max(req.stream_interval or 1, self.settings.stream_interval))
+                              max(req.stream_interval or 1, self.settings.stream_interval),
+                              self.settings.sse_keep_alive_interval)
 
 
 CACHE_DETAILS_KEY = "vllm_vcr_cache_details"  # set by adapters (chat_bridge) that always need cached_tokens

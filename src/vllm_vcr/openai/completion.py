@@ -291,7 +291,8 @@ class CompletionServing(ServingBase):
                       prompts: list[Prompt], states: list[SequenceState], engine_reqs: list[EngineCoreRequest]) -> None:
         renderer = CompletionStream(self, req, rid, created, model, prompts, states, engine_reqs)
         await stream_response(ctx, self.engine, engine_reqs, renderer,
-                              max(req.stream_interval or 1, self.settings.stream_interval))
+                              max(req.stream_interval or 1, self.settings.stream_interval),
+                              self.settings.sse_keep_alive_interval)
 
 
 class CompletionStream(ChoiceStream):

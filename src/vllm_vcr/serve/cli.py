@@ -77,6 +77,8 @@ HONOURED: dict[str, Honoured] = {
                                                "false}'); a request's chat_template_kwargs override them"),
     "--exclude-tools-when-tool-choice-none": Honoured("a request with tool_choice \"none\" renders its prompt "
                                                       "without its tools, as vLLM"),
+    "--sse-keep-alive-interval": Honoured("an SSE comment line (`: keep-alive`) whenever a chat or completion "
+                                          "stream has been idle this many seconds (0: never), as vLLM"),
     "--disable-fastapi-docs": Honoured("no /openapi.json, /docs or /redoc (404), as vLLM"),
     "--return-tokens-as-token-ids": Honoured("logprobs name each token `token_id:N` (a request's "
                                              "return_tokens_as_token_ids decides for itself)"),

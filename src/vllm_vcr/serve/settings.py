@@ -220,6 +220,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         allowed_headers=list(getattr(args, "allowed_headers", None) or ["*"]),
         allow_credentials=bool(getattr(args, "allow_credentials", False)),
         stream_interval=int(getattr(args, "stream_interval", 1) or 1),
+        sse_keep_alive_interval=float(getattr(args, "sse_keep_alive_interval", 0) or 0),
         max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
         data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),
         sampling_defaults=sampling_defaults,
@@ -231,7 +232,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
 
 
 # vLLM's types accept any int for these; values the simulator cannot run with fail here, naming the flag
-_AT_LEAST = {"port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1, "stream_interval": 1,
+_AT_LEAST = {"sse_keep_alive_interval": 0, "port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1, "stream_interval": 1,
              "renderer_num_workers": 1, "max_num_queued_reqs": 0, "data_parallel_rank": 0, "data_parallel_size": 1,
              "kv_cache_memory_bytes": 1}
 
