@@ -1218,3 +1218,57 @@ def test_sse_keep_alive_same_comments(vllm_version, tmp_path_factory):
     finally:
         real_st.stop()
     _check(findings, vllm_version)
+
+
+PER_REQUEST_CASES = {
+    "metrics_chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": 5, "ignore_eos": True}),
+    "metrics_chat_one_token": ("/v1/chat/completions", {"messages": USER, "max_tokens": 1}),
+    "metrics_chat_n2": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "n": 2}),
+    "metrics_chat_stream": ("/v1/chat/completions", {"messages": USER, "max_tokens": 5, "ignore_eos": True,
+                                                     "stream": True, "stream_options": {"include_usage": True}}),
+    "metrics_chat_stream_no_usage": ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "stream": True}),
+    "metrics_completion": ("/v1/completions", {"prompt": "hello there", "max_tokens": 4, "ignore_eos": True}),
+    "metrics_completion_two_prompts": ("/v1/completions", {"prompt": ["a b", "c d"], "max_tokens": 2}),
+    "metrics_completion_stream": ("/v1/completions", {"prompt": "hello there", "max_tokens": 4, "stream": True,
+                                                      "stream_options": {"include_usage": True}}),
+    "metrics_completion_stop_string": ("/v1/completions", {"prompt": "one two three four", "max_tokens": 30,
+                                                           "stop": ["three"]}),
+}
+
+
+def _timing_values(answer: object) -> object:
+    """A response with its per-request metrics' numbers as 0.0 (which fields, null or not, stay)."""
+    def zeroed(m):
+        return {k: None if v is None else 0.0 for k, v in m.items()} if isinstance(m, dict) else m
+
+    if isinstance(answer, dict):
+        return {**answer, "metrics": zeroed(answer["metrics"])} if "metrics" in answer else answer
+    if isinstance(answer, list):
+        return [_timing_values(e) for e in answer]
+    return answer
+
+
+def test_per_request_metrics_same_fields(vllm_version, tmp_path_factory):
+    """`--enable-per-request-metrics`: the same `metrics` fields on both sides (non-streamed bodies,
+    a stream's usage chunk; none for n > 1 or several prompts), their values from each side's own
+    clock: TTFT, decode time and mean ITL as the engine's timestamps give them."""
+    args = ["--enable-per-request-metrics"]
+    real_st = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=args)
+    answers = {}
+    try:
+        sim_st = _start_sim(tmp_path_factory, args)
+        try:
+            findings = []
+            for name, (path, body) in PER_REQUEST_CASES.items():
+                body = {"model": real_st.model, **body}
+                (sa, a), (sb, b) = post(real_st.base_url, path, body), post(sim_st["base_url"], path, body)
+                answers[name] = b
+                findings += _compare(name, body, (sa, _timing_values(a)), (sb, _timing_values(b)), vllm_version)
+        finally:
+            sim_st["proc"].stop()
+    finally:
+        real_st.stop()
+    m = answers["metrics_chat"]["metrics"]
+    assert m["time_to_first_token_ms"] > 0 and m["mean_itl_ms"] > 0 and m["tokens_per_second"] > 0
+    assert answers["metrics_chat_n2"]["metrics"] is None
+    _check(findings, vllm_version)

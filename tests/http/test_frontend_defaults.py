@@ -78,3 +78,19 @@ def test_sse_keep_alive_comments_while_idle(serve_process):
     client = openai.OpenAI(base_url=sp.url + "/v1", api_key="x", max_retries=0)
     chunks = list(client.completions.create(model="m", prompt="hi", max_tokens=2, stream=True))
     assert sum(len(c.choices[0].text) > 0 for c in chunks if c.choices) >= 1
+
+
+def test_per_request_metrics_from_the_engine_timestamps(serve_process):
+    """`--enable-per-request-metrics`: a response's `metrics` (vLLM's PerRequestMetrics) from the
+    engine's own timestamps: the decode paced at the configured ITL, the first token at the TTFT."""
+    sp = serve_process("--served-model-name", "m", "--time-to-first-token", "100", "--inter-token-latency", "20",
+                       "--enable-per-request-metrics")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "ignore_eos": True}
+    m = httpx.post(sp.url + "/v1/chat/completions", json=body, timeout=60).json()["metrics"]
+    assert 19.0 <= m["mean_itl_ms"] <= 500 and 99.0 <= m["generation_time_ms"] <= 2500  # 5 gaps of >= 20 ms
+    assert 0 < m["time_to_first_token_ms"] <= 2000 and m["queue_time_ms"] >= 0 and m["tokens_per_second"] > 0
+    assert httpx.post(sp.url + "/v1/chat/completions", json={**body, "n": 2}, timeout=60).json()["metrics"] is None
+    client = openai.OpenAI(base_url=sp.url + "/v1", api_key="x", max_retries=0)
+    chunks = list(client.chat.completions.create(model="m", messages=body["messages"], max_tokens=3, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].model_extra["metrics"]["mean_itl_ms"] >= 19.0

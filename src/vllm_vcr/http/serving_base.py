@@ -77,6 +77,7 @@ class ServeSettings:
     allowed_headers: list[str] = field(default_factory=lambda: ["*"])
     allow_credentials: bool = False
     stream_interval: int = 1
+    per_request_metrics: bool = False  # --enable-per-request-metrics: a response's `metrics`
     sse_keep_alive_interval: float = 0.0  # --sse-keep-alive-interval: an SSE comment per idle interval (s)
     max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: admission limit (vLLM's 503 beyond)
     data_parallel_rank: int = 0  # --data-parallel-rank: the first engine's index in /metrics
@@ -246,6 +247,13 @@ class ServingBase:
         self._names = frozenset(settings.served_model_names)
         self.vocab_limit = settings.vocab_limit or tokenizer.vocab_size
 
+    def request_metrics(self, engine_reqs: list[Any], num_generation_tokens: int) -> dict[str, Any] | None:
+        """A response's `metrics` under --enable-per-request-metrics: vLLM's PerRequestMetrics of
+        its one sequence (None for several, n > 1 or prompts, as vLLM leaves them out)."""
+        if not self.settings.per_request_metrics or len(engine_reqs) != 1 or self.metrics is None:
+            return None
+        return self.metrics.request_timings(engine_reqs[0].request_id, num_generation_tokens)
+
     async def run_to_end(self, ctx: "RequestContext", states: list, engine_reqs: list) -> bool:
         """Drive every sequence of a non-streaming request to its end (stop strings abort theirs in
         the engine). False when an error response has already been sent."""
@@ -340,6 +348,8 @@ def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None
     them, "stop" when a string matched, as vLLM counts them) and client disconnects (aborted)."""
     if metrics is None:
         return
+    if getattr(metrics, "keep_request_timings", False):  # (a response that never took its request's timings)
+        metrics.forget_timings(r.request_id for r in engine_reqs)
     for r, st in zip(engine_reqs, states):
         if not st.finished:
             metrics.on_request_aborted(r.request_id)

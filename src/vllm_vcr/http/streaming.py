@@ -70,6 +70,7 @@ class ChoiceStream:
 
     def __init__(self, states: list[Any], engine_reqs: list[EngineCoreRequest], fp_part: bytes) -> None:
         self.states = states  # one SequenceState per choice, in engine_reqs' order
+        self.engine_reqs = engine_reqs
         self.total = len(states)
         self.single = self.total == 1
         # choice index by engine request id (one choice needs none)

@@ -437,7 +437,8 @@ class ChatServing(ServingBase):
                                 if self.settings.reasoning_parser else None),
             "prompt_logprobs": plp,
             "prompt_token_ids": prompt_ids if rti else None, "prompt_text": None,
-            "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None, "metrics": None,
+            "kv_transfer_params": states[0].kv_transfer_params, "ec_transfer_params": None,
+            "metrics": self.request_metrics(engine_reqs, completion_tokens),
         }
         ctx.finishing = True
         await send_bytes(ctx.send, 200, encode(body))
@@ -620,8 +621,9 @@ class ChatStream(ChoiceStream):
             return b""
         states = self.states
         completion_tokens = sum(s.num_tokens for s in states)
+        metrics = self.serving.request_metrics(self.engine_reqs, completion_tokens)
         if not (self.settings.reasoning_parser or self.settings.prompt_tokens_details
-                or wants_cache_details(self.req)):  # the usual shape: the three counts only
+                or wants_cache_details(self.req)) and metrics is None:  # the usual shape: the three counts only
             pl = self.prompt_len
             return self.template.usage_counts_format() % (pl, pl + completion_tokens, completion_tokens)
         usage = usage_dict(self.prompt_len, completion_tokens,
@@ -629,7 +631,7 @@ class ChatStream(ChoiceStream):
                                                        wants_cache_details(self.req)))
         if self.settings.reasoning_parser:
             usage["completion_tokens_details"] = {"reasoning_tokens": sum(x.reasoning_tokens for x in states)}
-        return self.template.usage_chunk(usage)
+        return self.template.usage_chunk(usage, metrics)
 
 
 class ToolChatStream(ToolCallStreamMixin, ChatStream):

@@ -48,11 +48,12 @@ class ChunkTemplate:
         return (self.prefix + b',"choices":[' + encode(choice) + b"]" + (self.fingerprint if last else b"")
                 + b"}\n\n")
 
-    def usage_chunk(self, usage: dict[str, Any]) -> bytes:
+    def usage_chunk(self, usage: dict[str, Any], metrics: dict[str, Any] | None = None) -> bytes:
         """The trailing usage chunk (`stream_options.include_usage`): no choices, the usage
-        without its null fields, then the fingerprint."""
-        return (self.prefix + b',"choices":[],"usage":' + encode(_drop_none(usage)) + self.fingerprint
-                + b"}\n\n")
+        without its null fields, then the fingerprint and the per-request `metrics` (its null
+        fields dropped too)."""
+        tail = b"}\n\n" if metrics is None else b',"metrics":' + encode(_drop_none(metrics)) + b"}\n\n"
+        return self.prefix + b',"choices":[],"usage":' + encode(_drop_none(usage)) + self.fingerprint + tail
 
     def usage_counts_format(self) -> bytes:
         """`usage_chunk`'s bytes for a usage of the three counts only, as a `%`-format of the

@@ -238,7 +238,8 @@ class CompletionServing(ServingBase):
         # vLLM reports the cache hit of the last prompt's output
         details = self.prompt_details(states[-1].cached_tokens)
         body = response_dict(rid, created, model, choices, self.settings.system_fingerprint,
-                             usage_dict(prompt_tokens, completion_tokens, details), states[0].kv_transfer_params)
+                             usage_dict(prompt_tokens, completion_tokens, details), states[0].kv_transfer_params,
+                             self.request_metrics(engine_reqs, completion_tokens))
         ctx.finishing = True
         await send_bytes(ctx.send, 200, encode(body))
 
@@ -275,7 +276,8 @@ class CompletionServing(ServingBase):
         fp = self.settings.system_fingerprint
         ctx.finishing = True
         if not req.stream:
-            await send_bytes(ctx.send, 200, encode(response_dict(rid, created, model, choices, fp, usage, None)))
+            await send_bytes(ctx.send, 200, encode(response_dict(
+                rid, created, model, choices, fp, usage, None, self.request_metrics(engine_reqs, usage["completion_tokens"]))))
             return
         w = SSEWriter(ctx.send)
         inc, _ = include_usage_flags(req, self.settings.force_include_usage)
@@ -284,7 +286,7 @@ class CompletionServing(ServingBase):
         parts = [tpl.chunk({**stream_choice(c), "prompt_token_ids": prompts[k // req.n].ids}, last=not inc)
                  for k, c in enumerate(choices)]
         if inc:
-            parts.append(tpl.usage_chunk(usage))
+            parts.append(tpl.usage_chunk(usage, self.request_metrics(engine_reqs, usage["completion_tokens"])))
         await w.close(b"".join(parts) + DONE)
 
     async def _stream(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
@@ -383,7 +385,7 @@ class CompletionStream(ChoiceStream):
         prompt_tokens = sum(len(p.ids) for p in self.prompts)
         completion_tokens = sum(s.num_tokens for s in self.states)
         usage = usage_dict(prompt_tokens, completion_tokens, self.serving.prompt_details(self.first_cached))
-        return self.template.usage_chunk(usage)
+        return self.template.usage_chunk(usage, self.serving.request_metrics(self.engine_reqs, completion_tokens))
 
 
 def choice_dict(index: int, text: str, logprobs: Any, finish_reason: str | None, stop_reason: Any) -> dict[str, Any]:
@@ -399,7 +401,7 @@ def stream_choice(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def response_dict(rid: str, created: int, model: str, choices: list[dict[str, Any]], fingerprint: str | None,
-                  usage: dict[str, Any], kv_transfer_params: Any) -> dict[str, Any]:
+                  usage: dict[str, Any], kv_transfer_params: Any, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": fingerprint, "usage": usage,
-            "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": None}
+            "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": metrics}

@@ -50,6 +50,7 @@ def _load_metrics(settings: ServeSettings) -> Any:
                            worker_type=settings.worker_type)
     if settings.data_parallel_rank:
         metrics.first_engine = settings.data_parallel_rank
+    metrics.keep_request_timings = settings.per_request_metrics
     if door.http_series:  # vLLM's registry is prometheus_client's default one: these come with it
         from ..vllm.http_metrics import HttpMetrics, register_process_collectors
 

@@ -77,6 +77,9 @@ HONOURED: dict[str, Honoured] = {
                                                "false}'); a request's chat_template_kwargs override them"),
     "--exclude-tools-when-tool-choice-none": Honoured("a request with tool_choice \"none\" renders its prompt "
                                                       "without its tools, as vLLM"),
+    "--enable-per-request-metrics": Honoured("a response's `metrics` (its non-streamed body, a stream's usage "
+                                             "chunk): TTFT, queue, decode time, mean ITL and tokens/s of one "
+                                             "sequence, from the engine's timestamps, as vLLM"),
     "--sse-keep-alive-interval": Honoured("an SSE comment line (`: keep-alive`) whenever a chat or completion "
                                           "stream has been idle this many seconds (0: never), as vLLM"),
     "--disable-fastapi-docs": Honoured("no /openapi.json, /docs or /redoc (404), as vLLM"),

@@ -220,6 +220,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         allowed_headers=list(getattr(args, "allowed_headers", None) or ["*"]),
         allow_credentials=bool(getattr(args, "allow_credentials", False)),
         stream_interval=int(getattr(args, "stream_interval", 1) or 1),
+        per_request_metrics=bool(getattr(args, "enable_per_request_metrics", False)),
         sse_keep_alive_interval=float(getattr(args, "sse_keep_alive_interval", 0) or 0),
         max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
         data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),

@@ -360,6 +360,9 @@ class FrontendMetrics:
         self._engines: list[_Engine] = []
         self._ensure_engine(max(1, int(engine_count)) - 1)
         self._reqs: dict[str, _Req] = {}
+        # --enable-per-request-metrics: finished requests' timings, until their response takes them
+        self.keep_request_timings = False
+        self._timings: dict[str, _Req] = {}
         self._parents: dict[str, _Parent] = {}
         self.admission_rejections = dict.fromkeys(ADMISSION_REASONS, 0)
         self._created = time.time()
@@ -441,6 +444,8 @@ class FrontendMetrics:
             r.num_gen = num_generation_tokens
         eng = self._ensure_engine(r.engine if engine_index is None else engine_index)
         self._finish(eng, r, _reason_index(finish_reason), time.time())
+        if self.keep_request_timings:
+            self._timings[request_id] = r
 
     def enable_tool_parser_series(self) -> None:
         """`vllm:tool_call_parser_invocations_total`, which vLLM registers when `--tool-call-parser`
@@ -559,11 +564,40 @@ class FrontendMetrics:
             if o.finish_reason is not None and not r.frontend_finishes:
                 del reqs[o.request_id]
                 self._finish(eng, r, int(o.finish_reason), now)
+                if self.keep_request_timings:
+                    self._timings[o.request_id] = r
         itl_h.total += itl_sum
         eng.generation_tokens += gen_total
         eng.h_iteration_tokens.observe(computed + gen_total + taken)
         if outputs.finished_requests:
             self._forget(outputs.finished_requests)
+
+    def request_timings(self, request_id: str, num_generation_tokens: int) -> dict[str, float | None]:
+        """vLLM's PerRequestMetrics of a request whose last token was sent (its finish taken or
+        still ahead: a stop string's), from the timestamps these metrics keep: TTFT and the queue
+        from the engine's scheduling, the decode between the first and the last token."""
+        r = self._timings.pop(request_id, None) or self._reqs.get(request_id)
+        out: dict[str, float | None] = dict.fromkeys(  # (no speculative decoding here: its stats stay null)
+            ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second",
+             "speculative_decoding"))
+        if r is None:
+            return out
+        queued, scheduled, first, last = r.queued_ts, r.scheduled_ts, r.first_ts, r.last_ts
+        if scheduled > 0 and first > 0:
+            out["time_to_first_token_ms"] = (first - scheduled) * 1000
+        if first > 0 and last > 0:
+            out["generation_time_ms"] = (last - first) * 1000
+            if num_generation_tokens > 1:
+                out["mean_itl_ms"] = (last - first) / (num_generation_tokens - 1) * 1000
+        if queued > 0 and scheduled > 0:
+            out["queue_time_ms"] = (scheduled - queued) * 1000
+        if scheduled > 0 and last > scheduled:
+            out["tokens_per_second"] = num_generation_tokens / ((last - scheduled) * 1000) * 1000
+        return out
+
+    def forget_timings(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._timings.pop(rid, None)
 
     def token_observer(self, engine_index: int, request_id: str) -> Callable[[float], None] | None:
         """For AsyncEngine.add_output_listener: what `on_engine_outputs` does for a plain decode
