@@ -1233,6 +1233,7 @@ PER_REQUEST_CASES = {
                                                       "stream_options": {"include_usage": True}}),
     "metrics_completion_stop_string": ("/v1/completions", {"prompt": "one two three four", "max_tokens": 30,
                                                            "stop": ["three"]}),
+    "responses_metrics": ("/v1/responses", {"input": "hello there", "max_output_tokens": 4}),
 }
 
 

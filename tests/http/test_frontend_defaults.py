@@ -94,3 +94,9 @@ def test_per_request_metrics_from_the_engine_timestamps(serve_process):
     chunks = list(client.chat.completions.create(model="m", messages=body["messages"], max_tokens=3, stream=True,
                                                  stream_options={"include_usage": True}))
     assert chunks[-1].usage.completion_tokens == 3 and chunks[-1].model_extra["metrics"]["mean_itl_ms"] >= 19.0
+    # the Responses API: the response object's `metrics`, streamed (response.completed) or not
+    resp = client.responses.create(model="m", input="hi", max_output_tokens=3)
+    assert resp.model_extra["metrics"]["generation_time_ms"] >= 38.0
+    done = [e for e in client.responses.create(model="m", input="hi", max_output_tokens=3, stream=True)
+            if e.type == "response.completed"]
+    assert done[0].response.model_extra["metrics"]["mean_itl_ms"] >= 19.0

@@ -238,6 +238,11 @@ async def parse_request_async(body: bytes, model: type[BaseModel], vocab_size: i
         raise HTTPError(413, f"Request body too large: parsing it {limit}", "RequestEntityTooLarge") from None
 
 
+# vLLM's PerRequestMetrics (no speculative decoding here: its stats stay null)
+REQUEST_METRICS_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
+                          "tokens_per_second", "speculative_decoding")
+
+
 class ServingBase:
     def __init__(self, engine: Any, tokenizer: Tokenizer, settings: ServeSettings, metrics: Any = None):
         self.engine = engine

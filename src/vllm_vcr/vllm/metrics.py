@@ -62,6 +62,7 @@ from prometheus_client.openmetrics.exposition import UNDERSCORES
 from prometheus_client.samples import Sample
 
 from ..engine.types import EngineCoreEventType, EngineCoreOutputs, FinishReason
+from ..http.serving_base import REQUEST_METRICS_FIELDS
 from .exposition import FamilyMemo, TextExposition, exact
 
 __all__ = ["FrontendMetrics", "build_1_2_5_buckets"]
@@ -577,9 +578,7 @@ class FrontendMetrics:
         still ahead: a stop string's), from the timestamps these metrics keep: TTFT and the queue
         from the engine's scheduling, the decode between the first and the last token."""
         r = self._timings.pop(request_id, None) or self._reqs.get(request_id)
-        out: dict[str, float | None] = dict.fromkeys(  # (no speculative decoding here: its stats stay null)
-            ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second",
-             "speculative_decoding"))
+        out: dict[str, float | None] = dict.fromkeys(REQUEST_METRICS_FIELDS)
         if r is None:
             return out
         queued, scheduled, first, last = r.queued_ts, r.scheduled_ts, r.first_ts, r.last_ts

@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 from ...frontend.errors import HTTPError
 from ...frontend.protocol import RequestValueError
 from ...frontend.request_checks import check_output_budget, sampling_values
-from ...http.serving_base import RequestContext, encode, parse_request
+from ...http.serving_base import REQUEST_METRICS_FIELDS, RequestContext, encode, parse_request
 from ...http.sse import SSEWriter, send_bytes
 from ..chat import CACHE_DETAILS_KEY
 from ..chat_bridge import run_chat
@@ -129,18 +129,20 @@ class ResponsesServing:
         choice = answer["choices"][0]
         output = output_items(choice["message"], req.parallel_tool_calls)
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
-        return self.response_body(req, model, created, output, status, answer["usage"])
+        return self.response_body(req, model, created, output, status, answer["usage"], answer["metrics"])
 
     # -- the response object -------------------------------------------------------------------
 
     def response_body(self, req: ResponsesRequest, model: str, created: int, output: list[dict[str, Any]],
-                      status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+                      status: str, usage: dict[str, Any] | None, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response object (`metrics`: the per-request metrics of --enable-per-request-metrics,
+        a field only when there are some, as vLLM serialises it)."""
         max_tokens = req.max_output_tokens
         if usage is not None:
             max_tokens = self.settings.sampling_defaults.limit(usage["prompt_tokens"], self.settings.max_model_len,
                                                                max_tokens)
         sampling = sampling_values(req)
-        return {
+        body = {
             "id": req.request_id, "created_at": created,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "metadata": req.metadata, "model": model, "object": "response",
@@ -157,6 +159,9 @@ class ResponsesServing:
             "kv_transfer_params": None, "ec_transfer_params": None, "input_messages": None,
             "output_messages": None,
         }
+        if metrics is not None:
+            body["metrics"] = metrics
+        return body
 
     # -- streaming -----------------------------------------------------------------------------
 
@@ -166,6 +171,7 @@ class ResponsesServing:
         w = sink or SSEWriter(ctx.send)
         events = EventStream()
         usage: dict[str, Any] = {}
+        metrics: dict[str, Any] = {}
         finish: list[str] = []
         opening = self.response_body(req, model, created, [], "in_progress", None)
         started = False
@@ -186,6 +192,8 @@ class ResponsesServing:
                     await w.write(data)
             if chunk.get("usage"):
                 usage.update(chunk["usage"])
+            if chunk.get("metrics"):  # (the usage chunk's, its null fields left out)
+                metrics.update(dict.fromkeys(REQUEST_METRICS_FIELDS) | chunk["metrics"])
 
         try:
             await run_chat(self.chat, ctx, body, on_chunk)
@@ -198,7 +206,7 @@ class ResponsesServing:
                                     + events.event("response.in_progress", response=opening))
         tail = head + b"".join(events.close())
         status = "incomplete" if finish and finish[0] == "length" else "completed"
-        final = self.response_body(req, model, created, events.items, status, usage or None)
+        final = self.response_body(req, model, created, events.items, status, usage or None, metrics or None)
         if store and self.responses.get(final["id"], {}).get("status") != "cancelled":
             self.responses[final["id"]] = final
         ctx.finishing = True
