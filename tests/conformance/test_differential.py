@@ -1273,3 +1273,32 @@ def test_per_request_metrics_same_fields(vllm_version, tmp_path_factory):
     assert m["time_to_first_token_ms"] > 0 and m["mean_itl_ms"] > 0 and m["tokens_per_second"] > 0
     assert answers["metrics_chat_n2"]["metrics"] is None
     _check(findings, vllm_version)
+
+
+def test_prefill_backlog_limit_same_answers(vllm_version, tmp_path_factory):
+    """`--max-num-queued-tokens 0`: the prefill backlog is always at the limit, so every generation
+    request gets vLLM's 503 (MaxQueuedTokensError), counted as an admission rejection."""
+    args = ["--max-num-queued-tokens", "0"]
+    real_st = peers.start_stack(vllm_version, play_args=ENGINE_FLAGS, frontend_args=args)
+    try:
+        sim_st = _start_sim(tmp_path_factory, args)
+        try:
+            findings = []
+            for name, (path, body) in (("backlog_chat", ("/v1/chat/completions", {"messages": USER, "max_tokens": 2})),
+                                       ("backlog_completion", ("/v1/completions", {"prompt": "hi", "max_tokens": 2})),
+                                       ("backlog_stream", ("/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                                               "stream": True}))):
+                body = {"model": real_st.model, **body}
+                a, b = post(real_st.base_url, path, body), post(sim_st["base_url"], path, body)
+                assert a[0] == 503, a
+                findings += _compare(name, body, a, b, vllm_version)
+            rejected = [re.search(r'vllm:admission_rejections_total\{[^}]*reason="max_num_queued_tokens"[^}]*\} (\S+)',
+                                  httpx.get(base + "/metrics", timeout=30).text)
+                        for base in (real_st.base_url, sim_st["base_url"])]
+            if [m and float(m.group(1)) for m in rejected] != [3.0, 3.0]:
+                findings.append(f"admission rejections: {[m and m.group(0) for m in rejected]}")
+        finally:
+            sim_st["proc"].stop()
+    finally:
+        real_st.stop()
+    _check(findings, vllm_version)

@@ -100,3 +100,22 @@ def test_per_request_metrics_from_the_engine_timestamps(serve_process):
     done = [e for e in client.responses.create(model="m", input="hi", max_output_tokens=3, stream=True)
             if e.type == "response.completed"]
     assert done[0].response.model_extra["metrics"]["mean_itl_ms"] >= 19.0
+
+
+def test_prefill_backlog_limit(serve_process):
+    """`--max-num-queued-tokens 20`: a 12-token prompt waiting for its first token leaves room for
+    one more request; the next, with 24 tokens in prefill, gets vLLM's 503 until a first token."""
+    sp = serve_process("--served-model-name", "m", "--time-to-first-token", "3000", "--inter-token-latency", "0",
+                       "--max-num-queued-tokens", "20")
+    body = {"model": "m", "prompt": list(range(100, 112)), "max_tokens": 1, "stream": True}
+    with httpx.Client(base_url=sp.url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as first:
+            assert first.status_code == 200
+            with client.stream("POST", "/v1/completions", json=body) as second:
+                assert second.status_code == 200
+                third = client.post("/v1/completions", json={**body, "stream": False})
+                assert third.status_code == 503
+                assert third.json()["error"]["message"].startswith("The engine has reached its prefill token backlog")
+                second.read()
+            first.read()
+        assert client.post("/v1/completions", json={**body, "stream": False}).status_code == 200  # room again

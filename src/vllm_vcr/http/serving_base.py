@@ -39,6 +39,8 @@ VLLM_API_VERSION = "0.32.0"
 encode = msgspec.json.encode
 QUEUE_OVERFLOW_MESSAGE = ("The engine is currently busy and cannot accept new requests. "
                           "Please try again later or on a different instance.")
+PREFILL_BACKLOG_MESSAGE = ("The engine has reached its prefill token backlog limit. "
+                           "Please try again later or on a different instance.")
 
 
 @dataclass
@@ -80,6 +82,7 @@ class ServeSettings:
     per_request_metrics: bool = False  # --enable-per-request-metrics: a response's `metrics`
     sse_keep_alive_interval: float = 0.0  # --sse-keep-alive-interval: an SSE comment per idle interval (s)
     max_num_queued_reqs: int | None = None  # --max-num-queued-reqs: admission limit (vLLM's 503 beyond)
+    max_num_queued_tokens: int | None = None  # --max-num-queued-tokens: prompt tokens in prefill (503 at it)
     data_parallel_rank: int = 0  # --data-parallel-rank: the first engine's index in /metrics
     engine_type: str = "vllm"  # sglang: SGLang's metric names and HTTP routes
     worker_type: str = "aggregated"  # --worker-type: prefill | decode | aggregated (SGLang's engine_type label)
@@ -319,16 +322,22 @@ class ServingBase:
         return body_id or random_hex(16)  # vLLM 0.32: 16 hex digits
 
     def admit(self, n: int) -> None:
-        """--max-num-queued-reqs: vLLM's check_admission before a response starts; a request that
-        would take the unfinished requests (n counts n) past the limit gets vLLM's 503."""
+        """vLLM's check_admission before a response starts: a request that would take the
+        unfinished requests (n counts n) past --max-num-queued-reqs, or that comes while the prompt
+        tokens of the requests in prefill (their whole prompts, as vLLM's API server counts them)
+        are at --max-num-queued-tokens, gets vLLM's 503 (counted in vllm:admission_rejections)."""
         limit = self.settings.max_num_queued_reqs
-        if limit is None:
-            return
-        if getattr(self.engine, "num_unfinished_requests", 0) + n > limit:
-            record = getattr(self.metrics, "record_admission_rejection", None)
-            if record is not None:
-                record("max_num_queued_reqs")
-            raise HTTPError(503, QUEUE_OVERFLOW_MESSAGE, "Service Unavailable")
+        if limit is not None and getattr(self.engine, "num_unfinished_requests", 0) + n > limit:
+            self._refuse("max_num_queued_reqs", QUEUE_OVERFLOW_MESSAGE)
+        tokens = self.settings.max_num_queued_tokens
+        if tokens is not None and self.metrics is not None and self.metrics.num_prefill_tokens() >= tokens:
+            self._refuse("max_num_queued_tokens", PREFILL_BACKLOG_MESSAGE)
+
+    def _refuse(self, reason: str, message: str) -> None:
+        record = getattr(self.metrics, "record_admission_rejection", None)
+        if record is not None:
+            record(reason)
+        raise HTTPError(503, message, "Service Unavailable")
 
     def check_token_ids(self, ids: list[int]) -> None:
         if ids:

@@ -43,6 +43,9 @@ HONOURED: dict[str, Honoured] = {
     "--max-num-batched-tokens": Honoured("token budget per engine step (default 2048)"),
     "--max-num-queued-reqs": Honoured("admission limit on unfinished requests (waiting + running, n counts n): "
                                       "one more is refused with vLLM's 503"),
+    "--max-num-queued-tokens": Honoured("admission limit on the prompt tokens of the requests in prefill (their "
+                                        "first token not out yet, whole prompts counted): a request that comes "
+                                        "while they are at it is refused with vLLM's 503"),
     "--block-size": Honoured("tokens per KV block (default 16)"),
     "--kv-cache-memory-bytes": Honoured("KV cache size in bytes (4G, 512m forms): blocks = bytes / (block size x "
                                         "the model's KV bytes per token, from config.json, else "

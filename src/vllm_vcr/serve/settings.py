@@ -223,6 +223,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         per_request_metrics=bool(getattr(args, "enable_per_request_metrics", False)),
         sse_keep_alive_interval=float(getattr(args, "sse_keep_alive_interval", 0) or 0),
         max_num_queued_reqs=getattr(args, "max_num_queued_reqs", None),
+        max_num_queued_tokens=getattr(args, "max_num_queued_tokens", None),
         data_parallel_rank=int(getattr(args, "data_parallel_rank", None) or 0),
         sampling_defaults=sampling_defaults,
         default_chat_template_kwargs=dict(template_kwargs),
@@ -234,7 +235,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
 
 # vLLM's types accept any int for these; values the simulator cannot run with fail here, naming the flag
 _AT_LEAST = {"sse_keep_alive_interval": 0, "port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1, "stream_interval": 1,
-             "renderer_num_workers": 1, "max_num_queued_reqs": 0, "data_parallel_rank": 0, "data_parallel_size": 1,
+             "renderer_num_workers": 1, "max_num_queued_reqs": 0, "max_num_queued_tokens": 0, "data_parallel_rank": 0, "data_parallel_size": 1,
              "kv_cache_memory_bytes": 1}
 
 

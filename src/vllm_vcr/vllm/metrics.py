@@ -428,6 +428,11 @@ class FrontendMetrics:
         if parent_id is not None and parent_id not in self._parents:
             self._parents[parent_id] = _Parent(max(1, int(n or 1)))
 
+    def num_prefill_tokens(self) -> int:
+        """The prompt tokens of the requests whose first token has not come yet (vLLM's
+        get_num_queued_tokens: whole prompts, whatever chunks or cache hits they have had)."""
+        return sum(r.prompt_len or 0 for r in self._reqs.values() if r.prefilling)
+
     def on_request_aborted(self, request_id: str) -> None:
         """The client went away: forget the request and record nothing (vLLM's abort path)."""
         self._reqs.pop(request_id, None)
