@@ -81,6 +81,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--long-prefill-token-threshold", type=int,
                    default=_env("MOCK_LONG_PREFILL_TOKEN_THRESHOLD", 0),
                    help="cap on one prefill's chunk per step; 0 = off")
+    g.add_argument("--scheduler-reserve-full-isl", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM's admission gate (on by default, as in vLLM): a waiting request starts only when "
+                        "its whole sequence, not just its first chunk, fits in the free KV blocks (--engine-type "
+                        "vllm)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
                    default=_env("MOCK_SCHEDULING_POLICY", "fcfs"))
     g.add_argument("--failure-injection-rate", type=float, default=_env("MOCK_FAILURE_INJECTION_RATE", 0.0),
@@ -240,6 +244,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         kv_cache_size=int(ns.kv_cache_size),
         tokens_per_block=int(tokens_per_block),
         long_prefill_token_threshold=int(ns.long_prefill_token_threshold),
+        scheduler_reserve_full_isl=bool(getattr(ns, "scheduler_reserve_full_isl", True)),
         scheduling_policy=ns.scheduling_policy,
         time_scale=float(ns.time_scale),
         seed=int(ns.seed),

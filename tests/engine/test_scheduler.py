@@ -114,3 +114,42 @@ def test_same_seed_gives_same_tokens(harness):
     h.run()
     assert h.tokens("a") == h.tokens("b") != h.tokens("c")
     assert all(0 <= t < 50000 for t in h.tokens("c"))
+
+
+def _preemptions(h, rid: str) -> int:
+    return sum(1 for _, o in h.outputs(rid) for e in (o.events or ()) if e.type == EngineCoreEventType.PREEMPTED)
+
+
+@pytest.mark.parametrize("full_isl", [True, False])
+def test_admission_waits_for_the_whole_sequence_to_fit(harness, full_isl):
+    """vLLM's scheduler_reserve_full_isl (on by default): with 20 blocks of 16 tokens, a running
+    200-token request holds 13; another 200-token prompt needs 13 more, so it waits for the first to
+    finish instead of starting on its first 64-token chunk and being preempted when blocks run out.
+    With the gate off (`--no-scheduler-reserve-full-isl`), the first chunk fitting is enough."""
+    h = harness(max_num_batched_tokens=64, tokens_per_block=16, kv_cache_size=20, inter_token_latency=1,
+                time_to_first_token=1, scheduler_reserve_full_isl=full_isl)
+    h.add("a", prompt_len=200, max_tokens=40, ignore_eos=True)
+    h.add("b", prompt_len=200, max_tokens=40, ignore_eos=True)
+    h.run()
+    assert h.finish("a") is FinishReason.LENGTH and h.finish("b") is FinishReason.LENGTH
+    first_b = h.outputs("b")[0][0]
+    if full_isl:
+        assert _preemptions(h, "a") + _preemptions(h, "b") == 0
+        assert first_b > h.outputs("a")[-1][0]  # b starts after a has finished
+    else:
+        assert _preemptions(h, "a") + _preemptions(h, "b") > 0
+
+
+def test_the_gate_counts_prefix_hits_and_spares_other_engine_types(harness):
+    """The blocks a prefix hit brings need not be free (the ones in use are shared); SGLang's
+    scheduler has its own admission (its reserve ratio), not vLLM's gate."""
+    h = harness(max_num_batched_tokens=64, tokens_per_block=16, kv_cache_size=20, inter_token_latency=1,
+                time_to_first_token=1)
+    shared = harness.prompt_of("shared", 192)
+    h.add("a", prompt=shared + [7, 7, 7, 7, 7, 7, 7, 7], max_tokens=40, ignore_eos=True)
+    h.run(until=0.02)  # a has its 13 blocks
+    h.add("b", prompt=shared + [9] * 8, max_tokens=2, ignore_eos=True)  # 12 shared blocks + 1 of its own
+    h.run()
+    assert h.outputs("b")[0][0] < h.outputs("a")[-1][0]  # started beside a: only 1-2 new blocks needed
+    sg = harness(max_num_batched_tokens=64, tokens_per_block=16, kv_cache_size=20, engine_type="sglang")
+    assert not sg.core.scheduler.reserve_full_isl

@@ -5,7 +5,9 @@ estimator caches). A speed change that moves a simulated time fails here.
 
 Both paths are pinned (tests/engine/test_decode_cohort.py holds them equal request by request;
 only the KV-usage peak may differ, as the timing-only timeline is sampled at the steps with
-outputs)."""
+outputs). `pressure` was pinned again when the engine took vLLM's full-sequence admission gate
+(`scheduler_reserve_full_isl`: 55 preemptions where the first chunk alone admitted a request, 69);
+`pressure_chunk_admission` keeps the earlier numbers with the gate off."""
 
 from __future__ import annotations
 
@@ -21,9 +23,14 @@ from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
 from ..engine.test_decode_cohort import _latency
 
 SCENARIOS = {
-    # KV pressure: preemptions, resumes that find their own blocks
+    # KV pressure: preemptions, resumes that find their own blocks (vLLM's full-sequence admission gate)
     "pressure": (dict(kv=160, block=16, budget=512, seqs=32, engines=1, router="round_robin"),
                  dict(num_requests=120, isl="lognormal:200:120", osl="uniform:20:200", concurrency=24, seed=5)),
+    # the same without the gate (--no-scheduler-reserve-full-isl: a request starts when its first chunk fits)
+    "pressure_chunk_admission": (dict(kv=160, block=16, budget=512, seqs=32, engines=1, router="round_robin",
+                                      full_isl=False),
+                                 dict(num_requests=120, isl="lognormal:200:120", osl="uniform:20:200", concurrency=24,
+                                      seed=5)),
     # shared prefixes through the KV-prefix router on two engines, chunked prefills
     "prefix": (dict(kv=400, block=16, budget=256, seqs=16, engines=2, router="kv"),
                dict(num_requests=150, isl="uniform:100:600", osl="exp:40", concurrency=16, seed=7,
@@ -52,7 +59,7 @@ def run_scenario(name: str, timing_only: bool) -> dict:
                      per_seq_overhead_ms=0.0, frontend_ms=0.0, frontend_ms_per_1k_tokens=0.0,
                      frontend_ms_per_request=0.0).to_dict() if eng.get("aic") else None
     args = EngineArgs(config=cfg, kv_cache_size=eng["kv"], tokens_per_block=eng["block"], perf_model=perf,
-                      advertised_max_model_len=1 << 20).validate()
+                      advertised_max_model_len=1 << 20, scheduler_reserve_full_isl=eng.get("full_isl", True)).validate()
     w = dict(wl, isl=LengthDist.parse(wl["isl"], "--isl"), osl=LengthDist.parse(wl["osl"], "--osl"), arrival="closed")
     sim = simulate(args, SyntheticWorkload(**w), engines=eng["engines"], router=eng["router"],
                    concurrency=w["concurrency"], timing_only=timing_only)
@@ -108,7 +115,7 @@ PINNED: dict[str, dict] = {'aic': {'latency_ms': {'ttft': {'mean': 206.018268,
             'prefix_cache_hit_rate': 0.425395724,
             'engines': [(57, 0.475, 5, 0, 442), (93, 0.44, 6, 0, 497)],
             'duration_s': 3.374900807},
- 'pressure': {'latency_ms': {'ttft': {'mean': 1279.568239,
+ 'pressure_chunk_admission': {'latency_ms': {'ttft': {'mean': 1279.568239,
                                       'p50': 1296.611286,
                                       'p90': 2113.404825,
                                       'p95': 2178.244653,
@@ -131,7 +138,27 @@ PINNED: dict[str, dict] = {'aic': {'latency_ms': {'ttft': {'mean': 206.018268,
               'preemptions': 69,
               'prefix_cache_hit_rate': 0.0,
               'engines': [(120, 1.0, 21, 69, 1674)],
-              'duration_s': 11.58080588}}
+              'duration_s': 11.58080588},
+ 'pressure': {'latency_ms': {'ttft': {'mean': 1279.583873,
+                                      'p50': 1300.817629,
+                                      'p90': 2116.016495,
+                                      'p95': 2170.418869,
+                                      'p99': 2301.703181},
+                             'tpot': {'mean': 7.450035,
+                                      'p50': 7.029948,
+                                      'p90': 8.87584,
+                                      'p95': 9.701573,
+                                      'p99': 11.370908},
+                             'e2e': {'mean': 2102.480756,
+                                     'p50': 2208.499692,
+                                     'p90': 2909.001181,
+                                     'p95': 3210.063362,
+                                     'p99': 3466.388799},
+                             'itl': {'mean': 7.32821, 'p50': 6.9292, 'p90': 7.0356, 'p95': 7.0984, 'p99': 10.50514}},
+              'preemptions': 55,
+              'prefix_cache_hit_rate': 0.0,
+              'engines': [(120, 1.0, 21, 55, 1673)],
+              'duration_s': 11.565644157}}
 # the timing-only path samples its timeline at the steps with outputs: its KV-usage peak may be lower
 TIMING_ONLY: dict[str, dict] = {'prefix': {'engines': [(57, 0.475, 5, 0, 442), (93, 0.4375, 6, 0, 497)]}}
 

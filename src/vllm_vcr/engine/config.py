@@ -142,6 +142,10 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     model_name: str = "vllm-vcr/sim"
     engine_id: str = "vllm-vcr-engine"
     enable_chunked_prefill: bool = True
+    # vLLM's scheduler_reserve_full_isl (its default): a waiting or preempted request is admitted
+    # only if its whole sequence (not just its first chunk) fits in the free KV blocks; vLLM engine
+    # type only
+    scheduler_reserve_full_isl: bool = True
     prefix_caching_hash_algo: str = "sha256"  # vLLM's default; KV event hashes depend on it
     # the seed of vLLM's NONE_HASH (the parent of every first block): what vLLM reads from
     # $PYTHONHASHSEED, read there by the CLI (the engine reads no environment); None: vLLM's

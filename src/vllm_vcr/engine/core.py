@@ -111,6 +111,7 @@ class EngineCore(EngineControls):
         else:
             self.scheduler = Scheduler(*sched_args)
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
+        self.scheduler.reserve_full_isl = args.scheduler_reserve_full_isl and args.engine_type == "vllm"
         self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}

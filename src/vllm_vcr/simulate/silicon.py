@@ -375,9 +375,11 @@ def simulate_row(row: SiliconRow, *, host: HostTime | None = None, max_tokens: i
     # the rows' releases (0.10-0.19) predate the 1024 default capture size on Blackwell
     perf = with_capture_size(target.to_dict(), seqs, budget, given=server.max_cudagraph_capture_size,
                              blackwell_1024=False)
+    # (and vLLM's full-sequence admission gate, scheduler_reserve_full_isl, which came after them:
+    # a row's request starts once its first chunk fits, as in those releases)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget),
                       kv_cache_size=cap.num_blocks, tokens_per_block=server.block_size, perf_model=perf,
-                      advertised_max_model_len=row.isl + row.osl + 16).validate()
+                      advertised_max_model_len=row.isl + row.osl + 16, scheduler_reserve_full_isl=False).validate()
     plan = plan_for(row, max_tokens)
     sim = simulate(args, row_workload(row, plan), engines=engines, router="round_robin", concurrency=row.concurrency)
     ttft, tpot = row_latencies(row, sim.done)

@@ -246,9 +246,10 @@ def _engine_args(target: AicTarget, *, gpu_util: float, budget: int, seqs: int, 
 
     cap = estimate_kv_capacity(target, block_size=block_size, gpu_memory_utilization=gpu_util,
                                max_num_batched_tokens=budget, max_num_seqs=seqs)
+    # (the rows' vLLM releases admit a request once its first chunk fits: no scheduler_reserve_full_isl)
     args = EngineArgs(config=EngineConfig(max_num_seqs=seqs, max_num_batched_tokens=budget), kv_cache_size=cap.num_blocks,
                       tokens_per_block=block_size, perf_model=target.to_dict(), engine_type=engine_type,
-                      advertised_max_model_len=max_len, **extra).validate()
+                      advertised_max_model_len=max_len, scheduler_reserve_full_isl=False, **extra).validate()
     return args, cap
 
 
