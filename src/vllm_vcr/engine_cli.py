@@ -85,6 +85,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="vLLM's admission gate (on by default, as in vLLM): a waiting request starts only when "
                         "its whole sequence, not just its first chunk, fits in the free KV blocks (--engine-type "
                         "vllm)")
+    g.add_argument("--watermark", type=float, default=0.0,
+                   help="fraction of the KV blocks an admission beside running requests leaves free, as vLLM's "
+                        "(0 to < 1; --engine-type vllm)")
     g.add_argument("--scheduling-policy", choices=["fcfs", "priority"],
                    default=_env("MOCK_SCHEDULING_POLICY", "fcfs"))
     g.add_argument("--failure-injection-rate", type=float, default=_env("MOCK_FAILURE_INJECTION_RATE", 0.0),
@@ -245,6 +248,7 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         tokens_per_block=int(tokens_per_block),
         long_prefill_token_threshold=int(ns.long_prefill_token_threshold),
         scheduler_reserve_full_isl=bool(getattr(ns, "scheduler_reserve_full_isl", True)),
+        watermark=float(getattr(ns, "watermark", 0.0) or 0.0),
         scheduling_policy=ns.scheduling_policy,
         time_scale=float(ns.time_scale),
         seed=int(ns.seed),

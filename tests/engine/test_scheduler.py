@@ -153,3 +153,40 @@ def test_the_gate_counts_prefix_hits_and_spares_other_engine_types(harness):
     assert h.outputs("b")[0][0] < h.outputs("a")[-1][0]  # started beside a: only 1-2 new blocks needed
     sg = harness(max_num_batched_tokens=64, tokens_per_block=16, kv_cache_size=20, engine_type="sglang")
     assert not sg.core.scheduler.reserve_full_isl
+
+
+@pytest.mark.parametrize("watermark", [0.0, 0.25])
+def test_the_watermark_keeps_blocks_free_at_admission(harness, watermark):
+    """vLLM's --watermark: an admission beside running requests leaves that fraction of the blocks
+    free. 7 of 20 blocks are free beside a 200-token request; a 40-token prompt needs 3: with a
+    watermark of 0.25 (5 blocks) it waits for the first request to finish."""
+    h = harness(max_num_batched_tokens=256, tokens_per_block=16, kv_cache_size=20, inter_token_latency=1,
+                time_to_first_token=1, watermark=watermark)
+    h.add("a", prompt_len=200, max_tokens=30, ignore_eos=True)
+    h.run(until=0.005)
+    h.add("b", prompt_len=40, max_tokens=2, ignore_eos=True)
+    h.run()
+    waited = h.outputs("b")[0][0] > h.outputs("a")[-1][0]
+    assert waited is (watermark > 0)
+
+
+def test_the_admission_gates_keep_both_paths_equal(monkeypatch):
+    """The timing-only path admits exactly as the plain one under the gates (KV pressure, a watermark)."""
+    from vllm_vcr.engine.config import EngineArgs, EngineConfig
+    from vllm_vcr.simulate import driver as driver_mod
+    from vllm_vcr.simulate.report import build_report
+    from vllm_vcr.simulate.runner import simulate
+    from vllm_vcr.simulate.workload import LengthDist, SyntheticWorkload
+
+    from .test_decode_cohort import _latency
+
+    monkeypatch.setattr(driver_mod, "engine_inputs", lambda a: {"latency": _latency()})
+    reports = []
+    for timing_only in (False, True):
+        args = EngineArgs(config=EngineConfig(max_num_seqs=32, max_num_batched_tokens=256), kv_cache_size=120,
+                          tokens_per_block=16, watermark=0.1, advertised_max_model_len=1 << 20).validate()
+        wl = SyntheticWorkload(num_requests=80, isl=LengthDist.parse("lognormal:300:150", "--isl"),
+                               osl=LengthDist.parse("uniform:10:120", "--osl"), arrival="closed", concurrency=20, seed=3)
+        report = build_report(simulate(args, wl, concurrency=20, timing_only=timing_only))
+        reports.append((report["latency_ms"], report["preemptions"]["total"]))
+    assert reports[0] == reports[1] and reports[0][1] > 0

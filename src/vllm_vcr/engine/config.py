@@ -146,6 +146,9 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # only if its whole sequence (not just its first chunk) fits in the free KV blocks; vLLM engine
     # type only
     scheduler_reserve_full_isl: bool = True
+    # vLLM's --watermark: this fraction of the KV blocks stays free when a waiting or preempted
+    # request is admitted beside running ones (vLLM engine type only)
+    watermark: float = 0.0
     prefix_caching_hash_algo: str = "sha256"  # vLLM's default; KV event hashes depend on it
     # the seed of vLLM's NONE_HASH (the parent of every first block): what vLLM reads from
     # $PYTHONHASHSEED, read there by the CLI (the engine reads no environment); None: vLLM's
@@ -199,6 +202,8 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--tokens-per-block must be >= 1, got {self.tokens_per_block}")
         if self.time_scale <= 0:
             raise ConfigError(f"--time-scale must be > 0, got {self.time_scale}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ConfigError(f"--watermark must be in [0, 1), got {self.watermark}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.mode not in ("random", "echo"):

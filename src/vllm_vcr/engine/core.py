@@ -112,6 +112,8 @@ class EngineCore(EngineControls):
             self.scheduler = Scheduler(*sched_args)
         self.scheduler.chunked_prefill = args.enable_chunked_prefill
         self.scheduler.reserve_full_isl = args.scheduler_reserve_full_isl and args.engine_type == "vllm"
+        if args.engine_type == "vllm":
+            self.scheduler.watermark_blocks = int(args.watermark * args.kv_cache_size)
         self.scheduler.max_loras = args.max_loras
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}

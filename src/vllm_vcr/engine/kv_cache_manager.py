@@ -119,16 +119,17 @@ class KVCacheManager:
     def can_fit(self, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) <= self.pool.num_blocks
 
-    def allocate_slots(self, req: Request, num_new_tokens: int,
-                       new_computed: Sequence[KVCacheBlock] = (), must_fit: int = 0) -> bool:
+    def allocate_slots(self, req: Request, num_new_tokens: int, new_computed: Sequence[KVCacheBlock] = (),
+                       must_fit: int = 0, headroom: int = 0) -> bool:
         """Blocks for `num_new_tokens` more tokens (after the prefix-cache hits `new_computed`);
-        False, and nothing taken, when the free blocks cannot hold them, or (`must_fit` > 0:
-        vLLM's full_sequence_must_fit at admission) cannot hold the first `must_fit` tokens."""
+        False, and nothing taken, when the free blocks less `headroom` (vLLM's watermark) cannot
+        hold them, or (`must_fit` > 0: vLLM's full_sequence_must_fit at admission) cannot hold the
+        first `must_fit` tokens."""
         total = req.num_computed_tokens + len(new_computed) * self.block_size + num_new_tokens
         needed = -(-total // self.block_size) - len(req.blocks) - len(new_computed)
         # hits sitting in the free queue stop being evictable once touched
         evictable_hits = list(map(_ref_cnt, new_computed)).count(0) if new_computed else 0
-        free = self.pool.num_free_blocks
+        free = self.pool.num_free_blocks - headroom
         if max(needed, 0) + evictable_hits > free:
             return False
         if must_fit and -(-must_fit // self.block_size) - len(req.blocks) - len(new_computed) + evictable_hits > free:

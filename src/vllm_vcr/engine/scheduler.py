@@ -65,6 +65,7 @@ class Scheduler:
         self.chunked_prefill = True
         # vLLM's scheduler_reserve_full_isl: a waiting request's whole sequence must fit at admission
         self.reserve_full_isl = False
+        self.watermark_blocks = 0  # vLLM's --watermark: blocks an admission beside running requests leaves free
         # the head of the waiting queue found no free blocks; retry only once blocks are freed
         self.admission_blocked = False
         self.max_loras = 0  # > 0: at most this many distinct LoRA adapters in the batch (vLLM's max_loras)
@@ -279,8 +280,8 @@ class Scheduler:
             if not self.chunked_prefill and not pull and n < left:
                 break  # without chunked prefill a prompt is computed in one step or waits
             whole = req.num_tokens if self.reserve_full_isl and not pull else 0
-            if (left > 0 and n <= 0) or not policy.can_admit(self, req, left) \
-                    or not kv.allocate_slots(req, n, hits, must_fit=whole):
+            if (left > 0 and n <= 0) or not policy.can_admit(self, req, left) or not kv.allocate_slots(
+                    req, n, hits, must_fit=whole, headroom=self.watermark_blocks if self.running else 0):
                 self.admission_blocked = True
                 break  # head of line waits for blocks, as vLLM's FCFS does
             self._start_running(req, hits, num_hit_tokens, resumed, now)
