@@ -132,7 +132,8 @@ class KVCacheManager:
         free = self.pool.num_free_blocks - headroom
         if max(needed, 0) + evictable_hits > free:
             return False
-        if must_fit and -(-must_fit // self.block_size) - len(req.blocks) - len(new_computed) + evictable_hits > free:
+        if must_fit > total and -(-must_fit // self.block_size) - len(req.blocks) - len(new_computed) \
+                + evictable_hits > free:  # (a chunk that covers the whole sequence was checked above)
             return False
         if new_computed:
             self.pool.touch(new_computed)

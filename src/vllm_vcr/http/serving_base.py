@@ -362,7 +362,7 @@ def metrics_end(metrics: Any, engine_reqs: list[Any], states: list[Any]) -> None
     them, "stop" when a string matched, as vLLM counts them) and client disconnects (aborted)."""
     if metrics is None:
         return
-    if getattr(metrics, "keep_request_timings", False):  # (a response that never took its request's timings)
+    if metrics.keep_request_timings:  # (a response that never took its request's timings)
         metrics.forget_timings(r.request_id for r in engine_reqs)
     for r, st in zip(engine_reqs, states):
         if not st.finished:

@@ -515,7 +515,7 @@ class ChatStream(ChoiceStream):
         self.want_lp = bool(req.logprobs)
         self.k = req.top_logprobs or 0
         self.greedy = is_greedy(req)
-        self.as_ids = tokens_as_ids(req, settings.return_tokens_as_token_ids)
+        self.as_ids = self.want_lp and tokens_as_ids(req, settings.return_tokens_as_token_ids)
         self.plain = not self.think and not self.want_lp and not self.rti  # the per-token fast case
         self.first = True
         self.first_state: SequenceState | None = None
@@ -621,7 +621,8 @@ class ChatStream(ChoiceStream):
             return b""
         states = self.states
         completion_tokens = sum(s.num_tokens for s in states)
-        metrics = self.serving.request_metrics(self.engine_reqs, completion_tokens)
+        metrics = self.serving.request_metrics(self.engine_reqs, completion_tokens) \
+            if self.settings.per_request_metrics else None
         if not (self.settings.reasoning_parser or self.settings.prompt_tokens_details
                 or wants_cache_details(self.req)) and metrics is None:  # the usual shape: the three counts only
             pl = self.prompt_len

@@ -315,7 +315,7 @@ class CompletionStream(ChoiceStream):
         super().__init__(states, engine_reqs, b"" if self.include_usage else tpl.fingerprint)
         self.want_lp = req.logprobs is not None
         self.greedy = is_greedy(req)
-        self.as_ids = tokens_as_ids(req, serving.settings.return_tokens_as_token_ids)
+        self.as_ids = self.want_lp and tokens_as_ids(req, serving.settings.return_tokens_as_token_ids)
         self.rti = bool(req.return_token_ids)
         self.echo = bool(req.echo) or self.rti  # both hand the prompt ids out with the first chunk
         self.echo_text = bool(req.echo)
