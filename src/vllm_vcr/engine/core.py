@@ -303,19 +303,20 @@ class EngineCore(EngineControls):
             self.lifecycle.stopped = True
             self.inbox.fail_calls(lambda: EngineDeadError(f"engine {self.engine_index} loop is gone"))
 
-    def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> None:
-        """Synchronous driver for the virtual clock: process inputs and steps, jumping time."""
+    def run_until_idle(self, until: float | None = None, max_steps: int = 1_000_000) -> float | None:
+        """Synchronous driver for the virtual clock: process inputs and steps, jumping time. Returns
+        when the engine next has work (`next_wake`, as it is then)."""
         assert isinstance(self.clock, VirtualClock), "run_until_idle needs a VirtualClock"
         for _ in range(max_steps):
             wake = self._turn()
             if wake is _Turn.STOPPED:
-                return
+                return self.next_wake()
             if wake is _Turn.AGAIN:
                 continue
             if wake is None or (until is not None and wake > until):
                 if until is not None:
                     self.clock.advance_to(until)
-                return
+                return wake  # (the inbox is empty: `_turn` took another turn otherwise)
             self.clock.advance_to(wake)
         raise RuntimeError("engine did not become idle")
 

@@ -31,8 +31,8 @@ from ..engine.config import EngineArgs
 from ..engine.core import EngineCore
 from ..engine.lockstep import DataParallelLockstep
 from ..engine.types import EngineCoreOutputs, EngineCoreRequest, SamplingParams
-from .driver import (START, RequestRecord, Timeline, _rare_collections, fast_forward, first_arrivals,
-                     listen_for_silent_tokens, run_events, timed_engine_inputs)
+from .driver import (START, RequestRecord, Timeline, _rare_collections, first_arrivals, listen_for_silent_tokens,
+                     run_engines, timed_engine_inputs)
 from .router import make_router
 from .workload import SimRequest
 
@@ -181,7 +181,6 @@ class DisaggSimulation:
         with _rare_collections():
             wall = time.perf_counter()
             first_arrivals(self.workload, self.concurrency, self._push)
-            run_events(self.clock, self.cores, self._arrivals, self._deliver,
-                       (lambda now: fast_forward(self.cores, self._arrivals)) if self.timing_only else None)
+            run_engines(self.clock, self.cores, self._arrivals, self._deliver, self.timing_only)
             self.wall_s = time.perf_counter() - wall
         return self

@@ -162,6 +162,46 @@ def run_events(clock: Any, cores: list, arrivals: list, deliver: Callable[[Any, 
             fast_forward(now)
 
 
+def run_engines(clock: Any, cores: list, arrivals: list, deliver: Callable[[Any, float], None],
+                timing_only: bool) -> None:
+    """`run_events` for a simulator's own engines, with `fast_forward` in timing-only runs, reading
+    each engine's next wake-up only when it may have moved. An engine's state changes only when
+    this loop runs it (`run_until_idle`, `fast_forward`) or when something posts to its inbox (an
+    arrival, another engine's handoff, a KV hold to release: then it is due now, as `next_wake`
+    says); so its wake-up is kept from its last run on and read again after the next. The shared
+    clock moves nobody else's: an engine with work due now runs before the clock moves on. Not for
+    DP ranks in lockstep, whose steps another rank runs: they go through `run_events`."""
+    ff = (lambda now: fast_forward(cores, arrivals)) if timing_only else None
+    if any(core.lockstep is not None for core in cores):
+        run_events(clock, cores, arrivals, deliver, ff)
+        return
+    inboxes = [core.inbox.messages for core in cores]
+    wakes = [_wake(core.next_wake()) for core in cores]
+    engines = range(len(cores))
+    while True:
+        now = clock.now()
+        t = arrivals[0][0] if arrivals else math.inf
+        for i in engines:
+            w = now if inboxes[i] else wakes[i]
+            if w < t:
+                t = w
+        if t == math.inf:
+            return
+        clock.advance_to(t)
+        now = clock.now()
+        while arrivals and arrivals[0][0] <= now:
+            deliver(heapq.heappop(arrivals)[2], now)
+        for i in engines:
+            if inboxes[i] or wakes[i] <= now:
+                wakes[i] = _wake(cores[i].run_until_idle(until=now))
+        if timing_only:
+            fast_forward(cores, arrivals, wakes, inboxes)
+
+
+def _wake(t: float | None) -> float:
+    return math.inf if t is None else t
+
+
 def timed_engine_inputs(args: EngineArgs, timing_only: bool | None) -> tuple[dict[str, Any], bool, bool]:
     """The engines' built inputs (engine_inputs), whether they run timing-only decodes (None: when
     they can: their steps are timed, nothing plans or replays their tokens), and whether their
@@ -201,23 +241,37 @@ def listen_for_silent_tokens(cores: list, records: dict[str, RequestRecord], ado
         core.cohort.on_tokens = on_tokens
 
 
-def fast_forward(cores: list, arrivals: list) -> None:
+def fast_forward(cores: list, arrivals: list, wakes: list[float] | None = None,
+                 inboxes: list | None = None) -> None:
     """Let each timing-only engine run its decode-only steps up to the next event that could reach
     it: the next arrival (a heap of (time, seq, request)), or any other engine's next step end (a
-    finish there may route a request here, a prefill worker's may hand it one)."""
+    finish there may route a request here, a prefill worker's may hand it one). `wakes` and
+    `inboxes`: `run_engines`'s kept wake-ups (inf: none) and the engines' inbox queues, the wake-up
+    of an engine that ran ahead read again into `wakes`; without them every engine's is read."""
     first = arrivals[0][0] if arrivals else math.inf
     if len(cores) == 1:
-        cores[0].fast_forward(first)
+        if cores[0].fast_forward(first) and wakes is not None:
+            wakes[0] = _wake(cores[0].next_wake())
         return
-    wakes = None
+    kept = wakes is not None
     for i, core in enumerate(cores):
         if not core.may_fast_forward():
             continue
-        if wakes is None:  # (read again after an engine ran ahead: it moved the shared clock)
-            wakes = [math.inf if (w := c.next_wake()) is None else w for c in cores]
-        horizon = min(first, min(wakes[:i], default=math.inf), min(wakes[i + 1:], default=math.inf))
+        if not kept:  # (read again after an engine ran ahead: it moved the shared clock)
+            wakes = [_wake(c.next_wake()) for c in cores]
+        now = cores[0].clock.now()  # (an engine with inputs waiting is due now)
+        horizon = first
+        for j, w in enumerate(wakes):
+            if j != i:
+                if inboxes is not None and inboxes[j]:
+                    w = now
+                if w < horizon:
+                    horizon = w
         if core.fast_forward(horizon):
-            wakes = None
+            if kept:
+                wakes[i] = _wake(core.next_wake())
+            else:
+                wakes = None
 
 
 class Simulation:
@@ -304,7 +358,6 @@ class Simulation:
     def _run(self) -> "Simulation":
         wall = time.perf_counter()
         first_arrivals(self.workload, self.concurrency, self._push)
-        run_events(self.clock, self.cores, self._arrivals, self._deliver,
-                   (lambda now: fast_forward(self.cores, self._arrivals)) if self.timing_only else None)
+        run_engines(self.clock, self.cores, self._arrivals, self._deliver, self.timing_only)
         self.wall_s = time.perf_counter() - wall
         return self
