@@ -385,6 +385,9 @@ class CohortScheduler(Scheduler):
     def schedule(self, now: float) -> list:
         policy = self.engine_policy
         policy.on_step()
+        if not self.running and not self.waiting:  # (nothing to decode, prefill or admit: an idle worker)
+            self.cohort_step = True
+            return []
         before = self.total_preemptions
         budget = self._config().max_num_batched_tokens
         if policy.extend_first:  # prefills and admissions alone when there are any (Scheduler.schedule)

@@ -15,6 +15,7 @@ core calls the rest from its loop.
 from __future__ import annotations
 
 import logging
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from .policy import HandoffOrder
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 logger = logging.getLogger("vllm_vcr.engine")
+_deadline = itemgetter(1)  # of a hold: (request, when it expires)
 PulledListener = Callable[[dict[str, Any]], None]
 
 # Dynamo-style handoff metadata a request may carry inside kv_transfer_params
@@ -175,7 +177,7 @@ class KVTransfer:
         """When a pull completes or a hold expires next."""
         t = self.transfers.next_completion()
         if self.holds:
-            h = min(d for _, d in self.holds.values())
+            h = min(map(_deadline, self.holds.values()))
             t = h if t is None or h < t else t
         return t
 
@@ -296,6 +298,8 @@ class KVTransfer:
     def expire_holds(self, now: float) -> bool:
         """Free the holds whose decode side never pulled; True if any was freed."""
         expired = False
+        if min(map(_deadline, self.holds.values()), default=now) > now:
+            return False
         for rid in [rid for rid, (_, deadline) in self.holds.items() if deadline <= now]:
             logger.warning("request %s: KV hold expired before the decode side pulled it", rid)
             expired = self.release_hold(rid, "KV hold expired before the decode side pulled it") or expired
