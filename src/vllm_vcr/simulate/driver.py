@@ -257,7 +257,7 @@ def fast_forward(cores: list, arrivals: list, wakes: list[float] | None = None,
     for i, core in enumerate(cores):
         if not core.may_fast_forward():
             continue
-        if not kept:  # (read again after an engine ran ahead: it moved the shared clock)
+        if wakes is None:  # (read again after an engine ran ahead: it moved the shared clock)
             wakes = [_wake(c.next_wake()) for c in cores]
         now = cores[0].clock.now()  # (an engine with inputs waiting is due now)
         horizon = first
