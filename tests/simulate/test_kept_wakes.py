@@ -46,7 +46,7 @@ def _both(monkeypatch, run) -> tuple[tuple, tuple]:
     return kept, asked
 
 
-WORKLOADS = dict(n=st.integers(1, 30), isl=st.sampled_from(["uniform:1:120", "lognormal:60:40", "17"]),
+WORKLOADS = dict(n=st.integers(1, 30), isl=st.sampled_from(["uniform:1:120", "uniform:40:80", "17"]),
                  osl=st.sampled_from(["uniform:1:60", "exp:20", "1", "2"]),
                  arrival=st.sampled_from(["closed", "poisson"]), concurrency=st.integers(1, 12),
                  prefixes=st.sampled_from([0, 2]), seed=st.integers(0, 3))
