@@ -193,7 +193,8 @@ def run_engines(clock: Any, cores: list, arrivals: list, deliver: Callable[[Any,
             deliver(heapq.heappop(arrivals)[2], now)
         for i in engines:
             if inboxes[i] or wakes[i] <= now:
-                wakes[i] = _wake(cores[i].run_until_idle(until=now))
+                w = cores[i].run_until_idle(until=now)
+                wakes[i] = math.inf if w is None else w
         if timing_only:
             fast_forward(cores, arrivals, wakes, inboxes)
 
