@@ -419,3 +419,19 @@ def test_a_decode_worker_short_of_blocks_preempts_pulled_requests_alike(monkeypa
     fast, got = _disagg(monkeypatch, timing_only=True, **kw)
     assert sum(plain.timeline.preemptions) > 0 and fast.timeline.preemptions == plain.timeline.preemptions
     assert got == expected and fast.timeline.steps == plain.timeline.steps
+
+
+@pytest.mark.xfail(strict=True, reason="a known difference of the disaggregated timing-only path: a decode worker's "
+                   "cohort member that finishes at the step a 1-token request's KV pull completes frees its blocks one "
+                   "step call earlier than on the plain path (same times, gaps and step counts; the final free queue's "
+                   "order and later block ids differ)")
+def test_a_pull_completing_at_a_cohort_finish_frees_in_the_plain_order(monkeypatch):
+    wl = dict(num_requests=7, isl=LengthDist.parse("17", "--isl"), osl=LengthDist.parse("uniform:1:60", "--osl"),
+              arrival="poisson", concurrency=1, request_rate=200.0, num_prefixes=0, prefix_len=24, seed=1)
+    kw = dict(kv=(32, 47), block=4, budget=32, seqs=4, engine=("vllm", 1), workers=(1, 1), dp=(1, 2), moe=False,
+              held=False, wl=wl, link=2.0)
+    plain, expected = _disagg(monkeypatch, timing_only=False, **kw)
+    fast, got = _disagg(monkeypatch, timing_only=True, **kw)
+    assert got == expected and fast.timeline.steps == plain.timeline.steps
+    assert [c.block_pool.free_queue() for c in fast.prefill + fast.decode] == \
+        [c.block_pool.free_queue() for c in plain.prefill + plain.decode]
