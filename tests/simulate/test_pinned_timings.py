@@ -5,9 +5,9 @@ estimator caches). A speed change that moves a simulated time fails here.
 
 Both paths are pinned (tests/engine/test_decode_cohort.py holds them equal request by request;
 only the KV-usage peak may differ, as the timing-only timeline is sampled at the steps with
-outputs). `pressure` was pinned again when the engine took vLLM's full-sequence admission gate
-(`scheduler_reserve_full_isl`: 55 preemptions where the first chunk alone admitted a request, 69);
-`pressure_chunk_admission` keeps the earlier numbers with the gate off."""
+outputs). `pressure` runs vLLM's full-sequence admission gate (`scheduler_reserve_full_isl`, the
+default: 55 preemptions), `pressure_chunk_admission` the same run with a request admitted once its
+first chunk fits (69)."""
 
 from __future__ import annotations
 

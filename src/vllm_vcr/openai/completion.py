@@ -274,10 +274,10 @@ class CompletionServing(ServingBase):
         details = self.prompt_details(states[-1].cached_tokens)
         usage = usage_dict(prompt_tokens, sum(st.num_tokens for st in states), details)
         fp = self.settings.system_fingerprint
+        metrics = self.request_metrics(engine_reqs, usage["completion_tokens"])
         ctx.finishing = True
         if not req.stream:
-            await send_bytes(ctx.send, 200, encode(response_dict(
-                rid, created, model, choices, fp, usage, None, self.request_metrics(engine_reqs, usage["completion_tokens"]))))
+            await send_bytes(ctx.send, 200, encode(response_dict(rid, created, model, choices, fp, usage, None, metrics)))
             return
         w = SSEWriter(ctx.send)
         inc, _ = include_usage_flags(req, self.settings.force_include_usage)
@@ -286,7 +286,7 @@ class CompletionServing(ServingBase):
         parts = [tpl.chunk({**stream_choice(c), "prompt_token_ids": prompts[k // req.n].ids}, last=not inc)
                  for k, c in enumerate(choices)]
         if inc:
-            parts.append(tpl.usage_chunk(usage, self.request_metrics(engine_reqs, usage["completion_tokens"])))
+            parts.append(tpl.usage_chunk(usage, metrics))
         await w.close(b"".join(parts) + DONE)
 
     async def _stream(self, ctx: RequestContext, req: CompletionRequest, rid: str, created: int, model: str,
@@ -401,7 +401,8 @@ def stream_choice(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def response_dict(rid: str, created: int, model: str, choices: list[dict[str, Any]], fingerprint: str | None,
-                  usage: dict[str, Any], kv_transfer_params: Any, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+                  usage: dict[str, Any], kv_transfer_params: Any,
+                  metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "service_tier": None, "system_fingerprint": fingerprint, "usage": usage,
             "kv_transfer_params": kv_transfer_params, "ec_transfer_params": None, "metrics": metrics}

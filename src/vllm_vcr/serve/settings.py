@@ -234,8 +234,9 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
 
 
 # vLLM's types accept any int for these; values the simulator cannot run with fail here, naming the flag
-_AT_LEAST = {"sse_keep_alive_interval": 0, "port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1, "stream_interval": 1,
-             "renderer_num_workers": 1, "max_num_queued_reqs": 0, "max_num_queued_tokens": 0, "data_parallel_rank": 0, "data_parallel_size": 1,
+_AT_LEAST = {"sse_keep_alive_interval": 0, "port": 0, "max_num_seqs": 1, "max_num_batched_tokens": 1, "block_size": 1,
+             "stream_interval": 1, "renderer_num_workers": 1, "max_num_queued_reqs": 0, "max_num_queued_tokens": 0,
+             "data_parallel_rank": 0, "data_parallel_size": 1,
              "kv_cache_memory_bytes": 1}
 
 

@@ -134,7 +134,8 @@ class ResponsesServing:
     # -- the response object -------------------------------------------------------------------
 
     def response_body(self, req: ResponsesRequest, model: str, created: int, output: list[dict[str, Any]],
-                      status: str, usage: dict[str, Any] | None, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+                      status: str, usage: dict[str, Any] | None,
+                      metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         """The response object (`metrics`: the per-request metrics of --enable-per-request-metrics,
         a field only when there are some, as vLLM serialises it)."""
         max_tokens = req.max_output_tokens
