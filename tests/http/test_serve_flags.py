@@ -109,6 +109,9 @@ def _serve(*argv: str) -> subprocess.CompletedProcess:
     (["--max-num-seqz"], "unrecognized arguments: --max-num-seqz (did you mean --max-num-seqs?"),
     (["--max-num-seqs", "0", "--port", "0"], "--max-num-seqs: must be >= 1, got 0"),
     (["--tool-call-parser", "nope", "--port", "0"], "--tool-call-parser: invalid tool call parser: nope"),
+    (["--watermark", "1.5", "--port", "0"], "--watermark must be in [0, 1), got 1.5"),
+    (["--max-num-queued-tokens", "-1", "--port", "0"], "--max-num-queued-tokens: must be >= 0, got -1"),
+    (["--sse-keep-alive-interval", "-1", "--port", "0"], "--sse-keep-alive-interval: must be >= 0, got -1"),
 ])
 def test_an_argument_error_is_one_line_naming_the_flag(argv, names):
     r = _serve(*argv)
