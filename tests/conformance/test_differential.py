@@ -22,6 +22,8 @@ import time
 import httpx
 import pytest
 
+from tests.chat_conversations import PARTS_CONVERSATION
+
 from . import peers
 
 pytestmark = pytest.mark.conformance
@@ -1099,10 +1101,30 @@ def test_generation_config_defaults_same_answers(vllm_version, tmp_path_factory,
 GREETING_TEMPLATE = ("{{ bos_token }}{% if greeting is defined %}{{ greeting }} {% endif %}"
                      "{% if tools %}tools: {{ tools | map(attribute='function') | map(attribute='name') | join(',') }} "
                      "{% endif %}{% for message in messages %}"
-                     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>"
+                     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
+                     # (a loop over the content's parts: both frontends detect the `openai` content format)
+                     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+                     "{% for part in message['content'] %}[{{ part['type'] }}{% if part['cache_control'] is defined %}"
+                     " cached{% endif %}]{{ part['text'] }}{% endfor %}{% endif %}<|eot_id|>"
                      "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
                      "{% endif %}")
+# content in the `openai` format: parts (a string content one part, a null content none, extra keys of
+# a part kept), a tool message's parts joined, a system message's billing-header line dropped
 FRONTEND_DEFAULTS_CASES = {
+    "content_parts": ("/v1/chat/completions", {"messages": PARTS_CONVERSATION, "max_tokens": 40, "ignore_eos": True}),
+    "content_parts_tokenize": ("/tokenize", {"messages": PARTS_CONVERSATION}),
+    "responses_content_parts": ("/v1/responses", {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "one"},
+                                               {"type": "input_text", "text": "two"}]}],
+        "instructions": "Be terse.", "max_output_tokens": 40}),
+    "content_parts_messages": ("/v1/messages", {
+        "system": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "Be kind."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}],
+        "max_tokens": 40}),
+    "content_parts_continued": ("/v1/chat/completions", {
+        "messages": [*USER, {"role": "assistant", "content": [{"type": "text", "text": "par"},
+                                                              {"type": "text", "text": "tial"}]}],
+        "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 8, "ignore_eos": True}),
     "defaults_template_kwargs": ("/v1/chat/completions", {"messages": USER, "max_tokens": 12, "ignore_eos": True}),
     "defaults_template_kwargs_request": ("/v1/chat/completions", {
         "messages": USER, "max_tokens": 12, "ignore_eos": True, "chat_template_kwargs": {"greeting": "yo"}}),
@@ -1142,7 +1164,8 @@ def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
     """`--chat-template FILE --default-chat-template-kwargs --return-tokens-as-token-ids
     --exclude-tools-when-tool-choice-none --disable-fastapi-docs`: the template's variables a
     request leaves to the server, its tools for tool_choice "none", logprobs naming tokens by id (a
-    request's `return_tokens_as_token_ids` deciding for itself) and the docs pages, against the
+    request's `return_tokens_as_token_ids` deciding for itself), the docs pages, and message
+    content as the template's loop over parts gets it (the `openai` content format), against the
     real frontend."""
     folder = tmp_path_factory.mktemp("template")
     (folder / "greeting.jinja").write_text(GREETING_TEMPLATE)
@@ -1178,6 +1201,7 @@ def test_frontend_defaults_same_answers(vllm_version, tmp_path_factory):
         real_st.stop()
     # what the flags did (the comparison above holds serve to the real frontend's answers)
     assert answers["defaults_template_kwargs"]["choices"][0]["message"]["content"].startswith("hey")
+    assert "[text cached]two" in answers["content_parts"]["choices"][0]["message"]["content"]
     assert answers["defaults_template_kwargs_request"]["choices"][0]["message"]["content"].startswith("yo")
     assert "tools:" not in answers["defaults_tools_choice_none"]["choices"][0]["message"]["content"]
     assert answers["defaults_chat_logprobs_ids"]["choices"][0]["logprobs"]["content"][0]["token"].startswith("token_id:")

@@ -24,7 +24,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.compiler import CodeGenerator
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .isolated import BudgetExceeded, IsolatedPool
@@ -160,13 +160,24 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationTag(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens for
+    training masks): the body renders as it is, as in transformers' renders for a prompt."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 _env: BoundedEnvironment | None = None
 
 
 def _environment() -> BoundedEnvironment:
     global _env
     if _env is None:
-        env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
         env.filters["tojson"] = _tojson
         env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
         env.globals["raise_exception"] = _raise_exception

@@ -94,6 +94,8 @@ class ServeSettings:
     return_tokens_as_token_ids: bool = False
     # --exclude-tools-when-tool-choice-none: a request with tool_choice "none" renders without its tools
     exclude_tools_when_tool_choice_none: bool = False
+    # --chat-template-content-format: message content as a string or OpenAI's parts (auto: the template's)
+    chat_template_content_format: str = "auto"
 
     @property
     def model_name(self) -> str:

@@ -22,6 +22,7 @@ from ..frontend.generation import (
 )
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many, tokens_as_ids
 from ..frontend.planned_output import attach_planned_ids
+from ..frontend.content_format import resolve_content_format
 from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import ChatCompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
@@ -63,36 +64,80 @@ _USAGE_R = (b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens"
             b'"completion_tokens_details":{"reasoning_tokens":%d}}')
 
 
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: content a string (text parts joined by newlines)."""
+# the keys of OpenAI's content parts: a text part's other keys reach an `openai`-format template with it
+_PART_FIELDS = frozenset({"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil",
+                          "image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text",
+                          "thinking", "type", "uuid", "video_embeds", "video_url"})
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def normalize_messages(messages: list[dict[str, Any]], content_format: str = "string") -> list[dict[str, Any]]:
+    """Messages as vLLM gives them to the chat template: in the `string` content format each
+    content a string (its text parts joined by newlines, none: ""), in the `openai` format a list
+    of text parts (a string content one part; a tool message's text parts still joined), a system
+    message's leading Claude Code billing-header line dropped (frontend/content_format.py)."""
     out = []
+    parts_out = content_format == "openai"
     for k, m in enumerate(messages):
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise bad_request(f"messages[{k}]: 'role' must be a non-empty string.", "messages")
         content = m.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if isinstance(part, str):
-                    texts.append(part)
-                    continue
-                if not isinstance(part, dict):
-                    raise bad_request(f"messages[{k}].content: each part must be an object.", "messages")
-                ptype = part.get("type")
-                if ptype in ("text", "input_text", "output_text", "refusal"):
-                    text = part.get("text", part.get("refusal"))
-                    if not isinstance(text, str):
-                        raise bad_request(f"messages[{k}].content: a '{ptype}' part needs a string 'text'.", "messages")
-                    texts.append(text)
-                else:
-                    raise bad_request(f"messages[{k}].content: part type {ptype!r} is not supported by this "
-                                      "text-only model.", "messages")
-            m = {**m, "content": "\n".join(texts)}
-        elif content is not None and not isinstance(content, str):
+        if isinstance(content, str) and not parts_out and (role != "system" or not content.startswith(_BILLING_HEADER)):
+            out.append(m)  # (the common case: the message as it came)
+            continue
+        if content is None:
+            content = []
+        elif isinstance(content, str):
+            content = [content]
+        elif not isinstance(content, list):
             raise bad_request(f"messages[{k}].content must be a string or a list of content parts.", "messages")
-        out.append(m)
+        parts = []  # (text, the part's other keys)
+        for part in content:
+            if isinstance(part, str):
+                parts.append((part, None))
+                continue
+            if not isinstance(part, dict):
+                raise bad_request(f"messages[{k}].content: each part must be an object.", "messages")
+            ptype = part.get("type")
+            if ptype in ("text", "input_text", "output_text", "refusal"):
+                text = part.get("text", part.get("refusal"))
+                if not isinstance(text, str):
+                    raise bad_request(f"messages[{k}].content: a '{ptype}' part needs a string 'text'.", "messages")
+                parts.append((text, part))
+            else:
+                raise bad_request(f"messages[{k}].content: part type {ptype!r} is not supported by this "
+                                  "text-only model.", "messages")
+        if role == "system":
+            parts = _without_billing_header(parts)
+        if parts_out and role != "tool":
+            shaped: Any = [{"type": "text", "text": text,
+                            **({key: v for key, v in part.items() if key not in _PART_FIELDS} if part else {})}
+                           for text, part in parts]
+        else:
+            shaped = "\n".join(text for text, _ in parts)
+        out.append({**m, "content": shaped})
     return out
+
+
+def _without_billing_header(parts: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """A system message's parts without the first line of each text part that is Claude Code's
+    attribution header (its value changes per request), as vLLM drops it."""
+    kept = []
+    for text, part in parts:
+        if text.startswith(_BILLING_HEADER) and (part is None or part.get("type") == "text"):
+            text = text.partition("\n")[2]
+            if not text:
+                continue
+        kept.append((text, part))
+    return kept
+
+
+def content_text(content: Any) -> str:
+    """A message content's text: a string as it is, parts' texts joined by newlines."""
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content or ""
 
 
 def developer_as_system(conv: list[dict[str, Any]], template: str | None) -> list[dict[str, Any]]:
@@ -107,7 +152,8 @@ def developer_as_system(conv: list[dict[str, Any]], template: str | None) -> lis
     systems = [i for i, m in enumerate(conv) if m.get("role") == "system"]
     if not systems or systems == [0]:
         return conv
-    merged = {"role": "system", "content": "\n\n".join(c for i in systems if (c := conv[i].get("content") or ""))}
+    merged = {"role": "system",
+              "content": "\n\n".join(c for i in systems if (c := content_text(conv[i].get("content"))))}
     return [merged, *(m for m in conv if m.get("role") != "system")]
 
 
@@ -233,7 +279,8 @@ class ChatServing(ServingBase):
         if add_generation_prompt and continue_final_message:
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
-        conv = developer_as_system(normalize_messages(messages), template)
+        fmt = resolve_content_format(self.settings.chat_template_content_format, template)
+        conv = developer_as_system(normalize_messages(messages, fmt), template)
         kwargs = {**self.settings.default_chat_template_kwargs, **(chat_template_kwargs or {})}
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
             kwargs.pop(reserved, None)
@@ -243,6 +290,8 @@ class ChatServing(ServingBase):
         """The rendered text cut after the final message it continues, then checked for length."""
         if continue_final_message and conv:
             final = conv[-1].get("content") or ""
+            if isinstance(final, list):  # (transformers continues the last text part)
+                final = next((p["text"] for p in reversed(final) if "text" in p), "")
             if isinstance(final, str) and final.strip():
                 cut = text.rfind(final.strip())
                 if cut != -1:

@@ -80,6 +80,10 @@ HONOURED: dict[str, Honoured] = {
                                                "false}'); a request's chat_template_kwargs override them"),
     "--exclude-tools-when-tool-choice-none": Honoured("a request with tool_choice \"none\" renders its prompt "
                                                       "without its tools, as vLLM"),
+    "--chat-template-content-format": Honoured("how a chat template gets message content: string (text parts "
+                                               "joined by newlines) or openai (a list of text parts); auto: "
+                                               "openai for a template that loops over a message's content, as "
+                                               "vLLM detects it"),
     "--enable-per-request-metrics": Honoured("a response's `metrics` (its non-streamed body, a stream's usage "
                                              "chunk): TTFT, queue, decode time, mean ITL and tokens/s of one "
                                              "sequence, from the engine's timestamps, as vLLM"),

@@ -229,6 +229,7 @@ def build_settings_and_args(args: argparse.Namespace, tokenizers: dict | None = 
         default_chat_template_kwargs=dict(template_kwargs),
         return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
         exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
+        chat_template_content_format=getattr(args, "chat_template_content_format", None) or "auto",
     )
     return settings, engine_args, tok, engine_count, ignored_flags(args)
 

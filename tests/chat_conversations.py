@@ -1,0 +1,16 @@
+"""Conversations that several test modules send (the serve e2e tests and the differential suite)."""
+
+# Message content in every shape a client sends: a system message starting with Claude Code's
+# billing-header line, text parts (one with a key of its own), an assistant message with tool calls
+# and no content, a tool message of parts, a developer message of parts, a plain string.
+PARTS_CONVERSATION = [
+    {"role": "system", "content": "x-anthropic-billing-header: cch=1f2e\nBe terse."},
+    {"role": "user", "content": [{"type": "text", "text": "one"},
+                                 {"type": "text", "text": "two", "cache_control": {"type": "ephemeral"}}]},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "r1"},
+                                                           {"type": "text", "text": "r2"}]},
+    {"role": "developer", "content": [{"type": "text", "text": "Be kind."}]},
+    {"role": "user", "content": "three"},
+]
