@@ -249,6 +249,8 @@ def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
         long_prefill_token_threshold=int(ns.long_prefill_token_threshold),
         scheduler_reserve_full_isl=bool(getattr(ns, "scheduler_reserve_full_isl", True)),
         watermark=float(getattr(ns, "watermark", 0.0) or 0.0),
+        max_num_active_seqs=getattr(ns, "max_num_active_seqs", None),
+        max_num_scheduled_tokens=getattr(ns, "max_num_scheduled_tokens", None),
         scheduling_policy=ns.scheduling_policy,
         time_scale=float(ns.time_scale),
         seed=int(ns.seed),

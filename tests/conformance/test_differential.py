@@ -577,6 +577,9 @@ def _start_up_error(cmd: list[str], env: dict[str, str]) -> str:
      "(max_position_embeddings=2048.0 or model_max_length=None in model's config.json). To allow overriding "
      "this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used "
      "with extreme caution."),
+    ("max_num_active_seqs above max_num_seqs", [str(peers.MODEL_DIR), "--max-num-seqs", "8", "--max-num-active-seqs",
+                                                "16"],
+     "max_num_active_seqs (16) cannot be greater than max_num_seqs (8)."),
     ("model path that does not exist", ["/no/such/model/dir"],
      "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/no/such/model/dir'. Use `repo_type` "
      "argument if needed."),

@@ -2,6 +2,7 @@
 
 import pytest
 
+from vllm_vcr.engine.config import ConfigError
 from vllm_vcr.engine.types import EngineCoreEventType, FinishReason
 
 
@@ -52,14 +53,33 @@ def test_decodes_take_budget_before_prefills(harness):
     assert mixed and all(s["b"] <= 31 for s in mixed)
 
 
-def test_max_num_seqs_bounds_the_running_batch(harness):
-    h = harness(max_num_seqs=2, inter_token_latency=10)
+@pytest.mark.parametrize("limits", [{"max_num_seqs": 2}, {"max_num_seqs": 8, "max_num_active_seqs": 2}])
+def test_the_running_batch_is_bounded(harness, limits):
+    """max_num_seqs, or vLLM's lower --max-num-active-seqs: admission into RUNNING stops at it."""
+    h = harness(**limits, inter_token_latency=10)
     for i in range(5):
         h.add(f"r{i}", max_tokens=3)
     h.run(until=0.001)
     assert h.stats().running == 2 and h.stats().waiting == 3
     h.run()
     assert all(h.finish(f"r{i}") is FinishReason.LENGTH for i in range(5))
+
+
+def test_max_num_active_seqs_is_at_most_max_num_seqs(harness):
+    with pytest.raises(ConfigError, match=r"max_num_active_seqs \(9\) cannot be greater than max_num_seqs \(8\)"):
+        harness(max_num_seqs=8, max_num_active_seqs=9)
+
+
+def test_max_num_scheduled_tokens_is_the_step_budget(harness):
+    """vLLM's --max-num-scheduled-tokens: a step schedules at most that many tokens (the batched-
+    tokens budget stays larger)."""
+    h = harness(max_num_batched_tokens=256, max_num_scheduled_tokens=64, tokens_per_block=16)
+    h.add("r", prompt_len=200, max_tokens=2)
+    seen = []
+    orig = h.core.scheduler.schedule
+    h.core.scheduler.schedule = lambda now: (lambda out: (seen.extend(n for _, n, _ in out), out)[1])(orig(now))
+    h.run()
+    assert [n for n in seen if n > 1] == [64, 64, 64, 8]
 
 
 def test_fcfs_admits_in_arrival_order(harness):
@@ -170,8 +190,10 @@ def test_the_watermark_keeps_blocks_free_at_admission(harness, watermark):
     assert waited is (watermark > 0)
 
 
-def test_the_admission_gates_keep_both_paths_equal(monkeypatch):
-    """The timing-only path admits exactly as the plain one under the gates (KV pressure, a watermark)."""
+@pytest.mark.parametrize("active,scheduled", [(None, None), (12, 100)])
+def test_the_admission_gates_keep_both_paths_equal(monkeypatch, active, scheduled):
+    """The timing-only path admits exactly as the plain one under the gates (KV pressure, a watermark,
+    fewer active sequences and scheduled tokens than max_num_seqs and the batched-token budget)."""
     from vllm_vcr.engine.config import EngineArgs, EngineConfig
     from vllm_vcr.simulate import driver as driver_mod
     from vllm_vcr.simulate.report import build_report
@@ -184,9 +206,10 @@ def test_the_admission_gates_keep_both_paths_equal(monkeypatch):
     reports = []
     for timing_only in (False, True):
         args = EngineArgs(config=EngineConfig(max_num_seqs=32, max_num_batched_tokens=256), kv_cache_size=120,
-                          tokens_per_block=16, watermark=0.1, advertised_max_model_len=1 << 20).validate()
+                          tokens_per_block=16, watermark=0.1, advertised_max_model_len=1 << 20,
+                          max_num_active_seqs=active, max_num_scheduled_tokens=scheduled).validate()
         wl = SyntheticWorkload(num_requests=80, isl=LengthDist.parse("lognormal:300:150", "--isl"),
                                osl=LengthDist.parse("uniform:10:120", "--osl"), arrival="closed", concurrency=20, seed=3)
         report = build_report(simulate(args, wl, concurrency=20, timing_only=timing_only))
         reports.append((report["latency_ms"], report["preemptions"]["total"]))
-    assert reports[0] == reports[1] and reports[0][1] > 0
+    assert reports[0] == reports[1] and (reports[0][1] > 0 or active is not None)

@@ -149,6 +149,11 @@ class EngineArgs(msgspec.Struct, kw_only=True):
     # vLLM's --watermark: this fraction of the KV blocks stays free when a waiting or preempted
     # request is admitted beside running ones (vLLM engine type only)
     watermark: float = 0.0
+    # vLLM's --max-num-active-seqs: how many requests may run at once (admission into RUNNING), at
+    # most max_num_seqs (which keeps sizing CUDA-graph capture); None: max_num_seqs
+    max_num_active_seqs: int | None = None
+    # vLLM's --max-num-scheduled-tokens: the tokens one step may schedule; None: max_num_batched_tokens
+    max_num_scheduled_tokens: int | None = None
     prefix_caching_hash_algo: str = "sha256"  # vLLM's default; KV event hashes depend on it
     # the seed of vLLM's NONE_HASH (the parent of every first block): what vLLM reads from
     # $PYTHONHASHSEED, read there by the CLI (the engine reads no environment); None: vLLM's
@@ -204,6 +209,14 @@ class EngineArgs(msgspec.Struct, kw_only=True):
             raise ConfigError(f"--time-scale must be > 0, got {self.time_scale}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"--watermark must be in [0, 1), got {self.watermark}")
+        if self.max_num_active_seqs is not None:
+            if self.max_num_active_seqs < 1:
+                raise ConfigError(f"--max-num-active-seqs must be >= 1, got {self.max_num_active_seqs}")
+            if self.max_num_active_seqs > self.config.max_num_seqs:
+                raise ConfigError(f"--max-num-active-seqs: max_num_active_seqs ({self.max_num_active_seqs}) cannot "
+                                  f"be greater than max_num_seqs ({self.config.max_num_seqs}).")
+        if self.max_num_scheduled_tokens is not None and self.max_num_scheduled_tokens < 1:
+            raise ConfigError(f"--max-num-scheduled-tokens must be >= 1, got {self.max_num_scheduled_tokens}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ConfigError(f"--scheduling-policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.mode not in ("random", "echo"):

@@ -103,7 +103,7 @@ class EngineCore(EngineControls):
                       policy_for(args.engine_type))
         self.cohort: DecodeCohort | None = None
         if timing_only:
-            why = timing_only_unsupported(self.latency, sched_args[-1], self._config)
+            why = timing_only_unsupported(self.latency, sched_args[-1], args)
             if why is not None:
                 raise ValueError(f"timing-only decodes are unavailable: {why}")
             self.cohort = DecodeCohort(args.tokens_per_block)
@@ -115,6 +115,8 @@ class EngineCore(EngineControls):
         if args.engine_type == "vllm":
             self.scheduler.watermark_blocks = int(args.watermark * args.kv_cache_size)
         self.scheduler.max_loras = args.max_loras
+        self.scheduler.max_active_seqs = args.max_num_active_seqs
+        self.scheduler.max_scheduled_tokens = args.max_num_scheduled_tokens
         self.kv_capacity_tokens = args.kv_cache_size * args.tokens_per_block
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()  # (one object for the engine's life: reset_stats resets it in place)

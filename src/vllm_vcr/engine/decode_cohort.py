@@ -38,7 +38,7 @@ from .scheduler import Scheduler, output_counts
 from .tokens import CountedTokens, RandomTokens
 
 if TYPE_CHECKING:
-    from .config import EngineConfig
+    from .config import EngineArgs
     from .latency import LatencyModel
     from .policy import EnginePolicy
 
@@ -389,7 +389,7 @@ class CohortScheduler(Scheduler):
             self.cohort_step = True
             return []
         before = self.total_preemptions
-        budget = self._config().max_num_batched_tokens
+        budget = self.token_budget()
         if policy.extend_first:  # prefills and admissions alone when there are any (Scheduler.schedule)
             scheduled, budget = self._schedule_prefills([], budget, now)
             if self.total_preemptions == before and self.waiting and not self.paused_new:
@@ -443,12 +443,14 @@ class CohortOutputProcessor(OutputProcessor):
 _LENGTH_ONLY = (RandomTokens, CountedTokens)  # sources that never emit an ending id
 
 
-def timing_only_unsupported(latency: LatencyModel, policy: EnginePolicy, config: EngineConfig) -> str | None:
+def timing_only_unsupported(latency: LatencyModel, policy: EnginePolicy, args: EngineArgs) -> str | None:
     """Why an engine cannot run timing-only decodes (None: it can)."""
     if not latency.times_steps:
         return "steps are not timed (no step-time or perf model)"
     if not policy.decode_cohort:
         return f"the engine type {policy.name} does not support them"
-    if config.max_num_seqs > config.max_num_batched_tokens:
-        return "max_num_seqs exceeds max_num_batched_tokens (the budget could cut decodes)"
+    config = args.config
+    running = min(config.max_num_seqs, args.max_num_active_seqs or config.max_num_seqs)
+    if running > (args.max_num_scheduled_tokens or config.max_num_batched_tokens):
+        return "more requests may run than a step schedules tokens (the budget could cut decodes)"
     return None

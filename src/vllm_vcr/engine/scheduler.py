@@ -71,6 +71,18 @@ class Scheduler:
         self.max_loras = 0  # > 0: at most this many distinct LoRA adapters in the batch (vLLM's max_loras)
         self.num_skipped_waiting = 0  # waiting requests the last step deferred (their adapter did not fit)
         self.paused_new = False  # sleep/pause: admit nothing until resumed
+        # vLLM's --max-num-active-seqs and --max-num-scheduled-tokens (None: max_num_seqs, max_num_batched_tokens)
+        self.max_active_seqs: int | None = None
+        self.max_scheduled_tokens: int | None = None
+
+    def running_limit(self) -> int:
+        """How many requests may run at once (vLLM's max_num_active_reqs)."""
+        cap = self._config().max_num_seqs
+        return cap if self.max_active_seqs is None else min(cap, self.max_active_seqs)
+
+    def token_budget(self) -> int:
+        """The tokens one step may schedule (vLLM's max_num_scheduled_tokens)."""
+        return self.max_scheduled_tokens or self._config().max_num_batched_tokens
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:
@@ -135,7 +147,7 @@ class Scheduler:
         if self.prefilling and any(r.status is RequestStatus.RUNNING and r.is_prefilling for r in self.prefilling):
             return True
         return (len(self.waiting) > self.num_skipped_waiting and not self.admission_blocked and not self.paused_new
-                and len(self.running) < self._config().max_num_seqs)
+                and len(self.running) < self.running_limit())
 
     def remove(self, req: Request, free_blocks: bool = True) -> None:
         """Take a request out of whichever queue holds it (finish or abort)."""
@@ -160,7 +172,7 @@ class Scheduler:
         any, and decodes only in a step without them."""
         policy = self.engine_policy
         policy.on_step()
-        budget = self._config().max_num_batched_tokens
+        budget = self.token_budget()
         preemptions_before = self.total_preemptions
         if policy.extend_first:
             scheduled, budget = self._schedule_prefills([], budget, now)
@@ -261,7 +273,7 @@ class Scheduler:
         kv = self.kv
         threshold = self.long_prefill_token_threshold
         policy = self.engine_policy
-        max_num_seqs = self._config().max_num_seqs
+        max_num_seqs = self.running_limit()
         while self.waiting and budget > 0 and len(self.running) < max_num_seqs:
             req = self._peek_waiting()
             if loras is not None and not admissible(req.lora_id, loras, self.max_loras):

@@ -291,7 +291,7 @@ class Bursts:
         for req, _, kind in scheduled:
             if kind != DECODE or not req.burstable or not req.output_token_ids:
                 return 1  # (the first token is emitted on its own, as after a prefill)
-        k = min(MAX_BURST, max_burst, self._config().max_num_batched_tokens // n)
+        k = min(MAX_BURST, max_burst, sched.token_budget() // n)
         kv = self._kv
         if k < 2 or kv.pool.num_free_blocks < n * (kv.blocks_needed(k) + 1):
             return 1

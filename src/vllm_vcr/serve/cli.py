@@ -41,6 +41,11 @@ HONOURED: dict[str, Honoured] = {
     "--disable-sliding-window": Honoured("cap the context length at the model's sliding window, as vLLM"),
     "--max-num-seqs": Honoured("max running requests per engine (default 128)"),
     "--max-num-batched-tokens": Honoured("token budget per engine step (default 2048)"),
+    "--max-num-active-seqs": Honoured("how many requests may run at once (admission into RUNNING), at most "
+                                      "--max-num-seqs, which keeps sizing the perf model's CUDA-graph capture; "
+                                      "default: --max-num-seqs"),
+    "--max-num-scheduled-tokens": Honoured("the tokens one engine step may schedule (default: "
+                                           "--max-num-batched-tokens)"),
     "--max-num-queued-reqs": Honoured("admission limit on unfinished requests (waiting + running, n counts n): "
                                       "one more is refused with vLLM's 503"),
     "--max-num-queued-tokens": Honoured("admission limit on the prompt tokens of the requests in prefill (their "

@@ -44,6 +44,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--router", choices=ROUTERS, default="round_robin")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    e.add_argument("--max-num-active-seqs", type=int, default=None,
+                   help="requests running at once, at most --max-num-seqs (vLLM's; default: --max-num-seqs)")
+    e.add_argument("--max-num-scheduled-tokens", type=int, default=None,
+                   help="tokens one step may schedule (vLLM's; default: --max-num-batched-tokens)")
     e.add_argument("--max-model-len", type=int, default=0, help="0: no limit")
     e.add_argument("--block-size", type=int, default=None)
     d = p.add_argument_group(

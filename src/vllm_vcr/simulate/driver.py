@@ -211,7 +211,7 @@ def timed_engine_inputs(args: EngineArgs, timing_only: bool | None) -> tuple[dic
     if timing_only is None:  # nothing reads the tokens: by default, when the engine can
         latency = inputs.get("latency")
         timing_only = latency is not None and not (inputs.keys() & {"planner", "replay_table"}) and \
-            timing_only_unsupported(latency, policy_for(args.engine_type), args.config) is None
+            timing_only_unsupported(latency, policy_for(args.engine_type), args) is None
     counted = False
     if timing_only:  # no KV events leave the process: any content hash finds the same prefixes
         inputs["block_hasher"] = ContentHasher()
