@@ -14,3 +14,20 @@ PARTS_CONVERSATION = [
     {"role": "developer", "content": [{"type": "text", "text": "Be kind."}]},
     {"role": "user", "content": "three"},
 ]
+
+# Parts of the other types a text-only model takes: thinking and refusal parts (their text), tool
+# references (a tool's name; a part of its own for a template that loops over parts, in a tool
+# message too).
+OTHER_PARTS_CONVERSATION = [
+    {"role": "user", "content": [{"type": "tool_reference", "name": "get_weather"}, {"type": "text", "text": "go"}]},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"},
+                                      {"type": "refusal", "refusal": "no", "text": "not this"}],
+     "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "tool_reference", "name": "get_weather"}]},
+]
+# A media part, typed or not: a model without a multimodal processor refuses it.
+MEDIA_PARTS = {
+    "image_url": {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/x.png"}},
+    "input_audio": {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+    "untyped_image": {"image_url": "http://127.0.0.1:9/x.png"},
+}

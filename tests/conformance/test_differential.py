@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from tests.chat_conversations import PARTS_CONVERSATION
+from tests.chat_conversations import MEDIA_PARTS, OTHER_PARTS_CONVERSATION, PARTS_CONVERSATION
 
 from . import peers
 
@@ -247,6 +247,11 @@ CASES = {
     "chat_developer_merged": ("/v1/chat/completions", {"messages": [
         {"role": "system", "content": "A."}, *USER, {"role": "developer", "content": [
             {"type": "text", "text": "B."}, {"type": "text", "text": "C."}]}], "max_tokens": 60, "ignore_eos": True}),
+    "chat_other_parts": ("/v1/chat/completions", {"messages": OTHER_PARTS_CONVERSATION, "max_tokens": 40,
+                                                  "ignore_eos": True}),
+    **{f"chat_media_part_{kind}": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "what is it?"}]}], "max_tokens": 4})
+       for kind, part in MEDIA_PARTS.items()},
     "chat_stream": ("/v1/chat/completions", {"messages": MSGS, "max_tokens": 6, "stream": True,
                                              "stream_options": {"include_usage": True}}),
     "too_long": ("/v1/completions", {"prompt": "x", "max_tokens": 5000}),
@@ -1116,6 +1121,8 @@ GREETING_TEMPLATE = ("{{ bos_token }}{% if greeting is defined %}{{ greeting }} 
 FRONTEND_DEFAULTS_CASES = {
     "content_parts": ("/v1/chat/completions", {"messages": PARTS_CONVERSATION, "max_tokens": 40, "ignore_eos": True}),
     "content_parts_tokenize": ("/tokenize", {"messages": PARTS_CONVERSATION}),
+    "content_parts_other_types": ("/v1/chat/completions", {"messages": OTHER_PARTS_CONVERSATION, "max_tokens": 40,
+                                                           "ignore_eos": True}),
     "responses_content_parts": ("/v1/responses", {
         "input": [{"role": "user", "content": [{"type": "input_text", "text": "one"},
                                                {"type": "input_text", "text": "two"}]}],

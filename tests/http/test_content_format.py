@@ -10,9 +10,10 @@ import pytest
 
 from vllm_vcr.frontend.chat_template import ChatTemplate
 from vllm_vcr.frontend.content_format import detect_content_format, resolve_content_format
+from vllm_vcr.frontend.errors import HTTPError
 from vllm_vcr.openai.chat import developer_as_system, normalize_messages
 
-from tests.chat_conversations import PARTS_CONVERSATION
+from tests.chat_conversations import MEDIA_PARTS, OTHER_PARTS_CONVERSATION, PARTS_CONVERSATION
 
 # a template that takes both shapes (strings as they are, parts one by one) and shows which it got
 BOTH = ("{% for m in messages %}{{ m.role }}:{% if m.content is string %}S[{{ m.content }}]{% else %}"
@@ -86,6 +87,24 @@ def test_the_two_shapes_of_one_conversation():
     assert ChatTemplate(BOTH).render(parts) == ("system:P[text|Be terse.]\nuser:P[text|one]P[text|two|cc]\n"
                                                 "assistant:\ntool:S[r1\nr2]\ndeveloper:P[text|Be kind.]\n"
                                                 "user:P[text|three]\n")
+
+
+def test_thinking_refusal_and_tool_reference_parts():
+    strings = normalize_messages(OTHER_PARTS_CONVERSATION, "string")
+    assert [m["content"] for m in strings] == ["get_weather\ngo", "hm\nno", "get_weather"]
+    parts = normalize_messages(OTHER_PARTS_CONVERSATION, "openai")
+    assert [m["content"] for m in parts] == [
+        [{"type": "tool_reference", "name": "get_weather"}, {"type": "text", "text": "go"}],
+        [{"type": "text", "text": "hm"}, {"type": "text", "text": "no"}],  # (a refusal's text is its `refusal`)
+        [{"type": "tool_reference", "name": "get_weather"}],  # a tool message with a reference keeps its parts
+    ]
+
+
+@pytest.mark.parametrize("kind", MEDIA_PARTS)
+def test_a_media_part_is_refused_as_vllm_refuses_it(kind):
+    with pytest.raises(HTTPError) as e:
+        normalize_messages([{"role": "user", "content": [MEDIA_PARTS[kind]]}], "string", "/root/models/tiny")
+    assert (e.value.status, e.value.message, e.value.param) == (400, "<path> is not a multimodal model", None)
 
 
 def test_a_header_line_alone_drops_its_part_and_other_roles_keep_it():

@@ -11,7 +11,7 @@ import msgspec
 from ..engine.types import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from ..frontend.chat_outputs import ChatOutputPlan
 from ..frontend.chat_template import ChatTemplateError, check_request_template, render_isolated
-from ..frontend.errors import bad_request
+from ..frontend.errors import bad_request, sanitize
 from ..frontend.generation import (
     SequenceState,
     as_http_error,
@@ -69,13 +69,20 @@ _PART_FIELDS = frozenset({"audio_embeds", "audio_url", "closed", "data", "file",
                           "image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text",
                           "thinking", "type", "uuid", "video_embeds", "video_url"})
 _BILLING_HEADER = "x-anthropic-billing-header"
+# the text of each text-like part type, by the key that holds it
+_TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+# parts that carry media (also a part without a type that holds one of these keys): a text-only model refuses them
+_MEDIA_PARTS = frozenset({"image_url", "input_image", "image_embeds", "image_pil", "audio_url", "input_audio",
+                          "audio_embeds", "video_url", "video_embeds"})
 
 
-def normalize_messages(messages: list[dict[str, Any]], content_format: str = "string") -> list[dict[str, Any]]:
+def normalize_messages(messages: list[dict[str, Any]], content_format: str = "string",
+                       model_name: str = "") -> list[dict[str, Any]]:
     """Messages as vLLM gives them to the chat template: in the `string` content format each
     content a string (its text parts joined by newlines, none: ""), in the `openai` format a list
     of text parts (a string content one part; a tool message's text parts still joined), a system
-    message's leading Claude Code billing-header line dropped (frontend/content_format.py)."""
+    message's leading Claude Code billing-header line dropped (frontend/content_format.py). A
+    media part gets vLLM's 400 for a model without a multimodal processor (`model_name`'s)."""
     out = []
     parts_out = content_format == "openai"
     for k, m in enumerate(messages):
@@ -100,24 +107,36 @@ def normalize_messages(messages: list[dict[str, Any]], content_format: str = "st
             if not isinstance(part, dict):
                 raise bad_request(f"messages[{k}].content: each part must be an object.", "messages")
             ptype = part.get("type")
-            if ptype in ("text", "input_text", "output_text", "refusal"):
-                text = part.get("text", part.get("refusal"))
+            key = _TEXT_KEYS.get(ptype) if isinstance(ptype, str) else None
+            if key is not None:
+                text = part.get(key)
                 if not isinstance(text, str):
-                    raise bad_request(f"messages[{k}].content: a '{ptype}' part needs a string 'text'.", "messages")
+                    raise bad_request(f"messages[{k}].content: a '{ptype}' part needs a string '{key}'.", "messages")
                 parts.append((text, part))
+            elif ptype == "tool_reference" and isinstance(part.get("name"), str):
+                parts.append((part["name"], {"type": "tool_reference"}))  # (kept as a part for the template)
+            elif ptype in _MEDIA_PARTS or (ptype is None and not _MEDIA_PARTS.isdisjoint(part)):
+                raise bad_request(sanitize(f"{model_name} is not a multimodal model"))
             else:
                 raise bad_request(f"messages[{k}].content: part type {ptype!r} is not supported by this "
                                   "text-only model.", "messages")
         if role == "system":
             parts = _without_billing_header(parts)
-        if parts_out and role != "tool":
-            shaped: Any = [{"type": "text", "text": text,
-                            **({key: v for key, v in part.items() if key not in _PART_FIELDS} if part else {})}
-                           for text, part in parts]
+        if parts_out and (role != "tool" or any(part is not None and part.get("type") == "tool_reference"
+                                                for _, part in parts)):
+            shaped: Any = [_as_part(text, part) for text, part in parts]
         else:
             shaped = "\n".join(text for text, _ in parts)
         out.append({**m, "content": shaped})
     return out
+
+
+def _as_part(text: str, part: dict[str, Any] | None) -> dict[str, Any]:
+    """One part as an `openai`-format template gets it: a text part (its other keys kept), or a tool reference."""
+    if part is not None and part.get("type") == "tool_reference":
+        return {"type": "tool_reference", "name": text}
+    return {"type": "text", "text": text,
+            **({key: v for key, v in part.items() if key not in _PART_FIELDS} if part else {})}
 
 
 def _without_billing_header(parts: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -280,7 +299,7 @@ class ChatServing(ServingBase):
             raise RequestValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         check_conversation(messages)
         fmt = resolve_content_format(self.settings.chat_template_content_format, template)
-        conv = developer_as_system(normalize_messages(messages, fmt), template)
+        conv = developer_as_system(normalize_messages(messages, fmt, self.settings.model_name), template)
         kwargs = {**self.settings.default_chat_template_kwargs, **(chat_template_kwargs or {})}
         for reserved in ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools"):
             kwargs.pop(reserved, None)
