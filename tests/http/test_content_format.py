@@ -7,6 +7,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_vcr.frontend.chat_template import ChatTemplate
 from vllm_vcr.frontend.content_format import detect_content_format, resolve_content_format
@@ -147,3 +149,26 @@ def test_serve_renders_each_shape(tmp_path, serve_process):
     forced = serve_process(*common, "--chat-template-content-format", "string")
     assert rendered(forced, add_generation_prompt=False).startswith(
         "system:S[Be terse.]\nuser:S[one\ntwo]\nassistant:S[par]")
+
+
+_text = st.one_of(st.text(max_size=12), st.text(max_size=8).map(lambda t: "x-anthropic-billing-header: " + t))
+_part = st.one_of(_text, st.builds(lambda t, ty: {"type": ty, "text": t}, _text,
+                                   st.sampled_from(["text", "input_text", "output_text"])))
+_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]),
+                                  "content": st.one_of(st.none(), _text, st.lists(_part, max_size=4))})
+
+
+@given(st.lists(_message, max_size=6))
+def test_both_shapes_carry_the_same_text(conv):
+    """Whatever the conversation, the two shapes hold the same texts: the joined string of the
+    `string` shape is the `openai` shape's parts joined, and a plain string message (the fast
+    path) comes back as it was given."""
+    strings = normalize_messages(conv, "string")
+    parts = normalize_messages(conv, "openai")
+    for given_msg, s, p in zip(conv, strings, parts):
+        assert isinstance(s["content"], str)
+        joined = p["content"] if isinstance(p["content"], str) else "\n".join(x["text"] for x in p["content"])
+        assert joined == s["content"]
+        plain = isinstance(given_msg["content"], str) and not (
+            given_msg["role"] == "system" and given_msg["content"].startswith("x-anthropic-billing-header"))
+        assert (s is given_msg) is plain
