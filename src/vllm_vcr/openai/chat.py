@@ -190,6 +190,9 @@ class ChatServing(ServingBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._prepared = BodyCache()  # body bytes -> (_prepared_owner(), _run's arguments): `_repeatable`
+        # (logs the server template's content format at start-up, as vLLM logs it at its first request)
+        resolve_content_format(self.settings.chat_template_content_format,
+                               getattr(self.tokenizer.chat_template, "source", None))
 
     async def render_prompt_async(self, messages: list[dict[str, Any]], *, chat_template: Any,
                                   chat_template_kwargs: dict[str, Any] | None, **kw: Any) -> tuple[str, list[int]]:
