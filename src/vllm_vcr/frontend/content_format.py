@@ -19,7 +19,8 @@ from typing import Iterator
 
 from jinja2 import nodes
 
-CONTENT_FORMATS = ("auto", "string", "openai")
+from .chat_template import _environment
+
 logger = logging.getLogger("vllm_vcr.serve")
 _told: set[tuple[str, str]] = set()  # (given, detected) already logged, as vLLM logs each once
 
@@ -46,8 +47,6 @@ def resolve_content_format(given: str, template_source: str | None) -> str:
 @lru_cache(maxsize=32)
 def detect_content_format(source: str) -> str:
     """`openai` for a template that loops over a message's content parts, else `string`."""
-    from .chat_template import _environment
-
     try:
         tree = _environment().parse(source)
         return "openai" if _loops_over_content(tree) else "string"

@@ -11,6 +11,7 @@ import msgspec
 from ..engine.types import EngineCoreOutput, EngineCoreRequest, SamplingParams
 from ..frontend.chat_outputs import ChatOutputPlan
 from ..frontend.chat_template import ChatTemplateError, check_request_template, render_isolated
+from ..frontend.content_format import resolve_content_format
 from ..frontend.errors import bad_request, sanitize
 from ..frontend.generation import (
     SequenceState,
@@ -22,7 +23,6 @@ from ..frontend.generation import (
 )
 from ..frontend.logprobs import chat_logprobs, prompt_logprobs_many, tokens_as_ids
 from ..frontend.planned_output import attach_planned_ids
-from ..frontend.content_format import resolve_content_format
 from ..frontend.prompt_cache import BodyCache, PromptCache, plain_key, template_is_pure
 from ..frontend.protocol import ChatCompletionRequest, RequestValueError, stop_list
 from ..frontend.request_checks import (
@@ -99,7 +99,7 @@ def normalize_messages(messages: list[dict[str, Any]], content_format: str = "st
             content = [content]
         elif not isinstance(content, list):
             raise bad_request(f"messages[{k}].content must be a string or a list of content parts.", "messages")
-        parts = []  # (text, the part's other keys)
+        parts = []  # (its text, the part it came from: None for a string)
         for part in content:
             if isinstance(part, str):
                 parts.append((part, None))
