@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_vcr.frontend.chat_template import ChatTemplate
@@ -158,6 +158,7 @@ _message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "as
                                   "content": st.one_of(st.none(), _text, st.lists(_part, max_size=4))})
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # (a loaded box)
 @given(st.lists(_message, max_size=6))
 def test_both_shapes_carry_the_same_text(conv):
     """Whatever the conversation, the two shapes hold the same texts: the joined string of the
