@@ -31,3 +31,16 @@ MEDIA_PARTS = {
     "input_audio": {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
     "untyped_image": {"image_url": "http://127.0.0.1:9/x.png"},
 }
+
+# A history of tool calls as clients send it: arguments as JSON text (compact, not JSON at all, a
+# JSON array), an empty list of calls, the deprecated `reasoning_content`, a key vLLM drops.
+TOOL_HISTORY = [
+    {"role": "user", "content": "weather?", "foo": "bar"},
+    {"role": "assistant", "content": None, "reasoning_content": "look it up", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris","n":1}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}},
+        {"id": "call_3", "type": "function", "function": {"name": "get_weather", "arguments": "[1, 2]"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "assistant", "content": "Sunny.", "tool_calls": []},
+    {"role": "user", "content": "thanks"},
+]

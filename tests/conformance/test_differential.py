@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from tests.chat_conversations import MEDIA_PARTS, OTHER_PARTS_CONVERSATION, PARTS_CONVERSATION
+from tests.chat_conversations import MEDIA_PARTS, OTHER_PARTS_CONVERSATION, PARTS_CONVERSATION, TOOL_HISTORY
 
 from . import peers
 
@@ -1113,7 +1113,12 @@ GREETING_TEMPLATE = ("{{ bos_token }}{% if greeting is defined %}{{ greeting }} 
                      # (a loop over the content's parts: both frontends detect the `openai` content format)
                      "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
                      "{% for part in message['content'] %}[{{ part['type'] }}{% if part['cache_control'] is defined %}"
-                     " cached{% endif %}]{{ part['text'] }}{% endfor %}{% endif %}<|eot_id|>"
+                     " cached{% endif %}]{{ part['text'] }}{% endfor %}{% endif %}"
+                     # (what else of a message reaches the template: its tool calls' arguments, reasoning, keys)
+                     "{% for call in message['tool_calls'] or [] %}<{{ call['function']['name'] }} "
+                     "{{ call['function']['arguments'] | tojson }}>{% endfor %}{% if message['reasoning_content'] %}"
+                     "(thinking: {{ message['reasoning_content'] }}){% endif %}{% if message['foo'] is defined %}"
+                     "(foo){% endif %}<|eot_id|>"
                      "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
                      "{% endif %}")
 # content in the `openai` format: parts (a string content one part, a null content none, extra keys of
@@ -1121,6 +1126,7 @@ GREETING_TEMPLATE = ("{{ bos_token }}{% if greeting is defined %}{{ greeting }} 
 FRONTEND_DEFAULTS_CASES = {
     "content_parts": ("/v1/chat/completions", {"messages": PARTS_CONVERSATION, "max_tokens": 40, "ignore_eos": True}),
     "content_parts_tokenize": ("/tokenize", {"messages": PARTS_CONVERSATION}),
+    "history_of_tool_calls": ("/v1/chat/completions", {"messages": TOOL_HISTORY, "max_tokens": 80, "ignore_eos": True}),
     "content_parts_other_types": ("/v1/chat/completions", {"messages": OTHER_PARTS_CONVERSATION, "max_tokens": 40,
                                                            "ignore_eos": True}),
     "responses_content_parts": ("/v1/responses", {

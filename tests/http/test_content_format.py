@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vllm_vcr.frontend.chat_template import ChatTemplate
 from vllm_vcr.frontend.content_format import detect_content_format, resolve_content_format
 from vllm_vcr.frontend.errors import HTTPError
-from vllm_vcr.openai.chat import developer_as_system, normalize_messages
+from vllm_vcr.frontend.conversation import developer_as_system, normalize_messages
 
 from tests.chat_conversations import MEDIA_PARTS, OTHER_PARTS_CONVERSATION, PARTS_CONVERSATION
 
@@ -76,7 +76,8 @@ def test_the_flag_wins_over_the_detection():
 def test_the_two_shapes_of_one_conversation():
     strings = normalize_messages(PARTS_CONVERSATION, "string")
     assert [m["content"] for m in strings] == ["Be terse.", "one\ntwo", "", "r1\nr2", "Be kind.", "three"]
-    assert strings[2]["tool_calls"] == PARTS_CONVERSATION[2]["tool_calls"] and strings[5] is PARTS_CONVERSATION[5]
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {}}}
+    assert strings[2]["tool_calls"] == [call] and strings[5] is PARTS_CONVERSATION[5]
     parts = normalize_messages(PARTS_CONVERSATION, "openai")
     assert [m["content"] for m in parts] == [
         [{"type": "text", "text": "Be terse."}],
@@ -107,6 +108,41 @@ def test_a_media_part_is_refused_as_vllm_refuses_it(kind):
     with pytest.raises(HTTPError) as e:
         normalize_messages([{"role": "user", "content": [MEDIA_PARTS[kind]]}], "string", "/root/models/tiny")
     assert (e.value.status, e.value.message, e.value.param) == (400, "<path> is not a multimodal model", None)
+
+
+def _call(arguments):
+    return {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+
+
+@pytest.mark.parametrize("arguments,seen", [
+    ('{"city":"Paris","n":1}', {"city": "Paris", "n": 1}), ({"a": 1}, {"a": 1}), ("not json", {}), ("[1, 2]", {}),
+    ("", {}), (None, {}), ("null", {}), ([1], {})])
+def test_tool_call_arguments_reach_the_template_as_an_object(arguments, seen):
+    conv = [{"role": "assistant", "content": None, "tool_calls": [_call(arguments)]}]
+    for fmt in ("string", "openai"):
+        assert normalize_messages(conv, fmt)[0]["tool_calls"][0]["function"]["arguments"] == seen
+    assert conv[0]["tool_calls"][0]["function"]["arguments"] == arguments  # (the request's own untouched)
+
+
+def test_the_keys_vllm_keeps_and_the_ones_it_drops():
+    conv = [{"role": "user", "content": "q", "foo": 1, "tool_call_id": "x", "name": "bob", "task": "t"},
+            {"role": "assistant", "content": "a", "reasoning_content": "r", "tool_calls": [], "name": 3},
+            {"role": "tool", "content": "r", "tool_call_id": "c1", "reasoning": "no"},
+            {"role": "developer", "content": "d"}]
+    assert normalize_messages(conv) == [
+        {"role": "user", "content": "q", "name": "bob", "task": "t"},
+        {"role": "assistant", "content": "a", "reasoning": "r", "reasoning_content": "r"},  # no empty tool_calls
+        {"role": "tool", "content": "r", "tool_call_id": "c1"},
+        {"role": "developer", "content": "d", "tools": None}]
+
+
+@pytest.mark.parametrize("calls,message", [
+    ([3], "assistant tool_calls entries must be objects."),
+    ([{"type": "custom", "custom": {}}], "chat completions only support assistant tool_calls of type 'function'.")])
+def test_malformed_tool_calls_get_vllms_400(calls, message):
+    with pytest.raises(HTTPError) as e:
+        normalize_messages([{"role": "assistant", "content": "", "tool_calls": calls}])
+    assert (e.value.status, e.value.message, e.value.param) == (400, message, "tool_calls")
 
 
 def test_a_header_line_alone_drops_its_part_and_other_roles_keep_it():
@@ -170,6 +206,6 @@ def test_both_shapes_carry_the_same_text(conv):
         assert isinstance(s["content"], str)
         joined = p["content"] if isinstance(p["content"], str) else "\n".join(x["text"] for x in p["content"])
         assert joined == s["content"]
-        plain = isinstance(given_msg["content"], str) and not (
+        plain = isinstance(given_msg["content"], str) and given_msg["role"] != "developer" and not (
             given_msg["role"] == "system" and given_msg["content"].startswith("x-anthropic-billing-header"))
         assert (s is given_msg) is plain

@@ -4,7 +4,7 @@ echoed answers with the real frontends."""
 
 from __future__ import annotations
 
-from vllm_vcr.openai.chat import developer_as_system
+from vllm_vcr.frontend.conversation import developer_as_system
 
 PLAIN = "{% for m in messages %}{{ m['role'] }}{% endfor %}"
 AWARE = "{% for m in messages %}{% if m['role'] == 'developer' %}d{% endif %}{% endfor %}"
