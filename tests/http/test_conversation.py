@@ -1,6 +1,8 @@
-"""Message content as a chat template gets it: a string (`string`) or OpenAI's list of text parts
-(`openai`), chosen by `--chat-template-content-format` or, by default, from the template's
-syntax tree as vLLM detects it. tests/conformance compares the renders with the real frontends."""
+"""The conversation as a chat template gets it from vLLM: message content as a string (`string`)
+or OpenAI's list of parts (`openai`), chosen by `--chat-template-content-format` or, by default,
+from the template's syntax tree; the part types a text-only model takes or refuses; the keys of a
+message vLLM keeps; tool-call arguments as objects. tests/conformance compares the renders with
+the real frontends."""
 
 from __future__ import annotations
 
