@@ -223,6 +223,15 @@ def parse_failure_types(value: str | list[str]) -> list[FailureType]:
         raise ConfigError(f"--failure-types: unknown value in {value!r}; choose from error, length, repetition") from None
 
 
+def add_running_limit_args(group: argparse._ActionsContainer) -> None:
+    """vLLM's --max-num-active-seqs and --max-num-scheduled-tokens, beside a command's own
+    --max-num-seqs and --max-num-batched-tokens (serve takes them from vLLM's option table)."""
+    group.add_argument("--max-num-active-seqs", type=int, default=None,
+                       help="requests running at once, at most --max-num-seqs (vLLM's; default: --max-num-seqs)")
+    group.add_argument("--max-num-scheduled-tokens", type=int, default=None,
+                       help="tokens one step may schedule (vLLM's; default: --max-num-batched-tokens)")
+
+
 def engine_args_from_cli(ns: argparse.Namespace, **overrides) -> EngineArgs:
     """Build validated EngineArgs; raises ConfigError whose message names the flag."""
     cfg_fields = {f: float(getattr(ns, f)) for f in LATENCY_FIELDS}

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..frontend.conversation import BILLING_HEADER
 from ..frontend.errors import HTTPError, UnencodableText
 from ..frontend.protocol import RequestValueError
 from ..http.serving_base import RequestContext, encode, parse_request
@@ -92,9 +93,9 @@ class CountTokensRequest(_Model):
 
 def _system_text(blocks: Any) -> str | None:
     if isinstance(blocks, str):
-        return None if blocks.startswith("x-anthropic-billing-header") else blocks
+        return None if blocks.startswith(BILLING_HEADER) else blocks
     parts = [b["text"] for b in blocks or () if b.get("type") == "text" and b.get("text")
-             and not b["text"].startswith("x-anthropic-billing-header")]
+             and not b["text"].startswith(BILLING_HEADER)]
     return "".join(parts) or None
 
 

@@ -114,6 +114,16 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return msgspec.convert(merged, EngineConfig).validate()
 
 
+def running_limit(config: EngineConfig, max_num_active_seqs: int | None) -> int:
+    """How many requests may run at once: max_num_seqs, or vLLM's lower --max-num-active-seqs."""
+    return config.max_num_seqs if max_num_active_seqs is None else min(config.max_num_seqs, max_num_active_seqs)
+
+
+def token_budget(config: EngineConfig, max_num_scheduled_tokens: int | None) -> int:
+    """The tokens one step may schedule: vLLM's --max-num-scheduled-tokens, else max_num_batched_tokens."""
+    return max_num_scheduled_tokens or config.max_num_batched_tokens
+
+
 class EngineArgs(msgspec.Struct, kw_only=True):
     """Everything about an engine that is fixed when it starts."""
 

@@ -30,6 +30,7 @@ from itertools import filterfalse
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .block_pool import BlockPool
+from .config import running_limit, token_budget
 from .latency import AicStepLatency, StepBatch
 from .output import OutputProcessor
 from .policy import reserve_tokens
@@ -449,8 +450,6 @@ def timing_only_unsupported(latency: LatencyModel, policy: EnginePolicy, args: E
         return "steps are not timed (no step-time or perf model)"
     if not policy.decode_cohort:
         return f"the engine type {policy.name} does not support them"
-    config = args.config
-    running = min(config.max_num_seqs, args.max_num_active_seqs or config.max_num_seqs)
-    if running > (args.max_num_scheduled_tokens or config.max_num_batched_tokens):
+    if running_limit(args.config, args.max_num_active_seqs) > token_budget(args.config, args.max_num_scheduled_tokens):
         return "more requests may run than a step schedules tokens (the budget could cut decodes)"
     return None

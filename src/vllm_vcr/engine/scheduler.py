@@ -17,7 +17,7 @@ from collections import deque
 from operator import attrgetter
 from typing import Any, Callable
 
-from .config import EngineConfig
+from .config import EngineConfig, running_limit, token_budget
 from .kv_cache_manager import KVCacheManager
 from .lora import admissible
 from .policy import EnginePolicy, VLLMPolicy, reserve_tokens
@@ -77,12 +77,11 @@ class Scheduler:
 
     def running_limit(self) -> int:
         """How many requests may run at once (vLLM's max_num_active_reqs)."""
-        cap = self._config().max_num_seqs
-        return cap if self.max_active_seqs is None else min(cap, self.max_active_seqs)
+        return running_limit(self._config(), self.max_active_seqs)
 
     def token_budget(self) -> int:
         """The tokens one step may schedule (vLLM's max_num_scheduled_tokens)."""
-        return self.max_scheduled_tokens or self._config().max_num_batched_tokens
+        return token_budget(self._config(), self.max_scheduled_tokens)
 
     # --- queues ------------------------------------------------------------------------------
     def add_waiting(self, req: Request) -> None:

@@ -57,7 +57,7 @@ def detect_content_format(source: str) -> str:
 def _loops_over_content(tree: nodes.Template) -> bool:
     lists = _aliases(tree, "messages")
     message_vars = [_target(loop) for loop in tree.find_all(nodes.For) if _reads(loop.iter, lists)]
-    param_loops, in_macros = _macro_content_loops(tree, set(message_vars))
+    param_loops, in_macros = _macro_content_loops(tree, message_vars)
     for loop in tree.find_all(nodes.For):
         it = loop.iter
         if _reads(it, message_vars, "content"):
@@ -139,10 +139,9 @@ def _is_name(node: nodes.Node, names: list[str]) -> bool:
     return False
 
 
-def _macro_content_loops(tree: nodes.Template, message_vars: set[str]) -> tuple[dict[int, set[str]], set[int]]:
+def _macro_content_loops(tree: nodes.Template, names: list[str]) -> tuple[dict[int, set[str]], set[int]]:
     """The loops inside macros (by id), and for those of a macro some call passes a message's
-    content to, that macro's parameters that receive it."""
-    names = list(message_vars)
+    content (of a message variable in `names`) to, that macro's parameters that receive it."""
     by_loop: dict[int, set[str]] = {}
     in_macros: set[int] = set()
     calls = list(tree.find_all(nodes.Call))

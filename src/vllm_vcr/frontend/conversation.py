@@ -22,7 +22,7 @@ logger = logging.getLogger("vllm_vcr.serve")
 _PART_FIELDS = frozenset({"audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil",
                           "image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text",
                           "thinking", "type", "uuid", "video_embeds", "video_url"})
-_BILLING_HEADER = "x-anthropic-billing-header"
+BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's attribution line (its value changes per request)
 # the text of each text-like part type, by the key that holds it
 _TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
 # parts that carry media (also a part without a type that holds one of these keys): a text-only model refuses them
@@ -45,7 +45,7 @@ def normalize_messages(messages: list[dict[str, Any]], content_format: str = "st
             raise bad_request(f"messages[{k}]: 'role' must be a non-empty string.", "messages")
         content = m.get("content")
         if (isinstance(content, str) and not parts_out and len(m) == 2 and role != "developer"
-                and (role != "system" or not content.startswith(_BILLING_HEADER))):
+                and (role != "system" or not content.startswith(BILLING_HEADER))):
             out.append(m)  # (the common case, a role and a string: the message as it came)
             continue
         if content is None:
@@ -163,7 +163,7 @@ def _without_billing_header(parts: list[tuple[str, Any]]) -> list[tuple[str, Any
     attribution header (its value changes per request), as vLLM drops it."""
     kept = []
     for text, part in parts:
-        if text.startswith(_BILLING_HEADER) and (part is None or part.get("type") == "text"):
+        if text.startswith(BILLING_HEADER) and (part is None or part.get("type") == "text"):
             text = text.partition("\n")[2]
             if not text:
                 continue

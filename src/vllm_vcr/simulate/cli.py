@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..engine_cli import add_engine_args
+from ..engine_cli import add_engine_args, add_running_limit_args
 from ..perf.cli import add_perf_args
 from .router import ROUTERS
 
@@ -44,10 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--router", choices=ROUTERS, default="round_robin")
     e.add_argument("--max-num-seqs", type=int, default=256)
     e.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    e.add_argument("--max-num-active-seqs", type=int, default=None,
-                   help="requests running at once, at most --max-num-seqs (vLLM's; default: --max-num-seqs)")
-    e.add_argument("--max-num-scheduled-tokens", type=int, default=None,
-                   help="tokens one step may schedule (vLLM's; default: --max-num-batched-tokens)")
+    add_running_limit_args(e)
     e.add_argument("--max-model-len", type=int, default=0, help="0: no limit")
     e.add_argument("--block-size", type=int, default=None)
     d = p.add_argument_group(

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import event_loop
 from ..engine.config import ConfigError, EngineArgs
-from ..engine_cli import add_engine_args, engine_args_from_cli
+from ..engine_cli import add_engine_args, add_running_limit_args, engine_args_from_cli
 from ..gc_tuning import tune_for_serving
 from ..kv_events.config import KVEventsConfigError, add_kv_events_args, kv_events_config_from_cli
 from ..perf.cli import add_perf_args
@@ -81,10 +81,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "keeps the smaller of its own and ours)")
     s.add_argument("--max-num-seqs", type=int, default=_env_int("MOCK_MAX_NUM_SEQS", 128))
     s.add_argument("--max-num-batched-tokens", type=int, default=_env_int("MOCK_MAX_NUM_BATCHED_TOKENS", 2048))
-    s.add_argument("--max-num-active-seqs", type=int, default=None,
-                   help="requests running at once, at most --max-num-seqs (vLLM's; default: --max-num-seqs)")
-    s.add_argument("--max-num-scheduled-tokens", type=int, default=None,
-                   help="tokens one step may schedule (vLLM's; default: --max-num-batched-tokens)")
+    add_running_limit_args(s)
     s.add_argument("--block-size", type=int, default=None, help="alias of --tokens-per-block (vLLM's name)")
     s.add_argument("--min-step-time", type=float, metavar="MS",
                    default=_env_float("MOCK_MIN_STEP_TIME_MS", DEFAULT_MIN_STEP_TIME_MS),
