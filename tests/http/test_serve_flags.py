@@ -112,6 +112,11 @@ def _serve(*argv: str) -> subprocess.CompletedProcess:
     (["--watermark", "1.5", "--port", "0"], "--watermark must be in [0, 1), got 1.5"),
     (["--max-num-queued-tokens", "-1", "--port", "0"], "--max-num-queued-tokens: must be >= 0, got -1"),
     (["--sse-keep-alive-interval", "-1", "--port", "0"], "--sse-keep-alive-interval: must be >= 0, got -1"),
+    (["--max-num-seqs", "8", "--max-num-active-seqs", "9", "--port", "0"],
+     "--max-num-active-seqs: max_num_active_seqs (9) cannot be greater than max_num_seqs (8)."),
+    (["--max-num-scheduled-tokens", "1.5K", "--port", "0"], "Did you mean to use 1.5k instead?"),
+    (["--chat-template-content-format", "parts", "--port", "0"],
+     "argument --chat-template-content-format: invalid choice: 'parts'"),
 ])
 def test_an_argument_error_is_one_line_naming_the_flag(argv, names):
     r = _serve(*argv)
