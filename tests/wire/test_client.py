@@ -20,8 +20,9 @@ from vllm_vcr.engine.types import (
     EngineCoreRequest,
     FinishReason,
     SamplingParams,
+    SchedulerStats,
 )
-from vllm_vcr.wire.client import EngineCoreClient
+from vllm_vcr.wire.client import DRAIN_MAX, EngineCoreClient
 from vllm_vcr.wire.codec import ABORT, ADD, ENGINE_CORE_DEAD, UTILITY, Codec, utility_success
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
@@ -124,3 +125,63 @@ async def test_requests_round_trip_and_dead_engine_fails_them(pair):
     assert str(client.dead) == DEAD_MESSAGE and dead == [True] and not client.is_running
     with pytest.raises(EngineDeadError):
         await read("d")
+
+
+async def test_output_batches_are_read_in_order_through_bursts_and_bad_frames(tmp_path, caplog):
+    """Batches the engine sent before the client read any (its socket's FD had signalled them
+    already), more than one turn of the loop reads at once, undecodable frames among them, a
+    listener that fails: every good batch arrives, once, in order, and reading goes on."""
+    client = EngineCoreClient(EngineArgs(), input_address=f"ipc://{tmp_path}/in",
+                              output_address=f"ipc://{tmp_path}/out", ready_timeout=10)
+    client.bind()
+    ctx = zmq.asyncio.Context()
+    engine = ScriptedEngine(ctx, client)
+    seen: list[int] = []
+
+    def listener(idx: int, outs: EngineCoreOutputs) -> None:
+        if outs.scheduler_stats is None:
+            raise RuntimeError("a failing listener")  # (its readers get the outputs all the same)
+        seen.append(outs.scheduler_stats.step_counter)
+
+    client.add_output_listener(listener)
+    try:
+        await engine.announce()
+        n = 3 * DRAIN_MAX + 5
+        frames: list[tuple[bytes, bool]] = []  # (frame, a good batch)
+        for i in range(n):
+            frames.append((engine.codec.encode(EngineCoreOutputs(scheduler_stats=SchedulerStats(step_counter=i))), True))
+            if i % 50 == 3:
+                frames.append((b"\xc1", False))  # not msgpack
+                frames.append((msgspec.msgpack.encode({"outputs": "not a list"}), False))
+        half = len(frames) // 2
+
+        async def seen_reaches(count: int) -> None:
+            for _ in range(200):
+                if len(seen) >= count:
+                    return
+                await asyncio.sleep(0.05)
+
+        for f, _ in frames[:half]:  # half before the client reads (nothing more signals them), half after
+            await engine.out.send(f)
+        await asyncio.sleep(0.2)
+        await client.start()
+        first = sum(good for _, good in frames[:half])
+        await seen_reaches(first)
+        assert seen == list(range(first))
+        for f, _ in frames[half:]:
+            await engine.out.send(f)
+        await seen_reaches(n)
+        assert seen == list(range(n))
+        assert "undecodable engine output ignored" in caplog.text
+        assert client.is_running
+        # the reader still reads, and a request still completes (its batch fails the listener)
+        reading = asyncio.ensure_future(client.generate(request("z")).__anext__())
+        await engine.recv()
+        await engine.send(EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="z", new_token_ids=[9],
+                                                                      finish_reason=FinishReason.STOP)]))
+        assert (await asyncio.wait_for(reading, 10)).new_token_ids == [9]
+        assert "output listener failed" in caplog.text
+    finally:
+        engine.close()
+        client.close()
+        ctx.term()

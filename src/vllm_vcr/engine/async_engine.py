@@ -97,9 +97,13 @@ class DataParallelRankError(ValueError):
 def deliver_outputs(engine_index: int, outs: EngineCoreOutputs, listeners: list,
                     collectors: dict[str, tuple[int, Any]]) -> None:
     """One engine's output batch to the output listeners (metrics, ...), then each output to the
-    collector of its request's reader (an in-process engine and the engine-core client alike)."""
+    collector of its request's reader (an in-process engine and the engine-core client alike). A
+    listener that fails is logged; the readers still get their outputs."""
     for listener in listeners:
-        listener(engine_index, outs)
+        try:
+            listener(engine_index, outs)
+        except Exception:
+            logger.exception("output listener failed")
     for o in outs.outputs:
         entry = collectors.get(o.request_id)
         if entry is not None:

@@ -45,6 +45,7 @@ log = logging.getLogger("vllm_vcr.wire.client")
 # s beyond --shutdown-timeout that a stopping API server waits for its requests (past uvicorn's
 # graceful-shutdown wait, which is --shutdown-timeout + 5 s: its connections are closed by then)
 STOP_GRACE = 6.0
+DRAIN_MAX = 64  # output batches read in one turn of the event loop before other callbacks run
 NOT_IN_THIS_PROCESS = ("not available with --api-server-count > 1: the engines run in their own process(es) "
                        "(docs/api-servers.md)")
 
@@ -80,8 +81,8 @@ class EngineCoreClient:
         self._decoder = msgspec.msgpack.Decoder(EngineCoreOutputs, ext_hook=_ext_hook)
         self._ctx: zmq.asyncio.Context | None = None
         self._input: zmq.Socket | None = None
-        self._output: zmq.asyncio.Socket | None = None
-        self._reader: asyncio.Task | None = None
+        self._output: zmq.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # reading outputs (its reader on the socket's FD)
         self._ready = asyncio.Event()
         self.dead: EngineDeadError | None = None
         self.startup_error: str | None = None
@@ -102,7 +103,7 @@ class EngineCoreClient:
         self._input.setsockopt(zmq.LINGER, 0)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an engine that is gone: an error, not a silent drop
         self._input.bind(self.input_address)
-        self._output = ctx.socket(zmq.PULL)
+        self._output = sync.socket(zmq.PULL)  # read by _drain, from the event loop's reader on its FD
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(self.output_address)
@@ -134,7 +135,9 @@ class EngineCoreClient:
                     self.ready_payloads[rank] = payload if isinstance(payload, dict) else {}
         finally:
             poller.unregister(shadow)
-        self._reader = loop.create_task(self._read_outputs(), name=f"api-server{self.client_index}-outputs")
+        self._loop = loop
+        loop.add_reader(self._output.getsockopt(zmq.FD), self._drain)
+        loop.call_soon(self._drain)  # (what arrived before the reader: the FD signals new arrivals only)
         self._ready.set()
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -152,8 +155,7 @@ class EngineCoreClient:
             self._engine_dead()
 
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        self._stop_reading()
         for s in (self._input, self._output):
             if s is not None and not s.closed:
                 s.close(linger=0)
@@ -184,10 +186,6 @@ class EngineCoreClient:
     @property
     def num_unfinished_requests(self) -> int:
         return sum(self._load)
-
-    @property
-    def tasks(self) -> list[asyncio.Task]:
-        return [self._reader] if self._reader is not None else []
 
     def add_output_listener(self, listener: OutputListener, token_observer: Any = None) -> None:
         """Every token arrives in an engine batch here, so token observers are never needed."""
@@ -243,21 +241,29 @@ class EngineCoreClient:
         return await self.utility("vcr_load")
 
     # --- outputs -------------------------------------------------------------------------------
-    async def _read_outputs(self) -> None:
-        sock, decode = self._output, self._decoder
-        while True:
+    def _drain(self) -> None:
+        """Read every output batch waiting on the socket, synchronously (a zmq.asyncio receive
+        costs a future and a reader change per batch, and an engine core sends one per step).
+        ZMQ's FD signals arrivals, not what is waiting: read until EAGAIN, or (after DRAIN_MAX,
+        so other callbacks get their turn) come back in the loop's next turn."""
+        sock, loop = self._output, self._loop
+        if loop is None or sock is None or sock.closed:
+            return
+        decode = self._decoder
+        for _ in range(DRAIN_MAX):
             try:
-                frames = await sock.recv_multipart(copy=False)
-            except asyncio.CancelledError:
-                raise
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
             except zmq.ZMQError as e:
-                if sock.closed:
-                    return
-                log.error("API server %d: output socket failed: %s", self.client_index, e)
-                self._engine_dead()
+                self._stop_reading()
+                if not sock.closed:
+                    log.error("API server %d: output socket failed: %s", self.client_index, e)
+                    self._engine_dead()
                 return
             buf = frames[0].buffer
             if len(frames) == 1 and buf == ENGINE_CORE_DEAD:
+                self._stop_reading()
                 if self._collectors or self._stopping:  # (else the engines stopped with nothing of ours in flight)
                     log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s",
                             self.client_index, "the engine cores have stopped" if self._stopping else
@@ -271,7 +277,19 @@ class EngineCoreClient:
             except msgspec.DecodeError as e:
                 log.warning("API server %d: undecodable engine output ignored: %s", self.client_index, e)
                 continue
-            self._deliver(outs)
+            try:
+                self._deliver(outs)
+            except Exception:  # (a listener's or collector's failure must not stop the reading)
+                log.exception("API server %d: delivering an engine output failed", self.client_index)
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            loop.call_soon(self._drain)
+
+    def _stop_reading(self) -> None:
+        loop, self._loop = self._loop, None
+        sock = self._output
+        if loop is not None and sock is not None and not sock.closed:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(sock.getsockopt(zmq.FD))
 
     def _deliver(self, outs: EngineCoreOutputs) -> None:
         if outs.utility_output is not None:
