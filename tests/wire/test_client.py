@@ -22,8 +22,9 @@ from vllm_vcr.engine.types import (
     SamplingParams,
     SchedulerStats,
 )
-from vllm_vcr.wire.client import DRAIN_MAX, EngineCoreClient
+from vllm_vcr.wire.client import EngineCoreClient
 from vllm_vcr.wire.codec import ABORT, ADD, ENGINE_CORE_DEAD, UTILITY, Codec, utility_success
+from vllm_vcr.wire.reader import DRAIN_MAX
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 

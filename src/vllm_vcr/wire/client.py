@@ -38,6 +38,7 @@ from ..frontend.errors import ENGINE_DEAD_MESSAGE
 from ..frontend.errors import HTTPError
 from .codec import ABORT, ADD, ENGINE_CORE_DEAD, EXT_RAW_VIEW, UTILITY
 from .handshake import identity_for
+from .reader import FrameReader
 
 log = logging.getLogger("vllm_vcr.wire.client")
 
@@ -45,7 +46,6 @@ log = logging.getLogger("vllm_vcr.wire.client")
 # s beyond --shutdown-timeout that a stopping API server waits for its requests (past uvicorn's
 # graceful-shutdown wait, which is --shutdown-timeout + 5 s: its connections are closed by then)
 STOP_GRACE = 6.0
-DRAIN_MAX = 64  # output batches read in one turn of the event loop before other callbacks run
 NOT_IN_THIS_PROCESS = ("not available with --api-server-count > 1: the engines run in their own process(es) "
                        "(docs/api-servers.md)")
 
@@ -82,7 +82,7 @@ class EngineCoreClient:
         self._ctx: zmq.asyncio.Context | None = None
         self._input: zmq.Socket | None = None
         self._output: zmq.Socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # reading outputs (its reader on the socket's FD)
+        self._outputs: FrameReader | None = None  # reads the output socket from the event loop
         self._ready = asyncio.Event()
         self.dead: EngineDeadError | None = None
         self.startup_error: str | None = None
@@ -103,10 +103,12 @@ class EngineCoreClient:
         self._input.setsockopt(zmq.LINGER, 0)
         self._input.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an engine that is gone: an error, not a silent drop
         self._input.bind(self.input_address)
-        self._output = sync.socket(zmq.PULL)  # read by _drain, from the event loop's reader on its FD
+        self._output = sync.socket(zmq.PULL)  # read by a FrameReader (reader.py)
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(self.output_address)
+        self._outputs = FrameReader(self._output, self._on_output, self._on_output_error,
+                                    what=f"API server {self.client_index}: engine outputs", copy=False)
 
     async def start(self) -> None:
         """Wait for every engine's ready payload, then read outputs."""
@@ -135,9 +137,7 @@ class EngineCoreClient:
                     self.ready_payloads[rank] = payload if isinstance(payload, dict) else {}
         finally:
             poller.unregister(shadow)
-        self._loop = loop
-        loop.add_reader(self._output.getsockopt(zmq.FD), self._drain)
-        loop.call_soon(self._drain)  # (what arrived before the reader: the FD signals new arrivals only)
+        self._outputs.start(loop)
         self._ready.set()
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -155,7 +155,8 @@ class EngineCoreClient:
             self._engine_dead()
 
     def close(self) -> None:
-        self._stop_reading()
+        if self._outputs is not None:
+            self._outputs.stop()
         for s in (self._input, self._output):
             if s is not None and not s.closed:
                 s.close(linger=0)
@@ -241,55 +242,29 @@ class EngineCoreClient:
         return await self.utility("vcr_load")
 
     # --- outputs -------------------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Read every output batch waiting on the socket, synchronously (a zmq.asyncio receive
-        costs a future and a reader change per batch, and an engine core sends one per step).
-        ZMQ's FD signals arrivals, not what is waiting: read until EAGAIN, or (after DRAIN_MAX,
-        so other callbacks get their turn) come back in the loop's next turn."""
-        sock, loop = self._output, self._loop
-        if loop is None or sock is None or sock.closed:
+    def _on_output(self, frames: list) -> None:
+        buf = frames[0].buffer
+        if len(frames) == 1 and buf == ENGINE_CORE_DEAD:
+            self._outputs.stop()
+            if self._collectors or self._stopping:  # (else the engines stopped with nothing of ours in flight)
+                log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s",
+                        self.client_index, "the engine cores have stopped" if self._stopping else
+                        f"an engine core is dead; failing {len(self._collectors)} request(s)")
+            else:
+                log.info("API server %d: the engine cores have stopped", self.client_index)
+            self._engine_dead()
             return
-        decode = self._decoder
-        for _ in range(DRAIN_MAX):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as e:
-                self._stop_reading()
-                if not sock.closed:
-                    log.error("API server %d: output socket failed: %s", self.client_index, e)
-                    self._engine_dead()
-                return
-            buf = frames[0].buffer
-            if len(frames) == 1 and buf == ENGINE_CORE_DEAD:
-                self._stop_reading()
-                if self._collectors or self._stopping:  # (else the engines stopped with nothing of ours in flight)
-                    log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s",
-                            self.client_index, "the engine cores have stopped" if self._stopping else
-                            f"an engine core is dead; failing {len(self._collectors)} request(s)")
-                else:
-                    log.info("API server %d: the engine cores have stopped", self.client_index)
-                self._engine_dead()
-                return
-            try:
-                outs = decode.decode(buf)
-            except msgspec.DecodeError as e:
-                log.warning("API server %d: undecodable engine output ignored: %s", self.client_index, e)
-                continue
-            try:
-                self._deliver(outs)
-            except Exception:  # (a listener's or collector's failure must not stop the reading)
-                log.exception("API server %d: delivering an engine output failed", self.client_index)
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            loop.call_soon(self._drain)
+        try:
+            outs = self._decoder.decode(buf)
+        except msgspec.DecodeError as e:
+            log.warning("API server %d: undecodable engine output ignored: %s", self.client_index, e)
+            return
+        self._deliver(outs)
 
-    def _stop_reading(self) -> None:
-        loop, self._loop = self._loop, None
-        sock = self._output
-        if loop is not None and sock is not None and not sock.closed:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(sock.getsockopt(zmq.FD))
+    def _on_output_error(self, e: zmq.ZMQError) -> None:
+        if not self._output.closed:
+            log.error("API server %d: output socket failed: %s", self.client_index, e)
+            self._engine_dead()
 
     def _deliver(self, outs: EngineCoreOutputs) -> None:
         if outs.utility_output is not None:

@@ -55,6 +55,7 @@ from .codec import (
 )
 from .handshake import EngineSockets, ReadyInfo, handshake
 from .logprobs import LogprobsAttacher
+from .reader import FrameReader
 
 log = logging.getLogger("vllm_vcr.wire")
 
@@ -178,21 +179,32 @@ class EngineBridge:
 
     # ---- inputs ------------------------------------------------------------------------------
     async def serve_input(self, index: int, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            try:
-                frames = await sock.recv_multipart()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as e:
-                if self.closing or sock.closed:
-                    return
-                log.error("engine %d: input socket %d failed: %s", self.rank, index, e)
-                await asyncio.sleep(0.1)
-                continue
-            try:
-                self.on_frames(index, frames)
-            except Exception:
-                log.exception("engine %d: unexpected error handling a %d-frame message", self.rank, len(frames))
+        """Read input `index` until the socket closes (or this task is cancelled): every message
+        waiting, per turn of the loop (reader.py); a socket error is logged, and reading resumes
+        after 0.1 s."""
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+        raw = zmq.Socket.shadow(sock.underlying)  # (the asyncio socket's only use was the handshake's send)
+
+        def failed(e: zmq.ZMQError) -> None:
+            if self.closing or sock.closed:
+                if not closed.done():
+                    closed.set_result(None)
+                return
+            log.error("engine %d: input socket %d failed: %s", self.rank, index, e)
+            loop.call_later(0.1, retry)
+
+        def retry() -> None:
+            if not closed.done():  # (done: the socket closed, or this task was cancelled)
+                reader.start(loop)
+
+        reader = FrameReader(raw, lambda frames: self.on_frames(index, frames), failed,
+                             what=f"engine {self.rank}: input {index}")
+        reader.start(loop)
+        try:
+            await closed
+        finally:
+            reader.stop()
 
     def on_frames(self, index: int, frames: list[bytes]) -> None:
         if len(frames) < 2:
