@@ -37,10 +37,6 @@ class FrameReader:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
 
-    @property
-    def reading(self) -> bool:
-        return self._loop is not None
-
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not None or self.sock.closed:
             return
