@@ -68,6 +68,9 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
     logging.disable(logging.WARNING)
     row = row_from_dict(row_d)  # a vLLM aggregated row, an SGLang one or a disaggregated one
     out = {"id": row.id, "host": host.__dict__}
+    unknown = row.unknown_deployment if type(row) is SiliconRow else None
+    if unknown is not None:  # (what ran is not known: nothing to compare with)
+        return {**out, "unknown_deployment": unknown}
     why = supported(row) if type(row) is SiliconRow else supported_any(row)
     if why is not None:
         return {**out, "unsupported": why}
@@ -81,7 +84,8 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
 
 def _run(rows: list[SiliconRow], overhead: HostTime, args, done: dict[str, dict], out,
          budget_s: float) -> None:
-    todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead]
+    todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead
+            or ("unknown_deployment" in done[r.id]) != (getattr(r, "unknown_deployment", None) is not None)]
     # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
     todo.sort(key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
     tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]
@@ -277,16 +281,29 @@ def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int
     return out
 
 
+def _unknown(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        why = done.get(r.id, {}).get("unknown_deployment")
+        if why:
+            k = f"{r.model} on {r.gpu} at concurrency {r.concurrency}: {why}"
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
 def render(split: str, rows: list[SiliconRow], done: dict[str, dict], host: HostTime, command: str,
            n_twins: int, n_groups: int) -> str:
     unsupported = _unsupported(rows, done)
+    unknown = _unknown(rows, done)
     sims = {r.id: done[r.id]["sim"] for r in rows if "sim" in done.get(r.id, {})}
     n_left = sum(1 for r in rows if r.id not in done)
     n_short = sum(1 for r in rows if r.id in sims and sims[r.id].get("sim_osl", r.osl) < r.osl)
     out = [f"Made by `{command}`.", "",
            f"The **{split}** split: {n_groups} configuration groups, {len(rows)} rows ({n_twins} byte-identical "
            f"twins of other rows left out); {len(sims)} simulated ({n_short} with shortened requests), "
-           f"{sum(unsupported.values())} the estimator cannot price (below), {n_left} not simulated in the run's "
+           f"{sum(unsupported.values())} the estimator cannot price (below), "
+           + (f"{sum(unknown.values())} whose deployment the row does not tell (below), " if unknown else "")
+           + f"{n_left} not simulated in the run's "
            f"time. Error = (predicted − measured) / measured: *med* and *p90* of its absolute value, *bias* its "
            f"signed median. *sim* = the row's benchmark through the engine with the perf model's defaults "
            f"(`--perf-model aic`: host {host.step_ms:.2f} ms per step + {host.per_seq_ms * 1e3:.0f} µs per "
@@ -300,6 +317,9 @@ def render(split: str, rows: list[SiliconRow], done: dict[str, dict], host: Host
     if unsupported:
         out += ["Rows the estimator cannot price (model on GPU (GEMM precision): reason, rows):", ""]
         out += [f"- {k}: {v}" for k, v in sorted(unsupported.items())]
+    if unknown:
+        out += ["", "Rows whose deployment the row does not tell (not simulated; reason, rows):", ""]
+        out += [f"- {k}: {v}" for k, v in sorted(unknown.items())]
     return "\n".join(out)
 
 

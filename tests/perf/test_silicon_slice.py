@@ -191,6 +191,26 @@ def test_a_rows_server_flags_are_those_of_the_script_that_measured_it():
     assert (t.moe_quant, t.kv_cache_quant) == ("w4a8_mxfp4_mxfp8", "fp8")
 
 
+def test_rows_whose_deployment_the_row_does_not_tell_are_named_and_not_simulated(tmp_path):
+    # gptoss_fp4_h100_docker.sh ran its client at concurrency 512 from 2025-11-21 until 2025-12-08:
+    # exactly the sample's nine gpt-oss H100 rows at 512 (TTFT 20-460 s at a small batch's TPOT)
+    rows = _rows().values()
+    unknown = sorted(r.id for r in rows if r.unknown_deployment)
+    assert len(unknown) == 9 and all("gpt_oss_120b_h100" in i and "_c512_" in i for i in unknown)
+    assert all(r.ttft_ms > 19_000 for r in rows if r.unknown_deployment)
+    assert not any(r.unknown_deployment for r in rows if not (r.gpu == "h100_sxm" and r.concurrency == 512))
+    # after the script's fix the same label is a deployment again
+    after = _row(model="openai/gpt-oss-120b", concurrency=512, source="source_file=2026-04-06.csv; measured=2025-12-09")
+    assert after.unknown_deployment is None
+    bench = _bench()
+    row = next(r for r in rows if r.unknown_deployment)
+    res = bench._job((row.__dict__, bench.HostTime.fitted(), 40_000))
+    assert "sim" not in res and "concurrency 512" in res["unknown_deployment"]
+    text = bench.render("dev", [row], {row.id: res}, bench.HostTime.fitted(), "cmd", 0, 1)
+    assert "0 simulated" in text and "1 whose deployment the row does not tell" in text
+    assert "- openai/gpt-oss-120b on h100_sxm at concurrency 512: measured while the H100 script" in text
+
+
 def test_a_block_fp8_checkpoint_is_priced_with_block_scaled_kernels_where_vllm_can_shard_it():
     rows = [r for r in _rows().values() if r.gpu == "h200_sxm"]
     qwen = [r for r in rows if r.model == "Qwen/Qwen3-235B-A22B-FP8"]

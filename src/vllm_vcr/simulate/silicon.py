@@ -29,7 +29,7 @@ from ..perf.catalog import bundled_models, package_root, resolve_model
 from ..perf.checkpoint import checkpoint_kernels, kv_cache_directive
 from ..perf.errors import PerfModelError
 from .silicon_harness import (ServerFlags, async_scheduling, inferencex_dp_attention, inferencex_flags,
-                              scheduler_limits)
+                              inferencex_unknown_deployment, scheduler_limits)
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,13 @@ class SiliconRow:
         if not self.inferencex:
             return ServerFlags()
         return inferencex_flags(self.model, self.gpu, self.gemm_quant, self.source)
+
+    @property
+    def unknown_deployment(self) -> str | None:
+        """Why the deployment that measured the row is not known (silicon_harness.py), or None."""
+        if not self.inferencex:
+            return None
+        return inferencex_unknown_deployment(self.model, self.gpu, self.concurrency, self.source)
 
     @property
     def async_scheduling(self) -> bool:

@@ -95,6 +95,23 @@ _RULES = (
 
 _MEASURED = re.compile(r"measured=(\d{4}-\d{2}-\d{2})")
 
+# gptoss_fp4_h100_docker.sh from 2025-11-21 (#227) until its fix on 2025-12-08 (#310): the client ran
+# with `--max-concurrency 512` whatever the run's $CONC, against `--max-num-seqs=$CONC` and 10·$CONC
+# prompts (so every prompt was sent at once and waited for one of $CONC slots: TTFTs of 20-460 s
+# at a TPOT of a small batch). Every such run is recorded at concurrency 512, and the run's $CONC
+# (4-64 in the sweep's config) is not in the row.
+_CLIENT_512 = ("gpt-oss", "h100_sxm", 512, "2025-11-21", "2025-12-08")
+
+
+def inferencex_unknown_deployment(model: str, gpu: str, concurrency: int, source: str) -> str | None:
+    """Why the row's deployment cannot be read from the row (None: it can)."""
+    m = _MEASURED.search(source)
+    name, on, conc, since, until = _CLIENT_512
+    if name in model and gpu == on and concurrency == conc and m and since <= m.group(1) <= until:
+        return ("measured while the H100 script ran its client at concurrency 512 whatever the run's "
+                "--max-num-seqs (4-64, not recorded) and 10x that many prompts")
+    return None
+
 
 def inferencex_flags(model: str, gpu: str, gemm_quant: str | None, source: str) -> ServerFlags:
     """The flags of the InferenceX script that measured the row (vLLM's defaults if none is known)."""
