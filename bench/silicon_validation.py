@@ -271,24 +271,25 @@ def tables_for(rows: list[SiliconRow]) -> tuple:
     return ((kind_label, "engine type, deployment"),) + TABLES
 
 
-def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
+def _left_out(rows: list[SiliconRow], done: dict[str, dict], field: str, label) -> dict[str, int]:
+    """Rows whose result says why they were not simulated (`field`), counted by `label(row, why)`."""
     out: dict[str, int] = {}
     for r in rows:
-        why = done.get(r.id, {}).get("unsupported")
+        why = done.get(r.id, {}).get(field)
         if why:
-            k = f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}"
+            k = label(r, why)
             out[k] = out.get(k, 0) + 1
     return out
+
+
+def _unsupported(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
+    return _left_out(rows, done, "unsupported",
+                     lambda r, why: f"{r.model} on {r.gpu} ({r.gemm_quant}): {why.split('): ', 1)[-1][:120]}")
 
 
 def _unknown(rows: list[SiliconRow], done: dict[str, dict]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in rows:
-        why = done.get(r.id, {}).get("unknown_deployment")
-        if why:
-            k = f"{r.model} on {r.gpu} at concurrency {r.concurrency}: {why}"
-            out[k] = out.get(k, 0) + 1
-    return out
+    return _left_out(rows, done, "unknown_deployment",
+                     lambda r, why: f"{r.model} on {r.gpu} at concurrency {r.concurrency}: {why}")
 
 
 def render(split: str, rows: list[SiliconRow], done: dict[str, dict], host: HostTime, command: str,
