@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import platform
 import shutil
@@ -300,7 +301,30 @@ def run_client(server: Server, *, label: str, osl: int, conc: int, n: int, model
     if srv_metrics:
         r["server_metrics"] = srv_metrics
         print(f"    server /metrics over the run: {srv_metrics}", flush=True)
+    by_role = cpu_by_role(server, r)
+    if by_role:
+        r["server_cpu_us_per_event_by_role"] = by_role
+        print(f"    server CPU us per event, by process: {by_role}", flush=True)
     return r
+
+
+_READY_PIDS = re.compile(r"API server\(s\) \(pids ([\d ]+)\), \d+ engine core process\(es\) \(pids ([\d ]+)\)")
+
+
+def cpu_by_role(server: Server, r: dict) -> dict[str, float] | None:
+    """`serve --api-server-count N`'s CPU per SSE event split by process (its ready line names the
+    API servers' and engine cores' pids; the rest is the parent's): None for one process."""
+    log = server.run_dir / f"{server.name}-serve.log"
+    m = _READY_PIDS.search(log.read_text(errors="replace")) if log.exists() else None
+    by_pid, events = r.get("server_cpu_s_by_pid"), r.get("content_events")
+    if m is None or not by_pid or not events:
+        return None
+    roles = {**{p: "API servers" for p in m.group(1).split()}, **{p: "engine cores" for p in m.group(2).split()}}
+    out: dict[str, float] = {}
+    for pid, cpu in by_pid.items():
+        role = roles.get(pid, "parent and the rest")
+        out[role] = out.get(role, 0.0) + cpu
+    return {k: round(v / events * 1e6, 2) for k, v in sorted(out.items())}
 
 
 def run_profiled(server: Server, *, label: str, osl: int, conc: int, n: int, model_dir: Path, out_dir: Path,

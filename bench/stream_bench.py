@@ -134,6 +134,7 @@ class TreeCPU:
         self.base: dict[int, tuple[float, float]] = {}
         self.peak_rss = 0
         self.system = 0.0  # of stop()'s CPU seconds, the kernel's (system time)
+        self.by_pid: dict[int, float] = {}  # of stop()'s CPU seconds, each process's
 
     def start(self) -> None:
         self.base = {p: cpu_split(p) for p in process_tree(self.roots)}
@@ -147,6 +148,7 @@ class TreeCPU:
         for p in pids:
             (u, s), (u0, s0) = cpu_split(p), self.base.get(p, (0.0, 0.0))
             user, system = user + u - u0, system + s - s0
+            self.by_pid[p] = u - u0 + s - s0
         # processes that exited during the window: their CPU lands in the parent's cutime/cstime
         self.system = system
         return user + system, sorted(pids)
@@ -655,6 +657,7 @@ async def run(a: argparse.Namespace) -> dict:
     if roots:
         out["server_pids"] = pids
         out["server_cpu_s"] = round(server_cpu, 3)
+        out["server_cpu_s_by_pid"] = {str(p): round(c, 3) for p, c in sorted(mon.by_pid.items())}
         out["server_cpu_pct"] = round(100 * server_cpu / wall, 1)
         out["server_cpu_us_per_token"] = round(1e6 * server_cpu / max(1, res["output_tokens"]), 2)
         out["server_cpu_us_per_event"] = round(1e6 * server_cpu / max(1, res["content_events"]), 2)

@@ -110,6 +110,7 @@ def test_stream_bench_counts_a_servers_user_and_system_time_apart():
         os.stat("/")  # system calls: some system time
     used, pids = mon.stop()
     assert os.getpid() in pids and 0 < mon.system < used
+    assert abs(sum(mon.by_pid.values()) - used) < 1e-9 and mon.by_pid[os.getpid()] > 0  # (and each process's)
 
 
 @contextlib.contextmanager
@@ -271,3 +272,18 @@ def test_the_api_server_plot_reads_run_bench_results(tmp_path):
     out = tmp_path / "n.png"
     plot.plot(list(panels.items()), out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_api_server_rows_split_cpu_per_event_by_process(tmp_path):
+    """With --api-server-count N, serve's ready line names each process: the CPU per event is
+    reported for the API servers, the engine cores and the rest (the parent) apart; one process: none."""
+    rb = _load("run_bench")
+    srv = rb.Server("vllm-vcr-api2", 1, tmp_path)
+    (tmp_path / "vllm-vcr-api2-serve.log").write_text(
+        "INFO vllm-vcr serve: model m, 2 API server(s) (pids 11 12), 1 engine core process(es) (pids 13), "
+        "max_model_len 4096, listening on http://127.0.0.1:1 (ready in 900 ms)\n")
+    r = {"content_events": 100_000, "server_cpu_s_by_pid": {"10": 0.1, "11": 0.5, "12": 0.7, "13": 0.9}}
+    assert rb.cpu_by_role(srv, r) == {"API servers": 12.0, "engine cores": 9.0, "parent and the rest": 1.0}
+    one = rb.Server("vllm-vcr", 1, tmp_path)
+    (tmp_path / "vllm-vcr-serve.log").write_text("INFO vllm-vcr serve: model m, listening on http://127.0.0.1:1\n")
+    assert rb.cpu_by_role(one, r) is None
