@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
