@@ -25,6 +25,7 @@ from vllm_vcr.engine.types import (
 from vllm_vcr.wire.client import EngineCoreClient
 from vllm_vcr.wire.codec import ABORT, ADD, ENGINE_CORE_DEAD, UTILITY, Codec, utility_success
 from vllm_vcr.wire.reader import DRAIN_MAX
+from vllm_vcr.testing.waits import scaled
 
 DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
@@ -157,9 +158,8 @@ async def test_output_batches_are_read_in_order_through_bursts_and_bad_frames(tm
         half = len(frames) // 2
 
         async def seen_reaches(count: int) -> None:
-            for _ in range(200):
-                if len(seen) >= count:
-                    return
+            deadline = asyncio.get_running_loop().time() + scaled(10)
+            while len(seen) < count and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
 
         for f, _ in frames[:half]:  # half before the client reads (nothing more signals them), half after
@@ -180,7 +180,7 @@ async def test_output_batches_are_read_in_order_through_bursts_and_bad_frames(tm
         await engine.recv()
         await engine.send(EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="z", new_token_ids=[9],
                                                                       finish_reason=FinishReason.STOP)]))
-        assert (await asyncio.wait_for(reading, 10)).new_token_ids == [9]
+        assert (await asyncio.wait_for(reading, scaled(10))).new_token_ids == [9]
         assert "output listener failed" in caplog.text
     finally:
         engine.close()
