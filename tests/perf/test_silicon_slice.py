@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -204,7 +205,10 @@ def test_rows_whose_deployment_the_row_does_not_tell_are_named_and_not_simulated
     assert after.unknown_deployment is None
     bench = _bench()
     row = next(r for r in rows if r.unknown_deployment)
-    res = bench._job((row.__dict__, bench.HostTime.fitted(), 40_000))
+    try:
+        res = bench._job((row.__dict__, bench.HostTime.fitted(), 40_000))  # (a pool worker's job, here in-process)
+    finally:
+        logging.disable(logging.NOTSET)  # (the job silences warnings for its worker process)
     assert "sim" not in res and "concurrency 512" in res["unknown_deployment"]
     text = bench.render("dev", [row], {row.id: res}, bench.HostTime.fitted(), "cmd", 0, 1)
     assert "0 simulated" in text and "1 whose deployment the row does not tell" in text
