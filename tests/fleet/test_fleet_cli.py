@@ -133,7 +133,7 @@ def test_twenty_workers_in_two_processes_answer_count_and_drain(fleet):
     assert f.proc.wait(scaled(60)) == 0, f.log()
     log = f.log()
     assert log.count("received SIGTERM: draining 10 workers") == 2
-    assert "Traceback" not in log
+    assert "Traceback" not in log, log
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{first['port']}/health")
 
@@ -182,7 +182,7 @@ def test_a_worker_that_cannot_start_stops_the_fleet_with_one_line(fleet, tmp_pat
         assert f.proc.wait(scaled(120)) == 2, f.log()
     log = f.log()
     assert re.search(r"worker clash: --control-address: .*", log), log
-    assert "Traceback" not in log
+    assert "Traceback" not in log, log
 
 
 @pytest.mark.parametrize("args, message", [
