@@ -68,7 +68,7 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
     logging.disable(logging.WARNING)
     row = row_from_dict(row_d)  # a vLLM aggregated row, an SGLang one or a disaggregated one
     out = {"id": row.id, "host": host.__dict__}
-    unknown = row.unknown_deployment if type(row) is SiliconRow else None
+    unknown = _unknown_deployment(row)
     if unknown is not None:  # (what ran is not known: nothing to compare with)
         return {**out, "unknown_deployment": unknown}
     why = supported(row) if type(row) is SiliconRow else supported_any(row)
@@ -82,10 +82,15 @@ def _job(task: tuple[dict, HostTime, int]) -> dict:
             "cpu_s": time.perf_counter() - t0}
 
 
+def _unknown_deployment(row) -> str | None:
+    """Why an aggregated vLLM row's deployment is not known (None: it is, or another kind of row)."""
+    return row.unknown_deployment if type(row) is SiliconRow else None
+
+
 def _run(rows: list[SiliconRow], overhead: HostTime, args, done: dict[str, dict], out,
          budget_s: float) -> None:
     todo = [r for r in rows if r.id not in done or _overhead_of(done[r.id]) != overhead
-            or ("unknown_deployment" in done[r.id]) != (getattr(r, "unknown_deployment", None) is not None)]
+            or ("unknown_deployment" in done[r.id]) != (_unknown_deployment(r) is not None)]
     # cheapest first (output tokens to simulate): a time budget leaves out the most expensive rows
     todo.sort(key=lambda r: (lambda p: p.requests * p.osl)(plan_for(r, args.max_tokens)))
     tasks = [(r.__dict__, overhead, args.max_tokens) for r in todo]

@@ -82,7 +82,7 @@ class EngineCoreClient:
         self._ctx: zmq.asyncio.Context | None = None
         self._input: zmq.Socket | None = None
         self._output: zmq.Socket | None = None
-        self._outputs: FrameReader | None = None  # reads the output socket from the event loop
+        self._output_reader: FrameReader | None = None  # reads the output socket from the event loop
         self._ready = asyncio.Event()
         self.dead: EngineDeadError | None = None
         self.startup_error: str | None = None
@@ -107,7 +107,7 @@ class EngineCoreClient:
         self._output.setsockopt(zmq.RCVHWM, 0)
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(self.output_address)
-        self._outputs = FrameReader(self._output, self._on_output, self._on_output_error,
+        self._output_reader = FrameReader(self._output, self._on_output, self._on_output_error,
                                     what=f"API server {self.client_index}: engine outputs", copy=False)
 
     async def start(self) -> None:
@@ -137,7 +137,7 @@ class EngineCoreClient:
                     self.ready_payloads[rank] = payload if isinstance(payload, dict) else {}
         finally:
             poller.unregister(shadow)
-        self._outputs.start(loop)
+        self._output_reader.start(loop)
         self._ready.set()
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -155,8 +155,8 @@ class EngineCoreClient:
             self._engine_dead()
 
     def close(self) -> None:
-        if self._outputs is not None:
-            self._outputs.stop()
+        if self._output_reader is not None:
+            self._output_reader.stop()
         for s in (self._input, self._output):
             if s is not None and not s.closed:
                 s.close(linger=0)
@@ -245,7 +245,7 @@ class EngineCoreClient:
     def _on_output(self, frames: list) -> None:
         buf = frames[0].buffer
         if len(frames) == 1 and buf == ENGINE_CORE_DEAD:
-            self._outputs.stop()
+            self._output_reader.stop()
             if self._collectors or self._stopping:  # (else the engines stopped with nothing of ours in flight)
                 log.log(logging.INFO if self._stopping else logging.ERROR, "API server %d: %s",
                         self.client_index, "the engine cores have stopped" if self._stopping else
